@@ -1,0 +1,96 @@
+"""Test helpers: recorded vLLM outputs (compat/fixtures) and a backend that replays them.
+
+The replaying backend feeds the adapter exactly what vLLM 0.26.0 produced: SSE strings go through the
+real SSE parser of :mod:`vllm_nnrp_plugin.vllm_binding.chat`, error bodies through its error mapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import types
+from typing import Any
+
+import orjson
+
+from vllm_nnrp_plugin.adapter import ChatCall
+from vllm_nnrp_plugin.vllm_binding.chat import _chunks, error_from_response
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "compat" / "fixtures" / "vllm" / "0.26.0"
+
+
+def sse_items(case: str) -> list[str]:
+    """The ``data: …`` items of a recorded stream, each as vLLM's generator yields it."""
+    text = (FIXTURES / f"{case}.sse").read_text()
+    return [block + "\n\n" for block in text.split("\n\n") if block.strip()]
+
+
+def recorded_chunks(case: str) -> list[dict[str, Any]]:
+    """The chunk dicts of a recorded stream (without ``[DONE]``)."""
+    return [orjson.loads(item[len("data: "):]) for item in sse_items(case) if "[DONE]" not in item]
+
+
+def recorded_json(case: str) -> dict[str, Any]:
+    return orjson.loads((FIXTURES / f"{case}.json").read_bytes())
+
+
+def error_response(case: str) -> Any:
+    """A recorded ``{"error": {...}}`` body as an object shaped like vLLM's ErrorResponse."""
+    return types.SimpleNamespace(error=types.SimpleNamespace(**recorded_json(case)["error"]))
+
+
+class RecordedBackend:
+    """A :class:`ChatBackend` whose answers are recorded vLLM outputs, chosen by ``body["model"]``:
+
+    * ``<case>`` with a ``.sse`` recording: replay the stream (``body["pace_s"]`` seconds between items,
+      ``body["repeat"]`` times over);
+    * ``<case>`` with a ``.json`` recording: the non-streaming body, or the error it holds;
+    * ``raise``: raise RuntimeError (an engine failure vLLM did not wrap);
+    * ``midstream-error``: two recorded chunks, then vLLM's mid-stream error object.
+
+    ``started`` / ``aborted`` list request ids; ``open_streams`` counts streams not yet closed.
+    """
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.aborted: list[str] = []
+        self.open_streams = 0
+
+    async def create_chat_completion(self, body: dict[str, Any], request_id: str) -> ChatCall:
+        self.started.append(request_id)
+        case = body.get("model", "a-stream-text")
+        if case == "raise":
+            raise RuntimeError("engine exploded")
+        if case == "midstream-error":
+            items = sse_items("a-stream-text")[:2] + ['data: {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}\n\n']
+            return ChatCall(stream=self._replay(items, 0.0))
+        if (FIXTURES / f"{case}.sse").exists():
+            items = sse_items(case)
+            items = items[:-1] * int(body.get("repeat", 1)) + items[-1:]
+            return ChatCall(stream=self._replay(items, float(body.get("pace_s", 0.0))))
+        recorded = recorded_json(case)
+        if "error" in recorded:
+            raise error_from_response(error_response(case))
+        return ChatCall(body=recorded)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def _replay(self, items: list[str], pace_s: float):
+        async def generator():
+            self.open_streams += 1
+            try:
+                for item in items:
+                    if pace_s:
+                        await asyncio.sleep(pace_s)
+                    yield item
+            finally:
+                self.open_streams -= 1
+
+        return _chunks(generator())
+
+
+def envelope(body: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"schema_version": "openai-compatible/1", "operation": "chat.completions.create", "body": body, **extra}
+

@@ -1,0 +1,258 @@
+"""The real NNRP path (nnrp-py native server and client, TCP and IPC on loopback) around the adapter, with a
+backend that replays streams recorded from real vLLM 0.26.0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import orjson
+import pytest
+from nnrp.client import SubmitIdentity, SubmitPolicy, SubmitRequest, TypedPayloadInputFrame, TypedPayloadSubmitInput
+from nnrp.core import PayloadKind
+from nnrp.schema import StreamSemantics
+
+from tests.support import ROOT, RecordedBackend, envelope, recorded_chunks
+from vllm_nnrp_plugin.client import ProfileClient
+from vllm_nnrp_plugin.config import NNRPConfig
+from vllm_nnrp_plugin.service import NNRPService
+
+MAX_ENVELOPE = 4096
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """An NNRPService on its own event loop thread (standing in for vLLM's loop)."""
+
+    def __init__(self, tmp_path) -> None:
+        self.backend = RecordedBackend()
+        self.tcp = f"tcp://127.0.0.1:{free_port()}"
+        self.ipc = f"unix://{tmp_path}/nnrp.sock"
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        config = NNRPConfig(enabled=True, listen=(self.tcp, self.ipc), max_envelope_bytes=MAX_ENVELOPE)
+        self.service = NNRPService(config, self.backend, self.loop)
+        self.bound = self.service.start()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.service.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    server = Served(tmp_path_factory.mktemp("nnrp"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["tcp", "ipc"])
+def client(request, served):
+    client = asyncio.run(ProfileClient.connect(getattr(served, request.param)))
+    yield client
+    client.close()
+
+
+def collect(client, env, timeout_s=10.0):
+    return list(client.events(client.submit(env), timeout_s=timeout_s))
+
+
+def wait_until(predicate, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_binds_every_configured_address(served):
+    assert served.bound == [served.tcp, served.ipc]
+
+
+def test_streamed_text_arrives_in_order_then_completed(client):
+    events = collect(client, envelope({"model": "b-stream-text-usage", "messages": [], "stream": True}))
+    *partials, terminal = events
+    assert [e.frame for e in partials] == ["partial_result"] * 17
+    expected = [c["choices"][0]["delta"]["content"] for c in recorded_chunks("b-stream-text-usage")[1:-2]]
+    expected.append(recorded_chunks("b-stream-text-usage")[-2]["choices"][0]["delta"]["content"])
+    assert [e.event["delta"] for e in partials[:-1]] == [d for d in expected if d]
+    assert partials[-1].event == {
+        "type": "response.usage",
+        "usage": {"input_tokens": 33, "output_tokens": 16, "total_tokens": 49},
+    }
+    assert terminal.frame == "result_push" and terminal.status == 200
+    body = terminal.event["body"]
+    assert terminal.event["type"] == "response.completed"
+    assert body["choices"][0]["message"]["content"] == "".join(e.event["delta"] for e in partials[:-1])
+    assert body["usage"]["completion_tokens"] == 16
+
+
+def test_non_streaming_body_is_vllms_response(client):
+    (terminal,) = collect(client, envelope({"model": "c-nonstream-text", "messages": []}))
+    assert terminal.event["type"] == "response.completed"
+    assert terminal.event["body"]["choices"][0]["message"]["content"].startswith("Hello!")
+
+
+def raw_submit(client, payload: bytes, *, kind=PayloadKind.STRUCTURED_EVENT, frames=1, profile_id=0):
+    operation_id = next(client._ids)
+    frame = TypedPayloadInputFrame(
+        profile_id=profile_id, payload_kind=kind, payload=payload, stream_semantics=StreamSemantics.SNAPSHOT
+    )
+    request = SubmitRequest.typed_payload(
+        TypedPayloadSubmitInput(
+            identity=SubmitIdentity(operation_id=operation_id, frame_id=operation_id),
+            policy=SubmitPolicy(),
+            frames=(frame,) * frames,
+        )
+    )
+    return client.session.submit_operation(request)
+
+
+GOOD = orjson.dumps(envelope({"model": "c-nonstream-text", "messages": []}))
+
+
+@pytest.mark.parametrize(
+    "submit, code",
+    [
+        (lambda c: c.submit(b"{not json"), "invalid_json"),
+        (lambda c: c.submit(b'"a string"'), "invalid_envelope"),
+        (lambda c: c.submit({**envelope({}), "body": [1, 2]}), "invalid_envelope"),
+        (lambda c: c.submit({**envelope({"messages": []}), "operation": "embeddings.create"}), "unsupported_operation"),
+        (lambda c: c.submit({**envelope({"messages": []}), "schema_version": "x/9"}), "unsupported_schema_version"),
+        (lambda c: c.submit(envelope({"model": "m"})), "missing_messages"),
+        (lambda c: c.submit(envelope({"messages": [{"content": "x" * MAX_ENVELOPE}]})), "envelope_too_large"),
+        (lambda c: raw_submit(c, GOOD, kind=PayloadKind.OPAQUE_BYTES), "invalid_frame"),
+        (lambda c: raw_submit(c, GOOD, frames=2), "invalid_frame"),
+        (lambda c: raw_submit(c, GOOD, profile_id=1), "invalid_frame"),
+        (lambda c: c.submit(envelope({"model": "g2-unknown-model-nonstream", "messages": []})), "model_not_found"),
+        (lambda c: c.submit(envelope({"model": "h2-max-tokens-too-large-nonstream", "messages": []})), "invalid_request"),
+        (lambda c: c.submit(envelope({"model": "raise", "messages": []})), "backend_error"),
+    ],
+)
+def test_bad_input_gets_one_typed_error_and_the_session_keeps_serving(client, submit, code):
+    events = list(client.events(submit(client), timeout_s=10))
+    assert [e.frame for e in events] == ["result_push"]
+    error = events[0].event
+    assert error["type"] == "response.error" and error["error"]["code"] == code
+    assert error["error"]["message"] and error["error"]["type"]
+    (again,) = collect(client, envelope({"model": "c-nonstream-text", "messages": []}))
+    assert again.event["type"] == "response.completed"
+
+
+def test_midstream_error_ends_with_backend_error_and_aborts(served, client):
+    events = collect(client, envelope({"model": "midstream-error", "messages": [], "stream": True}))
+    assert events[-1].event["error"]["code"] == "backend_error"
+    assert all(e.frame == "partial_result" for e in events[:-1])
+    assert served.backend.started[-1] in served.backend.aborted
+
+
+def test_cancel_stops_events_at_once_and_aborts_the_backend_request(served, client):
+    op = client.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05}))
+    stream = client.events(op, timeout_s=10)
+    first = next(stream)
+    assert first.frame == "partial_result"
+    client.cancel(op)
+    rest = list(stream)
+    assert rest[-1].frame == "result_drop" and rest[-1].drop_reason == 3  # PEER_CANCELLED
+    assert rest[-1].event == {"type": "response.cancelled", "reason": "client_cancelled"}
+    assert len(rest) <= 2  # at most one delta that was already on the wire
+    request_id = served.backend.started[-1]
+    assert wait_until(lambda: request_id in served.backend.aborted)
+    assert wait_until(lambda: served.backend.open_streams == 0)
+    (again,) = collect(client, envelope({"model": "c-nonstream-text", "messages": []}))
+    assert again.event["type"] == "response.completed"
+
+
+def test_stale_cancel_of_a_finished_operation_does_not_kill_the_session(client):
+    op = client.submit(envelope({"model": "c-nonstream-text", "messages": []}))
+    time.sleep(0.2)  # the server answers at once; the client has not read the answer yet
+    client.connection.cancel_runtime_operation(client.session, operation_id=op.operation_id, control_sequence=1)
+    for _ in range(5):
+        (again,) = collect(client, envelope({"model": "c-nonstream-text", "messages": []}))
+        assert again.event["type"] == "response.completed"
+
+
+def test_concurrent_operations_and_sessions_each_keep_their_order(served):
+    def one_session(uri, results):
+        client = asyncio.run(ProfileClient.connect(uri))
+        try:
+            ops = [
+                client.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.001}))
+                for _ in range(3)
+            ]
+            for op in ops:
+                events = list(client.events(op, timeout_s=20))
+                results.append("".join(e.event.get("delta", "") for e in events[:-1]))
+        finally:
+            client.close()
+
+    results: list[str] = []
+    threads = [threading.Thread(target=one_session, args=(uri, results)) for uri in (served.tcp, served.ipc) * 3]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    expected = "".join(c["choices"][0]["delta"]["content"] for c in recorded_chunks("a-stream-text"))
+    assert results == [expected] * 18
+
+
+KILLED_CLIENT = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from vllm_nnrp_plugin.client import ProfileClient
+    from tests.support import envelope
+    client = asyncio.run(ProfileClient.connect(sys.argv[1]))
+    op = client.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.2, "repeat": 10}))
+    next(client.events(op, timeout_s=10))
+    print("streaming", flush=True)
+    os._exit(9)
+    """
+)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_a_killed_client_gets_its_backend_requests_aborted(served, transport):
+    before = len(served.backend.started)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_CLIENT, getattr(served, transport)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert "streaming" in proc.stdout, proc.stderr
+    assert len(served.backend.started) == before + 1
+    request_id = served.backend.started[-1]
+    assert wait_until(lambda: request_id in served.backend.aborted, timeout_s=10)
+    assert wait_until(lambda: served.backend.open_streams == 0)
+
+
+def test_shutdown_gives_in_flight_operations_a_terminal(tmp_path):
+    server = Served(tmp_path)
+    client = asyncio.run(ProfileClient.connect(server.ipc))
+    try:
+        op = client.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.2}))
+        stream = client.events(op, timeout_s=10)
+        assert next(stream).frame == "partial_result"
+        server.stop()
+        terminal = list(stream)[-1]
+        assert terminal.event["error"]["code"] == "server_shutdown"
+        assert server.backend.started[-1] in server.backend.aborted
+    finally:
+        client.close()

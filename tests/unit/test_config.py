@@ -1,0 +1,65 @@
+import pytest
+
+from vllm_nnrp_plugin.config import ConfigError, load_config
+from vllm_nnrp_plugin.nnrp_binding.endpoints import EndpointError, parse_endpoint
+
+
+def test_installed_but_not_enabled_by_default():
+    assert load_config({}, {}).enabled is False
+    assert load_config(None, {"VLLM_PLUGINS": "other"}).enabled is False
+
+
+def test_vllm_plugins_naming_nnrp_enables_unless_config_says_no():
+    assert load_config({}, {"VLLM_PLUGINS": "a,nnrp"}).enabled is True
+    assert load_config({}, {"VLLM_PLUGINS": "a, nnrp"}).enabled is False  # vLLM does not strip spaces
+    assert load_config({"nnrp": {"enabled": False}}, {"VLLM_PLUGINS": "nnrp"}).enabled is False
+    assert load_config({"nnrp": {"enabled": True}}, {}).enabled is True
+
+
+def test_env_listen_overrides_config():
+    config = load_config(
+        {"nnrp": {"listen": ["tcp://127.0.0.1:1"]}}, {"VLLM_NNRP_LISTEN": "tcp://127.0.0.1:2, unix:///tmp/x.sock"}
+    )
+    assert config.listen == ("tcp://127.0.0.1:2", "unix:///tmp/x.sock")
+    assert load_config({}, {}).listen == ("tcp://127.0.0.1:9400",)
+
+
+@pytest.mark.parametrize(
+    "block, fragment",
+    [
+        ({"enabeld": True}, "enabeld"),
+        ({"enabled": "yes"}, "nnrp.enabled"),
+        ({"max_envelope_bytes": "5"}, "nnrp.max_envelope_bytes"),
+        ({"max_envelope_bytes": 0}, "max_envelope_bytes must be > 0"),
+        ({"listen": []}, "nnrp.listen"),
+        (7, "must be a mapping"),
+    ],
+)
+def test_misconfiguration_is_an_error_that_names_the_key(block, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_config({"nnrp": block}, {})
+    assert fragment in str(info.value)
+
+
+def test_empty_env_listen_is_an_error():
+    with pytest.raises(ConfigError):
+        load_config({}, {"VLLM_NNRP_LISTEN": " , "})
+
+
+@pytest.mark.parametrize(
+    "uri, transport, provider",
+    [
+        ("tcp://127.0.0.1:9400", "tcp", "tcp://127.0.0.1:9400"),
+        ("tcp://[::1]:9400", "tcp", "tcp://[::1]:9400"),
+        ("unix:///tmp/vllm-nnrp.sock", "ipc", "unix:///tmp/vllm-nnrp.sock"),
+    ],
+)
+def test_listen_uris(uri, transport, provider):
+    carrier = parse_endpoint(uri)
+    assert (carrier.transport, carrier.provider_uri) == (transport, provider)
+
+
+@pytest.mark.parametrize("uri", ["tcp://127.0.0.1", "tcp://host:notaport", "unix://relative.sock", "ws://a:1", "9400"])
+def test_bad_listen_uris(uri):
+    with pytest.raises(EndpointError):
+        parse_endpoint(uri)

@@ -1,0 +1,60 @@
+import pytest
+from nnrp.core import PayloadKind, build_typed_payload_frame, pack_body, pack_typed_payload_frames
+from nnrp.schema import StreamSemantics
+
+from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin.operation import DropReason, PartialResult, ResultDrop, ResultPush
+from vllm_nnrp_plugin.profile.errors import ProfileError
+
+
+def body_of(*frames):
+    descriptors, payloads = pack_typed_payload_frames(frames)
+    return pack_body(typed_payload_descriptor_region=descriptors, typed_payload_frame_region=payloads)
+
+
+def frame(kind=PayloadKind.STRUCTURED_EVENT, payload=b"{}", **kw):
+    kw.setdefault("stream_semantics", StreamSemantics.SNAPSHOT)
+    return build_typed_payload_frame(kind, payload, **kw)
+
+
+def test_typed_body_round_trips():
+    assert wire.untyped_payload(16, 1, wire.typed_body(b'{"a":1}')) == b'{"a":1}'
+
+
+@pytest.mark.parametrize(
+    "bitmap, count, body, fragment",
+    [
+        (1, 1, body_of(frame()), "payload_kind_bitmap"),
+        (16, 2, body_of(frame(), frame()), "exactly one"),
+        (16, 1, body_of(frame(profile_id=2)), "profile/schema/version"),
+        (16, 1, body_of(frame(schema_version=3)), "profile/schema/version"),
+        (16, 1, body_of(frame(stream_semantics=StreamSemantics.UNSPECIFIED)), "SNAPSHOT"),
+        (16, 1, b"\x01\x02garbage", "does not decode"),
+        (16, 1, b"", "does not decode"),
+    ],
+)
+def test_submit_bodies_outside_the_mapping_are_invalid_frames(bitmap, count, body, fragment):
+    with pytest.raises(ProfileError) as info:
+        wire.untyped_payload(bitmap, count, body)
+    assert info.value.code == "invalid_frame"
+    assert fragment in info.value.message
+
+
+def test_partial_result_metadata_follows_the_frozen_mapping():
+    metadata, body = wire.partial_result(42, PartialResult(3, b'{"type":"x"}'))
+    assert (metadata.operation_id, metadata.result_sequence, metadata.object_id) == (42, 3, 0)
+    assert (metadata.delta_sequence, metadata.body_bytes, metadata.flags) == (3, len(body), 0)
+
+
+def test_result_push_metadata_matches_its_typed_body():
+    metadata, body = wire.result_push(ResultPush(404, b'{"type":"response.error"}'), server_total_ms=12)
+    assert metadata.status_code == 404 and metadata.server_total_ms == 12
+    assert int(metadata.payload_kind_bitmap) == 16 and metadata.payload_frame_count == 1
+    assert wire.untyped_payload(16, 1, body) == b'{"type":"response.error"}'
+
+
+def test_result_drop_carries_the_cancelled_event():
+    metadata, diagnostic = wire.result_drop(7, ResultDrop(DropReason.PEER_CANCELLED, 4, b'{"type":"response.cancelled"}'))
+    assert int(metadata.drop_reason_code) == 3  # PEER_CANCELLED
+    assert int(metadata.source_role) == 2  # SERVER
+    assert metadata.diagnostic_bytes == len(diagnostic) and metadata.result_sequence == 4

@@ -1,0 +1,170 @@
+"""A small ``openai-compatible/1`` client over nnrp-py's native client (used by ``vllm-nnrp`` and the tests).
+
+::
+
+    client = await ProfileClient.connect("tcp://127.0.0.1:9400")
+    op = client.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
+                        "body": {"messages": [...], "stream": True}})
+    for event in client.events(op, timeout_s=60):
+        ...   # ClientEvent: partial events in order, then exactly one terminal
+    client.close()
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import orjson
+from nnrp.client import (
+    NativeClientOptions,
+    NativeClientProviderRoute,
+    SubmitIdentity,
+    SubmitPolicy,
+    SubmitRequest,
+    TypedPayloadInputFrame,
+    TypedPayloadSubmitInput,
+    connect_native_client_connection,
+)
+from nnrp.core import MessageType, PayloadKind, TransportPolicy
+from nnrp.native import NativeInvalidStateError, NativeRuntimeError
+from nnrp.schema import StreamSemantics
+
+from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin.nnrp_binding.endpoints import parse_endpoint
+
+_POLICY = {"tcp": TransportPolicy.FORCE_TCP, "ipc": TransportPolicy.FORCE_IPC}
+
+
+class ClientTimeout(TimeoutError):
+    """No terminal arrived in time (the server is gone, or the operation is slower than the timeout)."""
+
+
+@attrs.frozen
+class ClientEvent:
+    """One event of an operation.
+
+    ``frame``: ``partial_result``, ``result_push`` or ``result_drop``; ``event``: the profile event (for a
+    drop, the ``response.cancelled`` carried as diagnostic bytes, or ``None``); ``drop_reason``: the NNRP
+    drop reason code for a drop; ``status``: RESULT_PUSH status code.
+    """
+
+    frame: str
+    event: dict[str, Any] | None
+    drop_reason: int | None = None
+    status: int | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.frame != "partial_result"
+
+
+class ProfileClient:
+    """One NNRP connection with one session. Not thread-safe; one caller at a time."""
+
+    def __init__(self, stack: contextlib.ExitStack, connection: Any, session: Any) -> None:
+        self._stack = stack
+        self.connection = connection
+        self.session = session
+        self._ids = itertools.count(1)
+        self._pending: dict[int, collections.deque[ClientEvent]] = collections.defaultdict(collections.deque)
+
+    @classmethod
+    async def connect(cls, uri: str) -> ProfileClient:
+        """Connect to ``tcp://HOST:PORT`` or ``unix:///PATH`` and open a session."""
+        carrier = parse_endpoint(uri)
+        stack = contextlib.ExitStack()
+        connection = stack.enter_context(connect_native_client_connection(
+            NativeClientOptions(
+                endpoint=carrier.endpoint,
+                provider_routes={carrier.transport: NativeClientProviderRoute(provider_endpoint=carrier.provider_uri)},
+                transport_policy=_POLICY[carrier.transport],
+            )
+        ))
+        try:
+            session = await connection.open_session()
+        except BaseException:
+            stack.close()
+            raise
+        return cls(stack, connection, session)
+
+    def submit(self, envelope: dict[str, Any] | bytes) -> Any:
+        """Submit one envelope (a dict, or raw bytes sent as they are); returns the native operation."""
+        payload = envelope if isinstance(envelope, bytes) else orjson.dumps(envelope)
+        operation_id = next(self._ids)
+        request = SubmitRequest.typed_payload(
+            TypedPayloadSubmitInput(
+                identity=SubmitIdentity(operation_id=operation_id, frame_id=operation_id),
+                policy=SubmitPolicy(),
+                frames=(
+                    TypedPayloadInputFrame(
+                        profile_id=0,
+                        payload_kind=PayloadKind.STRUCTURED_EVENT,
+                        payload=payload,
+                        stream_semantics=StreamSemantics.SNAPSHOT,
+                    ),
+                ),
+            )
+        )
+        return self.session.submit_operation(request)
+
+    def cancel(self, op: Any) -> None:
+        """FRAME_CANCEL for ``op``; its terminal is then a PEER_CANCELLED drop."""
+        self.connection.cancel_operation(op)
+
+    def events(self, op: Any, *, timeout_s: float) -> Iterator[ClientEvent]:
+        """Yield ``op``'s events in order, ending with its terminal. Raises :class:`ClientTimeout`."""
+        deadline = time.monotonic() + timeout_s
+        queue = self._pending[op.operation_id]
+        while True:
+            while queue:
+                event = queue.popleft()
+                yield event
+                if event.terminal:
+                    self._pending.pop(op.operation_id, None)
+                    return
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                raise ClientTimeout(f"no terminal for operation {op.operation_id} within {timeout_s} s")
+            self._poll(min(remaining_ms, 100))
+
+    def close(self) -> None:
+        """Close the session cleanly (the server sees SESSION_CLOSE), then the connection. A server that is
+        already gone makes both fail with 3/4/0/105; there is nothing left to close then."""
+        with contextlib.suppress(NativeRuntimeError):
+            self.session.close()
+        with contextlib.suppress(NativeRuntimeError):
+            self._stack.close()
+
+    def _poll(self, timeout_ms: int) -> None:
+        try:
+            polled = self.session.poll_events(max_events=1, timeout_ms=timeout_ms)
+        except NativeInvalidStateError:
+            return  # a partial still in flight after our own FRAME_CANCEL (nnrp-sdk.md addendum 1)
+        for raw in polled:
+            header = getattr(raw, "header", None)
+            if header is None:
+                continue  # lifecycle notifications; the runtime frames carry the results
+            event = _decode(header.message_type, raw)
+            if event is not None:
+                # frame_id == operation_id for every operation this client submits
+                self._pending[header.frame_id].append(event)
+
+
+def _decode(kind: MessageType, raw: Any) -> ClientEvent | None:
+    metadata = raw.metadata.value
+    if kind is MessageType.PARTIAL_RESULT:
+        return ClientEvent("partial_result", orjson.loads(raw.tail.body))
+    if kind is MessageType.RESULT_PUSH:
+        body = wire.untyped_payload(int(metadata.payload_kind_bitmap), metadata.payload_frame_count, raw.tail.body)
+        return ClientEvent("result_push", orjson.loads(body), status=metadata.status_code)
+    if kind is MessageType.RESULT_DROP_REASON:
+        diagnostic = raw.tail.diagnostic
+        event = orjson.loads(diagnostic) if diagnostic else None
+        return ClientEvent("result_drop", event, drop_reason=int(metadata.drop_reason_code))
+    return None

@@ -1,0 +1,115 @@
+"""Plugin settings: the ``nnrp`` block of vLLM's ``--additional-config`` plus environment overrides.
+
+``--additional-config '{"nnrp": {"enabled": true, "listen": ["tcp://127.0.0.1:9400"]}}'`` (or the same
+mapping under ``additional-config:`` in a ``vllm serve --config`` YAML file; vllm-integration.md §7).
+
+| key | type | default | meaning |
+|---|---|---|---|
+| ``enabled`` | bool | on when ``VLLM_PLUGINS`` names ``nnrp`` | start the listener |
+| ``listen`` | list of URIs | ``["tcp://127.0.0.1:9400"]`` | ``tcp://HOST:PORT``, ``unix:///PATH`` |
+| ``max_envelope_bytes`` | int, bytes | 1048576 | larger envelopes get ``envelope_too_large`` |
+| ``accept_timeout_ms`` | int, ms | 1000 | one accept wait; bounds shutdown time |
+| ``idle_poll_ms`` | int, ms | 100 | poll timeout of an idle session |
+
+Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys and wrong types
+are errors (:class:`ConfigError`), never ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import cattrs
+
+from vllm_nnrp_plugin.nnrp_binding.endpoints import DEFAULT_LISTEN
+
+CONFIG_KEY = "nnrp"
+LISTEN_ENV = "VLLM_NNRP_LISTEN"
+PLUGIN_NAME = "nnrp"
+
+
+class ConfigError(ValueError):
+    """The ``nnrp`` settings are invalid; the message says which key and how to fix it."""
+
+
+def _positive(_inst: object, attribute: attrs.Attribute, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"nnrp.{attribute.name} must be > 0, got {value}")
+
+
+@attrs.frozen
+class NNRPConfig:
+    """Validated settings (see the module table for units and defaults)."""
+
+    enabled: bool | None = None
+    listen: tuple[str, ...] = (DEFAULT_LISTEN,)
+    max_envelope_bytes: int = attrs.field(default=1 << 20, validator=_positive)
+    accept_timeout_ms: int = attrs.field(default=1000, validator=_positive)
+    idle_poll_ms: int = attrs.field(default=100, validator=_positive)
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _strict_int(value: Any, _type: type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _strict_bool(value: Any, _type: type) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _listen(value: Any, _type: type) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple) or not value or not all(isinstance(v, str) and v for v in value):
+        raise TypeError(f"expected a non-empty list of URIs, got {value!r}")
+    return tuple(value)
+
+
+_converter.register_structure_hook(int, _strict_int)
+_converter.register_structure_hook(bool, _strict_bool)
+_converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _listen)
+
+
+def plugins_named(environ: Mapping[str, str]) -> bool:
+    """True when ``VLLM_PLUGINS`` names ``nnrp`` (vLLM splits on ``,`` without stripping)."""
+    value = environ.get("VLLM_PLUGINS")
+    return value is not None and PLUGIN_NAME in value.split(",")
+
+
+def load_config(additional_config: Mapping[str, Any] | None, environ: Mapping[str, str] = os.environ) -> NNRPConfig:
+    """Read ``additional_config["nnrp"]`` and the environment. Raises :class:`ConfigError`.
+
+    ``enabled`` is resolved: an explicit ``nnrp.enabled`` wins, else ``VLLM_PLUGINS`` naming ``nnrp`` enables.
+    """
+    block = (additional_config or {}).get(CONFIG_KEY, {})
+    if not isinstance(block, Mapping):
+        raise ConfigError(f"additional-config key {CONFIG_KEY!r} must be a mapping, got {block!r}")
+    try:
+        config = _converter.structure(dict(block), NNRPConfig)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid nnrp settings in --additional-config: {_describe(exc)}") from None
+    changes: dict[str, Any] = {}
+    if config.enabled is None:
+        changes["enabled"] = plugins_named(environ)
+    env_listen = environ.get(LISTEN_ENV)
+    if env_listen is not None:
+        uris = tuple(u.strip() for u in env_listen.split(",") if u.strip())
+        if not uris:
+            raise ConfigError(f"{LISTEN_ENV} is set but names no address")
+        changes["listen"] = uris
+    return attrs.evolve(config, **changes)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, cattrs.BaseValidationError):
+        return "; ".join(cattrs.transform_error(exc, path="nnrp", format_exception=lambda e, _t: str(e)))
+    return str(exc)

@@ -1,0 +1,1 @@
+"""NNRP side: listeners, session pumps and the frozen Preview4 wire mapping, over nnrp-py's native API."""

@@ -1,0 +1,313 @@
+"""One pump thread per NNRP server session: polls incoming frames, flushes outgoing ones.
+
+Why a thread per session (nnrp-sdk.md §11–12): every native call blocks; while a poll waits inside its
+timeout, every other native call on the same session (our sends) waits for it too (trap 1); and a poll with
+``max_events > 1`` lingers ~2.3 ms (trap 2). So the pump is the only thread that touches its session: it
+alternates a ``max_events=1`` poll with flushing the outbox, and between polls it sleeps on the outbox so a
+queued event goes out within microseconds. Poll timeouts: 1 ms while operations are active (cancels are seen
+within ~1–3 ms), ``idle_poll_ms`` when idle (submits wake a poll at once).
+
+Cross-thread contract: :class:`ServerOperation` methods ``partial`` / ``complete`` / ``fail`` may be called
+from any thread (vLLM's event loop, in practice); they never block on I/O. The pump reports submits and peer
+cancellations to a :class:`SessionHandler` through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from typing import Any, Protocol
+
+from nnrp.core import MessageType
+from nnrp.native import NativeInvalidStateError, NativeRuntimeError, NativeRuntimeServerSession
+
+from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
+from vllm_nnrp_plugin.operation import (
+    Action,
+    DropReason,
+    OperationMachine,
+    PartialResult,
+    ResultDrop,
+    ResultPush,
+)
+from vllm_nnrp_plugin.profile import events
+from vllm_nnrp_plugin.profile.errors import SERVER_ERROR, SERVER_SHUTDOWN, ProfileError
+
+logger = logging.getLogger(__name__)
+
+ACTIVE_POLL_MS = 1
+SEND_WAIT_S = 0.002  # longest sleep on the outbox between two polls while operations are active
+PEER_GONE_AFTER = 3  # consecutive failing polls that mean the client is gone (one can be a stale cancel)
+
+CANCEL_DETAIL = {
+    MessageType.FRAME_CANCEL: "client_cancelled",
+    MessageType.CANCEL: "client_cancelled",
+    MessageType.ABORT: "client_aborted",
+}
+
+
+class SessionHandler(Protocol):
+    """Receives operation starts and stops; called on ``loop`` (never on the pump thread)."""
+
+    def on_submit(self, op: ServerOperation) -> None: ...
+
+    def on_stop(self, op: ServerOperation) -> None:
+        """The operation must stop: peer cancel, client gone, or server stopping. Abort its backend work."""
+
+
+class ServerOperation:
+    """One submitted operation, as the adapter sees it: the submit payload in, profile events out.
+
+    ``operation_id`` (u64) and ``frame_id`` (u32) are the client's; ``transport`` is ``tcp`` or ``ipc``.
+    ``stop_reason`` is set once the operation was stopped from the NNRP side (``client_cancelled``,
+    ``client_aborted``, ``client_disconnected``, ``server_shutdown``).
+    """
+
+    __slots__ = (
+        "operation_id", "frame_id", "transport", "submitted_ns", "stop_reason",
+        "_op", "_pump", "_machine", "_lock", "_cancelled", "_terminal_sent",
+    )
+
+    def __init__(self, op: Any, pump: SessionPump) -> None:
+        self.operation_id: int = op.operation_id
+        self.frame_id: int = op.frame_id
+        self.transport: str = pump.transport
+        self.submitted_ns = time.monotonic_ns()
+        self.stop_reason: str | None = None
+        self._op = op
+        self._pump = pump
+        self._machine = OperationMachine()
+        self._lock = threading.Lock()
+        self._cancelled = False  # by the peer or a lost transport: no partial, no RESULT_PUSH any more
+        self._terminal_sent = False
+
+    @property
+    def finished(self) -> bool:
+        """True once a terminal was decided (sent or queued)."""
+        return self._machine.finished
+
+    @property
+    def outcome(self) -> str | None:
+        """``completed``, ``error:<code>`` or ``cancelled:<reason>`` once finished."""
+        return self._machine.outcome
+
+    def envelope_bytes(self) -> bytes:
+        """The JSON envelope carried by the submit. Raises :class:`ProfileError` ``invalid_frame``."""
+        submit = self._op.submit
+        metadata = submit.metadata.value
+        return wire.untyped_payload(metadata.payload_kind_bitmap, metadata.payload_frame_count, submit.tail.body)
+
+    def partial(self, event: dict[str, Any]) -> None:
+        """Queue one non-terminal event; ignored once the operation finished or was stopped."""
+        with self._lock:
+            action = None if self.stop_reason else self._machine.partial(event)
+        if action is not None:
+            self._pump.enqueue(self, action)
+
+    def complete(self, body: dict[str, Any]) -> None:
+        """Queue the terminal ``response.completed``."""
+        with self._lock:
+            action = self._machine.complete(body)
+        if action is not None:
+            self._pump.enqueue(self, action)
+
+    def fail(self, err: ProfileError) -> None:
+        """Queue the terminal ``response.error``."""
+        with self._lock:
+            action = self._machine.fail(err)
+        if action is not None:
+            self._pump.enqueue(self, action)
+
+    # -- pump thread only ---------------------------------------------------------------------------------
+
+    def _cancel(self, reason: DropReason, detail: str) -> ResultDrop | None:
+        """Stop emission at once; returns the drop to send now, if no terminal was decided yet."""
+        with self._lock:
+            self._cancelled = True
+            self.stop_reason = self.stop_reason or detail
+            return self._machine.cancel(reason, detail)
+
+    def _shutdown(self) -> None:
+        """Server stopping: the terminal is ``response.error`` ``server_shutdown`` (unless one was decided)."""
+        self.fail(ProfileError(SERVER_SHUTDOWN, "the NNRP listener is shutting down", SERVER_ERROR, 503))
+        with self._lock:
+            self.stop_reason = self.stop_reason or SERVER_SHUTDOWN
+
+    def _late_drop(self, push: ResultPush) -> ResultDrop:
+        """A terminal push decided before a peer cancel arrived: the runtime refuses a RESULT_PUSH after a
+        cancel (profile-contract.md §5), so the terminal becomes a PEER_CANCELLED drop."""
+        del push
+        detail = self.stop_reason or "client_cancelled"
+        return ResultDrop(
+            DropReason.PEER_CANCELLED,
+            self._machine.events_sent + 1,
+            events.encode(events.cancelled(detail)),
+        )
+
+
+class SessionPump:
+    """Owns one ``NativeRuntimeServerSession`` on a dedicated thread until the client leaves or :meth:`stop`."""
+
+    def __init__(
+        self,
+        session: NativeRuntimeServerSession,
+        handler: SessionHandler,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        idle_poll_ms: int,
+        on_exit: Any = None,
+    ) -> None:
+        self.session = session
+        self.transport: str = session.active_transport_name
+        self._handler = handler
+        self._loop = loop
+        self._idle_poll_ms = idle_poll_ms
+        self._on_exit = on_exit
+        self._outbox: collections.deque[tuple[ServerOperation, Action]] = collections.deque()
+        self._wakeup = threading.Event()
+        self._ops: dict[int, ServerOperation] = {}
+        self._frames: dict[int, int] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"nnrp-session-{self.transport}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the pump to end: in-flight operations get a ``server_shutdown`` error terminal."""
+        self._stopping = True
+        self._wakeup.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def enqueue(self, op: ServerOperation, action: Action) -> None:
+        """Queue a send for the pump (any thread, never blocks)."""
+        self._outbox.append((op, action))
+        self._wakeup.set()
+
+    # -- pump thread --------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        failures = 0
+        try:
+            while not self._stopping:
+                self._flush()
+                try:
+                    polled = self.session.poll_events(
+                        max_events=1, timeout_ms=ACTIVE_POLL_MS if self._ops else self._idle_poll_ms
+                    )
+                except NativeInvalidStateError as exc:
+                    # 3/4/0/105 is both "peer gone" and "stale cancel for a finished operation"
+                    # (nnrp-sdk.md addendum 2): only repeated failures mean the client is gone.
+                    failures += 1
+                    if failures >= PEER_GONE_AFTER:
+                        logger.info("NNRP session on %s: client gone (%s)", self.transport, exc)
+                        self._cancel_all("client_disconnected")
+                        return
+                    continue
+                failures = 0
+                if polled:
+                    if not self._on_event(polled[0]):
+                        return
+                elif self._ops and not self._outbox:
+                    self._wakeup.wait(SEND_WAIT_S)
+                    self._wakeup.clear()
+            for sop in list(self._ops.values()):
+                sop._shutdown()
+                self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
+            self._flush()
+        except NativeRuntimeError as exc:
+            logger.warning("NNRP session on %s failed: %s", self.transport, exc)
+            self._cancel_all("client_disconnected")
+        finally:
+            try:
+                self.session.close()
+            except NativeRuntimeError:
+                pass
+            if self._on_exit is not None:
+                self._on_exit(self)
+
+    def _on_event(self, event: Any) -> bool:
+        """Handle one polled event; returns False when the session ended."""
+        op = event.as_submit()
+        if op is not None:
+            sop = ServerOperation(op, self)
+            self._ops[sop.operation_id] = sop
+            self._frames[sop.frame_id] = sop.operation_id
+            self._loop.call_soon_threadsafe(self._handler.on_submit, sop)
+            return True
+        runtime = event.as_runtime()
+        if runtime is None:
+            return True  # lifecycle notifications: the runtime events already told us
+        kind = runtime.header.message_type
+        if kind is MessageType.SESSION_CLOSE:
+            self._cancel_all("client_closed_session")
+            return False
+        if kind in CANCEL_DETAIL:
+            if kind is MessageType.FRAME_CANCEL:
+                operation_id = self._frames.get(runtime.header.frame_id)
+            else:
+                operation_id = getattr(runtime.metadata.value, "operation_id", None)
+            sop = self._ops.get(operation_id) if operation_id is not None else None
+            if sop is not None:
+                drop = sop._cancel(DropReason.PEER_CANCELLED, CANCEL_DETAIL[kind])
+                if drop is not None:
+                    self._send(sop, drop)
+                # else a terminal is already queued: _flush turns it into a drop
+                self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
+        return True
+
+    def _cancel_all(self, detail: str) -> None:
+        """The client is gone or closed its session: nothing can be delivered; stop every operation."""
+        for sop in list(self._ops.values()):
+            sop._cancel(DropReason.TRANSPORT_CLOSED, detail)
+            sop._terminal_sent = True
+            self._forget(sop)
+            self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
+
+    def _flush(self) -> None:
+        outbox = self._outbox
+        while outbox:
+            sop, action = outbox.popleft()
+            if sop._terminal_sent:
+                continue
+            if sop._cancelled:
+                if isinstance(action, PartialResult):
+                    continue  # nothing after a cancel
+                if isinstance(action, ResultPush):
+                    action = sop._late_drop(action)
+            self._send(sop, action)
+
+    def _send(self, sop: ServerOperation, action: Action) -> None:
+        op = sop._op
+        try:
+            if isinstance(action, PartialResult):
+                metadata, body = wire.partial_result(sop.operation_id, action)
+                sdk_sync.send_partial_result(op, metadata, body)
+                return
+            if isinstance(action, ResultPush):
+                elapsed_ms = (time.monotonic_ns() - sop.submitted_ns) // 1_000_000
+                metadata, body = wire.result_push(action, elapsed_ms)
+                try:
+                    sdk_sync.send_result(op, metadata, body)
+                except NativeRuntimeError:
+                    # refused: the client cancelled before it arrived; a drop is still accepted
+                    metadata, body = wire.result_drop(sop.operation_id, sop._late_drop(action))
+                    sdk_sync.send_result_drop(op, metadata, body)
+            else:
+                metadata, body = wire.result_drop(sop.operation_id, action)
+                sdk_sync.send_result_drop(op, metadata, body)
+        except NativeRuntimeError as exc:
+            logger.debug("NNRP send for operation %d not delivered: %s", sop.operation_id, exc)
+            if isinstance(action, PartialResult):
+                return
+        sop._terminal_sent = True
+        self._forget(sop)
+
+    def _forget(self, sop: ServerOperation) -> None:
+        self._ops.pop(sop.operation_id, None)
+        self._frames.pop(sop.frame_id, None)

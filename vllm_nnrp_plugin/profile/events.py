@@ -1,0 +1,60 @@
+"""Profile events (profile-contract.md §3): builders returning plain dicts, and their JSON encoding.
+
+Non-terminal events (``response.output_text.delta``, ``response.usage``) travel one per PARTIAL_RESULT;
+terminals (``response.completed``, ``response.error``, ``response.cancelled``) end the operation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from vllm_nnrp_plugin.profile.errors import ProfileError
+
+OUTPUT_TEXT_DELTA = "response.output_text.delta"
+USAGE = "response.usage"
+COMPLETED = "response.completed"
+ERROR = "response.error"
+CANCELLED = "response.cancelled"
+
+
+def output_text_delta(index: int, delta: str) -> dict[str, Any]:
+    """``{"type": "response.output_text.delta", "index": <choice index>, "delta": <text>}``."""
+    return {"type": OUTPUT_TEXT_DELTA, "index": index, "delta": delta}
+
+
+def usage(openai_usage: dict[str, Any]) -> dict[str, Any]:
+    """``response.usage`` from OpenAI usage (``prompt_tokens``/``completion_tokens``/``total_tokens``, tokens)
+    renamed to the profile's ``input_tokens``/``output_tokens``/``total_tokens``."""
+    prompt = openai_usage.get("prompt_tokens") or 0
+    completion = openai_usage.get("completion_tokens") or 0
+    total = openai_usage.get("total_tokens")
+    return {
+        "type": USAGE,
+        "usage": {
+            "input_tokens": prompt,
+            "output_tokens": completion,
+            "total_tokens": prompt + completion if total is None else total,
+        },
+    }
+
+
+def completed(body: dict[str, Any]) -> dict[str, Any]:
+    """``{"type": "response.completed", "body": <chat.completion object>}``."""
+    return {"type": COMPLETED, "body": body}
+
+
+def error(err: ProfileError) -> dict[str, Any]:
+    """``{"type": "response.error", "error": {"type", "code", "message"}}``."""
+    return {"type": ERROR, "error": {"type": err.type, "code": err.code, "message": err.message}}
+
+
+def cancelled(reason: str) -> dict[str, Any]:
+    """``{"type": "response.cancelled", "reason": <reason>}``."""
+    return {"type": CANCELLED, "reason": reason}
+
+
+def encode(event: dict[str, Any]) -> bytes:
+    """UTF-8 JSON bytes of one event (no SSE framing)."""
+    return orjson.dumps(event)

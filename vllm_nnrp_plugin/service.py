@@ -1,0 +1,64 @@
+"""The NNRP service: listeners (NNRP side) + the adapter + a chat backend (vLLM side), on one event loop.
+
+Runs on vLLM's API-server event loop: operations are asyncio tasks there; every native NNRP call runs on
+the listener's and session pumps' own threads, never on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from vllm_nnrp_plugin.adapter import AdapterLimits, ChatBackend, run_operation
+from vllm_nnrp_plugin.config import NNRPConfig
+from vllm_nnrp_plugin.nnrp_binding.listener import Listener
+from vllm_nnrp_plugin.nnrp_binding.session import ServerOperation
+
+logger = logging.getLogger(__name__)
+
+
+class NNRPService:
+    """Start with :meth:`start` (binds, raises ``ListenError``), stop with :meth:`stop`."""
+
+    def __init__(self, config: NNRPConfig, backend: ChatBackend, loop: asyncio.AbstractEventLoop) -> None:
+        self._backend = backend
+        self._limits = AdapterLimits(max_envelope_bytes=config.max_envelope_bytes)
+        self._tasks: dict[ServerOperation, asyncio.Task] = {}
+        self._listener = Listener(
+            config.listen,
+            self,
+            loop,
+            accept_timeout_ms=config.accept_timeout_ms,
+            idle_poll_ms=config.idle_poll_ms,
+        )
+
+    def start(self) -> list[str]:
+        """Bind every configured address; returns the bound URIs."""
+        return self._listener.start()
+
+    async def stop(self) -> None:
+        """Stop accepting, give in-flight operations their terminal, abort their vLLM requests, unbind."""
+        await asyncio.to_thread(self._listener.close)
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+
+    @property
+    def in_flight(self) -> int:
+        """Operations currently running."""
+        return len(self._tasks)
+
+    # SessionHandler (called on the loop by the session pumps)
+
+    def on_submit(self, op: ServerOperation) -> None:
+        task = asyncio.get_running_loop().create_task(run_operation(op, self._backend, self._limits))
+        self._tasks[op] = task
+        task.add_done_callback(lambda _t, op=op: self._tasks.pop(op, None))
+
+    def on_stop(self, op: ServerOperation) -> None:
+        task = self._tasks.get(op)
+        if task is not None:
+            logger.debug("NNRP operation %d stopped: %s", op.operation_id, op.stop_reason)
+            task.cancel()

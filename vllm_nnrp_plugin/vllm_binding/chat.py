@@ -1,0 +1,103 @@
+"""The chat backend on vLLM's own serving objects (vllm-integration.md §4, identical 0.18 -> 0.26).
+
+``app.state.openai_serving_chat.create_chat_completion(request, raw_request=None)`` — the object behind
+``/v1/chat/completions`` — returns an ``ErrorResponse``, a ``ChatCompletionResponse``, or an async generator
+of ``"data: <json>\\n\\n"`` strings ending with ``data: [DONE]``; it may also raise. All four outcomes map to
+:class:`ChatCall` or :class:`ProfileError`. Engine requests are aborted with
+``engine_client.abort("chatcmpl-" + request_id)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from vllm_nnrp_plugin.adapter import ChatCall
+from vllm_nnrp_plugin.profile import errors as E
+
+_DATA = "data: "
+_DONE = "[DONE]"
+
+
+class VLLMChatBackend:
+    """:class:`vllm_nnrp_plugin.adapter.ChatBackend` over ``app.state`` (``openai_serving_chat``,
+    ``engine_client``, ``openai_serving_models``)."""
+
+    def __init__(self, state: Any) -> None:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        if state.openai_serving_chat is None:
+            raise RuntimeError("this vLLM server does not serve chat completions (no 'generate' task)")
+        self._request_cls = ChatCompletionRequest
+        self._serving = state.openai_serving_chat
+        self._engine = state.engine_client
+        self._models = state.openai_serving_models
+
+    def model_ids(self) -> list[str]:
+        """Served model names (``--served-model-name``, else ``--model``)."""
+        return [path.name for path in self._models.base_model_paths]
+
+    async def create_chat_completion(self, body: dict[str, Any], request_id: str) -> ChatCall:
+        """Validate ``body`` as vLLM's ``ChatCompletionRequest`` and run it under ``request_id``.
+
+        Raises :class:`ProfileError`: ``invalid_request`` (validation, vLLM 4xx), ``model_not_found`` (404 on
+        ``model``), ``backend_error`` (5xx, engine errors).
+        """
+        try:
+            request = self._request_cls.model_validate({**body, "request_id": request_id})
+        except ValueError as exc:  # pydantic.ValidationError
+            raise E.ProfileError(E.INVALID_REQUEST, _validation_message(exc)) from None
+        try:
+            result = await self._serving.create_chat_completion(request, raw_request=None)
+        except Exception as exc:  # vLLM raises for some invalid requests and for engine death
+            result = self._serving.create_error_response(exc)
+        if inspect.isasyncgen(result):
+            return ChatCall(stream=_chunks(result))
+        if hasattr(result, "choices"):
+            return ChatCall(body=result.model_dump(mode="json"))
+        raise error_from_response(result)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort the engine request (no-op if it already finished)."""
+        await self._engine.abort(f"chatcmpl-{request_id}")
+
+
+def error_from_response(response: Any) -> E.ProfileError:
+    """Map vLLM's ``ErrorResponse`` (``.error.message/.type/.param/.code``, code = HTTP status)."""
+    error = response.error
+    status = int(error.code) if isinstance(error.code, int) else 500
+    message = str(error.message) or error.type
+    if status == 404 and (error.param == "model" or error.type == "NotFoundError"):
+        return E.ProfileError(E.MODEL_NOT_FOUND, message, E.INVALID_REQUEST_ERROR, 404)
+    if 400 <= status < 500:
+        return E.ProfileError(E.INVALID_REQUEST, message, E.INVALID_REQUEST_ERROR, status)
+    return E.backend_error(message, status)
+
+
+async def _chunks(stream: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """Parse vLLM's SSE strings into chunk dicts; stops at ``[DONE]``; always closes ``stream``."""
+    try:
+        async for item in stream:
+            for line in item.splitlines():
+                if not line.startswith(_DATA):
+                    continue
+                data = line[len(_DATA):]
+                if data == _DONE:
+                    return
+                yield orjson.loads(data)
+    finally:
+        await stream.aclose()
+
+
+def _validation_message(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if errors is None:
+        return str(exc)
+    parts = []
+    for err in errors():
+        location = ".".join(str(p) for p in err.get("loc", ())) or "body"
+        parts.append(f"{location}: {err.get('msg')}")
+    return "invalid chat.completions.create body: " + "; ".join(parts)

@@ -1,0 +1,111 @@
+"""The two ``nnrp`` entry points and the router lifespan that runs the listener inside ``vllm serve``.
+
+* ``vllm.general_plugins`` -> :func:`register`: runs in every vLLM process at start-up. In the API-server
+  process it runs the version gate and the enablement check (:mod:`.gate`); elsewhere it does nothing.
+* ``vllm.endpoint_plugins`` -> :class:`NNRPEndpointPlugin` (vLLM 0.26+, loaded when ``VLLM_PLUGINS`` names
+  ``nnrp``): ``attach_router`` adds an ``APIRouter`` whose lifespan starts the listener after ``app.state``
+  is complete and stops it before vLLM deletes the state (vllm-integration.md §3.1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+from vllm_nnrp_plugin.vllm_binding.gate import binding_name, startup_check
+
+logger = logging.getLogger("vllm_nnrp_plugin")
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+_ATTACHED = "nnrp_listener_attached"
+_SERVICE = "nnrp_service"
+
+
+def register() -> None:
+    """General-plugin hook. Raises ``NNRPStartupError`` (which stops ``vllm serve``) when NNRP is enabled but
+    this vLLM is unsupported or the endpoint plugin would not be loaded."""
+    if API_SERVER_MODULE not in sys.modules:
+        return  # EngineCore, workers, model inspection: nothing to do
+    import vllm
+    import vllm.plugins
+
+    startup_check(
+        os.environ,
+        sys.argv,
+        vllm.__version__,
+        vllm.__version_tuple__,
+        hasattr(vllm.plugins, "load_endpoint_plugins"),
+    )
+
+
+class NNRPEndpointPlugin:
+    """vLLM 0.26 ``EndpointPlugin``: no HTTP routes, only a lifespan that runs the NNRP listener."""
+
+    name = "nnrp"
+    required_tasks = ("generate",)
+
+    def attach_router(self, app: Any) -> None:
+        from fastapi import APIRouter
+
+        if getattr(app.state, _ATTACHED, False):
+            return  # never attach the listener twice
+        setattr(app.state, _ATTACHED, True)
+        app.include_router(APIRouter(lifespan=nnrp_lifespan))
+
+    async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
+        """Validate the settings now, so a bad ``nnrp`` block stops start-up before the model is served."""
+        from vllm_nnrp_plugin.config import load_config
+
+        load_config(getattr(args, "additional_config", None))
+
+
+@contextlib.asynccontextmanager
+async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
+    """Start the NNRP service on this app's state; stop it on the way out. Start-up errors propagate, so
+    uvicorn reports "Application startup failed" and ``vllm serve`` exits."""
+    import asyncio
+
+    import vllm
+
+    from vllm_nnrp_plugin.config import load_config
+    from vllm_nnrp_plugin.service import NNRPService
+    from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
+
+    _log_like_vllm()
+    state = app.state
+    config = load_config(state.vllm_config.additional_config)
+    if not config.enabled:
+        logger.info("NNRP listener disabled (nnrp.enabled is false)")
+        yield
+        return
+    backend = VLLMChatBackend(state)
+    service = NNRPService(config, backend, asyncio.get_running_loop())
+    bound = service.start()
+    setattr(state, _SERVICE, service)
+    logger.info(
+        "NNRP listening on %s (vLLM %s, binding %s, models: %s)",
+        ", ".join(bound),
+        vllm.__version__,
+        binding_name(vllm.__version_tuple__),
+        ", ".join(backend.model_ids()),
+    )
+    try:
+        yield
+    finally:
+        await service.stop()
+        logger.info("NNRP listener stopped")
+
+
+def _log_like_vllm() -> None:
+    """Send this package's log records to vLLM's own handlers and level (vLLM does not propagate to root)."""
+    ours, theirs = logging.getLogger("vllm_nnrp_plugin"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.level)
+    ours.propagate = False
