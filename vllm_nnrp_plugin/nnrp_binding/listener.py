@@ -82,6 +82,8 @@ class Listener:
     def _bind(self, carrier: Carrier) -> None:
         if carrier.transport == "ipc":
             _remove_stale_socket(carrier.provider_uri)
+        else:
+            _check_tcp_free(carrier)
         options = NativeServerBootstrapOptions(
             endpoint=carrier.endpoint,
             provider_routes={carrier.transport: NativeServerProviderRoute(provider_endpoint=carrier.provider_uri)},
@@ -147,6 +149,23 @@ class Listener:
         for pump in pumps:
             pump.join(timeout_s)
         self._stack.close()
+
+
+def _check_tcp_free(carrier: Carrier) -> None:
+    """The native carrier reports a taken port only as an opaque status; say it plainly first."""
+    parts = urllib.parse.urlsplit(carrier.provider_uri)
+    if not parts.port:
+        return
+    family = socket.AF_INET6 if ":" in (parts.hostname or "") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((parts.hostname, parts.port))
+        except OSError as exc:
+            raise ListenError(
+                f"cannot listen for NNRP on {carrier.uri}: {exc.strerror}. Fix: stop whatever holds that "
+                "address, or choose another one with nnrp.listen / VLLM_NNRP_LISTEN."
+            ) from None
 
 
 def _remove_stale_socket(provider_uri: str) -> None:

@@ -67,13 +67,7 @@ class NNRPEndpointPlugin:
 async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
     """Start the NNRP service on this app's state; stop it on the way out. Start-up errors propagate, so
     uvicorn reports "Application startup failed" and ``vllm serve`` exits."""
-    import asyncio
-
-    import vllm
-
     from vllm_nnrp_plugin.config import load_config
-    from vllm_nnrp_plugin.service import NNRPService
-    from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
 
     _log_like_vllm()
     state = app.state
@@ -82,6 +76,14 @@ async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
         logger.info("NNRP listener disabled (nnrp.enabled is false)")
         yield
         return
+
+    import asyncio
+
+    import vllm
+
+    from vllm_nnrp_plugin.service import NNRPService
+    from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
+
     backend = VLLMChatBackend(state)
     service = NNRPService(config, backend, asyncio.get_running_loop())
     bound = service.start()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The main job, end to end on this machine: build/reuse a CPU vLLM and the small model, start
+# `VLLM_PLUGINS=nnrp vllm serve` with the plugin, stream one answer over NNRP with `vllm-nnrp chat`, stop.
+#
+#   compat/serve-and-chat.sh 0.26.0 "Say hello."
+set -euo pipefail
+VERSION=${1:?usage: serve-and-chat.sh VLLM_VERSION MESSAGE}
+MESSAGE=${2:-Say hello.}
+HERE=$(cd "$(dirname "$0")" && pwd)
+VENV=$(bash "$HERE/build-vllm-env.sh" "$VERSION" | tail -n1)
+MODEL=$(bash "$HERE/build-model.sh" "$VENV/bin/python" | tail -n1)
+LISTEN=${VLLM_NNRP_LISTEN:-tcp://127.0.0.1:9400}
+LOG=$(mktemp -t vllm-nnrp-demo.XXXXXX.log)
+
+echo "starting vllm serve (log: $LOG) ..." >&2
+VLLM_PLUGINS=nnrp VLLM_NNRP_LISTEN="$LISTEN" VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+  VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+  "$VENV/bin/vllm" serve "$MODEL" --host 127.0.0.1 --port "${VLLM_HTTP_PORT:-8000}" \
+  --served-model-name example-model --max-model-len 2048 --dtype bfloat16 --enforce-eager >"$LOG" 2>&1 &
+SERVER=$!
+trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
+until grep -q "NNRP listening on" "$LOG"; do
+  kill -0 $SERVER 2>/dev/null || { tail -n 40 "$LOG" >&2; exit 1; }
+  sleep 1
+done
+grep -o "NNRP listening on.*" "$LOG" >&2
+"$VENV/bin/vllm-nnrp" chat --endpoint "${LISTEN%%,*}" --max-tokens 64 "$MESSAGE"

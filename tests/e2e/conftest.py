@@ -1,0 +1,119 @@
+"""A real ``vllm serve`` (CPU, SmolLM2-135M-Instruct) with the plugin enabled, shared by the e2e tests.
+
+Needs the environment built by ``compat/run-vllm-tests.sh`` (vLLM in this interpreter's venv, the model
+directory in ``VLLM_NNRP_TEST_MODEL``); without it these tests are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+MODEL_ENV = "VLLM_NNRP_TEST_MODEL"
+SERVED_NAME = "example-model"
+START_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model_dir() -> str:
+    model = os.environ.get(MODEL_ENV)
+    if not model:
+        pytest.skip(f"{MODEL_ENV} is not set: run the e2e tests through compat/run-vllm-tests.sh (tox -e vllm-0.26.0)")
+    return model
+
+
+class VLLMServer:
+    """One ``vllm serve`` process; ``http`` is its base URL, ``log`` its combined output file."""
+
+    def __init__(self, workdir: pathlib.Path, *, env: dict[str, str], extra_args: tuple[str, ...] = ()) -> None:
+        self.port = free_port()
+        self.http = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"vllm-{self.port}.log"
+        vllm = pathlib.Path(sys.executable).with_name("vllm")
+        base_env = {
+            k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_NNRP_LISTEN")
+        }
+        base_env.update(
+            VLLM_CPU_KVCACHE_SPACE="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+        )
+        base_env.update(env)
+        command = [
+            str(vllm), "serve", model_dir(),
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--served-model-name", SERVED_NAME,
+            "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager",
+            *extra_args,
+        ]  # fmt: skip
+        self._log_file = open(self.log, "wb")
+        self.proc = subprocess.Popen(command, env=base_env, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=workdir)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"vllm serve exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.http}/v1/models", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"vllm serve not ready after {START_TIMEOUT_S} s:\n{self.tail()}")
+
+    def wait_exit(self, timeout_s: float = START_TIMEOUT_S) -> int:
+        return self.proc.wait(timeout_s)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.output().splitlines()[-lines:])
+
+    def metric(self, name: str) -> float:
+        """Sum of a Prometheus sample over all its label sets, from vLLM's own /metrics."""
+        text = httpx.get(f"{self.http}/metrics", timeout=10).text
+        pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", re.M)
+        return sum(float(v) for v in pattern.findall(text))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log_file.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """The plugin enabled with ``VLLM_PLUGINS=nnrp``, listening on a TCP port and a unix socket."""
+    workdir = tmp_path_factory.mktemp("vllm")
+    tcp = f"tcp://127.0.0.1:{free_port()}"
+    ipc = f"unix://{workdir}/nnrp.sock"
+    server = VLLMServer(workdir, env={"VLLM_PLUGINS": "nnrp", "VLLM_NNRP_LISTEN": f"{tcp},{ipc}"})
+    server.nnrp = {"tcp": tcp, "ipc": ipc}
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,235 @@
+"""End to end inside a real ``vllm serve`` 0.26 on CPU: the real NNRP client over TCP and IPC against the
+plugin, with vLLM's own HTTP API on the same server as the reference."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import SERVED_NAME, VLLMServer, free_port
+from vllm_nnrp_plugin.client import ProfileClient
+
+pytestmark = pytest.mark.vllm
+
+HELLO = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16, "temperature": 0}
+LONG = {
+    "model": SERVED_NAME,
+    "messages": [{"role": "user", "content": "Write a long story about the sea."}],
+    "max_tokens": 1000,
+    "ignore_eos": True,
+    "stream": True,
+}
+
+
+def envelope(body, **extra):
+    return {"schema_version": "openai-compatible/1", "operation": "chat.completions.create", "body": body, **extra}
+
+
+@pytest.fixture(params=["tcp", "ipc"])
+def client(request, vllm_server):
+    client = asyncio.run(ProfileClient.connect(vllm_server.nnrp[request.param]))
+    yield client
+    client.close()
+
+
+def run(client, env, timeout_s=120):
+    return list(client.events(client.submit(env), timeout_s=timeout_s))
+
+
+def http_chat(server, body):
+    response = httpx.post(f"{server.http}/v1/chat/completions", json=body, timeout=120)
+    return response.status_code, response.json()
+
+
+def wait_idle(server, timeout_s=15.0):
+    """True once vLLM reports no running and no waiting request."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.metric("vllm:num_requests_running") == 0 and server.metric("vllm:num_requests_waiting") == 0:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_start_up_log_names_addresses_version_binding_and_models(vllm_server):
+    line = next(l for l in vllm_server.output().splitlines() if "NNRP listening on" in l)
+    assert vllm_server.nnrp["tcp"] in line and vllm_server.nnrp["ipc"] in line
+    assert "vLLM 0.26.0" in line and "endpoint-plugin-0.26" in line and SERVED_NAME in line
+
+
+def test_streamed_text_equals_the_http_answer(vllm_server, client):
+    status, reference = http_chat(vllm_server, HELLO)
+    assert status == 200
+    expected = reference["choices"][0]["message"]["content"]
+    events = run(client, envelope({**HELLO, "stream": True}, request_id="e2e-stream"))
+    *partials, terminal = events
+    assert partials and all(e.event["type"] == "response.output_text.delta" for e in partials)
+    assert "".join(e.event["delta"] for e in partials) == expected
+    assert terminal.frame == "result_push" and terminal.event["type"] == "response.completed"
+    body = terminal.event["body"]
+    assert body["choices"][0]["message"]["content"] == expected
+    assert body["choices"][0]["finish_reason"] == reference["choices"][0]["finish_reason"]
+    assert body["id"].startswith("chatcmpl-nnrp-e2e-stream-")  # envelope request_id is in vLLM's request id
+
+
+def test_usage_is_streamed_when_asked(vllm_server, client):
+    _, reference = http_chat(vllm_server, HELLO)
+    events = run(client, envelope({**HELLO, "stream": True, "stream_options": {"include_usage": True}}))
+    usage = [e.event for e in events if e.event["type"] == "response.usage"]
+    assert usage == [
+        {
+            "type": "response.usage",
+            "usage": {
+                "input_tokens": reference["usage"]["prompt_tokens"],
+                "output_tokens": reference["usage"]["completion_tokens"],
+                "total_tokens": reference["usage"]["total_tokens"],
+            },
+        }
+    ]
+    assert events[-1].event["body"]["usage"]["completion_tokens"] == reference["usage"]["completion_tokens"]
+
+
+def test_non_streaming_body_is_vllms_chat_completion(vllm_server, client):
+    _, reference = http_chat(vllm_server, HELLO)
+    (terminal,) = run(client, envelope(HELLO))
+    body = terminal.event["body"]
+    assert terminal.event["type"] == "response.completed" and body["object"] == "chat.completion"
+    for volatile in ("id", "created", "system_fingerprint"):
+        body.pop(volatile), reference.pop(volatile)
+    assert body == reference
+
+
+@pytest.mark.parametrize(
+    "submit, code",
+    [
+        (envelope({**HELLO, "model": "nope"}), "model_not_found"),
+        (envelope({**HELLO, "model": "nope", "stream": True}), "model_not_found"),
+        (envelope({**HELLO, "max_tokens": 100000}), "invalid_request"),
+        (envelope({**HELLO, "max_tokens": 100000, "stream": True}), "invalid_request"),
+        (envelope({**HELLO, "n": 2, "stream": True}), "invalid_request"),
+        (envelope({**HELLO, "messages": "not a list"}), "invalid_request"),
+        (envelope({"model": SERVED_NAME}), "missing_messages"),
+        ({**envelope(HELLO), "operation": "responses.create"}, "unsupported_operation"),
+        ({**envelope(HELLO), "schema_version": "openai-compatible/0"}, "unsupported_schema_version"),
+        ({**envelope(HELLO), "body": "text"}, "invalid_envelope"),
+        (b"\x00not json", "invalid_json"),
+    ],
+)
+def test_errors_are_typed_and_the_session_keeps_serving(client, submit, code):
+    (terminal,) = run(client, submit)
+    assert terminal.event["type"] == "response.error"
+    assert terminal.event["error"]["code"] == code and terminal.event["error"]["message"]
+    (again,) = run(client, envelope({**HELLO, "max_tokens": 2}))
+    assert again.event["type"] == "response.completed"
+
+
+def test_cancel_aborts_the_vllm_request(vllm_server, client):
+    assert wait_idle(vllm_server)
+    tokens_before = vllm_server.metric("vllm:generation_tokens_total")
+    op = client.submit(envelope(LONG))
+    stream = client.events(op, timeout_s=120)
+    for _ in range(3):
+        assert next(stream).event["type"] == "response.output_text.delta"
+    client.cancel(op)
+    terminal = list(stream)[-1]
+    assert terminal.frame == "result_drop" and terminal.event == {"type": "response.cancelled", "reason": "client_cancelled"}
+    assert wait_idle(vllm_server), "vLLM still runs the cancelled request"
+    time.sleep(1)
+    assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < 200  # far from max_tokens=1000
+
+
+KILLED_CLIENT = textwrap.dedent(
+    """
+    import asyncio, os, sys, orjson
+    from vllm_nnrp_plugin.client import ProfileClient
+    client = asyncio.run(ProfileClient.connect(sys.argv[1]))
+    op = client.submit(orjson.loads(sys.argv[2]))
+    events = client.events(op, timeout_s=120)
+    next(events); next(events)
+    print("streaming", flush=True)
+    os._exit(9)
+    """
+)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_a_killed_client_leaves_no_request_running(vllm_server, transport):
+    import orjson
+
+    assert wait_idle(vllm_server)
+    tokens_before = vllm_server.metric("vllm:generation_tokens_total")
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_CLIENT, vllm_server.nnrp[transport], orjson.dumps(envelope(LONG)).decode()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "streaming" in proc.stdout, proc.stderr
+    assert wait_idle(vllm_server), "vLLM still runs the dead client's request"
+    time.sleep(1)
+    assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < 200
+
+
+def test_the_http_api_keeps_working_beside_nnrp(vllm_server):
+    status, body = http_chat(vllm_server, HELLO)
+    assert status == 200 and body["choices"][0]["message"]["content"]
+
+
+def test_cli_streams_the_answer(vllm_server):
+    _, reference = http_chat(vllm_server, HELLO)
+    cli = pathlib.Path(sys.executable).with_name("vllm-nnrp")
+    args = [str(cli), "chat", "--endpoint", vllm_server.nnrp["tcp"], "--max-tokens", "16", "--temperature", "0"]
+    done = subprocess.run([*args, "Say hello."], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(reference["choices"][0]["message"]["content"])
+    assert "[usage] input" in done.stdout
+    failed = subprocess.run([*args, "--model", "nope", "x"], capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1 and "model_not_found" in failed.stderr
+
+
+def test_enabled_but_unable_to_bind_stops_vllm_serve(tmp_path):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    server = VLLMServer(tmp_path, env={"VLLM_PLUGINS": "nnrp", "VLLM_NNRP_LISTEN": f"tcp://127.0.0.1:{taken}"})
+    try:
+        assert server.wait_exit() != 0
+        output = server.output()
+        assert f"cannot listen for NNRP on tcp://127.0.0.1:{taken}" in output and "Fix:" in output
+    finally:
+        server.stop()
+        holder.close()
+
+
+def test_installed_but_not_enabled_claims_no_port(tmp_path):
+    port = free_port()
+    env = {"VLLM_NNRP_LISTEN": f"tcp://127.0.0.1:{port}"}  # VLLM_PLUGINS unset: plugin installed, not asked for
+    server = VLLMServer(tmp_path, env=env)
+    try:
+        server.wait_ready()
+        assert "NNRP listening" not in server.output()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        server.stop()
+
+
+def test_enabled_in_config_without_vllm_plugins_fails_fast_with_the_fix(tmp_path):
+    vllm = pathlib.Path(sys.executable).with_name("vllm")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    done = subprocess.run(
+        [str(vllm), "serve", "unused-model", "--additional-config", '{"nnrp": {"enabled": true}}'],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "export VLLM_PLUGINS=nnrp" in done.stderr
