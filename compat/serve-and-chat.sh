@@ -24,4 +24,4 @@ until grep -q "NNRP listening on" "$LOG"; do
   sleep 1
 done
 grep -o "NNRP listening on.*" "$LOG" >&2
-"$VENV/bin/vllm-nnrp" chat --endpoint "${LISTEN%%,*}" --max-tokens 64 "$MESSAGE"
+"$VENV/bin/vllm-nnrp" chat --endpoint "${LISTEN%%,*}" --max-tokens 64 --temperature 0 "$MESSAGE"
