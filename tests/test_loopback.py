@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -26,8 +27,6 @@ MAX_ENVELOPE = 4096
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -254,5 +253,40 @@ def test_shutdown_gives_in_flight_operations_a_terminal(tmp_path):
         terminal = list(stream)[-1]
         assert terminal.event["error"]["code"] == "server_shutdown"
         assert server.backend.started[-1] in server.backend.aborted
+    finally:
+        client.close()
+
+
+def accepted_sockets_of(port: int) -> list[socket.socket]:
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        try:
+            if (
+                sock.family == socket.AF_INET
+                and sock.type == socket.SOCK_STREAM
+                and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                and sock.getsockname()[1] == port
+            ):
+                found.append(sock)
+                continue
+        except OSError:
+            pass
+        sock.close()
+    return found
+
+
+def test_accepted_tcp_connections_have_nagle_turned_off(served):
+    client = asyncio.run(ProfileClient.connect(served.tcp))
+    try:
+        port = int(served.tcp.rsplit(":", 1)[1])
+        sockets = accepted_sockets_of(port)
+        assert sockets, "no accepted connection found for the listener"
+        assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
+        for s in sockets:
+            s.close()
     finally:
         client.close()

@@ -78,8 +78,8 @@ def engine_request_id(envelope_request_id: str | None) -> str:
     return f"nnrp-{suffix}"
 
 
-async def run_operation(sink: OperationSink, backend: ChatBackend, limits: AdapterLimits) -> str | None:
-    """Serve one operation to its terminal. Returns the engine request id once dispatched (for logs).
+async def run_operation(sink: OperationSink, backend: ChatBackend, limits: AdapterLimits) -> None:
+    """Serve one operation to its terminal.
 
     Never raises for bad input or backend failures: they become ``response.error``. Task cancellation
     (client cancel, client gone, shutdown) propagates after the backend request was aborted.
@@ -88,7 +88,7 @@ async def run_operation(sink: OperationSink, backend: ChatBackend, limits: Adapt
         envelope = decode_envelope(sink.envelope_bytes(), operations=OPERATIONS, max_bytes=limits.max_envelope_bytes)
     except E.ProfileError as err:
         sink.fail(err)
-        return None
+        return
     request_id = engine_request_id(envelope.request_id)
     finished = False
     stream: AsyncIterator[dict[str, Any]] | None = None
@@ -97,7 +97,7 @@ async def run_operation(sink: OperationSink, backend: ChatBackend, limits: Adapt
         if call.stream is None:
             finished = True
             sink.complete(call.body or {})
-            return request_id
+            return
         stream = call.stream
         mapper = ChatStreamMapper()
         async for chunk in stream:
@@ -115,7 +115,6 @@ async def run_operation(sink: OperationSink, backend: ChatBackend, limits: Adapt
             await _close(stream)
         if not finished:
             await asyncio.shield(backend.abort(request_id))
-    return request_id
 
 
 async def _close(stream: AsyncIterator[dict[str, Any]]) -> None:

@@ -55,10 +55,13 @@ class NNRPService:
     def on_submit(self, op: ServerOperation) -> None:
         task = asyncio.get_running_loop().create_task(run_operation(op, self._backend, self._limits))
         self._tasks[op] = task
-        task.add_done_callback(lambda _t, op=op: self._tasks.pop(op, None))
+        task.add_done_callback(lambda _t, op=op: self._done(op))
 
     def on_stop(self, op: ServerOperation) -> None:
         task = self._tasks.get(op)
         if task is not None:
-            logger.debug("NNRP operation %d stopped: %s", op.operation_id, op.stop_reason)
             task.cancel()
+
+    def _done(self, op: ServerOperation) -> None:
+        self._tasks.pop(op, None)
+        logger.debug("NNRP operation %d on %s: %s", op.operation_id, op.transport, op.outcome)

@@ -51,3 +51,8 @@ def test_yaml_config_file_is_read(tmp_path):
     config.write_text("model: m\nadditional-config:\n  nnrp:\n    enabled: true\n")
     with pytest.raises(NNRPStartupError, match="VLLM_PLUGINS"):
         check(environ={}, argv=("vllm", "serve", "--config", str(config)))
+
+
+def test_bad_listen_address_in_the_environment_stops_start_up():
+    with pytest.raises(NNRPStartupError, match="ws://x:1"):
+        check(environ={**ON, "VLLM_NNRP_LISTEN": "ws://x:1"})

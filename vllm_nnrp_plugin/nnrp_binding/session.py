@@ -85,11 +85,6 @@ class ServerOperation:
         self._terminal_sent = False
 
     @property
-    def finished(self) -> bool:
-        """True once a terminal was decided (sent or queued)."""
-        return self._machine.finished
-
-    @property
     def outcome(self) -> str | None:
         """``completed``, ``error:<code>`` or ``cancelled:<reason>`` once finished."""
         return self._machine.outcome
@@ -103,7 +98,7 @@ class ServerOperation:
     def partial(self, event: dict[str, Any]) -> None:
         """Queue one non-terminal event; ignored once the operation finished or was stopped."""
         with self._lock:
-            action = None if self.stop_reason else self._machine.partial(event)
+            action = self._machine.partial(event)
         if action is not None:
             self._pump.enqueue(self, action)
 
@@ -136,10 +131,9 @@ class ServerOperation:
         with self._lock:
             self.stop_reason = self.stop_reason or SERVER_SHUTDOWN
 
-    def _late_drop(self, push: ResultPush) -> ResultDrop:
+    def _late_drop(self) -> ResultDrop:
         """A terminal push decided before a peer cancel arrived: the runtime refuses a RESULT_PUSH after a
         cancel (profile-contract.md §5), so the terminal becomes a PEER_CANCELLED drop."""
-        del push
         detail = self.stop_reason or "client_cancelled"
         return ResultDrop(
             DropReason.PEER_CANCELLED,
@@ -223,6 +217,9 @@ class SessionPump:
         except NativeRuntimeError as exc:
             logger.warning("NNRP session on %s failed: %s", self.transport, exc)
             self._cancel_all("client_disconnected")
+        except Exception:
+            logger.exception("NNRP session pump on %s crashed; its operations are stopped", self.transport)
+            self._cancel_all("server_error")
         finally:
             try:
                 self.session.close()
@@ -279,7 +276,7 @@ class SessionPump:
                 if isinstance(action, PartialResult):
                     continue  # nothing after a cancel
                 if isinstance(action, ResultPush):
-                    action = sop._late_drop(action)
+                    action = sop._late_drop()
             self._send(sop, action)
 
     def _send(self, sop: ServerOperation, action: Action) -> None:
@@ -296,7 +293,7 @@ class SessionPump:
                     sdk_sync.send_result(op, metadata, body)
                 except NativeRuntimeError:
                     # refused: the client cancelled before it arrived; a drop is still accepted
-                    metadata, body = wire.result_drop(sop.operation_id, sop._late_drop(action))
+                    metadata, body = wire.result_drop(sop.operation_id, sop._late_drop())
                     sdk_sync.send_result_drop(op, metadata, body)
             else:
                 metadata, body = wire.result_drop(sop.operation_id, action)

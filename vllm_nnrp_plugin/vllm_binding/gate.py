@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm_nnrp_plugin.config import CONFIG_KEY, ConfigError, NNRPConfig, load_config, plugins_named
+from vllm_nnrp_plugin.nnrp_binding.endpoints import EndpointError, parse_endpoint
 
 #: vLLM families this release has a binding for, with the anchor each was tested on
 SUPPORTED = {(0, 26): "0.26.0"}
@@ -72,15 +73,21 @@ def startup_check(
     """Decide at CLI-parse time whether NNRP is wanted and can attach.
 
     Returns the binding name when NNRP is enabled, ``None`` when it is not (installed but off: nothing
-    happens). Raises :class:`NNRPStartupError` for an unsupported vLLM, or when ``--additional-config``
-    enables NNRP but ``VLLM_PLUGINS`` does not name ``nnrp`` (then vLLM would not load the endpoint plugin
-    and the server would run without a listener).
+    happens). Raises :class:`NNRPStartupError` for an unsupported vLLM, invalid settings or listen addresses
+    (``--additional-config`` and ``VLLM_NNRP_LISTEN``), or when ``--additional-config`` enables NNRP but
+    ``VLLM_PLUGINS`` does not name ``nnrp`` (then vLLM would not load the endpoint plugin and the server
+    would run without a listener).
     """
     config = config_from_argv(argv, environ)
     named = plugins_named(environ)
     if not (config.enabled if config is not None else named):
         return None
     binding = check_version(version, version_tuple, has_endpoint_plugins)
+    for uri in (config or load_config({}, environ)).listen:
+        try:
+            parse_endpoint(uri)
+        except EndpointError as exc:
+            raise NNRPStartupError(f"vllm-nnrp-plugin: bad listen address {exc}") from None
     if not named:
         raise NNRPStartupError(
             "vllm-nnrp-plugin: --additional-config enables NNRP, but vLLM loads the endpoint plugin that "

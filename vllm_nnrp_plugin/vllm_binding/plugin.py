@@ -57,10 +57,7 @@ class NNRPEndpointPlugin:
         app.include_router(APIRouter(lifespan=nnrp_lifespan))
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
-        """Validate the settings now, so a bad ``nnrp`` block stops start-up before the model is served."""
-        from vllm_nnrp_plugin.config import load_config
-
-        load_config(getattr(args, "additional_config", None))
+        """Nothing to prepare: settings were checked by :func:`register`, the lifespan reads ``app.state``."""
 
 
 @contextlib.asynccontextmanager
