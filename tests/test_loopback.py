@@ -160,15 +160,27 @@ def test_midstream_error_ends_with_backend_error_and_aborts(served, client):
     assert served.backend.started[-1] in served.backend.aborted
 
 
-def test_cancel_stops_events_at_once_and_aborts_the_backend_request(served, client):
+CANCELS = {
+    "frame_cancel": lambda c, op: c.cancel(op),
+    "runtime_cancel": lambda c, op: c.connection.cancel_runtime_operation(
+        c.session, operation_id=op.operation_id, control_sequence=1
+    ),
+    "runtime_abort": lambda c, op: c.connection.abort_runtime_operation(
+        c.session, operation_id=op.operation_id, control_sequence=1
+    ),
+}
+
+
+@pytest.mark.parametrize("how, reason", [("frame_cancel", "client_cancelled"), ("runtime_cancel", "client_cancelled"), ("runtime_abort", "client_aborted")])
+def test_cancel_stops_events_at_once_and_aborts_the_backend_request(served, client, how, reason):
     op = client.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05}))
     stream = client.events(op, timeout_s=10)
     first = next(stream)
     assert first.frame == "partial_result"
-    client.cancel(op)
+    CANCELS[how](client, op)
     rest = list(stream)
     assert rest[-1].frame == "result_drop" and rest[-1].drop_reason == 3  # PEER_CANCELLED
-    assert rest[-1].event == {"type": "response.cancelled", "reason": "client_cancelled"}
+    assert rest[-1].event == {"type": "response.cancelled", "reason": reason}
     assert len(rest) <= 2  # at most one delta that was already on the wire
     request_id = served.backend.started[-1]
     assert wait_until(lambda: request_id in served.backend.aborted)

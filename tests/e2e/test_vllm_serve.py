@@ -233,3 +233,13 @@ def test_enabled_in_config_without_vllm_plugins_fails_fast_with_the_fix(tmp_path
     )  # fmt: skip
     assert done.returncode != 0
     assert "export VLLM_PLUGINS=nnrp" in done.stderr
+
+
+def test_several_api_server_processes_stop_start_up_with_the_fix(tmp_path):
+    env = {"VLLM_PLUGINS": "nnrp", "VLLM_NNRP_LISTEN": f"tcp://127.0.0.1:{free_port()}"}
+    server = VLLMServer(tmp_path, env=env, extra_args=("--api-server-count", "2"))
+    try:
+        assert server.wait_exit() != 0
+        assert "vLLM runs 2" in server.output() and "--api-server-count 1" in server.output()
+    finally:
+        server.stop()

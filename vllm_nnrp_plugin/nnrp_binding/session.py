@@ -19,6 +19,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from nnrp.core import MessageType
@@ -152,7 +153,7 @@ class SessionPump:
         loop: asyncio.AbstractEventLoop,
         *,
         idle_poll_ms: int,
-        on_exit: Any = None,
+        on_exit: Callable[[SessionPump], None] | None = None,
     ) -> None:
         self.session = session
         self.transport: str = session.active_transport_name

@@ -80,10 +80,17 @@ async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
 
     from vllm_nnrp_plugin.service import NNRPService
     from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
+    from vllm_nnrp_plugin.vllm_binding.gate import NNRPStartupError
 
+    api_servers = getattr(state.vllm_config.parallel_config, "_api_process_count", 1)
+    if api_servers > 1:
+        raise NNRPStartupError(
+            f"vllm-nnrp-plugin: this release serves NNRP from one API-server process, but vLLM runs {api_servers} "
+            "(--api-server-count, or data parallelism). Fix: --api-server-count 1, or disable NNRP."
+        )
     backend = VLLMChatBackend(state)
     service = NNRPService(config, backend, asyncio.get_running_loop())
-    bound = service.start()
+    bound = await asyncio.to_thread(service.start)  # binding is a native call: keep it off vLLM's loop
     setattr(state, _SERVICE, service)
     logger.info(
         "NNRP listening on %s (vLLM %s, binding %s, models: %s)",
