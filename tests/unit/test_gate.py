@@ -56,3 +56,16 @@ def test_yaml_config_file_is_read(tmp_path):
 def test_bad_listen_address_in_the_environment_stops_start_up():
     with pytest.raises(NNRPStartupError, match="ws://x:1"):
         check(environ={**ON, "VLLM_NNRP_LISTEN": "ws://x:1"})
+
+
+@pytest.mark.parametrize(
+    "environ, argv",
+    [
+        (ON, ("vllm", "serve", "m", "--headless")),
+        (ON, ("vllm", "serve", "m", "--grpc")),
+        ({**ON, "VLLM_USE_RUST_FRONTEND": "1"}, ("vllm", "serve", "m")),
+    ],
+)
+def test_modes_without_a_python_api_server_stop_start_up(environ, argv):
+    with pytest.raises(NNRPStartupError, match="no Python API server"):
+        check(environ=environ, argv=argv)

@@ -15,6 +15,8 @@ from vllm_nnrp_plugin.nnrp_binding.endpoints import EndpointError, parse_endpoin
 
 #: vLLM families this release has a binding for, with the anchor each was tested on
 SUPPORTED = {(0, 26): "0.26.0"}
+NO_API_SERVER_FLAGS = ("--headless", "--grpc")
+RUST_FRONTEND_ENV = "VLLM_USE_RUST_FRONTEND"
 ENDPOINT_PLUGIN_FIX = "export VLLM_PLUGINS=nnrp (or add nnrp to the list it already holds)"
 
 
@@ -73,7 +75,8 @@ def startup_check(
     """Decide at CLI-parse time whether NNRP is wanted and can attach.
 
     Returns the binding name when NNRP is enabled, ``None`` when it is not (installed but off: nothing
-    happens). Raises :class:`NNRPStartupError` for an unsupported vLLM, invalid settings or listen addresses
+    happens). Raises :class:`NNRPStartupError` for an unsupported vLLM, a mode without a Python API server
+    (``--headless``, ``--grpc``, ``VLLM_USE_RUST_FRONTEND``), invalid settings or listen addresses
     (``--additional-config`` and ``VLLM_NNRP_LISTEN``), or when ``--additional-config`` enables NNRP but
     ``VLLM_PLUGINS`` does not name ``nnrp`` (then vLLM would not load the endpoint plugin and the server
     would run without a listener).
@@ -83,6 +86,14 @@ def startup_check(
     if not (config.enabled if config is not None else named):
         return None
     binding = check_version(version, version_tuple, has_endpoint_plugins)
+    frontend = next((flag for flag in NO_API_SERVER_FLAGS if flag in argv), None)
+    if frontend is None and environ.get(RUST_FRONTEND_ENV, "0") not in ("", "0"):
+        frontend = f"{RUST_FRONTEND_ENV}={environ[RUST_FRONTEND_ENV]}"
+    if frontend is not None:
+        raise NNRPStartupError(
+            f"vllm-nnrp-plugin: with {frontend} this process runs no Python API server, so NNRP cannot attach. "
+            "Fix: enable NNRP on the API-server process only (remove nnrp from VLLM_PLUGINS here)."
+        )
     for uri in (config or load_config({}, environ)).listen:
         try:
             parse_endpoint(uri)
