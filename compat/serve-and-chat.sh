@@ -24,4 +24,9 @@ until grep -q "NNRP listening on" "$LOG"; do
   sleep 1
 done
 grep -o "NNRP listening on.*" "$LOG" >&2
-"$VENV/bin/vllm-nnrp" chat --endpoint "${LISTEN%%,*}" --max-tokens 64 --temperature 0 "$MESSAGE"
+if "$VENV/bin/vllm-nnrp" chat --endpoint "${LISTEN%%,*}" --max-tokens 64 --temperature 0 "$MESSAGE"; then
+  rm -f "$LOG"
+else
+  echo "vllm-nnrp chat failed; vLLM's log: $LOG" >&2
+  exit 1
+fi

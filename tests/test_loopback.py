@@ -293,12 +293,18 @@ def accepted_sockets_of(port: int) -> list[socket.socket]:
 
 def test_accepted_tcp_connections_have_nagle_turned_off(served):
     client = asyncio.run(ProfileClient.connect(served.tcp))
-    try:
-        port = int(served.tcp.rsplit(":", 1)[1])
+    port = int(served.tcp.rsplit(":", 1)[1])
+
+    def all_nodelay() -> bool:
+        # the client's open_session can return just before the accept thread claimed the session
         sockets = accepted_sockets_of(port)
-        assert sockets, "no accepted connection found for the listener"
-        assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
-        for s in sockets:
-            s.close()
+        try:
+            return bool(sockets) and all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
+        finally:
+            for s in sockets:
+                s.close()
+
+    try:
+        assert wait_until(all_nodelay), "an accepted connection of the listener still has Nagle on"
     finally:
         client.close()
