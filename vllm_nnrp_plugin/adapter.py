@@ -96,7 +96,7 @@ async def run_operation(sink: OperationSink, backend: ChatBackend, limits: Adapt
         call = await backend.create_chat_completion(envelope.body, request_id)
         if call.stream is None:
             finished = True
-            sink.complete(call.body or {})
+            sink.complete(call.body)
             return
         stream = call.stream
         mapper = ChatStreamMapper()
@@ -114,7 +114,14 @@ async def run_operation(sink: OperationSink, backend: ChatBackend, limits: Adapt
         if stream is not None:
             await _close(stream)
         if not finished:
-            await asyncio.shield(backend.abort(request_id))
+            await asyncio.shield(_abort(backend, request_id))
+
+
+async def _abort(backend: ChatBackend, request_id: str) -> None:
+    try:
+        await backend.abort(request_id)
+    except Exception:  # the engine may already be gone (shutdown); nothing is left to stop then
+        logger.warning("aborting backend request %s failed", request_id, exc_info=True)
 
 
 async def _close(stream: AsyncIterator[dict[str, Any]]) -> None:

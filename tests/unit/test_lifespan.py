@@ -1,7 +1,7 @@
 import asyncio
 import types
 
-from vllm_nnrp_plugin.vllm_binding.plugin import NNRPEndpointPlugin, nnrp_lifespan
+from vllm_nnrp_plugin.vllm_binding.endpoint import NNRPEndpointPlugin, nnrp_lifespan
 
 
 def fake_app(additional_config):

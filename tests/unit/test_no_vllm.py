@@ -5,8 +5,8 @@ CHECK = """
 import sys
 sys.modules["vllm"] = None  # any `import vllm` now raises ImportError
 import vllm_nnrp_plugin.adapter, vllm_nnrp_plugin.service, vllm_nnrp_plugin.client, vllm_nnrp_plugin.cli
-import vllm_nnrp_plugin.vllm_binding.plugin, vllm_nnrp_plugin.vllm_binding.gate
-from vllm_nnrp_plugin.vllm_binding.plugin import register
+import vllm_nnrp_plugin.vllm_binding.endpoint, vllm_nnrp_plugin.vllm_binding.gate
+from vllm_nnrp_plugin.vllm_binding.general import register
 register()  # not inside a vLLM API server: does nothing, imports nothing
 print("ok")
 """

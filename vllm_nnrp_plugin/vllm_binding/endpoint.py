@@ -1,45 +1,27 @@
-"""The two ``nnrp`` entry points and the router lifespan that runs the listener inside ``vllm serve``.
+"""The ``vllm.endpoint_plugins`` entry point ``nnrp`` and the router lifespan that runs the listener.
 
-* ``vllm.general_plugins`` -> :func:`register`: runs in every vLLM process at start-up. In the API-server
-  process it runs the version gate and the enablement check (:mod:`.gate`); elsewhere it does nothing.
-* ``vllm.endpoint_plugins`` -> :class:`NNRPEndpointPlugin` (vLLM 0.26+, loaded when ``VLLM_PLUGINS`` names
-  ``nnrp``): ``attach_router`` adds an ``APIRouter`` whose lifespan starts the listener after ``app.state``
-  is complete and stops it before vLLM deletes the state (vllm-integration.md §3.1).
+:class:`NNRPEndpointPlugin` (vLLM 0.26+, loaded in the API-server process when ``VLLM_PLUGINS`` names
+``nnrp``): ``attach_router`` adds an ``APIRouter`` whose lifespan starts the listener after ``app.state`` is
+complete and stops it before vLLM deletes the state (vllm-integration.md §3.1).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-import os
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-from vllm_nnrp_plugin.vllm_binding.gate import binding_name, startup_check
+from vllm_nnrp_plugin.config import load_config
+from vllm_nnrp_plugin.service import NNRPService
+from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
+from vllm_nnrp_plugin.vllm_binding.gate import NNRPStartupError, binding_name
 
 logger = logging.getLogger("vllm_nnrp_plugin")
 
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 _ATTACHED = "nnrp_listener_attached"
 _SERVICE = "nnrp_service"
-
-
-def register() -> None:
-    """General-plugin hook. Raises ``NNRPStartupError`` (which stops ``vllm serve``) when NNRP is enabled but
-    this vLLM is unsupported or the endpoint plugin would not be loaded."""
-    if API_SERVER_MODULE not in sys.modules:
-        return  # EngineCore, workers, model inspection: nothing to do
-    import vllm
-    import vllm.plugins
-
-    startup_check(
-        os.environ,
-        sys.argv,
-        vllm.__version__,
-        vllm.__version_tuple__,
-        hasattr(vllm.plugins, "load_endpoint_plugins"),
-    )
 
 
 class NNRPEndpointPlugin:
@@ -57,15 +39,14 @@ class NNRPEndpointPlugin:
         app.include_router(APIRouter(lifespan=nnrp_lifespan))
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
-        """Nothing to prepare: settings were checked by :func:`register`, the lifespan reads ``app.state``."""
+        """Nothing to prepare: settings were checked at start-up (:mod:`.general`); the lifespan reads
+        ``app.state``."""
 
 
 @contextlib.asynccontextmanager
 async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
     """Start the NNRP service on this app's state; stop it on the way out. Start-up errors propagate, so
     uvicorn reports "Application startup failed" and ``vllm serve`` exits."""
-    from vllm_nnrp_plugin.config import load_config
-
     _log_like_vllm()
     state = app.state
     config = load_config(state.vllm_config.additional_config)
@@ -74,13 +55,7 @@ async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
         yield
         return
 
-    import asyncio
-
     import vllm
-
-    from vllm_nnrp_plugin.service import NNRPService
-    from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
-    from vllm_nnrp_plugin.vllm_binding.gate import NNRPStartupError
 
     api_servers = getattr(state.vllm_config.parallel_config, "_api_process_count", 1)
     if api_servers > 1:
