@@ -45,11 +45,6 @@ class NNRPService:
         if tasks:
             await asyncio.wait(tasks, timeout=5)
 
-    @property
-    def in_flight(self) -> int:
-        """Operations currently running."""
-        return len(self._tasks)
-
     # SessionHandler (called on the loop by the session pumps)
 
     def on_submit(self, op: ServerOperation) -> None:
