@@ -92,6 +92,12 @@ class OperationMachine:
             return None
         self.finished = True
         self.outcome = f"cancelled:{detail}"
+        return self.cancelled_drop(reason, detail)
+
+    def cancelled_drop(self, reason: DropReason, detail: str) -> ResultDrop:
+        """The drop that ends this operation as cancelled, whatever was decided before: the runtime refuses a
+        RESULT_PUSH after a peer cancel (profile-contract.md §5), so a push decided just before the cancel
+        arrived must go out as this drop instead."""
         return ResultDrop(reason, self._sequence + 1, events.encode(events.cancelled(detail)))
 
     def _push(self, status: int, event: dict[str, Any], outcome: str) -> ResultPush | None:

@@ -34,7 +34,6 @@ from vllm_nnrp_plugin.operation import (
     ResultDrop,
     ResultPush,
 )
-from vllm_nnrp_plugin.profile import events
 from vllm_nnrp_plugin.profile.errors import SERVER_ERROR, SERVER_SHUTDOWN, ProfileError
 
 logger = logging.getLogger(__name__)
@@ -63,13 +62,11 @@ class ServerOperation:
     """One submitted operation, as the adapter sees it: the submit payload in, profile events out.
 
     ``operation_id`` (u64) and ``frame_id`` (u32) are the client's; ``transport`` is ``tcp`` or ``ipc``.
-    ``stop_reason`` is set once the operation was stopped from the NNRP side (``client_cancelled``,
-    ``client_aborted``, ``client_disconnected``, ``server_shutdown``).
     """
 
     __slots__ = (
-        "operation_id", "frame_id", "transport", "submitted_ns", "stop_reason",
-        "_op", "_pump", "_machine", "_lock", "_cancelled", "_terminal_sent",
+        "operation_id", "frame_id", "transport", "submitted_ns",
+        "_op", "_pump", "_machine", "_lock", "_cancel_detail", "_terminal_sent",
     )
 
     def __init__(self, op: Any, pump: SessionPump) -> None:
@@ -77,12 +74,12 @@ class ServerOperation:
         self.frame_id: int = op.frame_id
         self.transport: str = pump.transport
         self.submitted_ns = time.monotonic_ns()
-        self.stop_reason: str | None = None
         self._op = op
         self._pump = pump
         self._machine = OperationMachine()
         self._lock = threading.Lock()
-        self._cancelled = False  # by the peer or a lost transport: no partial, no RESULT_PUSH any more
+        # set when the peer cancelled or the transport was lost: no partial, no RESULT_PUSH any more
+        self._cancel_detail: str | None = None
         self._terminal_sent = False
 
     @property
@@ -122,25 +119,16 @@ class ServerOperation:
     def _cancel(self, reason: DropReason, detail: str) -> ResultDrop | None:
         """Stop emission at once; returns the drop to send now, if no terminal was decided yet."""
         with self._lock:
-            self._cancelled = True
-            self.stop_reason = self.stop_reason or detail
+            self._cancel_detail = self._cancel_detail or detail
             return self._machine.cancel(reason, detail)
 
     def _shutdown(self) -> None:
         """Server stopping: the terminal is ``response.error`` ``server_shutdown`` (unless one was decided)."""
         self.fail(ProfileError(SERVER_SHUTDOWN, "the NNRP listener is shutting down", SERVER_ERROR, 503))
-        with self._lock:
-            self.stop_reason = self.stop_reason or SERVER_SHUTDOWN
 
     def _late_drop(self) -> ResultDrop:
-        """A terminal push decided before a peer cancel arrived: the runtime refuses a RESULT_PUSH after a
-        cancel (profile-contract.md §5), so the terminal becomes a PEER_CANCELLED drop."""
-        detail = self.stop_reason or "client_cancelled"
-        return ResultDrop(
-            DropReason.PEER_CANCELLED,
-            self._machine.events_sent + 1,
-            events.encode(events.cancelled(detail)),
-        )
+        """The drop that replaces a terminal push decided before a peer cancel arrived."""
+        return self._machine.cancelled_drop(DropReason.PEER_CANCELLED, self._cancel_detail or "client_cancelled")
 
 
 class SessionPump:
@@ -273,7 +261,7 @@ class SessionPump:
             sop, action = outbox.popleft()
             if sop._terminal_sent:
                 continue
-            if sop._cancelled:
+            if sop._cancel_detail is not None:
                 if isinstance(action, PartialResult):
                     continue  # nothing after a cancel
                 if isinstance(action, ResultPush):
