@@ -11,8 +11,9 @@ mapping under ``additional-config:`` in a ``vllm serve --config`` YAML file; vll
 | ``accept_timeout_ms`` | int, ms | 1000 | one accept wait; bounds shutdown time |
 | ``idle_poll_ms`` | int, ms | 100 | poll timeout of an idle session |
 
-Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys and wrong types
-are errors (:class:`ConfigError`), never ignored.
+Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys, wrong types and
+listen URIs that are not ``tcp://HOST:PORT`` / ``unix:///PATH`` are errors (:class:`ConfigError`), never
+ignored.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from vllm_nnrp_plugin.nnrp_binding.endpoints import DEFAULT_LISTEN
+from vllm_nnrp_plugin.nnrp_binding.endpoints import DEFAULT_LISTEN, EndpointError, parse_endpoint
 
 CONFIG_KEY = "nnrp"
 LISTEN_ENV = "VLLM_NNRP_LISTEN"
@@ -86,7 +87,8 @@ def plugins_named(environ: Mapping[str, str]) -> bool:
 
 
 def load_config(additional_config: Mapping[str, Any] | None, environ: Mapping[str, str] = os.environ) -> NNRPConfig:
-    """Read ``additional_config["nnrp"]`` and the environment. Raises :class:`ConfigError`.
+    """Read ``additional_config["nnrp"]`` and the environment; when enabled, check every listen URI.
+    Raises :class:`ConfigError`.
 
     ``enabled`` is resolved: an explicit ``nnrp.enabled`` wins, else ``VLLM_PLUGINS`` naming ``nnrp`` enables.
     """
@@ -106,7 +108,13 @@ def load_config(additional_config: Mapping[str, Any] | None, environ: Mapping[st
         if not uris:
             raise ConfigError(f"{LISTEN_ENV} is set but names no address")
         changes["listen"] = uris
-    return attrs.evolve(config, **changes)
+    config = attrs.evolve(config, **changes)
+    for uri in config.listen if config.enabled else ():
+        try:
+            parse_endpoint(uri)
+        except EndpointError as exc:
+            raise ConfigError(f"bad NNRP listen address {exc}") from None
+    return config
 
 
 def _describe(exc: BaseException) -> str:

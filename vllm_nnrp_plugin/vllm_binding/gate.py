@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm_nnrp_plugin.config import CONFIG_KEY, ConfigError, NNRPConfig, load_config, plugins_named
-from vllm_nnrp_plugin.nnrp_binding.endpoints import EndpointError, parse_endpoint
 
 #: vLLM families this release has a binding for, with the anchor each was tested on
 SUPPORTED = {(0, 26): "0.26.0"}
@@ -52,15 +51,12 @@ def binding_name(version_tuple: Sequence[Any]) -> str:
     return f"endpoint-plugin-{version_tuple[0]}.{version_tuple[1]}"
 
 
-def config_from_argv(argv: Sequence[str], environ: Mapping[str, str]) -> NNRPConfig | None:
-    """The settings written in ``--additional-config`` (JSON) or a ``--config`` YAML file in ``argv``, checked
-    now rather than after the model loaded; ``None`` when ``argv`` has no ``nnrp`` block.
-    Raises :class:`NNRPStartupError` for invalid settings."""
+def config_from_argv(argv: Sequence[str], environ: Mapping[str, str]) -> NNRPConfig:
+    """The settings written in ``--additional-config`` (JSON) or a ``--config`` YAML file in ``argv`` plus the
+    environment, checked now rather than after the model loaded. Raises :class:`NNRPStartupError`."""
     block = _nnrp_block(argv)
-    if block is None:
-        return None
     try:
-        return load_config({CONFIG_KEY: block}, environ)
+        return load_config(None if block is None else {CONFIG_KEY: block}, environ)
     except ConfigError as exc:
         raise NNRPStartupError(f"vllm-nnrp-plugin: {exc}") from None
 
@@ -82,8 +78,7 @@ def startup_check(
     would run without a listener).
     """
     config = config_from_argv(argv, environ)
-    named = plugins_named(environ)
-    if not (config.enabled if config is not None else named):
+    if not config.enabled:
         return None
     binding = check_version(version, version_tuple, has_endpoint_plugins)
     frontend = next((flag for flag in NO_API_SERVER_FLAGS if flag in argv), None)
@@ -94,12 +89,7 @@ def startup_check(
             f"vllm-nnrp-plugin: with {frontend} this process runs no Python API server, so NNRP cannot attach. "
             "Fix: enable NNRP on the API-server process only (remove nnrp from VLLM_PLUGINS here)."
         )
-    for uri in (config or load_config({}, environ)).listen:
-        try:
-            parse_endpoint(uri)
-        except EndpointError as exc:
-            raise NNRPStartupError(f"vllm-nnrp-plugin: bad listen address {exc}") from None
-    if not named:
+    if not plugins_named(environ):
         raise NNRPStartupError(
             "vllm-nnrp-plugin: --additional-config enables NNRP, but vLLM loads the endpoint plugin that "
             f"attaches the listener only when VLLM_PLUGINS names it. Fix: {ENDPOINT_PLUGIN_FIX}."
