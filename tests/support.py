@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import socket
 import types
 from typing import Any
 
@@ -94,3 +95,9 @@ class RecordedBackend:
 def envelope(body: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"schema_version": "openai-compatible/1", "operation": "chat.completions.create", "body": body, **extra}
 
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -18,18 +18,12 @@ from nnrp.client import SubmitIdentity, SubmitPolicy, SubmitRequest, TypedPayloa
 from nnrp.core import PayloadKind
 from nnrp.schema import StreamSemantics
 
-from tests.support import ROOT, RecordedBackend, envelope, recorded_chunks
+from tests.support import ROOT, RecordedBackend, envelope, free_port, recorded_chunks
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.service import NNRPService
 
 MAX_ENVELOPE = 4096
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:

@@ -10,7 +10,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,15 +17,11 @@ import time
 import httpx
 import pytest
 
+from tests.support import free_port
+
 MODEL_ENV = "VLLM_NNRP_TEST_MODEL"
 SERVED_NAME = "example-model"
 START_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model_dir() -> str:

@@ -15,7 +15,8 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import SERVED_NAME, VLLMServer, free_port
+from tests.e2e.conftest import SERVED_NAME, VLLMServer
+from tests.support import envelope, free_port
 from vllm_nnrp_plugin.client import ProfileClient
 
 pytestmark = pytest.mark.vllm
@@ -28,10 +29,6 @@ LONG = {
     "ignore_eos": True,
     "stream": True,
 }
-
-
-def envelope(body, **extra):
-    return {"schema_version": "openai-compatible/1", "operation": "chat.completions.create", "body": body, **extra}
 
 
 @pytest.fixture(params=["tcp", "ipc"])
