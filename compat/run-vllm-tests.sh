@@ -13,4 +13,5 @@ VENV=$(bash "$HERE/build-vllm-env.sh" "$VERSION" | tail -n1)
 export VLLM_NNRP_TEST_MODEL
 VLLM_NNRP_TEST_MODEL=$(bash "$HERE/build-model.sh" "$VENV/bin/python" | tail -n1)
 cd "$(dirname "$HERE")"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one did the editable install
 exec "$VENV/bin/python" -m pytest "$@"
