@@ -8,8 +8,17 @@ queued event goes out within microseconds. Poll timeouts: 1 ms while operations 
 within ~1–3 ms), ``idle_poll_ms`` when idle (submits wake a poll at once).
 
 Cross-thread contract: :class:`ServerOperation` methods ``partial`` / ``complete`` / ``fail`` may be called
-from any thread (vLLM's event loop, in practice); they never block on I/O. The pump reports submits and peer
-cancellations to a :class:`SessionHandler` through ``loop.call_soon_threadsafe``.
+from any thread (vLLM's event loop, in practice); they never block on I/O. The pump reports submits, peer
+cancellations and deadlines to a :class:`SessionHandler` through ``loop.call_soon_threadsafe``.
+
+Runtime metadata the pump reads besides cancels (nnrp-sdk.md §4, §8):
+
+* ``DEADLINE`` (``SchedulingMetadata.deadline_unix_ms``, wall-clock ms) bounds the named operation; one that
+  arrives before its submit (nnrp-py sends it first) is kept until the submit (at most
+  ``MAX_EARLY_DEADLINES`` of them). The earliest bound wins.
+* ``TRACE_CONTEXT``: frame 0 sets the session's default trace context; an operation's frame overrides it for
+  that operation until it is dispatched to vLLM (profile-contract.md §6). Ineligible contexts (zero ids) and
+  late ones are ignored; the attribute body is never read.
 """
 
 from __future__ import annotations
@@ -34,13 +43,15 @@ from vllm_nnrp_plugin.operation import (
     ResultDrop,
     ResultPush,
 )
-from vllm_nnrp_plugin.profile.errors import SERVER_ERROR, SERVER_SHUTDOWN, ProfileError
+from vllm_nnrp_plugin.profile import trace
+from vllm_nnrp_plugin.profile.errors import REQUEST_TIMEOUT, SERVER_ERROR, SERVER_SHUTDOWN, ProfileError
 
 logger = logging.getLogger(__name__)
 
 ACTIVE_POLL_MS = 1
 SEND_WAIT_S = 0.002  # longest sleep on the outbox between two polls while operations are active
 PEER_GONE_AFTER = 3  # consecutive failing polls that mean the client is gone (one can be a stale cancel)
+MAX_EARLY_DEADLINES = 256  # DEADLINE controls kept for operations not submitted yet
 
 CANCEL_DETAIL = {
     MessageType.FRAME_CANCEL: "client_cancelled",
@@ -57,6 +68,9 @@ class SessionHandler(Protocol):
     def on_stop(self, op: ServerOperation) -> None:
         """The operation must stop: peer cancel, client gone, or server stopping. Abort its backend work."""
 
+    def on_deadline(self, op: ServerOperation) -> None:
+        """``op.expires_unix_ms`` was set or moved earlier: (re)arm its timer."""
+
 
 class ServerOperation:
     """One submitted operation, as the adapter sees it: the submit payload in, profile events out.
@@ -65,8 +79,9 @@ class ServerOperation:
     """
 
     __slots__ = (
-        "operation_id", "frame_id", "transport", "submitted_ns",
-        "_op", "_pump", "_machine", "_lock", "_cancel_detail", "_terminal_sent",
+        "operation_id", "frame_id", "transport", "submitted_ns", "submitted_unix_ms", "expires_unix_ms",
+        "observation", "_op", "_pump", "_machine", "_lock", "_cancel_detail", "_terminal_sent",
+        "_trace", "_dispatched",
     )
 
     def __init__(self, op: Any, pump: SessionPump) -> None:
@@ -74,6 +89,13 @@ class ServerOperation:
         self.frame_id: int = op.frame_id
         self.transport: str = pump.transport
         self.submitted_ns = time.monotonic_ns()
+        self.submitted_unix_ms = time.time_ns() // 1_000_000
+        #: wall-clock ms after which the operation ends with ``request_timeout`` (None: unbounded)
+        self.expires_unix_ms: int | None = None
+        #: what the operation recorded for diagnostics: ``trace`` (TraceContext.observation()), ``outcome``
+        self.observation: dict[str, Any] = {}
+        self._trace: trace.TraceContext | None = None  # operation-scoped override
+        self._dispatched = False
         self._op = op
         self._pump = pump
         self._machine = OperationMachine()
@@ -114,7 +136,37 @@ class ServerOperation:
         if action is not None:
             self._pump.enqueue(self, action)
 
+    def limit_time(self, timeout_ms: int) -> None:
+        """Bound the operation to ``timeout_ms`` (ms) after its submit (envelope ``nnrp.timeout_ms``)."""
+        self._bound(self.submitted_unix_ms + timeout_ms)
+
+    def dispatch(self) -> trace.TraceContext | None:
+        """The operation goes to vLLM now: later TRACE_CONTEXT frames no longer change it. Returns the context
+        it runs in (its own override, else the session default) and records it in :attr:`observation`."""
+        with self._lock:
+            self._dispatched = True
+            context = trace.for_dispatch(self._pump.session_trace, self._trace)
+        if context is not None:
+            self.observation["trace"] = context.observation()
+        return context
+
+    def time_out(self) -> None:
+        """The bound passed: terminal ``response.error`` ``request_timeout`` (unless one was decided); later
+        events are dropped. The caller stops the backend work."""
+        self.fail(ProfileError(REQUEST_TIMEOUT, f"operation {self.operation_id} exceeded its deadline "
+                               f"({self.expires_unix_ms - self.submitted_unix_ms} ms after submit)", SERVER_ERROR, 504))
+
+    def _bound(self, expires_unix_ms: int) -> None:
+        if self.expires_unix_ms is None or expires_unix_ms < self.expires_unix_ms:
+            self.expires_unix_ms = expires_unix_ms
+            self._pump.deadline_changed(self)
+
     # -- pump thread only ---------------------------------------------------------------------------------
+
+    def _override_trace(self, context: trace.TraceContext) -> None:
+        with self._lock:
+            if not self._dispatched:  # never mutate in-flight work
+                self._trace = context
 
     def _cancel(self, reason: DropReason, detail: str) -> ResultDrop | None:
         """Stop emission at once; returns the drop to send now, if no terminal was decided yet."""
@@ -153,6 +205,9 @@ class SessionPump:
         self._wakeup = threading.Event()
         self._ops: dict[int, ServerOperation] = {}
         self._frames: dict[int, int] = {}
+        self._early_deadlines: dict[int, int] = {}
+        #: the session-scoped TRACE_CONTEXT (frame 0), default for operations dispatched later
+        self.session_trace: trace.TraceContext | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"nnrp-session-{self.transport}", daemon=True)
 
@@ -166,6 +221,10 @@ class SessionPump:
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
+
+    def deadline_changed(self, op: ServerOperation) -> None:
+        """Tell the handler (on the loop) that ``op``'s bound moved (any thread)."""
+        self._loop.call_soon_threadsafe(self._handler.on_deadline, op)
 
     def enqueue(self, op: ServerOperation, action: Action) -> None:
         """Queue a send for the pump (any thread, never blocks)."""
@@ -225,6 +284,9 @@ class SessionPump:
             self._ops[sop.operation_id] = sop
             self._frames[sop.frame_id] = sop.operation_id
             self._loop.call_soon_threadsafe(self._handler.on_submit, sop)
+            early = self._early_deadlines.pop(sop.operation_id, None)
+            if early is not None:
+                sop._bound(early)
             return True
         runtime = event.as_runtime()
         if runtime is None:
@@ -233,6 +295,12 @@ class SessionPump:
         if kind is MessageType.SESSION_CLOSE:
             self._cancel_all("client_closed_session")
             return False
+        if kind is MessageType.DEADLINE:
+            self._on_deadline(runtime.metadata.value)
+            return True
+        if kind is MessageType.TRACE_CONTEXT:
+            self._on_trace_context(runtime.header.frame_id, runtime.metadata.value)
+            return True
         if kind in CANCEL_DETAIL:
             if kind is MessageType.FRAME_CANCEL:
                 operation_id = self._frames.get(runtime.header.frame_id)
@@ -246,6 +314,32 @@ class SessionPump:
                 # else a terminal is already queued: _flush turns it into a drop
                 self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
         return True
+
+    def _on_deadline(self, metadata: Any) -> None:
+        deadline = metadata.deadline_unix_ms
+        if not deadline:
+            return
+        sop = self._ops.get(metadata.operation_id)
+        if sop is not None:
+            sop._bound(deadline)
+        elif len(self._early_deadlines) < MAX_EARLY_DEADLINES:
+            self._early_deadlines[metadata.operation_id] = deadline
+
+    def _on_trace_context(self, frame_id: int, metadata: Any) -> None:
+        scope = trace.SESSION if frame_id == 0 else trace.OPERATION
+        context = trace.TraceContext(
+            metadata.trace_id, metadata.span_id, metadata.parent_span_id,
+            metadata.stage_code, metadata.flags, metadata.body_bytes, scope,
+        )  # fmt: skip
+        if not context.eligible:
+            return
+        if scope == trace.SESSION:
+            self.session_trace = context
+            return
+        operation_id = self._frames.get(frame_id)
+        sop = self._ops.get(operation_id) if operation_id is not None else None
+        if sop is not None:
+            sop._override_trace(context)
 
     def _cancel_all(self, detail: str) -> None:
         """The client is gone or closed its session: nothing can be delivered; stop every operation."""
