@@ -112,3 +112,33 @@ def vllm_server(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+TOOL_TEMPLATE = pathlib.Path(__file__).resolve().parents[2] / "compat" / "tool_chat_template_hermes.jinja"
+
+
+@pytest.fixture(scope="session")
+def vllm_tools_server(tmp_path_factory):
+    """A second server with tool calling (``--enable-auto-tool-choice --tool-call-parser hermes`` and a Hermes
+    chat template) and tracing on, exporting OTLP/HTTP to a collector started here (``server.collector``)."""
+    from tests.e2e.otlp import Collector
+
+    workdir = tmp_path_factory.mktemp("vllm-tools")
+    collector = Collector()
+    tcp = f"tcp://127.0.0.1:{free_port()}"
+    env = {
+        "VLLM_PLUGINS": "nnrp", "VLLM_NNRP_LISTEN": tcp,
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }  # fmt: skip
+    server = VLLMServer(workdir, env=env, extra_args=(
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", str(TOOL_TEMPLATE),
+        "--otlp-traces-endpoint", collector.endpoint,
+    ))  # fmt: skip
+    server.nnrp = {"tcp": tcp}
+    server.collector = collector
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+        collector.close()
