@@ -420,3 +420,23 @@ def test_fault_injection_turns_its_model_into_backend_error(faulty):
 def test_without_fault_injection_the_backend_error_model_reaches_the_backend(served, client):
     (terminal,) = collect(client, envelope({"model": "g2-unknown-model-nonstream", "messages": []}))
     assert terminal.event["error"]["code"] == "model_not_found"
+
+
+def test_conformance_runner_exits_non_zero_when_a_selected_case_fails(served, tmp_path):
+    pytest.importorskip("jsonschema")
+    from vllm_nnrp_plugin.conformance.runner import main
+    from vllm_nnrp_plugin.conformance.suite import locate_suite
+
+    try:
+        locate_suite()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    # the recorded backend knows no "example-model": the suite's text cases fail, its error cases pass
+    status = main(["--endpoint", served.tcp, "--recipes", str(ROOT / "recipes"), "--out", str(tmp_path), "--case-timeout", "10"])
+    assert status == 1
+    results = {r["id"]: r for r in orjson.loads((tmp_path / "results.json").read_bytes())["results"]}
+    assert results["openai-compatible.chat.streaming-text"]["outcome"] == "failed"
+    assert results["openai-compatible.chat.invalid-body"]["outcome"] == "passed"
+    assert results["vllm-nnrp.chat.malformed-json"]["outcome"] == "passed"
+    plan = orjson.loads((tmp_path / "plan.json").read_bytes())
+    assert len(plan["cases"]) == len(results) == 18
