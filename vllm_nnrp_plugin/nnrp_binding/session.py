@@ -14,8 +14,8 @@ cancellations and deadlines to a :class:`SessionHandler` through ``loop.call_soo
 Runtime metadata the pump reads besides cancels (nnrp-sdk.md §4, §8):
 
 * ``DEADLINE`` (``SchedulingMetadata.deadline_unix_ms``, wall-clock ms) bounds the named operation; one that
-  arrives before its submit (nnrp-py sends it first) is kept until the submit (at most
-  ``MAX_EARLY_DEADLINES`` of them). The earliest bound wins.
+  arrives before its submit (``submit_and_poll_result(timeout_ms=…)`` sends it first) is kept until the
+  submit (the newest ``MAX_EARLY_DEADLINES`` of them). The earliest bound wins.
 * ``TRACE_CONTEXT``: frame 0 sets the session's default trace context; an operation's frame overrides it for
   that operation until it is dispatched to vLLM (profile-contract.md §6). Ineligible contexts (zero ids) and
   late ones are ignored; the attribute body is never read.
@@ -92,7 +92,7 @@ class ServerOperation:
         self.submitted_unix_ms = time.time_ns() // 1_000_000
         #: wall-clock ms after which the operation ends with ``request_timeout`` (None: unbounded)
         self.expires_unix_ms: int | None = None
-        #: what the operation recorded for diagnostics: ``trace`` (TraceContext.observation()), ``outcome``
+        #: what the operation recorded for diagnostics: ``trace`` (TraceContext.observation()) once dispatched
         self.observation: dict[str, Any] = {}
         self._trace: trace.TraceContext | None = None  # operation-scoped override
         self._dispatched = False
@@ -157,9 +157,11 @@ class ServerOperation:
                                f"({self.expires_unix_ms - self.submitted_unix_ms} ms after submit)", SERVER_ERROR, 504))
 
     def _bound(self, expires_unix_ms: int) -> None:
-        if self.expires_unix_ms is None or expires_unix_ms < self.expires_unix_ms:
+        with self._lock:  # the adapter (loop) and the pump (DEADLINE) both bound it
+            if self.expires_unix_ms is not None and expires_unix_ms >= self.expires_unix_ms:
+                return
             self.expires_unix_ms = expires_unix_ms
-            self._pump.deadline_changed(self)
+        self._pump.deadline_changed(self)
 
     # -- pump thread only ---------------------------------------------------------------------------------
 
@@ -322,8 +324,10 @@ class SessionPump:
         sop = self._ops.get(metadata.operation_id)
         if sop is not None:
             sop._bound(deadline)
-        elif len(self._early_deadlines) < MAX_EARLY_DEADLINES:
+        else:  # not submitted yet, or already finished: keep the newest few
             self._early_deadlines[metadata.operation_id] = deadline
+            if len(self._early_deadlines) > MAX_EARLY_DEADLINES:
+                del self._early_deadlines[next(iter(self._early_deadlines))]
 
     def _on_trace_context(self, frame_id: int, metadata: Any) -> None:
         scope = trace.SESSION if frame_id == 0 else trace.OPERATION
