@@ -67,7 +67,7 @@ class ChatStreamMapper:
                 out.extend(state.add_tool_call_delta(index, call))
             if choice.get("finish_reason") is not None:
                 state.finish_reason = choice["finish_reason"]
-                out.extend(state.close_tool_calls(index))
+                out.extend(state.close_tool_calls())
         usage = chunk.get("usage")
         if usage and not choices:
             self._usage = usage
@@ -77,7 +77,7 @@ class ChatStreamMapper:
     def finish(self) -> list[dict[str, Any]]:
         """Events owed at the end of a stream: completes tool calls of choices that never sent a
         ``finish_reason``."""
-        return [e for i in sorted(self._choices) for e in self._choices[i].close_tool_calls(i)]
+        return [e for i in sorted(self._choices) for e in self._choices[i].close_tool_calls()]
 
     def fail_open_calls(self, err: E.ProfileError) -> list[dict[str, Any]]:
         """``response.tool_call.error`` (``err``) for every started call not yet completed (mid-stream error)."""
@@ -146,7 +146,7 @@ class _Choice:
     def open_calls(self) -> list[_ToolCall]:
         return [c for _, c in sorted(self.tool_calls.items()) if not c.done]
 
-    def close_tool_calls(self, choice_index: int) -> list[dict[str, Any]]:
+    def close_tool_calls(self) -> list[dict[str, Any]]:
         out = []
         for call in self.open_calls():
             call.done = True
