@@ -93,8 +93,12 @@ def test_non_streaming_tool_calls_are_in_the_body_as_vllm_returns_them(tools_cli
     assert call["function"]["name"] == "lookup" and orjson.loads(call["function"]["arguments"]) == {"city": "Paris"}
 
 
-def test_without_a_tool_parser_tools_get_vllms_refusal_and_no_tool_calls_capability(plain_client):
-    (terminal,) = run(plain_client, envelope({**TOOL_REQUEST, "stream": True}))
+@pytest.mark.parametrize("tool_choice", ["required", None])  # None: implicit "auto", as the suite's recipe
+def test_without_a_tool_parser_tools_get_vllms_refusal_and_no_tool_calls_capability(plain_client, tool_choice):
+    body = {**TOOL_REQUEST, "stream": True, "tool_choice": tool_choice}
+    if tool_choice is None:
+        del body["tool_choice"]
+    (terminal,) = run(plain_client, envelope(body))
     error = terminal.event["error"]
     assert terminal.event["type"] == "response.error" and error["code"] == "invalid_request"
     assert "--tool-call-parser" in error["message"]  # vLLM's own message
