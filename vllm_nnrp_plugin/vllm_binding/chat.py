@@ -17,6 +17,7 @@ import orjson
 
 from vllm_nnrp_plugin.adapter import ChatCall
 from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body, normalised_chunks
 
 _DATA = "data: "
 _DONE = "[DONE]"
@@ -55,9 +56,9 @@ class VLLMChatBackend:
         except Exception as exc:  # vLLM raises for some invalid requests and for engine death
             result = self._serving.create_error_response(exc)
         if inspect.isasyncgen(result):
-            return ChatCall(stream=_chunks(result))
+            return ChatCall(stream=normalised_chunks(_chunks(result)))
         if hasattr(result, "choices"):
-            return ChatCall(body=result.model_dump(mode="json"))
+            return ChatCall(body=normalise_body(result.model_dump(mode="json")))
         raise error_from_response(result)
 
     async def abort(self, request_id: str) -> None:
