@@ -243,3 +243,8 @@ def test_bad_listen_address_in_the_environment_stops_start_up():
 def test_modes_without_a_python_api_server_stop_start_up(environ, argv, version):
     with pytest.raises(NNRPStartupError, match="no Python API server"):
         check(environ=environ, argv=argv, version=version)
+
+
+def test_with_the_middleware_bad_settings_still_stop_start_up_before_the_model_loads():
+    with pytest.raises(NNRPStartupError, match="ws://x:1"):
+        check(environ={"VLLM_NNRP_LISTEN": "ws://x:1"}, argv=WITH_MIDDLEWARE, version="0.22.1")

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from vllm_nnrp_plugin.config import CONFIG_KEY, ConfigError, NNRPConfig, load_config, plugins_named
+from vllm_nnrp_plugin.config import CONFIG_KEY, ConfigError, load_config, plugins_named
 from vllm_nnrp_plugin.vllm_binding.families import (
     ENDPOINT_PLUGIN,
     MIDDLEWARE,
@@ -38,14 +38,14 @@ class Attachment:
     attach_path: str
 
 
-def config_from_argv(argv: Sequence[str], environ: Mapping[str, str]) -> NNRPConfig:
-    """The settings written in ``--additional-config`` (JSON) or a ``--config`` YAML file in ``argv`` plus the
-    environment, checked now rather than after the model loaded. Raises :class:`NNRPStartupError`."""
-    block = _nnrp_block(argv)
-    try:
-        return load_config(None if block is None else {CONFIG_KEY: block}, environ)
-    except ConfigError as exc:
-        raise NNRPStartupError(f"vllm-nnrp-plugin: {exc}") from None
+def middleware_enables(additional_config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``additional_config`` with ``nnrp.enabled: true`` added when it leaves ``enabled`` unset: naming the
+    middleware in ``--middleware`` is explicit configuration, so it enables NNRP unless told otherwise."""
+    additional = dict(additional_config or {})
+    block = additional.get(CONFIG_KEY, {})
+    if isinstance(block, Mapping) and "enabled" not in block:
+        additional[CONFIG_KEY] = {**block, "enabled": True}
+    return additional
 
 
 def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surface) -> Attachment | None:
@@ -62,11 +62,14 @@ def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surf
     ``VLLM_USE_RUST_FRONTEND``), invalid settings or listen addresses, or no attach path (0.18/0.22 without the
     ``--middleware`` flag; 0.26 with neither ``VLLM_PLUGINS=nnrp`` nor the flag) — each with the exact fix.
     """
-    config = config_from_argv(argv, environ)
     block = _nnrp_block(argv)
-    explicit_off = isinstance(block, Mapping) and block.get("enabled") is False
+    additional = {} if block is None else {CONFIG_KEY: block}
     middleware = _middleware_configured(argv)
-    if explicit_off or not (config.enabled or middleware):
+    try:
+        config = load_config(middleware_enables(additional) if middleware else additional, environ)
+    except ConfigError as exc:  # checked now rather than after the model loaded
+        raise NNRPStartupError(f"vllm-nnrp-plugin: {exc}") from None
+    if not config.enabled:
         return None
     binding = select_binding(surface)
     frontend = next((flag for flag in NO_API_SERVER_FLAGS if flag in argv), None)

@@ -10,15 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from vllm_nnrp_plugin.config import CONFIG_KEY, load_config
+from vllm_nnrp_plugin.config import load_config
 from vllm_nnrp_plugin.service import NNRPService
 from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
 from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE, read_surface, select_binding
+from vllm_nnrp_plugin.vllm_binding.gate import middleware_enables
 from vllm_nnrp_plugin.vllm_binding.ranks import rank_listen
 
 logger = logging.getLogger("vllm_nnrp_plugin")
@@ -46,11 +46,8 @@ async def start_listener(state: Any, attach_path: str) -> None:
     Raises ``NNRPStartupError`` (no binding), ``ConfigError`` (settings), ``RankAddressError``,
     ``ListenError`` (bind); raised inside the lifespan they make vLLM's start-up fail with the message.
     """
-    additional = dict(state.vllm_config.additional_config or {})
-    block = additional.get(CONFIG_KEY, {})
-    if attach_path == MIDDLEWARE and isinstance(block, Mapping) and "enabled" not in block:
-        additional[CONFIG_KEY] = {**block, "enabled": True}
-    config = load_config(additional, os.environ)
+    additional = state.vllm_config.additional_config
+    config = load_config(middleware_enables(additional) if attach_path == MIDDLEWARE else additional, os.environ)
     if not config.enabled:
         logger.info("NNRP listener disabled (nnrp.enabled is false)")
         return
