@@ -268,7 +268,12 @@ def test_every_api_server_process_serves_nnrp_on_its_rank_address(tmp_path, vllm
     listen = f"tcp://127.0.0.1:{port},unix://{tmp_path}/nnrp.sock"
     server = VLLMServer(tmp_path, env={**env, "VLLM_NNRP_LISTEN": listen}, extra_args=(*args, "--api-server-count", "2"))
     try:
-        server.wait_ready()
+        server.wait_ready()  # HTTP answers once any rank is up
+        deadline = time.monotonic() + 120
+        while len(lines := [l for l in server.output().splitlines() if "NNRP listening on" in l]) < 2:
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.tail()
+            time.sleep(0.5)
+        time.sleep(2)
         lines = [l for l in server.output().splitlines() if "NNRP listening on" in l]
         assert len(lines) == 2, lines  # one listener per API-server process, none attached twice
         by_rank = {r: next(l for l in lines if f"API server {r} of 2" in l) for r in (0, 1)}
