@@ -24,6 +24,8 @@ import orjson
 from vllm_nnrp_plugin.adapter import ChatCall
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body, normalised_chunks
+from vllm_nnrp_plugin.vllm_binding.families import has_tool_parser
 
 _DATA = "data: "
 _DONE = "[DONE]"
@@ -50,8 +52,7 @@ class VLLMChatBackend:
     def tool_calls(self) -> bool:
         """True when vLLM has a tool-call parser (``--tool-call-parser``; vLLM refuses
         ``--enable-auto-tool-choice`` without one): only then does it answer requests with ``tool_choice``."""
-        parser = getattr(self._serving, "parser_cls", None)
-        return parser is not None and getattr(parser, "tool_parser_cls", None) is not None
+        return has_tool_parser(self._serving)
 
     def capabilities(self) -> dict[str, Any]:
         """The runtime capability document of this vLLM server."""
@@ -76,9 +77,9 @@ class VLLMChatBackend:
         except Exception as exc:  # vLLM raises for some invalid requests and for engine death
             result = self._serving.create_error_response(exc)
         if inspect.isasyncgen(result):
-            return ChatCall(stream=_chunks(result))
+            return ChatCall(stream=normalised_chunks(_chunks(result)))
         if hasattr(result, "choices"):
-            return ChatCall(body=result.model_dump(mode="json"))
+            return ChatCall(body=normalise_body(result.model_dump(mode="json")))
         raise error_from_response(result)
 
     async def abort(self, request_id: str) -> None:
