@@ -148,7 +148,7 @@ TOOL_TEMPLATE = pathlib.Path(__file__).resolve().parents[2] / "compat" / "tool_c
 
 
 @pytest.fixture(scope="session")
-def vllm_tools_server(tmp_path_factory):
+def vllm_tools_server(tmp_path_factory, vllm_version):
     """A second server with tool calling (``--enable-auto-tool-choice --tool-call-parser hermes`` and a Hermes
     chat template) and tracing on, exporting OTLP/HTTP to a collector started here (``server.collector``)."""
     from tests.e2e.otlp import Collector
@@ -156,11 +156,13 @@ def vllm_tools_server(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("vllm-tools")
     collector = Collector()
     tcp = f"tcp://127.0.0.1:{free_port()}"
+    attach_env, attach_args = attach_options(vllm_version[1])
     env = {
-        "VLLM_PLUGINS": "nnrp", "VLLM_NNRP_LISTEN": tcp,
+        **attach_env, "VLLM_NNRP_LISTEN": tcp,
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200",
     }  # fmt: skip
     server = VLLMServer(workdir, env=env, extra_args=(
+        *attach_args,
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", str(TOOL_TEMPLATE),
         "--otlp-traces-endpoint", collector.endpoint,
     ))  # fmt: skip
