@@ -67,6 +67,7 @@ class NNRPService:
             self._stopping = True
             self._listener.stop_accepting()
             tasks = list(self._tasks.items())
+            logger.info("NNRP stopping: no new sessions; ending %d in-flight operations", len(tasks))
             for op, task in tasks:
                 op.fail(server_shutdown())  # decided now, before the engine's own shutdown can fail the stream
                 task.cancel()

@@ -17,11 +17,13 @@ from vllm_nnrp_plugin.config import load_config
 from vllm_nnrp_plugin.service import NNRPService
 from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
 from vllm_nnrp_plugin.vllm_binding.gate import NNRPStartupError, binding_name
+from vllm_nnrp_plugin.vllm_binding.shutdown import stop_first_on_signals
 
 logger = logging.getLogger("vllm_nnrp_plugin")
 
 _ATTACHED = "nnrp_listener_attached"
 _SERVICE = "nnrp_service"
+STOP_BUDGET_S = 10.0  # SIGTERM/SIGINT: longest NNRP graceful stop before vLLM's own shutdown proceeds
 
 
 class NNRPEndpointPlugin:
@@ -67,6 +69,7 @@ async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
     service = NNRPService(config, backend, asyncio.get_running_loop())
     bound = await asyncio.to_thread(service.start)  # binding is a native call: keep it off vLLM's loop
     setattr(state, _SERVICE, service)
+    stop_first_on_signals(asyncio.get_running_loop(), service.stop, budget_s=STOP_BUDGET_S)
     logger.info(
         "NNRP listening on %s (vLLM %s, binding %s, models: %s)",
         ", ".join(bound),
