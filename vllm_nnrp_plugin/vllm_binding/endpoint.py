@@ -17,13 +17,13 @@ from vllm_nnrp_plugin.config import load_config
 from vllm_nnrp_plugin.service import NNRPService
 from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
 from vllm_nnrp_plugin.vllm_binding.gate import NNRPStartupError, binding_name
-from vllm_nnrp_plugin.vllm_binding.shutdown import stop_first_on_signals
+from vllm_nnrp_plugin.vllm_binding.shutdown import stop_before_engine_shutdown
 
 logger = logging.getLogger("vllm_nnrp_plugin")
 
 _ATTACHED = "nnrp_listener_attached"
 _SERVICE = "nnrp_service"
-STOP_BUDGET_S = 10.0  # SIGTERM/SIGINT: longest NNRP graceful stop before vLLM's own shutdown proceeds
+STOP_BUDGET_S = 10.0  # longest NNRP graceful stop before vLLM's engine shutdown proceeds (SIGTERM/SIGINT)
 
 
 class NNRPEndpointPlugin:
@@ -69,7 +69,9 @@ async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
     service = NNRPService(config, backend, asyncio.get_running_loop())
     bound = await asyncio.to_thread(service.start)  # binding is a native call: keep it off vLLM's loop
     setattr(state, _SERVICE, service)
-    stop_first_on_signals(asyncio.get_running_loop(), service.stop, budget_s=STOP_BUDGET_S)
+    undo = stop_before_engine_shutdown(
+        state.engine_client, asyncio.get_running_loop(), service.stop, budget_s=STOP_BUDGET_S
+    )
     logger.info(
         "NNRP listening on %s (vLLM %s, binding %s, models: %s)",
         ", ".join(bound),
@@ -81,6 +83,7 @@ async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
         yield
     finally:
         await service.stop()
+        undo()
         logger.info("NNRP listener stopped")
 
 
