@@ -85,3 +85,25 @@ def test_a_non_loopback_address_without_tls_is_logged_as_a_warning(caplog):
         served = ServedNNRP((f"tcp://0.0.0.0:{free_port()}",), allow_non_loopback=True)
         served.stop()
     assert any("without TLS" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+
+
+def test_stop_ends_every_in_flight_operation_once_and_aborts_it(tmp_path):
+    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}", f"unix://{tmp_path}/nnrp.sock"))
+    clients = [asyncio.run(ProfileClient.connect(uri)) for uri in served.bound]
+    try:
+        slow = envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.1, "repeat": 50})
+        streams = [c.events(c.submit(slow), timeout_s=20) for c in clients for _ in range(2)]
+        for stream in streams:
+            assert next(stream).frame == "partial_result"
+        served.stop()
+        for stream in streams:
+            rest = list(stream)
+            assert [e.terminal for e in rest].count(True) == 1 and rest[-1].terminal
+            assert rest[-1].event["error"]["code"] == "server_shutdown" and rest[-1].status == 503
+        assert sorted(served.backend.aborted) == sorted(served.backend.started)
+        assert served.backend.open_streams == 0 and served.service.in_flight.used == 0
+        with pytest.raises(Exception):
+            asyncio.run(ProfileClient.connect(served.bound[0]))  # nothing listens any more
+    finally:
+        for c in clients:
+            c.close()
