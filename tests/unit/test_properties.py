@@ -13,10 +13,14 @@ import asyncio
 from typing import Any
 
 import orjson
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+import pytest
 
-from tests.support import envelope
+pytest.importorskip("hypothesis", reason="hypothesis (test extra) is not installed in this environment")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.support import envelope  # noqa: E402
 from vllm_nnrp_plugin.adapter import OPERATIONS, AdapterLimits, ChatCall, run_operation
 from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.operation import DropReason, OperationMachine, PartialResult, ResultDrop, ResultPush
