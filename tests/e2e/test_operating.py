@@ -100,7 +100,7 @@ def test_one_minute_soak_loses_no_operation_and_leaves_no_vllm_request_running(v
         [
             "--nnrp", f"{vllm_server.nnrp['tcp']},{vllm_server.nnrp['ipc']}",
             "--http", vllm_server.http, "--pid", str(vllm_server.proc.pid), "--model-name", SERVED_NAME,
-            "--duration-s", "60", "--sessions", "32", "--streams", "4", "--workers", "4",
+            "--duration-s", "60", "--sessions", "64", "--streams", "4", "--workers", "4",
             "--kill-every-s", "15", "--max-tokens", "24",
         ]
     )  # fmt: skip
