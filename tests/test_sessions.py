@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import stat
+import struct
 
 import pytest
 
@@ -107,3 +108,29 @@ def test_stop_ends_every_in_flight_operation_once_and_aborts_it(tmp_path):
     finally:
         for c in clients:
             c.close()
+
+
+def test_a_frame_that_cannot_be_built_costs_its_operation_not_the_session(served, monkeypatch):
+    from vllm_nnrp_plugin.nnrp_binding import wire
+
+    real, calls = wire.result_push, []
+
+    def first_push_fails(action, server_total_ms=0):
+        calls.append(action)
+        if len(calls) == 1:
+            raise struct.error("ushort format requires 0 <= number <= 65535")
+        return real(action, server_total_ms)
+
+    monkeypatch.setattr(wire, "result_push", first_push_fails)
+    client = asyncio.run(ProfileClient.connect(served.bound[0]))
+    try:
+        slow = client.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05}))
+        assert next(client.events(slow, timeout_s=10)).frame == "partial_result"
+        (dropped,) = list(client.events(client.submit(QUICK), timeout_s=10))
+        assert dropped.frame == "result_drop" and dropped.drop_reason == 8  # TRANSPORT_CLOSED
+        assert dropped.event == {"type": "response.cancelled", "reason": "server_error"}
+        assert list(client.events(slow, timeout_s=10))[-1].event["type"] == "response.completed"
+        (again,) = list(client.events(client.submit(QUICK), timeout_s=10))
+        assert again.event["type"] == "response.completed"
+    finally:
+        client.close()

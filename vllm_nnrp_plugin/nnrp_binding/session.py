@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -338,7 +339,26 @@ class SessionPump:
                     continue  # nothing after a cancel
                 if isinstance(action, ResultPush):
                     action = sop._late_drop()
-            self._send(sop, action)
+            try:
+                self._send(sop, action)
+            except (ValueError, TypeError, OverflowError, struct.error):
+                # one frame that cannot be built (a bug) costs its operation, never the session and the
+                # client's other operations on it (the soak once lost a session this way)
+                logger.exception("NNRP frame for operation %d cannot be built; the operation is dropped", sop.operation_id)
+                self._drop_unsendable(sop)
+
+    def _drop_unsendable(self, sop: ServerOperation) -> None:
+        """End ``sop`` with a TRANSPORT_CLOSED drop (``response.cancelled`` ``server_error``); abort its work."""
+        sop._cancel(DropReason.TRANSPORT_CLOSED, "server_error")
+        drop = sop._machine.cancelled_drop(DropReason.TRANSPORT_CLOSED, "server_error")
+        try:
+            metadata, body = wire.result_drop(sop.operation_id, drop)
+            sdk_sync.send_result_drop(sop._op, metadata, body)
+        except NativeRuntimeError as exc:
+            logger.debug("NNRP drop for operation %d not delivered: %s", sop.operation_id, exc)
+        sop._terminal_sent = True
+        self._forget(sop)
+        self.stop_operation(sop)
 
     def _send(self, sop: ServerOperation, action: Action) -> None:
         op = sop._op
