@@ -109,3 +109,38 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class ServedNNRP:
+    """An NNRPService with a :class:`RecordedBackend` on its own event-loop thread (standing in for vLLM's
+    loop); ``config`` keys are :class:`NNRPConfig` fields."""
+
+    def __init__(self, listen: tuple[str, ...], **config: Any) -> None:
+        import threading
+
+        from vllm_nnrp_plugin.config import NNRPConfig
+        from vllm_nnrp_plugin.service import NNRPService
+
+        self.backend = RecordedBackend()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.service = NNRPService(NNRPConfig(enabled=True, listen=listen, **config), self.backend, self.loop)
+        self.bound = self.service.start()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.service.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+def wait_until(predicate, timeout_s: float = 5.0) -> bool:
+    """Poll ``predicate`` every 10 ms until it is true or ``timeout_s`` passed; returns its last value."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return bool(predicate())
