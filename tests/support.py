@@ -111,6 +111,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def two_free_ports() -> int:
+    """A port P with P and P + 1 both free (rank 1 of 2 listens on P + 1)."""
+    while True:
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
 class ServedNNRP:
     """An NNRPService with a :class:`RecordedBackend` on its own event-loop thread (standing in for vLLM's
     loop); ``config`` keys are :class:`NNRPConfig` fields."""

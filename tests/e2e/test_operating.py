@@ -14,19 +14,12 @@ import time
 import pytest
 
 from bench import soak
-from tests.e2e.conftest import SERVED_NAME
+from tests.e2e.conftest import LONG, SERVED_NAME, attach_options
 from tests.support import envelope, free_port
 from vllm_nnrp_plugin.client import ProfileClient
 
 pytestmark = pytest.mark.vllm
 
-LONG = {
-    "model": SERVED_NAME,
-    "messages": [{"role": "user", "content": "Write a long story about the sea."}],
-    "max_tokens": 1000,
-    "ignore_eos": True,
-    "stream": True,
-}
 
 
 def vllm_requests(server) -> float:
@@ -85,12 +78,14 @@ def test_no_prompt_text_reaches_the_log(vllm_server):
         (lambda: f"quic://127.0.0.1:{free_port()}", "tls_cert_file"),
     ],
 )
-def test_an_unsafe_exposure_stops_vllm_serve_at_start_up_with_the_fix(tmp_path, listen, fragment):
+def test_an_unsafe_exposure_stops_vllm_serve_at_start_up_with_the_fix(tmp_path, vllm_version, listen, fragment):
     vllm = pathlib.Path(sys.executable).with_name("vllm")
-    env = {**os.environ, "VLLM_PLUGINS": "nnrp", "VLLM_NNRP_LISTEN": listen()}
+    attach_env, attach_args = attach_options(vllm_version[1])
+    env = {**os.environ, **attach_env, "VLLM_NNRP_LISTEN": listen()}
     done = subprocess.run(
-        [str(vllm), "serve", "unused-model"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
-    )
+        [str(vllm), "serve", "unused-model", *attach_args],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
     assert done.returncode != 0
     assert fragment in done.stderr and "Fix:" in done.stderr
 

@@ -1,9 +1,8 @@
 """Graceful shutdown of a real ``vllm serve`` (CPU) with NNRP streams in flight: SIGTERM → the listener stops
 accepting first, every in-flight operation gets exactly one terminal, its vLLM request is aborted before vLLM
-stops its engine, and the server exits in time without traceback noise.
-
-One API-server process here; with ``--api-server-count`` > 1 every process runs the same per-process stop
-(vllm_binding/shutdown.py), to be tested once several API-server processes serve NNRP.
+stops its engine, and the server exits in time without traceback noise. With one API-server process and with
+two (``--api-server-count 2``: each process runs its own stop, vllm_binding/shutdown.py), through the anchor's
+attach path.
 """
 
 from __future__ import annotations
@@ -15,34 +14,39 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import SERVED_NAME, VLLMServer
-from tests.support import envelope, free_port
+from tests.e2e.conftest import LONG, VLLMServer, attach_options
+from tests.support import envelope, two_free_ports
 from vllm_nnrp_plugin.client import ProfileClient
 
 pytestmark = pytest.mark.vllm
 
-LONG = {
-    "model": SERVED_NAME,
-    "messages": [{"role": "user", "content": "Write a long story about the sea."}],
-    "max_tokens": 1000,
-    "ignore_eos": True,
-    "stream": True,
-}
 EXIT_WITHIN_S = 60
 TRANSPORT_CLOSED = 8
 
 
-def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request(tmp_path):
-    listen = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{tmp_path}/nnrp.sock"}
+@pytest.mark.parametrize("api_servers", [1, 2])
+def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request(tmp_path, vllm_version, api_servers):
+    port = two_free_ports()
+    env, args = attach_options(vllm_version[1])
+    listen = f"tcp://127.0.0.1:{port},unix://{tmp_path}/nnrp.sock"
+    # rank r serves on PORT + r and nnrp-r.sock (rank 0: nnrp.sock)
+    addresses = [f"tcp://127.0.0.1:{port}", f"unix://{tmp_path}/nnrp.sock"]
+    if api_servers == 2:
+        addresses += [f"tcp://127.0.0.1:{port + 1}", f"unix://{tmp_path}/nnrp-1.sock"]
     server = VLLMServer(
         tmp_path,
-        env={"VLLM_PLUGINS": "nnrp", "VLLM_NNRP_LISTEN": ",".join(listen.values())},
-        extra_args=("--enable-log-requests",),  # vLLM then logs "Aborted request(s) <id>"
+        env={**env, "VLLM_NNRP_LISTEN": listen},
+        # --enable-log-requests: vLLM then logs "Aborted request(s) <id>"
+        extra_args=(*args, "--enable-log-requests", "--api-server-count", str(api_servers)),
     )
     clients = []
     try:
         server.wait_ready()
-        clients = [asyncio.run(ProfileClient.connect(uri)) for uri in listen.values()]
+        deadline = time.monotonic() + 120  # HTTP answers as soon as one rank is up
+        while server.output().count("NNRP listening on") < api_servers:
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.tail()
+            time.sleep(0.5)
+        clients = [asyncio.run(ProfileClient.connect(uri)) for uri in addresses]
         ops = [
             (client, client.submit(envelope(LONG, request_id=f"shutdown-{c}-{n}")), f"shutdown-{c}-{n}")
             for c, client in enumerate(clients)
@@ -68,11 +72,16 @@ def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request
             client.close()
         server.stop()
     log = server.output()
-    stopping = log.index("NNRP stopping: no new sessions; ending 4 in-flight operations")
-    engine_stop = log.index("[shutdown] MPClient: start")  # logged inside engine_client.shutdown
-    assert stopping < engine_stop
+    per_process = len(ops) // api_servers
+    stopping = [m.start() for m in re.finditer(f"NNRP stopping: no new sessions; ending {per_process} in-flight", log)]
+    assert len(stopping) == api_servers, log[-4000:]
+    # 0.26 logs inside engine_client.shutdown; older lines log nothing there, and their abort lines can only
+    # come from a live engine client
+    marker = log.find("[shutdown] MPClient: start")
+    engine_stop = marker if marker >= 0 else len(log)
+    assert max(stopping) < engine_stop
     for _client, _op, request_id in ops:
         aborted = re.search(rf"Aborted request\(s\) chatcmpl-nnrp-{request_id}-", log)
         assert aborted and aborted.start() < engine_stop, f"{request_id} not aborted before the engine stopped"
-    assert "NNRP listener stopped" in log
+    assert log.count("NNRP listener stopped") == api_servers
     assert "Traceback" not in log, log[-4000:]
