@@ -37,7 +37,8 @@ def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request
         tmp_path,
         env={**env, "VLLM_NNRP_LISTEN": listen},
         # --enable-log-requests: vLLM then logs "Aborted request(s) <id>"
-        extra_args=(*args, "--enable-log-requests", "--api-server-count", str(api_servers)),
+        # with several API servers vLLM's process manager kills them after --shutdown-timeout (default 0 s)
+        extra_args=(*args, "--enable-log-requests", "--api-server-count", str(api_servers), "--shutdown-timeout", "10"),
     )
     clients = []
     try:
