@@ -29,15 +29,17 @@ MAX_ENVELOPE = 4096
 class Served:
     """An NNRPService on its own event loop thread (standing in for vLLM's loop)."""
 
-    def __init__(self, tmp_path) -> None:
+    def __init__(self, tmp_path, *, metrics_listen=None, **service_kwargs) -> None:
         self.backend = RecordedBackend()
         self.tcp = f"tcp://127.0.0.1:{free_port()}"
         self.ipc = f"unix://{tmp_path}/nnrp.sock"
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
-        config = NNRPConfig(enabled=True, listen=(self.tcp, self.ipc), max_envelope_bytes=MAX_ENVELOPE)
-        self.service = NNRPService(config, self.backend, self.loop)
+        config = NNRPConfig(
+            enabled=True, listen=(self.tcp, self.ipc), max_envelope_bytes=MAX_ENVELOPE, metrics_listen=metrics_listen
+        )
+        self.service = NNRPService(config, self.backend, self.loop, **service_kwargs)
         self.bound = self.service.start()
 
     def stop(self) -> None:

@@ -3,7 +3,9 @@
 It joins the profile (envelope, stream mapping) to a :class:`ChatBackend` (vLLM's serving object in
 production, a scripted backend fed with recorded vLLM chunks in unit tests) and to an
 :class:`OperationSink` (the NNRP operation in production, a list in unit tests). It owns the rule that a
-backend request is always aborted unless it finished: on cancel, client loss, error, or shutdown.
+backend request is always aborted unless it finished: on cancel, client loss, error, or shutdown. It records
+the request, backend timing, token usage and the abort into the sink's
+:class:`~vllm_nnrp_plugin.observation.Observation`.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import attrs
 
+from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
@@ -49,6 +53,8 @@ class ChatBackend(Protocol):
 
 class OperationSink(Protocol):
     """Where events go (implemented by :class:`vllm_nnrp_plugin.nnrp_binding.session.ServerOperation`)."""
+
+    observation: Observation
 
     def envelope_bytes(self) -> bytes: ...
 
@@ -90,21 +96,36 @@ async def run_operation(sink: OperationSink, backend: ChatBackend, limits: Adapt
         sink.fail(err)
         return
     request_id = engine_request_id(envelope.request_id)
+    record = sink.observation
+    record.started(
+        time.monotonic_ns(),
+        operation=envelope.operation,
+        model=envelope.body.get("model"),
+        request_id=f"chatcmpl-{request_id}",
+        diagnostics=envelope.nnrp.get("diagnostics") is True,
+    )
     finished = False
     stream: AsyncIterator[dict[str, Any]] | None = None
     try:
         call = await backend.create_chat_completion(envelope.body, request_id)
         if call.stream is None:
             finished = True
+            record.backend_done(time.monotonic_ns())
+            _record_usage(record, call.body)
             sink.complete(call.body)
             return
         stream = call.stream
         mapper = ChatStreamMapper()
         async for chunk in stream:
+            if record.backend_first_chunk_ns is None:
+                record.backend_chunk(time.monotonic_ns())
             for event in mapper.feed(chunk):
                 sink.partial(event)
         finished = True
-        sink.complete(mapper.completed_body())
+        record.backend_done(time.monotonic_ns())
+        body = mapper.completed_body()
+        _record_usage(record, body)
+        sink.complete(body)
     except E.ProfileError as err:
         sink.fail(err)
     except Exception as exc:  # the engine failed in a way vLLM did not wrap
@@ -114,14 +135,24 @@ async def run_operation(sink: OperationSink, backend: ChatBackend, limits: Adapt
         if stream is not None:
             await _close(stream)
         if not finished:
-            await asyncio.shield(_abort(backend, request_id))
+            await asyncio.shield(_abort(backend, request_id, record))
 
 
-async def _abort(backend: ChatBackend, request_id: str) -> None:
+def _record_usage(record: Observation, body: dict[str, Any]) -> None:
+    usage = body.get("usage")
+    if usage:
+        record.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+
+
+async def _abort(backend: ChatBackend, request_id: str, record: Observation) -> None:
+    issued = time.monotonic_ns()
     try:
         await backend.abort(request_id)
     except Exception:  # the engine may already be gone (shutdown); nothing is left to stop then
         logger.warning("aborting backend request %s failed", request_id, exc_info=True)
+        record.aborted(issued, accepted=False)
+    else:
+        record.aborted(issued, accepted=True)
 
 
 async def _close(stream: AsyncIterator[dict[str, Any]]) -> None:

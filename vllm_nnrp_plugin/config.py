@@ -10,6 +10,7 @@ mapping under ``additional-config:`` in a ``vllm serve --config`` YAML file; vll
 | ``max_envelope_bytes`` | int, bytes | 1048576 | larger envelopes get ``envelope_too_large`` |
 | ``accept_timeout_ms`` | int, ms | 1000 | one accept wait; bounds shutdown time |
 | ``idle_poll_ms`` | int, ms | 100 | poll timeout of an idle session |
+| ``metrics_listen`` | ``HOST:PORT`` or null | null | also serve the NNRP metrics on their own ``/metrics`` server there; by default they are only in vLLM's ``/metrics`` |
 
 Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys, wrong types and
 listen URIs that are not ``tcp://HOST:PORT`` / ``unix:///PATH`` are errors (:class:`ConfigError`), never
@@ -41,6 +42,12 @@ def _positive(_inst: object, attribute: attrs.Attribute, value: int) -> None:
         raise ValueError(f"nnrp.{attribute.name} must be > 0, got {value}")
 
 
+def _host_port(_inst: object, attribute: attrs.Attribute, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"nnrp.{attribute.name} must be HOST:PORT, got {value!r}")
+
+
 @attrs.frozen
 class NNRPConfig:
     """Validated settings (see the module table for units and defaults)."""
@@ -50,6 +57,7 @@ class NNRPConfig:
     max_envelope_bytes: int = attrs.field(default=1 << 20, validator=_positive)
     accept_timeout_ms: int = attrs.field(default=1000, validator=_positive)
     idle_poll_ms: int = attrs.field(default=100, validator=_positive)
+    metrics_listen: str | None = attrs.field(default=None, validator=attrs.validators.optional(_host_port))
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)

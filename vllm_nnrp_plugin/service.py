@@ -2,26 +2,59 @@
 
 Runs on vLLM's API-server event loop: operations are asyncio tasks there; every native NNRP call runs on
 the listener's and session pumps' own threads, never on the loop.
+
+Every finished operation's :class:`~vllm_nnrp_plugin.observation.Observation` goes, on the loop, to: one log
+line (DEBUG when completed, INFO otherwise), the Prometheus collectors (:mod:`.metrics`), one span
+(:mod:`.tracing`), then any extra ``observers`` (benchmarks).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 
+from opentelemetry.trace import Tracer
+from prometheus_client import CollectorRegistry
+
+from vllm_nnrp_plugin import metrics, tracing
 from vllm_nnrp_plugin.adapter import AdapterLimits, ChatBackend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.nnrp_binding.listener import Listener
 from vllm_nnrp_plugin.nnrp_binding.session import ServerOperation
+from vllm_nnrp_plugin.observation import COMPLETED, Observation, log_fields, log_line
 
 logger = logging.getLogger(__name__)
 
 
 class NNRPService:
-    """Start with :meth:`start` (binds, raises ``ListenError``), stop with :meth:`stop`."""
+    """Start with :meth:`start` (binds, raises ``ListenError``; with ``metrics_listen`` also ``OSError``),
+    stop with :meth:`stop`.
 
-    def __init__(self, config: NNRPConfig, backend: ChatBackend, loop: asyncio.AbstractEventLoop) -> None:
+    ``registry``: where the NNRP metrics are registered (default ``prometheus_client.REGISTRY``, the one
+    vLLM's ``/metrics`` serves); ``tracer``: where spans go (default: the package's tracer from the global
+    provider); ``observers``: extra callables given each finished operation's record.
+    """
+
+    def __init__(
+        self,
+        config: NNRPConfig,
+        backend: ChatBackend,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        registry: CollectorRegistry | None = None,
+        tracer: Tracer | None = None,
+        observers: Sequence[Callable[[Observation], None]] = (),
+    ) -> None:
         self._backend = backend
+        self._config = config
+        self._registry = registry
+        self._metrics = metrics.metrics_for(registry)
+        self._tracer = tracer or tracing.tracer()
+        self._observers = tuple(observers)
+        self._metrics_server: metrics.MetricsServer | None = None
+        #: ``HOST:PORT`` of the standalone ``/metrics`` server, when ``metrics_listen`` is set
+        self.metrics_address: str | None = None
         self._limits = AdapterLimits(max_envelope_bytes=config.max_envelope_bytes)
         self._tasks: dict[ServerOperation, asyncio.Task] = {}
         self._listener = Listener(
@@ -34,11 +67,21 @@ class NNRPService:
 
     def start(self) -> list[str]:
         """Bind every configured address; returns the bound URIs."""
-        return self._listener.start()
+        bound = self._listener.start()
+        if self._config.metrics_listen is not None:
+            try:
+                self._metrics_server = metrics.serve_metrics(self._config.metrics_listen, self._registry)
+            except BaseException:
+                self._listener.close()
+                raise
+            self.metrics_address = self._metrics_server.address
+        return bound
 
     async def stop(self) -> None:
         """Stop accepting, give in-flight operations their terminal, abort their vLLM requests, unbind."""
         await asyncio.to_thread(self._listener.close)
+        if self._metrics_server is not None:
+            await asyncio.to_thread(self._metrics_server.close)
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
@@ -57,6 +100,19 @@ class NNRPService:
         if task is not None:
             task.cancel()
 
+    def on_finished(self, op: ServerOperation) -> None:
+        record = op.observation
+        level = logging.DEBUG if record.outcome == COMPLETED else logging.INFO
+        if logger.isEnabledFor(level):
+            logger.log(level, "%s", log_line(record), extra={"nnrp": log_fields(record)})
+        self._metrics.observe(record)
+        tracing.emit_span(self._tracer, record)
+        for observer in self._observers:
+            observer(record)
+
+    def on_session(self, transport: str, opened: bool) -> None:
+        self._metrics.session(transport, opened)
+
     def _done(self, op: ServerOperation) -> None:
         self._tasks.pop(op, None)
-        logger.debug("NNRP operation %d on %s: %s", op.operation_id, op.transport, op.outcome)
+        op.settle()

@@ -33,6 +33,8 @@ def test_env_listen_overrides_config():
         ({"max_envelope_bytes": 0}, "max_envelope_bytes must be > 0"),
         ({"listen": []}, "nnrp.listen"),
         (7, "must be a mapping"),
+        ({"metrics_listen": "9401"}, "metrics_listen must be HOST:PORT"),
+        ({"metrics_listen": 9401}, "nnrp.metrics_listen"),
     ],
 )
 def test_misconfiguration_is_an_error_that_names_the_key(block, fragment):
@@ -63,3 +65,8 @@ def test_listen_uris(uri, transport, provider):
 def test_bad_listen_uris(uri):
     with pytest.raises(EndpointError):
         parse_endpoint(uri)
+
+
+def test_metrics_listen_is_off_unless_configured():
+    assert load_config({}, {}).metrics_listen is None
+    assert load_config({"nnrp": {"metrics_listen": "127.0.0.1:9401"}}, {}).metrics_listen == "127.0.0.1:9401"

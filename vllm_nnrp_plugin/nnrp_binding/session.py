@@ -8,8 +8,12 @@ queued event goes out within microseconds. Poll timeouts: 1 ms while operations 
 within ~1–3 ms), ``idle_poll_ms`` when idle (submits wake a poll at once).
 
 Cross-thread contract: :class:`ServerOperation` methods ``partial`` / ``complete`` / ``fail`` may be called
-from any thread (vLLM's event loop, in practice); they never block on I/O. The pump reports submits and peer
-cancellations to a :class:`SessionHandler` through ``loop.call_soon_threadsafe``.
+from any thread (vLLM's event loop, in practice); they never block on I/O. The pump reports submits, peer
+cancellations and finished operations to a :class:`SessionHandler` through ``loop.call_soon_threadsafe``.
+
+Each operation's :class:`~vllm_nnrp_plugin.observation.Observation` is filled here with what only the pump
+knows (ids, trace context, when each partial result and the terminal went out, cancellations) and handed
+to ``on_finished`` once both the terminal was sent and the operation's task ended (:meth:`ServerOperation.settle`).
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ import asyncio
 import collections
 import logging
 import threading
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import orjson
 from nnrp.core import MessageType
 from nnrp.native import NativeInvalidStateError, NativeRuntimeError, NativeRuntimeServerSession
 
+from vllm_nnrp_plugin import observation as obs
 from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
 from vllm_nnrp_plugin.operation import (
     Action,
@@ -42,6 +49,10 @@ ACTIVE_POLL_MS = 1
 SEND_WAIT_S = 0.002  # longest sleep on the outbox between two polls while operations are active
 PEER_GONE_AFTER = 3  # consecutive failing polls that mean the client is gone (one can be a stale cancel)
 
+_SESSION_IDS = itertools.count(1)  # the accept counter standing in for a connection id (see Observation)
+
+CANCEL_SOURCE = {DropReason.PEER_CANCELLED: obs.CLIENT, DropReason.TRANSPORT_CLOSED: obs.TRANSPORT}
+
 CANCEL_DETAIL = {
     MessageType.FRAME_CANCEL: "client_cancelled",
     MessageType.CANCEL: "client_cancelled",
@@ -57,23 +68,39 @@ class SessionHandler(Protocol):
     def on_stop(self, op: ServerOperation) -> None:
         """The operation must stop: peer cancel, client gone, or server stopping. Abort its backend work."""
 
+    def on_finished(self, op: ServerOperation) -> None:
+        """``op.observation`` is complete: the terminal was sent and the operation's task has ended."""
+
+    def on_session(self, transport: str, opened: bool) -> None:
+        """A session started or ended. Called on the pump thread: must not block."""
+
 
 class ServerOperation:
     """One submitted operation, as the adapter sees it: the submit payload in, profile events out.
 
-    ``operation_id`` (u64) and ``frame_id`` (u32) are the client's; ``transport`` is ``tcp`` or ``ipc``.
+    ``operation_id`` (u64) and ``frame_id`` (u32) are the client's; ``transport`` is ``tcp`` or ``ipc``;
+    ``observation`` is the operation's record, filled by the pump, the adapter and this object.
     """
 
     __slots__ = (
-        "operation_id", "frame_id", "transport", "submitted_ns",
-        "_op", "_pump", "_machine", "_lock", "_cancel_detail", "_terminal_sent",
+        "operation_id", "frame_id", "transport", "observation",
+        "_op", "_pump", "_machine", "_lock", "_cancel_detail", "_terminal_sent", "_unsettled",
     )
 
     def __init__(self, op: Any, pump: SessionPump) -> None:
         self.operation_id: int = op.operation_id
         self.frame_id: int = op.frame_id
         self.transport: str = pump.transport
-        self.submitted_ns = time.monotonic_ns()
+        self.observation = obs.Observation(
+            connection_id=pump.connection_id,
+            session_id=op.submit.header.session_id,
+            operation_id=self.operation_id,
+            frame_id=self.frame_id,
+            transport=self.transport,
+            submitted_ns=time.monotonic_ns(),
+            submitted_unix_ns=time.time_ns(),
+            trace=pump.session_trace,
+        )
         self._op = op
         self._pump = pump
         self._machine = OperationMachine()
@@ -81,11 +108,7 @@ class ServerOperation:
         # set when the peer cancelled or the transport was lost: no partial, no RESULT_PUSH any more
         self._cancel_detail: str | None = None
         self._terminal_sent = False
-
-    @property
-    def outcome(self) -> str | None:
-        """``completed``, ``error:<code>`` or ``cancelled:<reason>`` once finished."""
-        return self._machine.outcome
+        self._unsettled = 2  # the terminal send (pump) and the end of the operation's task (handler)
 
     def envelope_bytes(self) -> bytes:
         """The JSON envelope carried by the submit. Raises :class:`ProfileError` ``invalid_frame``."""
@@ -104,6 +127,8 @@ class ServerOperation:
         """Queue the terminal ``response.completed``."""
         with self._lock:
             action = self._machine.complete(body)
+            if action is not None:
+                self.observation.completed()
         if action is not None:
             self._pump.enqueue(self, action)
 
@@ -111,8 +136,19 @@ class ServerOperation:
         """Queue the terminal ``response.error``."""
         with self._lock:
             action = self._machine.fail(err)
+            if action is not None:
+                self.observation.failed(code=err.code, family=err.type, status=err.status)
         if action is not None:
             self._pump.enqueue(self, action)
+
+    def settle(self) -> None:
+        """One of the two ends happened (terminal sent; task ended); after both, report ``on_finished``.
+        Any thread."""
+        with self._lock:
+            self._unsettled -= 1
+            done = self._unsettled == 0
+        if done:
+            self._pump.finished(self)
 
     # -- pump thread only ---------------------------------------------------------------------------------
 
@@ -120,11 +156,24 @@ class ServerOperation:
         """Stop emission at once; returns the drop to send now, if no terminal was decided yet."""
         with self._lock:
             self._cancel_detail = self._cancel_detail or detail
+            self.observation.cancelled(time.monotonic_ns(), source=CANCEL_SOURCE[reason], reason=detail)
             return self._machine.cancel(reason, detail)
 
     def _shutdown(self) -> None:
         """Server stopping: the terminal is ``response.error`` ``server_shutdown`` (unless one was decided)."""
+        self.observation.cancelled(time.monotonic_ns(), source=obs.SERVER, reason=SERVER_SHUTDOWN)
         self.fail(ProfileError(SERVER_SHUTDOWN, "the NNRP listener is shutting down", SERVER_ERROR, 503))
+
+    def _terminal_body(self, body: bytes, *, dropped: bool) -> bytes:
+        """Record the terminal; with ``nnrp.diagnostics: true`` add the record's ``diagnostics`` to its
+        event (profile events ignore unknown fields)."""
+        record = self.observation
+        record.terminal_sent(time.monotonic_ns(), dropped=dropped)
+        if not record.diagnostics_requested:
+            return body
+        event = orjson.loads(body)
+        event["diagnostics"] = obs.diagnostics(record)
+        return orjson.dumps(event)
 
     def _late_drop(self) -> ResultDrop:
         """The drop that replaces a terminal push decided before a peer cancel arrived."""
@@ -145,6 +194,9 @@ class SessionPump:
     ) -> None:
         self.session = session
         self.transport: str = session.active_transport_name
+        self.connection_id = next(_SESSION_IDS)
+        #: the session-scope trace context (TRACE_CONTEXT on frame 0): the default of later operations
+        self.session_trace: obs.TraceMeta | None = None
         self._handler = handler
         self._loop = loop
         self._idle_poll_ms = idle_poll_ms
@@ -172,10 +224,18 @@ class SessionPump:
         self._outbox.append((op, action))
         self._wakeup.set()
 
+    def finished(self, op: ServerOperation) -> None:
+        """Hand a settled operation to the handler on the loop (any thread)."""
+        try:
+            self._loop.call_soon_threadsafe(self._handler.on_finished, op)
+        except RuntimeError:  # the loop is closed: the server is gone, nobody is left to tell
+            pass
+
     # -- pump thread --------------------------------------------------------------------------------------
 
     def _run(self) -> None:
         failures = 0
+        self._handler.on_session(self.transport, True)
         try:
             while not self._stopping:
                 self._flush()
@@ -214,6 +274,7 @@ class SessionPump:
                 self.session.close()
             except NativeRuntimeError:
                 pass
+            self._handler.on_session(self.transport, False)
             if self._on_exit is not None:
                 self._on_exit(self)
 
@@ -230,6 +291,9 @@ class SessionPump:
         if runtime is None:
             return True  # lifecycle notifications: the runtime events already told us
         kind = runtime.header.message_type
+        if kind is MessageType.TRACE_CONTEXT:
+            self._trace_context(runtime)
+            return True
         if kind is MessageType.SESSION_CLOSE:
             self._cancel_all("client_closed_session")
             return False
@@ -247,10 +311,32 @@ class SessionPump:
                 self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
         return True
 
+    def _trace_context(self, runtime: Any) -> None:
+        """Record NNRP trace metadata: frame 0 sets the session default, an operation's frame that operation
+        (profile-contract.md §6). Only the fixed fields and the body size are kept."""
+        md = runtime.metadata.value
+        frame_id = runtime.header.frame_id
+        meta = obs.TraceMeta(
+            trace_id=md.trace_id,
+            span_id=md.span_id,
+            parent_span_id=md.parent_span_id,
+            flags=md.flags,
+            stage_code=md.stage_code,
+            scope="session" if frame_id == 0 else "operation",
+            attribute_bytes=md.body_bytes,
+        )
+        if frame_id == 0:
+            self.session_trace = meta
+            return
+        sop = self._ops.get(self._frames.get(frame_id, -1))
+        if sop is not None:
+            sop.observation.trace = meta
+
     def _cancel_all(self, detail: str) -> None:
         """The client is gone or closed its session: nothing can be delivered; stop every operation."""
         for sop in list(self._ops.values()):
             sop._cancel(DropReason.TRANSPORT_CLOSED, detail)
+            sop.observation.terminal_sent(time.monotonic_ns(), dropped=True)
             sop._terminal_sent = True
             self._forget(sop)
             self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
@@ -274,19 +360,19 @@ class SessionPump:
             if isinstance(action, PartialResult):
                 metadata, body = wire.partial_result(sop.operation_id, action)
                 sdk_sync.send_partial_result(op, metadata, body)
+                sop.observation.event_sent(time.monotonic_ns())
                 return
             if isinstance(action, ResultPush):
-                elapsed_ms = (time.monotonic_ns() - sop.submitted_ns) // 1_000_000
+                elapsed_ms = (time.monotonic_ns() - sop.observation.submitted_ns) // 1_000_000
+                action = ResultPush(action.status, sop._terminal_body(action.event, dropped=False))
                 metadata, body = wire.result_push(action, elapsed_ms)
                 try:
                     sdk_sync.send_result(op, metadata, body)
                 except NativeRuntimeError:
                     # refused: the client cancelled before it arrived; a drop is still accepted
-                    metadata, body = wire.result_drop(sop.operation_id, sop._late_drop())
-                    sdk_sync.send_result_drop(op, metadata, body)
+                    self._send_drop(sop, sop._late_drop())
             else:
-                metadata, body = wire.result_drop(sop.operation_id, action)
-                sdk_sync.send_result_drop(op, metadata, body)
+                self._send_drop(sop, action)
         except NativeRuntimeError as exc:
             logger.debug("NNRP send for operation %d not delivered: %s", sop.operation_id, exc)
             if isinstance(action, PartialResult):
@@ -294,6 +380,12 @@ class SessionPump:
         sop._terminal_sent = True
         self._forget(sop)
 
+    def _send_drop(self, sop: ServerOperation, action: ResultDrop) -> None:
+        diagnostic = sop._terminal_body(action.diagnostic, dropped=True)
+        metadata, body = wire.result_drop(sop.operation_id, ResultDrop(action.reason, action.sequence, diagnostic))
+        sdk_sync.send_result_drop(sop._op, metadata, body)
+
     def _forget(self, sop: ServerOperation) -> None:
         self._ops.pop(sop.operation_id, None)
         self._frames.pop(sop.frame_id, None)
+        sop.settle()
