@@ -1,0 +1,75 @@
+"""The benchmark server process: the plugin's real server path (listener, session pumps, adapter, vLLM's SSE
+parsing) in front of a paced synthetic backend instead of a model.
+
+    python -m bench.server [--no-nodelay] URI [URI …]
+
+prints ``ready``, serves until its stdin closes, then prints every observation record as one JSON line and
+exits. Requests choose the stream in their body: ``n`` chunks, one every ``interval_us`` µs. Each chunk is the
+SSE string vLLM would yield, ``data: {chat.completion.chunk}``, whose delta text is the
+``time.monotonic_ns()`` at which the backend produced it; the clock is shared by every process of the host,
+so a client in another process measures backend chunk produced -> event received. ``--no-nodelay`` skips the
+listener's TCP_NODELAY step (what nnrp-py does alone: Nagle on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+import attrs
+import orjson
+from prometheus_client import CollectorRegistry
+
+from vllm_nnrp_plugin.adapter import ChatCall
+from vllm_nnrp_plugin.config import NNRPConfig
+from vllm_nnrp_plugin.nnrp_binding import nodelay
+from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.service import NNRPService
+from vllm_nnrp_plugin.vllm_binding.chat import _chunks
+
+
+class PacedBackend:
+    """A :class:`~vllm_nnrp_plugin.adapter.ChatBackend` producing ``n`` timestamped chunks at a fixed pace."""
+
+    async def create_chat_completion(self, body: dict[str, Any], request_id: str) -> ChatCall:
+        return ChatCall(stream=_chunks(self._sse(request_id, int(body["n"]), int(body["interval_us"]) * 1000)))
+
+    async def abort(self, request_id: str) -> None:
+        """Nothing to stop: the stream generator is closed by the adapter (the record has the abort time)."""
+
+    @staticmethod
+    async def _sse(request_id: str, n: int, interval_ns: int):
+        head = b'data: {"id":"chatcmpl-' + request_id.encode() + b'","object":"chat.completion.chunk","created":0,'
+        head += b'"model":"paced","choices":[{"index":0,"delta":{"content":"'
+        tail = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
+        start = time.monotonic_ns()
+        for i in range(n):
+            delay = start + i * interval_ns - time.monotonic_ns()
+            if delay > 0:
+                await asyncio.sleep(delay / 1e9)
+            yield (head + str(time.monotonic_ns()).encode() + tail).decode()
+        yield "data: [DONE]\n\n"
+
+
+async def serve(listen: tuple[str, ...]) -> None:
+    loop = asyncio.get_running_loop()
+    records: list[Observation] = []
+    config = NNRPConfig(enabled=True, listen=listen)
+    service = NNRPService(config, PacedBackend(), loop, registry=CollectorRegistry(), observers=(records.append,))
+    await asyncio.to_thread(service.start)
+    print("ready", flush=True)
+    await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes our stdin
+    await service.stop()
+    for record in records:
+        sys.stdout.write(orjson.dumps(attrs.asdict(record)).decode() + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args and args[0] == "--no-nodelay":
+        nodelay.NoDelaySetter.apply = lambda self: 0
+        args = args[1:]
+    asyncio.run(serve(tuple(args)))
