@@ -74,6 +74,8 @@ async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
         binding_name(vllm.__version_tuple__),
         ", ".join(backend.model_ids()),
     )
+    if service.metrics_address is not None:
+        logger.info("NNRP metrics also served on http://%s/metrics (nnrp.metrics_listen)", service.metrics_address)
     try:
         yield
     finally:
