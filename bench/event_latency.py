@@ -27,7 +27,7 @@ import time
 import orjson
 
 from bench.procs import BenchServer, endpoint, run_clients
-from bench.results import Result, Target
+from bench.results import Result, Target, percentile
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
 
@@ -87,8 +87,9 @@ def client_main(uri: str, sessions: int, streams: int, n: int, interval_us: int,
 def measure(
     transport: str, *, streams: int, procs: int, sessions: int, n: int, interval_us: int, warmup: int,
     nodelay: bool = True,
-) -> tuple[list[float], float]:
-    """Latencies (µs) and the achieved aggregate rate (events/s) of one configuration."""
+) -> tuple[list[float], float, dict[str, float]]:
+    """Latencies (µs), the achieved aggregate rate (events/s) and the server-side :func:`breakdown` of one
+    configuration."""
     per_session = streams // (procs * sessions)
     assert per_session * procs * sessions == streams, "streams must divide evenly over processes and sessions"
     with tempfile.TemporaryDirectory() as tmp, BenchServer(endpoint(transport, tmp), nodelay=nodelay) as server:
@@ -98,7 +99,18 @@ def measure(
         server.stop()
     samples = [x / 1000 for out in outputs for x in out["latencies_ns"]]
     window_s = (max(o["last_ns"] for o in outputs) - min(o["first_ns"] for o in outputs)) / 1e9
-    return samples, len(samples) / window_s if window_s > 0 else 0.0
+    return samples, len(samples) / window_s if window_s > 0 else 0.0, breakdown(server)
+
+
+def breakdown(server: BenchServer) -> dict[str, float]:
+    """p50/p95 (µs) of the server-side parts of each event's latency: waiting in the session pump's outbox,
+    and inside nnrp-py's native send."""
+    return {
+        "pump_wait_us_p50": round(percentile(server.pump_wait_us, 0.5), 1),
+        "pump_wait_us_p95": round(percentile(server.pump_wait_us, 0.95), 1),
+        "sdk_send_us_p50": round(percentile(server.send_us, 0.5), 1),
+        "sdk_send_us_p95": round(percentile(server.send_us, 0.95), 1),
+    }
 
 
 def run(
@@ -109,7 +121,7 @@ def run(
     rows: list[Result] = []
     light = {"streams": 1, "interval_us": interval_us, "events_per_stream": light_events}
     for transport, nodelay in (("tcp", True), ("tcp", False), ("ipc", True)):
-        samples, achieved = measure(
+        samples, achieved, parts = measure(
             transport, streams=1, procs=1, sessions=1, n=light_events + warmup, interval_us=interval_us,
             warmup=warmup, nodelay=nodelay,
         )  # fmt: skip
@@ -117,13 +129,13 @@ def run(
         rows.append(
             Result.of(
                 name, "us", samples, targets=(LIGHT_P50, LIGHT_P95) if nodelay else (),
-                parameters={**light, "achieved_events_per_s": round(achieved)},
+                parameters={**light, "achieved_events_per_s": round(achieved), **parts},
             )  # fmt: skip
         )
     interval = round(heavy_streams * 1e6 / rate)
     n = int(heavy_seconds * 1e6 / interval) + warmup
     for transport in ("tcp", "ipc"):
-        samples, achieved = measure(
+        samples, achieved, parts = measure(
             transport, streams=heavy_streams, procs=procs, sessions=sessions, n=n, interval_us=interval, warmup=warmup
         )
         rows.append(
@@ -131,7 +143,7 @@ def run(
                 f"event_latency.heavy.{transport}", "us", samples, targets=(HEAVY_P95,),
                 parameters={"streams": heavy_streams, "client_processes": procs, "sessions": procs * sessions,
                             "interval_us": interval, "target_events_per_s": rate,
-                            "achieved_events_per_s": round(achieved)},
+                            "achieved_events_per_s": round(achieved), **parts},
             )  # fmt: skip
         )
     by_id = {row.id: row for row in rows}

@@ -35,7 +35,8 @@ def endpoint(transport: str, directory: str) -> str:
 
 
 class BenchServer:
-    """``python -m bench.server`` on ``uri``; :meth:`stop` returns the observation records (dicts)."""
+    """``python -m bench.server`` on ``uri``; :meth:`stop` returns the observation records (dicts) and sets
+    ``pump_wait_us`` / ``send_us`` (per partial result: outbox wait, time inside nnrp-py's send)."""
 
     def __init__(self, uri: str, *, nodelay: bool = True) -> None:
         flags = [] if nodelay else ["--no-nodelay"]
@@ -51,7 +52,10 @@ class BenchServer:
 
     def stop(self) -> list[dict[str, Any]]:
         out, _ = self.proc.communicate(timeout=60)
-        return [orjson.loads(line) for line in out.splitlines() if line.strip()]
+        *records, times = [orjson.loads(line) for line in out.splitlines() if line.strip()]
+        self.pump_wait_us = [x / 1000 for x in times["pump_wait_ns"]]
+        self.send_us = [x / 1000 for x in times["send_ns"]]
+        return records
 
     def __enter__(self) -> BenchServer:
         return self

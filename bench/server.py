@@ -3,8 +3,9 @@ parsing) in front of a paced synthetic backend instead of a model.
 
     python -m bench.server [--no-nodelay] URI [URI …]
 
-prints ``ready``, serves until its stdin closes, then prints every observation record as one JSON line and
-exits. Requests choose the stream in their body: ``n`` chunks, one every ``interval_us`` µs. Each chunk is the
+prints ``ready``, serves until its stdin closes, then prints every observation record as one JSON line,
+then one line ``{"pump_wait_ns": […], "send_ns": […]}`` and exits: per partial result, the time it waited
+in the session pump's outbox (queued -> send started) and the time spent inside nnrp-py's send call. Requests choose the stream in their body: ``n`` chunks, one every ``interval_us`` µs. Each chunk is the
 SSE string vLLM would yield, ``data: {chat.completion.chunk}``, whose delta text is the
 ``time.monotonic_ns()`` at which the backend produced it; the clock is shared by every process of the host,
 so a client in another process measures backend chunk produced -> event received. ``--no-nodelay`` skips the
@@ -24,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from vllm_nnrp_plugin.adapter import ChatCall
 from vllm_nnrp_plugin.config import NNRPConfig
-from vllm_nnrp_plugin.nnrp_binding import nodelay
+from vllm_nnrp_plugin.nnrp_binding import nodelay, sdk_sync, session
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.service import NNRPService
 from vllm_nnrp_plugin.vllm_binding.chat import _chunks
@@ -53,8 +54,38 @@ class PacedBackend:
         yield "data: [DONE]\n\n"
 
 
+class SendTimes:
+    """Wraps the pump's outbox and nnrp-py's partial-result send to time both (this process only)."""
+
+    def __init__(self) -> None:
+        self.pump_wait_ns: list[int] = []
+        self.send_ns: list[int] = []
+        self._queued: dict[int, int] = {}
+        enqueue, send = session.SessionPump.enqueue, sdk_sync.send_partial_result
+
+        def timed_enqueue(pump, op, action):
+            self._queued[id(action)] = time.monotonic_ns()
+            enqueue(pump, op, action)
+
+        def timed_send(op, metadata, body):
+            start = time.monotonic_ns()
+            send(op, metadata, body)
+            self.send_ns.append(time.monotonic_ns() - start)
+
+        def timed_pump_send(pump, op, action, _send=session.SessionPump._send):
+            queued = self._queued.pop(id(action), None)
+            if queued is not None and isinstance(action, session.PartialResult):
+                self.pump_wait_ns.append(time.monotonic_ns() - queued)
+            _send(pump, op, action)
+
+        session.SessionPump.enqueue = timed_enqueue
+        session.SessionPump._send = timed_pump_send
+        session.sdk_sync.send_partial_result = timed_send
+
+
 async def serve(listen: tuple[str, ...]) -> None:
     loop = asyncio.get_running_loop()
+    times = SendTimes()
     records: list[Observation] = []
     config = NNRPConfig(enabled=True, listen=listen)
     service = NNRPService(config, PacedBackend(), loop, registry=CollectorRegistry(), observers=(records.append,))
@@ -64,6 +95,7 @@ async def serve(listen: tuple[str, ...]) -> None:
     await service.stop()
     for record in records:
         sys.stdout.write(orjson.dumps(attrs.asdict(record)).decode() + "\n")
+    sys.stdout.write(orjson.dumps({"pump_wait_ns": times.pump_wait_ns, "send_ns": times.send_ns}).decode() + "\n")
     sys.stdout.flush()
 
 

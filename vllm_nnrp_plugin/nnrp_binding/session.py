@@ -3,9 +3,11 @@
 Why a thread per session (nnrp-sdk.md §11–12): every native call blocks; while a poll waits inside its
 timeout, every other native call on the same session (our sends) waits for it too (trap 1); and a poll with
 ``max_events > 1`` lingers ~2.3 ms (trap 2). So the pump is the only thread that touches its session: it
-alternates a ``max_events=1`` poll with flushing the outbox, and between polls it sleeps on the outbox so a
-queued event goes out within microseconds. Poll timeouts: 1 ms while operations are active (cancels are seen
-within ~1–3 ms), ``idle_poll_ms`` when idle (submits wake a poll at once).
+alternates a ``max_events=1`` poll with flushing the outbox. An empty poll with nnrp-py's shortest timeout
+(1 ms) lasts ~2.2 ms, and events queued meanwhile wait for it; so while operations are active the pump
+polls on a cadence instead of after every send: after an empty poll it only sends, waking on the outbox so
+a queued event goes out within microseconds, for ``ACTIVE_POLL_GAP_S``, then polls again (cancels are seen
+within ~2–4 ms). When idle it polls with ``idle_poll_ms`` (a submit wakes that poll at once).
 
 Cross-thread contract: :class:`ServerOperation` methods ``partial`` / ``complete`` / ``fail`` may be called
 from any thread (vLLM's event loop, in practice); they never block on I/O. The pump reports submits, peer
@@ -45,8 +47,8 @@ from vllm_nnrp_plugin.profile.errors import SERVER_ERROR, SERVER_SHUTDOWN, Profi
 
 logger = logging.getLogger(__name__)
 
-ACTIVE_POLL_MS = 1
-SEND_WAIT_S = 0.002  # longest sleep on the outbox between two polls while operations are active
+ACTIVE_POLL_MS = 1  # the shortest poll nnrp-py offers; an empty one lasts ~2.2 ms and blocks our sends
+ACTIVE_POLL_GAP_S = 0.002  # while operations are active: sends only, for this long after an empty poll
 PEER_GONE_AFTER = 3  # consecutive failing polls that mean the client is gone (one can be a stale cancel)
 
 _SESSION_IDS = itertools.count(1)  # the accept counter standing in for a connection id (see Observation)
@@ -237,8 +239,16 @@ class SessionPump:
         failures = 0
         self._handler.on_session(self.transport, True)
         try:
+            next_poll = 0.0
             while not self._stopping:
                 self._flush()
+                if self._ops:
+                    rest = next_poll - time.monotonic()
+                    if rest > 0:  # sends only until the next poll is due
+                        if not self._outbox:
+                            self._wakeup.wait(rest)
+                            self._wakeup.clear()
+                        continue
                 try:
                     polled = self.session.poll_events(
                         max_events=1, timeout_ms=ACTIVE_POLL_MS if self._ops else self._idle_poll_ms
@@ -254,11 +264,11 @@ class SessionPump:
                     continue
                 failures = 0
                 if polled:
+                    next_poll = 0.0  # more may be waiting: poll again at once
                     if not self._on_event(polled[0]):
                         return
-                elif self._ops and not self._outbox:
-                    self._wakeup.wait(SEND_WAIT_S)
-                    self._wakeup.clear()
+                else:
+                    next_poll = time.monotonic() + ACTIVE_POLL_GAP_S
             for sop in list(self._ops.values()):
                 sop._shutdown()
                 self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
