@@ -349,6 +349,7 @@ class SessionPump:
             sop.observation.terminal_sent(time.monotonic_ns(), dropped=True)
             sop._terminal_sent = True
             self._forget(sop)
+            sop.settle()
             self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
 
     def _flush(self) -> None:
@@ -389,6 +390,7 @@ class SessionPump:
                 return
         sop._terminal_sent = True
         self._forget(sop)
+        sop.settle()
 
     def _send_drop(self, sop: ServerOperation, action: ResultDrop) -> None:
         diagnostic = sop._terminal_body(action.diagnostic, dropped=True)
@@ -398,4 +400,3 @@ class SessionPump:
     def _forget(self, sop: ServerOperation) -> None:
         self._ops.pop(sop.operation_id, None)
         self._frames.pop(sop.frame_id, None)
-        sop.settle()
