@@ -161,9 +161,11 @@ class ServerOperation:
             self.observation.cancelled(time.monotonic_ns(), source=CANCEL_SOURCE[reason], reason=detail)
             return self._machine.cancel(reason, detail)
 
-    def _shutdown(self) -> None:
-        """Server stopping: the terminal is ``response.error`` ``server_shutdown`` (unless one was decided)."""
-        self.observation.cancelled(time.monotonic_ns(), source=obs.SERVER, reason=SERVER_SHUTDOWN)
+    def shut_down(self) -> None:
+        """Server stopping: the terminal is ``response.error`` ``server_shutdown`` (unless one was decided).
+        Any thread."""
+        with self._lock:
+            self.observation.cancelled(time.monotonic_ns(), source=obs.SERVER, reason=SERVER_SHUTDOWN)
         self.fail(ProfileError(SERVER_SHUTDOWN, "the NNRP listener is shutting down", SERVER_ERROR, 503))
 
     def _terminal_body(self, body: bytes, *, dropped: bool) -> bytes:
@@ -270,7 +272,7 @@ class SessionPump:
                 else:
                     next_poll = time.monotonic() + ACTIVE_POLL_GAP_S
             for sop in list(self._ops.values()):
-                sop._shutdown()
+                sop.shut_down()
                 self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
             self._flush()
         except NativeRuntimeError as exc:
