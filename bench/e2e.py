@@ -127,9 +127,13 @@ class _Clock:
         return self.timing
 
 
-def http_worker(base: str, body: dict[str, Any], count: int) -> list[Timing]:
+def http_worker(base: str, body: dict[str, Any], count: int, ready: threading.Barrier | None = None) -> list[Timing]:
+    """``count`` streamed requests over one keep-alive HTTP connection, opened before ``ready``."""
     out = []
     with httpx.Client(timeout=600) as http:
+        http.get(f"{base}/health").raise_for_status()  # connect before the clock starts
+        if ready is not None:
+            ready.wait()
         for _ in range(count):
             clock, tokens = _Clock(), 0
             with http.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
@@ -146,13 +150,16 @@ def http_worker(base: str, body: dict[str, Any], count: int) -> list[Timing]:
     return out
 
 
-def nnrp_worker(uri: str, body: dict[str, Any], count: int) -> list[Timing]:
+def nnrp_worker(uri: str, body: dict[str, Any], count: int, ready: threading.Barrier | None = None) -> list[Timing]:
+    """``count`` streamed operations over one NNRP session, opened before ``ready``."""
     import asyncio
 
     envelope = {"schema_version": SCHEMA_VERSION, "operation": CHAT_COMPLETIONS_CREATE, "body": body}
     client = asyncio.run(ProfileClient.connect(uri))
     out = []
     try:
+        if ready is not None:
+            ready.wait()
         for _ in range(count):
             clock, tokens = _Clock(), 0
             for event in client.events(client.submit(envelope), timeout_s=600):
@@ -170,20 +177,27 @@ def nnrp_worker(uri: str, body: dict[str, Any], count: int) -> list[Timing]:
 
 
 def batch(worker: Callable[..., list[Timing]], target: str, body: dict[str, Any], concurrency: int, per_worker: int) -> tuple[list[Timing], float]:
-    """Run ``concurrency`` workers at once; returns all timings and the batch's output tokens/s."""
+    """Run ``concurrency`` workers at once (connections are opened first, then all start together); returns
+    all timings and the batch's output tokens/s."""
     results: list[list[Timing]] = [[] for _ in range(concurrency)]
     errors: list[BaseException] = []
+    ready = threading.Barrier(concurrency + 1, timeout=300)
 
     def run(i: int) -> None:
         try:
-            results[i] = worker(target, body, per_worker)
+            results[i] = worker(target, body, per_worker, ready)
         except BaseException as exc:  # reported after the join
             errors.append(exc)
+            ready.abort()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(concurrency)]
-    start = time.perf_counter()
     for t in threads:
         t.start()
+    try:
+        ready.wait()
+    except threading.BrokenBarrierError:
+        pass
+    start = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
