@@ -7,7 +7,9 @@ alternates a ``max_events=1`` poll with flushing the outbox. An empty poll with 
 (1 ms) lasts ~2.2 ms, and events queued meanwhile wait for it; so while operations are active the pump
 polls on a cadence instead of after every send: after an empty poll it only sends, waking on the outbox so
 a queued event goes out within microseconds, for ``ACTIVE_POLL_GAP_S``, then polls again (cancels are seen
-within ~2–4 ms). When idle it polls with ``idle_poll_ms`` (a submit wakes that poll at once).
+within ~2–4 ms while events flow). While no event goes out the gap doubles up to ``MAX_POLL_GAP_S``, so slow
+streams wake the pump (and take vLLM's GIL) less often. When idle it polls with ``idle_poll_ms`` (a submit
+wakes that poll at once).
 
 Cross-thread contract: :class:`ServerOperation` methods ``partial`` / ``complete`` / ``fail`` may be called
 from any thread (vLLM's event loop, in practice); they never block on I/O. The pump reports submits, peer
@@ -48,7 +50,8 @@ from vllm_nnrp_plugin.profile.errors import SERVER_ERROR, SERVER_SHUTDOWN, Profi
 logger = logging.getLogger(__name__)
 
 ACTIVE_POLL_MS = 1  # the shortest poll nnrp-py offers; an empty one lasts ~2.2 ms and blocks our sends
-ACTIVE_POLL_GAP_S = 0.002  # while operations are active: sends only, for this long after an empty poll
+ACTIVE_POLL_GAP_S = 0.002  # while operations are active: sends only, for this long after an empty poll…
+MAX_POLL_GAP_S = 0.016  # …doubling up to this while no event went out (fewer wake-ups competing for the GIL)
 PEER_GONE_AFTER = 3  # consecutive failing polls that mean the client is gone (one can be a stale cancel)
 
 _SESSION_IDS = itertools.count(1)  # the accept counter standing in for a connection id (see Observation)
@@ -210,6 +213,7 @@ class SessionPump:
         self._ops: dict[int, ServerOperation] = {}
         self._frames: dict[int, int] = {}
         self._stopping = False
+        self._sent = False  # a partial result went out since the last poll
         self._thread = threading.Thread(target=self._run, name=f"nnrp-session-{self.transport}", daemon=True)
 
     def start(self) -> None:
@@ -241,7 +245,7 @@ class SessionPump:
         failures = 0
         self._handler.on_session(self.transport, True)
         try:
-            next_poll = 0.0
+            next_poll, gap = 0.0, ACTIVE_POLL_GAP_S
             while not self._stopping:
                 self._flush()
                 if self._ops:
@@ -266,11 +270,13 @@ class SessionPump:
                     continue
                 failures = 0
                 if polled:
-                    next_poll = 0.0  # more may be waiting: poll again at once
+                    next_poll, gap = 0.0, ACTIVE_POLL_GAP_S  # more may be waiting: poll again at once
                     if not self._on_event(polled[0]):
                         return
                 else:
-                    next_poll = time.monotonic() + ACTIVE_POLL_GAP_S
+                    gap = ACTIVE_POLL_GAP_S if self._sent else min(gap * 2, MAX_POLL_GAP_S)
+                    next_poll = time.monotonic() + gap
+                self._sent = False
             for sop in list(self._ops.values()):
                 sop.shut_down()
                 self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
@@ -374,6 +380,7 @@ class SessionPump:
                 metadata, body = wire.partial_result(sop.operation_id, action)
                 sdk_sync.send_partial_result(op, metadata, body)
                 sop.observation.event_sent(time.monotonic_ns())
+                self._sent = True
                 return
             if isinstance(action, ResultPush):
                 elapsed_ms = (time.monotonic_ns() - sop.observation.submitted_ns) // 1_000_000
