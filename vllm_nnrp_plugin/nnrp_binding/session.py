@@ -213,7 +213,7 @@ class SessionPump:
         self._ops: dict[int, ServerOperation] = {}
         self._frames: dict[int, int] = {}
         self._stopping = False
-        self._sent = False  # a partial result went out since the last poll
+        self._busy = False  # a frame came in or a partial result went out since the last poll
         self._thread = threading.Thread(target=self._run, name=f"nnrp-session-{self.transport}", daemon=True)
 
     def start(self) -> None:
@@ -255,6 +255,9 @@ class SessionPump:
                             self._wakeup.wait(rest)
                             self._wakeup.clear()
                         continue
+                    # the window that just ended decides the next one: short while events flow
+                    gap = ACTIVE_POLL_GAP_S if self._busy else min(gap * 2, MAX_POLL_GAP_S)
+                    self._busy = False
                 try:
                     polled = self.session.poll_events(
                         max_events=1, timeout_ms=ACTIVE_POLL_MS if self._ops else self._idle_poll_ms
@@ -270,13 +273,11 @@ class SessionPump:
                     continue
                 failures = 0
                 if polled:
-                    next_poll, gap = 0.0, ACTIVE_POLL_GAP_S  # more may be waiting: poll again at once
+                    next_poll, self._busy = 0.0, True  # more may be waiting: poll again at once
                     if not self._on_event(polled[0]):
                         return
                 else:
-                    gap = ACTIVE_POLL_GAP_S if self._sent else min(gap * 2, MAX_POLL_GAP_S)
                     next_poll = time.monotonic() + gap
-                self._sent = False
             for sop in list(self._ops.values()):
                 sop.shut_down()
                 self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
@@ -380,7 +381,7 @@ class SessionPump:
                 metadata, body = wire.partial_result(sop.operation_id, action)
                 sdk_sync.send_partial_result(op, metadata, body)
                 sop.observation.event_sent(time.monotonic_ns())
-                self._sent = True
+                self._busy = True
                 return
             if isinstance(action, ResultPush):
                 elapsed_ms = (time.monotonic_ns() - sop.observation.submitted_ns) // 1_000_000
