@@ -27,6 +27,7 @@ from vllm_nnrp_plugin.adapter import ChatCall
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.nnrp_binding import nodelay, sdk_sync, session
 from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.service import NNRPService
 from vllm_nnrp_plugin.vllm_binding.chat import _chunks
 
@@ -34,7 +35,12 @@ from vllm_nnrp_plugin.vllm_binding.chat import _chunks
 class PacedBackend:
     """A :class:`~vllm_nnrp_plugin.adapter.ChatBackend` producing ``n`` timestamped chunks at a fixed pace."""
 
-    async def create_chat_completion(self, body: dict[str, Any], request_id: str) -> ChatCall:
+    def capabilities(self) -> dict[str, Any]:
+        return runtime_document(models=["paced"], owned_by="bench", tool_calls=False)
+
+    async def create_chat_completion(
+        self, body: dict[str, Any], request_id: str, traceparent: str | None = None
+    ) -> ChatCall:
         return ChatCall(stream=_chunks(self._sse(request_id, int(body["n"]), int(body["interval_us"]) * 1000)))
 
     async def abort(self, request_id: str) -> None:

@@ -3,15 +3,28 @@
 #
 #   compat/run-vllm-tests.sh 0.26.0 [pytest args…]
 #
-# Builds or reuses the anchor's venv (build-vllm-env.sh) and the small model (build-model.sh), then runs
-# the given tests with VLLM_NNRP_TEST_MODEL pointing at the model directory.
+# Builds or reuses the anchor's venv (build-vllm-env.sh) and the small model (build-model.sh), applies the
+# anchor's runtime settings (compat/vllm-<version>/runtime.sh, if any), then runs the given tests with
+# VLLM_NNRP_TEST_MODEL pointing at the model directory. With VLLM_NNRP_RECORD_COMPAT=1 (a full run of the
+# suite, e.g. `VLLM_NNRP_RECORD_COMPAT=1 python3 -m tox -e vllm-0.22.1`) the outcome is recorded in
+# compat/results/vllm-<version>.json and the README's compatibility table is regenerated from those files
+# (compat/compat_table.py); other runs leave the checkout untouched.
 set -euo pipefail
 VERSION=${1:?usage: run-vllm-tests.sh VLLM_VERSION [pytest args]}
 shift
 HERE=$(cd "$(dirname "$0")" && pwd)
 VENV=$(bash "$HERE/build-vllm-env.sh" "$VERSION" | tail -n1)
+# shellcheck source=/dev/null
+[ ! -f "$HERE/vllm-$VERSION/runtime.sh" ] || . "$HERE/vllm-$VERSION/runtime.sh"  # e.g. 0.18.1's LD_PRELOAD
 export VLLM_NNRP_TEST_MODEL
 VLLM_NNRP_TEST_MODEL=$(bash "$HERE/build-model.sh" "$VENV/bin/python" | tail -n1)
 cd "$(dirname "$HERE")"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one did the editable install
-exec "$VENV/bin/python" -m pytest "$@"
+REPORT=$(mktemp -t "vllm-$VERSION-junit.XXXXXX.xml")
+status=0
+"$VENV/bin/python" -m pytest --junitxml="$REPORT" "$@" || status=$?
+if [ "${VLLM_NNRP_RECORD_COMPAT:-0}" = 1 ]; then
+  env -u LD_PRELOAD "$VENV/bin/python" "$HERE/compat_table.py" record "$VERSION" "$REPORT" >&2 || true
+fi
+rm -f "$REPORT"
+exit $status

@@ -15,21 +15,22 @@ from typing import Any
 import orjson
 
 from vllm_nnrp_plugin.adapter import ChatCall
+from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.vllm_binding.chat import _chunks, error_from_response
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "compat" / "fixtures" / "vllm" / "0.26.0"
 
 
-def sse_items(case: str) -> list[str]:
+def sse_items(case: str, version: str = "0.26.0") -> list[str]:
     """The ``data: …`` items of a recorded stream, each as vLLM's generator yields it."""
-    text = (FIXTURES / f"{case}.sse").read_text()
+    text = (FIXTURES.parent / version / f"{case}.sse").read_text()
     return [block + "\n\n" for block in text.split("\n\n") if block.strip()]
 
 
-def recorded_chunks(case: str) -> list[dict[str, Any]]:
+def recorded_chunks(case: str, version: str = "0.26.0") -> list[dict[str, Any]]:
     """The chunk dicts of a recorded stream (without ``[DONE]``)."""
-    return [orjson.loads(item[len("data: "):]) for item in sse_items(case) if "[DONE]" not in item]
+    return [orjson.loads(item[len("data: "):]) for item in sse_items(case, version) if "[DONE]" not in item]
 
 
 def recorded_json(case: str) -> dict[str, Any]:
@@ -50,16 +51,23 @@ class RecordedBackend:
     * ``raise``: raise RuntimeError (an engine failure vLLM did not wrap);
     * ``midstream-error``: two recorded chunks, then vLLM's mid-stream error object.
 
-    ``started`` / ``aborted`` list request ids; ``open_streams`` counts streams not yet closed.
+    ``started`` / ``aborted`` list request ids; ``traceparents`` maps request ids to the traceparent they
+    were dispatched with; ``open_streams`` counts streams not yet closed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, tool_calls: bool = True) -> None:
         self.started: list[str] = []
         self.aborted: list[str] = []
+        self.traceparents: dict[str, str | None] = {}
         self.open_streams = 0
+        self._tool_calls = tool_calls
 
-    async def create_chat_completion(self, body: dict[str, Any], request_id: str) -> ChatCall:
+    def capabilities(self) -> dict[str, Any]:
+        return runtime_document(models=["example-model"], owned_by="recorded", tool_calls=self._tool_calls)
+
+    async def create_chat_completion(self, body: dict[str, Any], request_id: str, traceparent: str | None = None) -> ChatCall:
         self.started.append(request_id)
+        self.traceparents[request_id] = traceparent
         case = body.get("model", "a-stream-text")
         if case == "raise":
             raise RuntimeError("engine exploded")

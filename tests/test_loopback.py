@@ -29,7 +29,7 @@ MAX_ENVELOPE = 4096
 class Served:
     """An NNRPService on its own event loop thread (standing in for vLLM's loop)."""
 
-    def __init__(self, tmp_path, *, metrics_listen=None, **service_kwargs) -> None:
+    def __init__(self, tmp_path, *, fault_model: str | None = None, metrics_listen=None, **service_kwargs) -> None:
         self.backend = RecordedBackend()
         self.tcp = f"tcp://127.0.0.1:{free_port()}"
         self.ipc = f"unix://{tmp_path}/nnrp.sock"
@@ -37,8 +37,9 @@ class Served:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         config = NNRPConfig(
-            enabled=True, listen=(self.tcp, self.ipc), max_envelope_bytes=MAX_ENVELOPE, metrics_listen=metrics_listen
-        )
+            enabled=True, listen=(self.tcp, self.ipc), max_envelope_bytes=MAX_ENVELOPE,
+            fault_injection_backend_error_model=fault_model, metrics_listen=metrics_listen,
+        )  # fmt: skip
         self.service = NNRPService(config, self.backend, self.loop, **service_kwargs)
         self.bound = self.service.start()
 
@@ -304,3 +305,138 @@ def test_accepted_tcp_connections_have_nagle_turned_off(served):
         assert wait_until(all_nodelay), "an accepted connection of the listener still has Nagle on"
     finally:
         client.close()
+
+
+# -- tool calls, capabilities, timeouts, trace context, fault injection ------------------------------------
+
+
+def test_tool_call_events_travel_as_partial_results_in_order(client):
+    events = collect(client, envelope({"model": "d-stream-tool-required", "messages": [], "stream": True}))
+    *partials, terminal = events
+    assert all(e.frame == "partial_result" for e in partials)
+    kinds = [e.event["type"] for e in partials]
+    assert kinds[0] == "response.tool_call.started" and kinds[-1] == "response.tool_call.completed"
+    assert set(kinds[1:-1]) == {"response.tool_call.delta"}
+    assert partials[0].event["call_id"] == "chatcmpl-tool-89caae1990ad0bd5"
+    assert orjson.loads(partials[-1].event["arguments"]) == {"city": "Paris"}
+    message = terminal.event["body"]["choices"][0]["message"]
+    assert message["tool_calls"][0]["function"]["arguments"] == partials[-1].event["arguments"]
+
+
+def test_capability_document_is_fetched_over_nnrp(client):
+    document = client.capabilities()
+    assert document["profile"] == "openai-compatible" and document["schema_version"] == "openai-compatible/1"
+    assert document["models"] == [{"id": "example-model", "owned_by": "recorded"}]
+    assert [op["name"] for op in document["operations"]] == ["chat.completions.create"]
+
+
+def test_a_capabilities_envelope_without_body_is_an_envelope_error(client):
+    (terminal,) = collect(client, {"schema_version": "openai-compatible/1", "operation": "nnrp.capabilities"})
+    assert terminal.event["error"]["code"] == "invalid_envelope"
+
+
+SLOW = {"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05, "repeat": 20}
+
+
+def assert_timed_out(served, events, *, partials_at_most):
+    *partials, terminal = events
+    assert all(e.frame == "partial_result" for e in partials) and len(partials) <= partials_at_most
+    assert terminal.frame == "result_push" and terminal.status == 504
+    assert terminal.event["type"] == "response.error" and terminal.event["error"]["code"] == "request_timeout"
+    request_id = served.backend.started[-1]
+    assert wait_until(lambda: request_id in served.backend.aborted)
+    assert wait_until(lambda: served.backend.open_streams == 0)
+
+
+def test_envelope_timeout_aborts_the_request_with_one_request_timeout_terminal(served, client):
+    start = time.monotonic()
+    events = collect(client, envelope(SLOW, nnrp={"timeout_ms": 300}))
+    assert 0.25 < time.monotonic() - start < 2
+    assert_timed_out(served, events, partials_at_most=8)  # 20 x 17 items at 50 ms would take 17 s
+    (again,) = collect(client, envelope({"model": "c-nonstream-text", "messages": []}))
+    assert again.event["type"] == "response.completed"
+
+
+def test_nnrp_deadline_control_bounds_the_operation(served, client):
+    start = time.monotonic()
+    events = list(client.events(client.submit(envelope(SLOW), deadline_ms=300), timeout_s=10))
+    assert 0.25 < time.monotonic() - start < 2
+    assert_timed_out(served, events, partials_at_most=8)
+
+
+def test_the_earlier_of_timeout_ms_and_deadline_wins(served, client):
+    start = time.monotonic()
+    events = list(client.events(client.submit(envelope(SLOW, nnrp={"timeout_ms": 5000}), deadline_ms=200), timeout_s=10))
+    assert time.monotonic() - start < 2
+    assert_timed_out(served, events, partials_at_most=6)
+
+
+def test_a_timeout_that_does_not_expire_changes_nothing(client):
+    events = collect(client, envelope({"model": "a-stream-text", "messages": [], "stream": True}, nnrp={"timeout_ms": 10000}))
+    assert events[-1].event["type"] == "response.completed"
+
+
+@pytest.mark.parametrize("bad", [0, -5, "100", 1.5, True])
+def test_a_bad_timeout_ms_is_an_envelope_error(client, bad):
+    (terminal,) = collect(client, envelope({"model": "c-nonstream-text", "messages": []}, nnrp={"timeout_ms": bad}))
+    assert terminal.event["error"]["code"] == "invalid_envelope"
+
+
+def test_session_trace_context_becomes_the_traceparent_of_later_operations(served):
+    client = asyncio.run(ProfileClient.connect(served.tcp))
+    try:
+        collect(client, envelope({"model": "c-nonstream-text", "messages": []}))
+        assert served.backend.traceparents[served.backend.started[-1]] is None  # none before a context
+        client.trace_context(91, 92, parent_span_id=90, stage_code=5, flags=3, attributes=b"secret=1")
+        collect(client, envelope({"model": "c-nonstream-text", "messages": []}))
+        assert served.backend.traceparents[served.backend.started[-1]] == "00-0000000000000000000000000000005b-000000000000005c-01"
+        client.trace_context(2**64 - 1, 1, flags=0)
+        events = collect(client, envelope({"model": "c-nonstream-text", "messages": []}))
+        assert served.backend.traceparents[served.backend.started[-1]] == "00-0000000000000000ffffffffffffffff-0000000000000001-00"
+        assert "secret" not in orjson.dumps([e.event for e in events]).decode()  # never copied into the body
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def faulty(tmp_path):
+    server = Served(tmp_path, fault_model="backend-error")
+    yield server
+    server.stop()
+
+
+def test_fault_injection_turns_its_model_into_backend_error(faulty):
+    client = asyncio.run(ProfileClient.connect(faulty.tcp))
+    try:
+        (terminal,) = collect(client, envelope({"model": "backend-error", "messages": []}))
+        assert terminal.event["error"]["code"] == "backend_error" and terminal.status == 500
+        assert faulty.backend.started == []  # never reached the backend
+        (again,) = collect(client, envelope({"model": "c-nonstream-text", "messages": []}))
+        assert again.event["type"] == "response.completed"
+    finally:
+        client.close()
+
+
+def test_without_fault_injection_the_backend_error_model_reaches_the_backend(served, client):
+    (terminal,) = collect(client, envelope({"model": "g2-unknown-model-nonstream", "messages": []}))
+    assert terminal.event["error"]["code"] == "model_not_found"
+
+
+def test_conformance_runner_exits_non_zero_when_a_selected_case_fails(served, tmp_path):
+    pytest.importorskip("jsonschema")
+    from vllm_nnrp_plugin.conformance.runner import main
+    from vllm_nnrp_plugin.conformance.suite import locate_suite
+
+    try:
+        locate_suite()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    # the recorded backend knows no "example-model": the suite's text cases fail, its error cases pass
+    status = main(["--endpoint", served.tcp, "--recipes", str(ROOT / "recipes"), "--out", str(tmp_path), "--case-timeout", "10"])
+    assert status == 1
+    results = {r["id"]: r for r in orjson.loads((tmp_path / "results.json").read_bytes())["results"]}
+    assert results["openai-compatible.chat.streaming-text"]["outcome"] == "failed"
+    assert results["openai-compatible.chat.invalid-body"]["outcome"] == "passed"
+    assert results["vllm-nnrp.chat.malformed-json"]["outcome"] == "passed"
+    plan = orjson.loads((tmp_path / "plan.json").read_bytes())
+    assert len(plan["cases"]) == len(results) == 18

@@ -199,7 +199,7 @@ def test_one_span_per_operation_linked_to_the_nnrp_trace_context(tmp_path, spans
     assert child.name == "nnrp chat.completions.create"
     assert child.parent.trace_id == 91 and child.parent.span_id == 92 and child.parent.is_remote
     assert child.context.trace_id == 91 and child.context.trace_flags.sampled
-    assert child.attributes["nnrp.trace.attribute_bytes"] == 4 and record.trace.attribute_bytes == 4
+    assert child.attributes["nnrp.trace.attribute_bytes"] == 4 and record.trace.body_bytes == 4
     assert child.attributes["gen_ai.usage.output_tokens"] == 16 and child.attributes["nnrp.outcome"] == "completed"
     assert child.end_time - child.start_time == record.terminal_ns - record.submitted_ns
 

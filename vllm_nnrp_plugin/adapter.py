@@ -3,8 +3,12 @@
 It joins the profile (envelope, stream mapping) to a :class:`ChatBackend` (vLLM's serving object in
 production, a scripted backend fed with recorded vLLM chunks in unit tests) and to an
 :class:`OperationSink` (the NNRP operation in production, a list in unit tests). It owns the rule that a
-backend request is always aborted unless it finished: on cancel, client loss, error, or shutdown. It records
-the request, backend timing, token usage and the abort into the sink's
+backend request is always aborted unless it finished: on cancel, client loss, error, timeout or shutdown.
+
+Before dispatch it decodes the envelope against the capability document (only advertised operations, plus
+the capability fetch ``nnrp.capabilities``), reports ``nnrp.timeout_ms`` to the sink (the service turns it
+into a timer), and takes the operation's trace context at the moment of dispatch (profile-contract.md §6).
+It records the request, backend timing, token usage and the abort into the sink's
 :class:`~vllm_nnrp_plugin.observation.Observation`.
 """
 
@@ -21,14 +25,13 @@ from typing import Any, Protocol
 import attrs
 
 from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operation_names
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
+from vllm_nnrp_plugin.profile.trace import TraceContext
 
 logger = logging.getLogger(__name__)
-
-OPERATIONS = frozenset({CHAT_COMPLETIONS_CREATE})
 
 
 @attrs.frozen
@@ -44,8 +47,15 @@ class ChatCall:
 class ChatBackend(Protocol):
     """The backend surface the adapter needs (implemented by :mod:`vllm_nnrp_plugin.vllm_binding.chat`)."""
 
-    async def create_chat_completion(self, body: dict[str, Any], request_id: str) -> ChatCall:
-        """Start one chat completion under ``request_id``; raises :class:`ProfileError` when refused."""
+    def capabilities(self) -> dict[str, Any]:
+        """The runtime capability document of what this backend serves
+        (:func:`vllm_nnrp_plugin.profile.capabilities.runtime_document`)."""
+
+    async def create_chat_completion(
+        self, body: dict[str, Any], request_id: str, traceparent: str | None = None
+    ) -> ChatCall:
+        """Start one chat completion under ``request_id``, in the W3C trace ``traceparent`` when given;
+        raises :class:`ProfileError` when refused."""
 
     async def abort(self, request_id: str) -> None:
         """Abort the engine request started under ``request_id`` (unknown ids are a no-op)."""
@@ -63,6 +73,12 @@ class OperationSink(Protocol):
     def complete(self, body: dict[str, Any]) -> None: ...
 
     def fail(self, err: E.ProfileError) -> None: ...
+
+    def limit_time(self, timeout_ms: int) -> None:
+        """Bound the operation to ``timeout_ms`` (ms) from its submit (envelope ``nnrp.timeout_ms``)."""
+
+    def dispatch(self) -> TraceContext | None:
+        """The operation is handed to the backend now: freeze and return its trace context."""
 
 
 @attrs.frozen
@@ -84,30 +100,46 @@ def engine_request_id(envelope_request_id: str | None) -> str:
     return f"nnrp-{suffix}"
 
 
-async def run_operation(sink: OperationSink, backend: ChatBackend, limits: AdapterLimits) -> None:
+async def run_operation(
+    sink: OperationSink, backend: ChatBackend, limits: AdapterLimits, capabilities: dict[str, Any]
+) -> None:
     """Serve one operation to its terminal.
 
-    Never raises for bad input or backend failures: they become ``response.error``. Task cancellation
-    (client cancel, client gone, shutdown) propagates after the backend request was aborted.
+    ``capabilities`` is the runtime capability document: its operations are the only ones accepted
+    (others: ``unsupported_operation``); the operation ``nnrp.capabilities`` answers with the document itself
+    as ``response.completed {body: <document>}``. Never raises for bad input or backend failures: they become
+    ``response.error``. Task cancellation (client cancel, client gone, timeout, shutdown) propagates after
+    the backend request was aborted.
     """
+    operations = operation_names(capabilities) | {CAPABILITIES_OPERATION}
     try:
-        envelope = decode_envelope(sink.envelope_bytes(), operations=OPERATIONS, max_bytes=limits.max_envelope_bytes)
+        envelope = decode_envelope(sink.envelope_bytes(), operations=operations, max_bytes=limits.max_envelope_bytes)
     except E.ProfileError as err:
         sink.fail(err)
         return
-    request_id = engine_request_id(envelope.request_id)
     record = sink.observation
+    capabilities_fetch = envelope.operation == CAPABILITIES_OPERATION
+    request_id = engine_request_id(envelope.request_id)
     record.started(
         time.monotonic_ns(),
         operation=envelope.operation,
-        model=envelope.body.get("model"),
-        request_id=f"chatcmpl-{request_id}",
+        model=None if capabilities_fetch else envelope.body.get("model"),
+        request_id=None if capabilities_fetch else f"chatcmpl-{request_id}",
         diagnostics=envelope.nnrp.get("diagnostics") is True,
     )
+    if envelope.timeout_ms is not None:
+        sink.limit_time(envelope.timeout_ms)
+    if capabilities_fetch:
+        sink.complete(capabilities)
+        return
     finished = False
     stream: AsyncIterator[dict[str, Any]] | None = None
+    mapper = ChatStreamMapper()
     try:
-        call = await backend.create_chat_completion(envelope.body, request_id)
+        trace = sink.dispatch()
+        call = await backend.create_chat_completion(
+            envelope.body, request_id, trace.traceparent() if trace is not None else None
+        )
         if call.stream is None:
             finished = True
             record.backend_done(time.monotonic_ns())
@@ -115,22 +147,23 @@ async def run_operation(sink: OperationSink, backend: ChatBackend, limits: Adapt
             sink.complete(call.body)
             return
         stream = call.stream
-        mapper = ChatStreamMapper()
         async for chunk in stream:
             if record.backend_first_chunk_ns is None:
                 record.backend_chunk(time.monotonic_ns())
             for event in mapper.feed(chunk):
                 sink.partial(event)
         finished = True
+        for event in mapper.finish():
+            sink.partial(event)
         record.backend_done(time.monotonic_ns())
         body = mapper.completed_body()
         _record_usage(record, body)
         sink.complete(body)
     except E.ProfileError as err:
-        sink.fail(err)
+        _fail(sink, mapper, err)
     except Exception as exc:  # the engine failed in a way vLLM did not wrap
         logger.exception("NNRP operation %s failed in the backend", request_id)
-        sink.fail(E.backend_error(f"{type(exc).__name__}: {exc}"))
+        _fail(sink, mapper, E.backend_error(f"{type(exc).__name__}: {exc}"))
     finally:
         if stream is not None:
             await _close(stream)
@@ -142,6 +175,13 @@ def _record_usage(record: Observation, body: dict[str, Any]) -> None:
     usage = body.get("usage")
     if usage:
         record.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+
+
+def _fail(sink: OperationSink, mapper: ChatStreamMapper, err: E.ProfileError) -> None:
+    """End open tool calls with ``response.tool_call.error``, then the operation with ``response.error``."""
+    for event in mapper.fail_open_calls(err):
+        sink.partial(event)
+    sink.fail(err)
 
 
 async def _abort(backend: ChatBackend, request_id: str, record: Observation) -> None:

@@ -8,6 +8,13 @@ code is printed to stderr), 2 on a drop or a transport problem, 3 on timeout.
 ``vllm-nnrp bench [all|mapper|latency|cancel|e2e …] [--quick] [--out DIR]`` runs the benchmarks of a checkout
 (``bench/``, see ``bench/suite.py``) and writes JSON + markdown. Also runnable as
 ``python -m vllm_nnrp_plugin.cli``.
+
+``vllm-nnrp capabilities --endpoint URI [--conformance]`` prints the server's capability document (fetched over
+NNRP with the operation ``nnrp.capabilities``), or with ``--conformance`` the conformance manifest derived from
+it; exit 2 when it cannot be fetched.
+
+``vllm-nnrp conformance --endpoint URI [--suite DIR] [--recipes DIR] [--out DIR]`` runs the conformance suite
+against the server (:mod:`vllm_nnrp_plugin.conformance.runner`); exit 0 only when every selected case passed.
 """
 
 from __future__ import annotations
@@ -42,7 +49,20 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--json", action="store_true", help="print the raw profile events as JSON lines")
     chat.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the terminal (default 300)")
     commands.add_parser("bench", help="run the benchmarks of a checkout (vllm-nnrp bench --help)", add_help=False)
+    caps = commands.add_parser("capabilities", help="print the server's capability document")
+    caps.add_argument("--endpoint", default=DEFAULT_LISTEN, help=f"tcp://HOST:PORT or unix:///PATH (default {DEFAULT_LISTEN})")
+    caps.add_argument("--conformance", action="store_true", help="print the derived conformance manifest instead")
+    caps.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
+    from vllm_nnrp_plugin.conformance.runner import add_arguments
+
+    add_arguments(commands.add_parser("conformance", help="run the conformance suite against the server"))
     args = parser.parse_args(argv)
+    if args.command == "capabilities":
+        return asyncio.run(_capabilities(args))
+    if args.command == "conformance":
+        from vllm_nnrp_plugin.conformance.runner import run
+
+        return run(args)
     return asyncio.run(_chat(args))
 
 
@@ -55,6 +75,28 @@ def _bench_suite():
         return importlib.import_module("bench.suite")
     except ImportError as exc:
         raise SystemExit(f"vllm-nnrp bench: the benchmarks live in a source checkout (bench/): {exc}") from None
+
+
+async def _capabilities(args: argparse.Namespace) -> int:
+    from vllm_nnrp_plugin.client import ProfileClient
+    from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
+
+    try:
+        client = await ProfileClient.connect(args.endpoint)
+    except Exception as exc:  # nnrp-py raises its own error family, ValueError for bad URIs
+        print(f"vllm-nnrp: cannot connect to {args.endpoint}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        document = client.capabilities(timeout_s=args.timeout)
+    except Exception as exc:  # ClientTimeout, a refused fetch
+        print(f"vllm-nnrp: cannot fetch capabilities from {args.endpoint}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        client.close()
+    if args.conformance:
+        document = conformance_manifest(document)
+    _out(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
 
 
 def chat_envelope(args: argparse.Namespace) -> dict[str, Any]:

@@ -8,6 +8,10 @@
     for event in client.events(op, timeout_s=60):
         ...   # ClientEvent: partial events in order, then exactly one terminal
     client.close()
+
+NNRP runtime metadata: ``submit(..., deadline_ms=N)`` sends a DEADLINE control (now + N ms, wall clock) for the
+operation right after its submit; ``trace_context(...)`` sends a TRACE_CONTEXT (session scope, or one
+operation's); ``capabilities()`` fetches the server's capability document (operation ``nnrp.capabilities``).
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ from nnrp.client import (
 )
 from nnrp.core import MessageType, PayloadKind, TransportPolicy
 from nnrp.native import NativeInvalidStateError, NativeRuntimeError
+from nnrp.runtime import TraceContextMetadata
 from nnrp.schema import StreamSemantics
 
 from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.nnrp_binding.endpoints import parse_endpoint
+from vllm_nnrp_plugin.profile import SCHEMA_VERSION
+from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
 
 _POLICY = {"tcp": TransportPolicy.FORCE_TCP, "ipc": TransportPolicy.FORCE_IPC}
 
@@ -93,10 +100,14 @@ class ProfileClient:
             raise
         return cls(stack, connection, session)
 
-    def submit(self, envelope: dict[str, Any] | bytes) -> Any:
-        """Submit one envelope (a dict, or raw bytes sent as they are); returns the native operation."""
+    def submit(self, envelope: dict[str, Any] | bytes, *, deadline_ms: int | None = None) -> Any:
+        """Submit one envelope (a dict, or raw bytes sent as they are); returns the native operation.
+
+        ``deadline_ms``: send an NNRP DEADLINE control (``deadline_unix_ms`` = now + ``deadline_ms``) for the
+        operation right after the submit (nnrp-py accepts controls for active operations only)."""
         payload = envelope if isinstance(envelope, bytes) else orjson.dumps(envelope)
         operation_id = next(self._ids)
+        deadline_unix_ms = None if deadline_ms is None else time.time_ns() // 1_000_000 + deadline_ms
         request = SubmitRequest.typed_payload(
             TypedPayloadSubmitInput(
                 identity=SubmitIdentity(operation_id=operation_id, frame_id=operation_id),
@@ -111,7 +122,30 @@ class ProfileClient:
                 ),
             )
         )
-        return self.session.submit_operation(request)
+        op = self.session.submit_operation(request)
+        if deadline_unix_ms is not None:
+            self.connection.update_runtime_deadline(
+                self.session, operation_id=operation_id, control_sequence=1, deadline_unix_ms=deadline_unix_ms
+            )
+        return op
+
+    def trace_context(
+        self, trace_id: int, span_id: int, *, parent_span_id: int = 0, stage_code: int = 0, flags: int = 1,
+        attributes: bytes = b"", op: Any = None,
+    ) -> None:
+        """Send a TRACE_CONTEXT: session scope (default for operations dispatched later), or ``op``'s scope
+        (only while ``op`` is active). ``flags`` bit 0 = sampled; ``attributes`` is the opaque body."""
+        metadata = TraceContextMetadata(trace_id, span_id, parent_span_id, stage_code, flags, len(attributes))
+        self.session.send_trace_context(metadata, attributes, operation_id=None if op is None else op.operation_id)
+
+    def capabilities(self, *, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The server's runtime capability document. Raises :class:`ClientTimeout`, or RuntimeError when the
+        server answers with anything but ``response.completed``."""
+        op = self.submit({"schema_version": SCHEMA_VERSION, "operation": CAPABILITIES_OPERATION, "body": {}})
+        terminal = list(self.events(op, timeout_s=timeout_s))[-1]
+        if terminal.event is None or terminal.event.get("type") != "response.completed":
+            raise RuntimeError(f"capability fetch failed: {terminal.event}")
+        return terminal.event["body"]
 
     def cancel(self, op: Any) -> None:
         """FRAME_CANCEL for ``op``; its terminal is then a PEER_CANCELLED drop."""

@@ -10,6 +10,8 @@ mapping under ``additional-config:`` in a ``vllm serve --config`` YAML file; vll
 | ``max_envelope_bytes`` | int, bytes | 1048576 | larger envelopes get ``envelope_too_large`` |
 | ``accept_timeout_ms`` | int, ms | 1000 | one accept wait; bounds shutdown time |
 | ``idle_poll_ms`` | int, ms | 100 | poll timeout of an idle session |
+| ``fault_injection_backend_error_model`` | str or null | null | **test only**: requests for this model id end
+  with ``backend_error`` without reaching vLLM (the conformance suite's ``backend-error`` case) |
 | ``metrics_listen`` | ``HOST:PORT`` or null | null | also serve the NNRP metrics on their own ``/metrics`` server there; by default they are only in vLLM's ``/metrics`` |
 
 Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys, wrong types and
@@ -57,6 +59,7 @@ class NNRPConfig:
     max_envelope_bytes: int = attrs.field(default=1 << 20, validator=_positive)
     accept_timeout_ms: int = attrs.field(default=1000, validator=_positive)
     idle_poll_ms: int = attrs.field(default=100, validator=_positive)
+    fault_injection_backend_error_model: str | None = None
     metrics_listen: str | None = attrs.field(default=None, validator=attrs.validators.optional(_host_port))
 
 

@@ -24,11 +24,12 @@ HTTP server is started only when ``nnrp.metrics_listen`` is configured (:func:`s
 
 from __future__ import annotations
 
+import os
 import threading
 
 import attrs
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
 from vllm_nnrp_plugin.observation import Observation
 
@@ -145,11 +146,15 @@ class MetricsServer:
 
 
 def serve_metrics(listen: str, registry: CollectorRegistry | None = None) -> MetricsServer:
-    """Serve ``registry`` (default ``prometheus_client.REGISTRY``) over HTTP on ``listen`` (``HOST:PORT``;
-    port 0 picks a free one). Raises ``OSError`` when the address cannot be bound."""
+    """Serve ``registry`` over HTTP on ``listen`` (``HOST:PORT``; port 0 picks a free one). Without one: what
+    vLLM's ``/metrics`` serves — every process's values aggregated when ``PROMETHEUS_MULTIPROC_DIR`` is set,
+    else ``prometheus_client.REGISTRY``. Raises ``OSError`` when the address cannot be bound."""
+    if registry is None:
+        registry = prometheus_client.REGISTRY
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
     host, _, port = listen.rpartition(":")
-    server, thread = prometheus_client.start_http_server(
-        int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry or prometheus_client.REGISTRY
-    )
+    server, thread = prometheus_client.start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)
     bound_host, bound_port = server.server_address[:2]
     return MetricsServer(server, thread, f"{bound_host}:{bound_port}")

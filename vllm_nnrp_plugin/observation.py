@@ -6,8 +6,8 @@ The NNRP binding and the adapter fill one :class:`Observation` as the operation 
 | step | who calls | fields |
 |---|---|---|
 | submit received | session pump | ids, ``transport``, ``submitted_ns``, ``submitted_unix_ns`` |
-| TRACE_CONTEXT | session pump | ``trace`` (fixed fields + attribute byte count, never the body) |
-| envelope decoded, backend called | adapter | ``operation``, ``model``, ``request_id``, ``diagnostics_requested``, ``started_ns`` |
+| envelope decoded | adapter | ``operation``, ``model``, ``request_id``, ``diagnostics_requested``, ``started_ns`` |
+| dispatched to vLLM | operation | ``trace``: the TRACE_CONTEXT it runs in (fixed fields + attribute byte count, never the body) |
 | first backend chunk, backend done | adapter | ``backend_first_chunk_ns``, ``backend_done_ns`` |
 | usage seen | adapter | ``input_tokens``, ``output_tokens`` |
 | partial result sent | session pump | ``events``, ``first_event_ns``, ``last_event_ns`` |
@@ -29,40 +29,20 @@ from typing import Any
 
 import attrs
 
+from vllm_nnrp_plugin.profile.trace import TraceContext
+
 COMPLETED = "completed"
 ERROR = "error"
 CANCELLED = "cancelled"
 
-#: cancellation sources: the client cancelled or aborted; its session or connection ended; the server stopped
+#: cancellation sources: the client cancelled or aborted; its session or connection ended; the server stopped;
+#: the operation's deadline (``nnrp.timeout_ms`` or NNRP DEADLINE) passed
 CLIENT = "client"
 TRANSPORT = "transport"
 SERVER = "server"
+DEADLINE = "deadline"
 
 DIAGNOSTICS_SCHEMA = "vllm.diagnostics/1"
-
-
-@attrs.frozen
-class TraceMeta:
-    """NNRP ``TraceContextMetadata`` as received: u64 ``trace_id`` / ``span_id`` / ``parent_span_id``,
-    ``flags`` (bit 0 = sampled), ``stage_code``, ``scope`` (``session`` for frame 0, else ``operation``) and
-    ``attribute_bytes``, the size of the frame body (its content is not kept)."""
-
-    trace_id: int
-    span_id: int
-    parent_span_id: int = 0
-    flags: int = 0
-    stage_code: int = 0
-    scope: str = "operation"
-    attribute_bytes: int = 0
-
-    @property
-    def valid(self) -> bool:
-        """W3C forbids all-zero ids (profile-contract.md §6): such a context is recorded but never linked."""
-        return self.trace_id != 0 and self.span_id != 0
-
-    @property
-    def sampled(self) -> bool:
-        return bool(self.flags & 1)
 
 
 def _ms(start: int | None, end: int | None) -> float | None:
@@ -84,7 +64,7 @@ class Observation:
     transport: str
     submitted_ns: int
     submitted_unix_ns: int
-    trace: TraceMeta | None = None
+    trace: TraceContext | None = None
     # the request
     operation: str | None = None
     model: str | None = None
@@ -114,7 +94,9 @@ class Observation:
 
     # -- recording (each method is one step of the module table) -----------------------------------------
 
-    def started(self, now_ns: int, *, operation: str, model: str | None, request_id: str, diagnostics: bool) -> None:
+    def started(
+        self, now_ns: int, *, operation: str, model: str | None, request_id: str | None, diagnostics: bool
+    ) -> None:
         self.started_ns = now_ns
         self.operation = operation
         self.model = model
@@ -147,8 +129,8 @@ class Observation:
         self.error_code, self.error_family, self.error_status = code, family, status
 
     def cancelled(self, now_ns: int, *, source: str, reason: str) -> None:
-        """The operation was told to stop (``source`` :data:`CLIENT`, :data:`TRANSPORT` or :data:`SERVER`);
-        the first call wins."""
+        """The operation was told to stop (``source`` :data:`CLIENT`, :data:`TRANSPORT`, :data:`SERVER` or
+        :data:`DEADLINE`); the first call wins."""
         if self.cancel_source is None:
             self.cancel_source, self.cancel_reason, self.cancel_ns = source, reason, now_ns
 
@@ -198,7 +180,9 @@ def diagnostics(obs: Observation) -> dict[str, Any]:
         {"schema": "vllm.diagnostics/1", "session_id", "operation_id", "frame_id", "transport",
          "request_id", "model", "queue_delay_ms", "backend_first_chunk_ms", "first_event_ms", "total_ms",
          "events", "usage": {"input_tokens", "output_tokens"} | null,
-         "cancel": {"source", "reason"} | null, "trace": {"trace_id", "span_id", "flags", "attribute_bytes"} | null}
+         "cancel": {"source", "reason"} | null,
+         "trace": {"trace_id", "span_id", "parent_span_id", "stage_code", "flags", "attribute_bytes", "scope",
+                   "traceparent"} | null}
 
     ``events`` counts partial results sent before the terminal. Clients ignore fields they do not know.
     """
@@ -219,14 +203,7 @@ def diagnostics(obs: Observation) -> dict[str, Any]:
         if obs.input_tokens is None
         else {"input_tokens": obs.input_tokens, "output_tokens": obs.output_tokens},
         "cancel": None if obs.cancel_source is None else {"source": obs.cancel_source, "reason": obs.cancel_reason},
-        "trace": None
-        if obs.trace is None
-        else {
-            "trace_id": f"{obs.trace.trace_id:032x}",
-            "span_id": f"{obs.trace.span_id:016x}",
-            "flags": obs.trace.flags,
-            "attribute_bytes": obs.trace.attribute_bytes,
-        },
+        "trace": None if obs.trace is None else obs.trace.observation(),
     }
 
 
@@ -243,8 +220,8 @@ def log_fields(obs: Observation) -> dict[str, Any]:
     values are left out."""
     fields = {name: getattr(obs, name) for name in _LOG_FIELDS + _LOG_DURATIONS}
     if obs.trace is not None:
-        fields["trace_id"] = f"{obs.trace.trace_id:032x}"
-        fields["trace_attribute_bytes"] = obs.trace.attribute_bytes
+        fields["traceparent"] = obs.trace.traceparent()
+        fields["trace_attribute_bytes"] = obs.trace.body_bytes
     return {k: v for k, v in fields.items() if v is not None}
 
 

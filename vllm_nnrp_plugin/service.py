@@ -1,7 +1,9 @@
 """The NNRP service: listeners (NNRP side) + the adapter + a chat backend (vLLM side), on one event loop.
 
 Runs on vLLM's API-server event loop: operations are asyncio tasks there; every native NNRP call runs on
-the listener's and session pumps' own threads, never on the loop.
+the listener's and session pumps' own threads, never on the loop. Operation deadlines (envelope
+``nnrp.timeout_ms``, NNRP DEADLINE) are loop timers: on expiry the operation's terminal is ``response.error``
+``request_timeout`` and its task is cancelled, which aborts the vLLM request.
 
 Every finished operation's :class:`~vllm_nnrp_plugin.observation.Observation` goes, on the loop, to: one log
 line (DEBUG when completed, INFO otherwise), the Prometheus collectors (:mod:`.metrics`), one span
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from opentelemetry.trace import Tracer
@@ -20,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from vllm_nnrp_plugin import metrics, tracing
 from vllm_nnrp_plugin.adapter import AdapterLimits, ChatBackend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
+from vllm_nnrp_plugin.fault_injection import with_fault_injection
 from vllm_nnrp_plugin.nnrp_binding.listener import Listener
 from vllm_nnrp_plugin.nnrp_binding.session import ServerOperation
 from vllm_nnrp_plugin.observation import COMPLETED, Observation, log_fields, log_line
@@ -46,7 +50,7 @@ class NNRPService:
         tracer: Tracer | None = None,
         observers: Sequence[Callable[[Observation], None]] = (),
     ) -> None:
-        self._backend = backend
+        self._backend = with_fault_injection(backend, config.fault_injection_backend_error_model)
         self._config = config
         self._registry = registry
         self._metrics = metrics.metrics_for(registry)
@@ -56,7 +60,10 @@ class NNRPService:
         #: ``HOST:PORT`` of the standalone ``/metrics`` server, when ``metrics_listen`` is set
         self.metrics_address: str | None = None
         self._limits = AdapterLimits(max_envelope_bytes=config.max_envelope_bytes)
+        #: the runtime capability document, read once from the backend (vLLM's configuration is fixed)
+        self.capabilities = self._backend.capabilities()
         self._tasks: dict[ServerOperation, asyncio.Task] = {}
+        self._timers: dict[ServerOperation, asyncio.TimerHandle] = {}
         self._listener = Listener(
             config.listen,
             self,
@@ -91,11 +98,29 @@ class NNRPService:
     # SessionHandler (called on the loop by the session pumps)
 
     def on_submit(self, op: ServerOperation) -> None:
-        task = asyncio.get_running_loop().create_task(run_operation(op, self._backend, self._limits))
+        task = asyncio.get_running_loop().create_task(
+            run_operation(op, self._backend, self._limits, self.capabilities)
+        )
         self._tasks[op] = task
         task.add_done_callback(lambda _t, op=op: self._done(op))
 
     def on_stop(self, op: ServerOperation) -> None:
+        task = self._tasks.get(op)
+        if task is not None:
+            task.cancel()
+
+    def on_deadline(self, op: ServerOperation) -> None:
+        if op not in self._tasks or op.expires_unix_ms is None:
+            return
+        old = self._timers.pop(op, None)
+        if old is not None:
+            old.cancel()
+        delay_s = max(0.0, op.expires_unix_ms / 1000 - time.time())
+        self._timers[op] = asyncio.get_running_loop().call_later(delay_s, self._expire, op)
+
+    def _expire(self, op: ServerOperation) -> None:
+        self._timers.pop(op, None)
+        op.time_out()
         task = self._tasks.get(op)
         if task is not None:
             task.cancel()
@@ -115,4 +140,7 @@ class NNRPService:
 
     def _done(self, op: ServerOperation) -> None:
         self._tasks.pop(op, None)
+        timer = self._timers.pop(op, None)
+        if timer is not None:
+            timer.cancel()
         op.settle()

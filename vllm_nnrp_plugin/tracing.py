@@ -2,7 +2,7 @@
 
 The span ``nnrp chat.completions.create`` (kind SERVER) starts when the submit was received and ends when the
 terminal was sent (wall clock: ``submitted_unix_ns`` plus the record's monotonic durations). Its parent is
-the NNRP trace context when the client sent a valid one (TRACE_CONTEXT, profile-contract.md §6: the 64-bit
+the NNRP trace context the operation was dispatched with (TRACE_CONTEXT, profile-contract.md §6: the 64-bit
 NNRP ``trace_id`` zero-extended to 128 bits, the sender's ``span_id`` as parent, ``flags`` bit 0 =
 sampled); otherwise it is a root span. Without an SDK configured by the host (vLLM configures one only
 with ``--otlp-traces-endpoint``), the API's no-op tracer makes this free.
@@ -31,12 +31,12 @@ def emit_span(tracer_: trace.Tracer, record: Observation) -> None:
     """Record one finished operation as a span (see the module docstring for timing, parent, attributes)."""
     parent = None
     meta = record.trace
-    if meta is not None and meta.valid:
+    if meta is not None and meta.eligible:
         remote = SpanContext(
             trace_id=meta.trace_id,
             span_id=meta.span_id,
             is_remote=True,
-            trace_flags=TraceFlags(TraceFlags.SAMPLED if meta.sampled else TraceFlags.DEFAULT),
+            trace_flags=TraceFlags(TraceFlags.SAMPLED if meta.flags & 1 else TraceFlags.DEFAULT),
         )
         parent = trace.set_span_in_context(NonRecordingSpan(remote))
     start = record.submitted_unix_ns
@@ -55,7 +55,7 @@ def emit_span(tracer_: trace.Tracer, record: Observation) -> None:
             "nnrp.error.code": record.error_code,
             "nnrp.cancel.source": record.cancel_source,
             "nnrp.cancel.reason": record.cancel_reason,
-            "nnrp.trace.attribute_bytes": meta.attribute_bytes if meta is not None else None,
+            "nnrp.trace.attribute_bytes": meta.body_bytes if meta is not None else None,
             "gen_ai.request.model": record.model,
             "gen_ai.request.id": record.request_id,
             "gen_ai.usage.input_tokens": record.input_tokens,

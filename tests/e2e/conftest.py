@@ -1,7 +1,9 @@
 """A real ``vllm serve`` (CPU, SmolLM2-135M-Instruct) with the plugin enabled, shared by the e2e tests.
 
 Needs the environment built by ``compat/run-vllm-tests.sh`` (vLLM in this interpreter's venv, the model
-directory in ``VLLM_NNRP_TEST_MODEL``); without it these tests are skipped with that reason.
+directory in ``VLLM_NNRP_TEST_MODEL``); without it these tests are skipped with that reason. The server is
+enabled through the installed anchor's own attach path (:func:`attach_options`): ``VLLM_PLUGINS=nnrp`` on
+0.26, ``VLLM_PLUGINS=nnrp`` plus ``--middleware`` on 0.18/0.22.
 """
 
 from __future__ import annotations
@@ -22,6 +24,25 @@ from tests.support import free_port
 MODEL_ENV = "VLLM_NNRP_TEST_MODEL"
 SERVED_NAME = "example-model"
 START_TIMEOUT_S = 600
+
+
+def installed_vllm() -> tuple[str, tuple[int, int]]:
+    """``vllm.__version__`` and its (major, minor) family, read in a subprocess (importing vLLM is slow)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, timeout=300
+    )
+    version = done.stdout.strip().splitlines()[-1]
+    major, minor = (int(p) for p in version.split(".")[:2])
+    return version, (major, minor)
+
+
+def attach_options(family: tuple[int, int]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """(environment, extra ``vllm serve`` args) enabling NNRP through the line's first attach path."""
+    from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE_PATH
+
+    if family >= (0, 26):
+        return {"VLLM_PLUGINS": "nnrp"}, ()
+    return {"VLLM_PLUGINS": "nnrp"}, ("--middleware", MIDDLEWARE_PATH)
 
 
 def model_dir() -> str:
@@ -100,15 +121,56 @@ class VLLMServer:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory):
-    """The plugin enabled with ``VLLM_PLUGINS=nnrp``, listening on a TCP port and a unix socket."""
+def vllm_version():
+    """(version, family) of the vLLM under test."""
+    model_dir()
+    return installed_vllm()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory, vllm_version):
+    """The plugin enabled through the anchor's attach path, listening on a TCP port and a unix socket."""
     workdir = tmp_path_factory.mktemp("vllm")
     tcp = f"tcp://127.0.0.1:{free_port()}"
     ipc = f"unix://{workdir}/nnrp.sock"
-    server = VLLMServer(workdir, env={"VLLM_PLUGINS": "nnrp", "VLLM_NNRP_LISTEN": f"{tcp},{ipc}"})
+    env, args = attach_options(vllm_version[1])
+    server = VLLMServer(workdir, env={**env, "VLLM_NNRP_LISTEN": f"{tcp},{ipc}"}, extra_args=args)
     server.nnrp = {"tcp": tcp, "ipc": ipc}
+    server.version, server.family = vllm_version
     try:
         server.wait_ready()
         yield server
     finally:
         server.stop()
+
+
+TOOL_TEMPLATE = pathlib.Path(__file__).resolve().parents[2] / "compat" / "tool_chat_template_hermes.jinja"
+
+
+@pytest.fixture(scope="session")
+def vllm_tools_server(tmp_path_factory, vllm_version):
+    """A second server with tool calling (``--enable-auto-tool-choice --tool-call-parser hermes`` and a Hermes
+    chat template) and tracing on, exporting OTLP/HTTP to a collector started here (``server.collector``)."""
+    from tests.e2e.otlp import Collector
+
+    workdir = tmp_path_factory.mktemp("vllm-tools")
+    collector = Collector()
+    tcp = f"tcp://127.0.0.1:{free_port()}"
+    attach_env, attach_args = attach_options(vllm_version[1])
+    env = {
+        **attach_env, "VLLM_NNRP_LISTEN": tcp,
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }  # fmt: skip
+    server = VLLMServer(workdir, env=env, extra_args=(
+        *attach_args,
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", str(TOOL_TEMPLATE),
+        "--otlp-traces-endpoint", collector.endpoint,
+    ))  # fmt: skip
+    server.nnrp = {"tcp": tcp}
+    server.collector = collector
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+        collector.close()

@@ -1,5 +1,6 @@
-"""End to end inside a real ``vllm serve`` 0.26 on CPU: the real NNRP client over TCP and IPC against the
-plugin, with vLLM's own HTTP API on the same server as the reference."""
+"""End to end inside a real ``vllm serve`` on CPU (each anchor: 0.18.1, 0.22.1, 0.26.0, through its own attach
+path): the real NNRP client over TCP and IPC against the plugin, with vLLM's own HTTP API on the same server as
+the reference."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import SERVED_NAME, VLLMServer
+from tests.e2e.conftest import SERVED_NAME, VLLMServer, attach_options
 from tests.support import envelope, free_port
 from vllm_nnrp_plugin.client import ProfileClient
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body
+from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE_FLAG, MIDDLEWARE_PATH
 
 pytestmark = pytest.mark.vllm
 
@@ -58,9 +61,12 @@ def wait_idle(server, timeout_s=15.0):
 
 
 def test_start_up_log_names_addresses_version_binding_and_models(vllm_server):
-    line = next(l for l in vllm_server.output().splitlines() if "NNRP listening on" in l)
+    (line,) = [l for l in vllm_server.output().splitlines() if "NNRP listening on" in l]
     assert vllm_server.nnrp["tcp"] in line and vllm_server.nnrp["ipc"] in line
-    assert "vLLM 0.26.0" in line and "endpoint-plugin-0.26" in line and SERVED_NAME in line
+    major, minor = vllm_server.family
+    attach_path = "endpoint-plugin" if vllm_server.family >= (0, 26) else "middleware"
+    assert f"vLLM {vllm_server.version}, binding vllm-{major}.{minor}, attach path {attach_path}" in line
+    assert SERVED_NAME in line
 
 
 def test_streamed_text_equals_the_http_answer(vllm_server, client):
@@ -100,7 +106,8 @@ def test_non_streaming_body_is_vllms_chat_completion(vllm_server, client):
     (terminal,) = run(client, envelope(HELLO))
     body = terminal.event["body"]
     assert terminal.event["type"] == "response.completed" and body["object"] == "chat.completion"
-    for volatile in ("id", "created", "system_fingerprint"):
+    reference = normalise_body(reference)  # the same on every anchor (vllm_binding/chunk_shapes.py)
+    for volatile in ("id", "created"):
         body.pop(volatile), reference.pop(volatile)
     assert body == reference
 
@@ -193,12 +200,13 @@ def test_cli_streams_the_answer(vllm_server):
     assert failed.returncode == 1 and "model_not_found" in failed.stderr
 
 
-def test_enabled_but_unable_to_bind_stops_vllm_serve(tmp_path):
+def test_enabled_but_unable_to_bind_stops_vllm_serve(tmp_path, vllm_version):
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
     taken = holder.getsockname()[1]
-    server = VLLMServer(tmp_path, env={"VLLM_PLUGINS": "nnrp", "VLLM_NNRP_LISTEN": f"tcp://127.0.0.1:{taken}"})
+    env, args = attach_options(vllm_version[1])
+    server = VLLMServer(tmp_path, env={**env, "VLLM_NNRP_LISTEN": f"tcp://127.0.0.1:{taken}"}, extra_args=args)
     try:
         assert server.wait_exit() != 0
         output = server.output()
@@ -221,22 +229,78 @@ def test_installed_but_not_enabled_claims_no_port(tmp_path):
         server.stop()
 
 
-def test_enabled_in_config_without_vllm_plugins_fails_fast_with_the_fix(tmp_path):
+def test_enabled_without_an_attach_path_fails_fast_with_the_fix(tmp_path, vllm_version):
+    """0.26: ``--additional-config`` enables NNRP but ``VLLM_PLUGINS`` does not load the endpoint plugin;
+    0.18/0.22: NNRP enabled without the ``--middleware`` flag. Both stop before the model loads."""
     vllm = pathlib.Path(sys.executable).with_name("vllm")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
     done = subprocess.run(
         [str(vllm), "serve", "unused-model", "--additional-config", '{"nnrp": {"enabled": true}}'],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode != 0
-    assert "export VLLM_PLUGINS=nnrp" in done.stderr
+    if vllm_version[1] >= (0, 26):
+        assert "export VLLM_PLUGINS=nnrp" in done.stderr
+    else:
+        assert f"add {MIDDLEWARE_FLAG} to vllm serve" in done.stderr
 
 
-def test_several_api_server_processes_stop_start_up_with_the_fix(tmp_path):
-    env = {"VLLM_PLUGINS": "nnrp", "VLLM_NNRP_LISTEN": f"tcp://127.0.0.1:{free_port()}"}
-    server = VLLMServer(tmp_path, env=env, extra_args=("--api-server-count", "2"))
+def two_free_ports() -> int:
+    """A port P with P and P + 1 both free (rank 1 of 2 listens on P + 1)."""
+    while True:
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+def test_every_api_server_process_serves_nnrp_on_its_rank_address(tmp_path, vllm_version):
+    """``--api-server-count 2``: rank r listens on PORT + r and NAME-r.sock, each serves, and a cancel on rank 1
+    aborts the request in rank 1's engine client. Both attach paths are configured (on 0.26 the endpoint plugin
+    and the middleware; older lines only have the middleware), and each rank still runs one listener."""
+    port = two_free_ports()
+    env, args = attach_options(vllm_version[1])
+    if "--middleware" not in args:
+        args = (*args, "--middleware", MIDDLEWARE_PATH)
+    listen = f"tcp://127.0.0.1:{port},unix://{tmp_path}/nnrp.sock"
+    server = VLLMServer(tmp_path, env={**env, "VLLM_NNRP_LISTEN": listen}, extra_args=(*args, "--api-server-count", "2"))
     try:
-        assert server.wait_exit() != 0
-        assert "vLLM runs 2" in server.output() and "--api-server-count 1" in server.output()
+        server.wait_ready()  # HTTP answers once any rank is up
+        deadline = time.monotonic() + 120
+        while len(lines := [l for l in server.output().splitlines() if "NNRP listening on" in l]) < 2:
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.tail()
+            time.sleep(0.5)
+        time.sleep(2)
+        lines = [l for l in server.output().splitlines() if "NNRP listening on" in l]
+        assert len(lines) == 2, lines  # one listener per API-server process, none attached twice
+        by_rank = {r: next(l for l in lines if f"API server {r} of 2" in l) for r in (0, 1)}
+        assert f"tcp://127.0.0.1:{port}," in by_rank[0] and f"{tmp_path}/nnrp.sock" in by_rank[0]
+        assert f"tcp://127.0.0.1:{port + 1}," in by_rank[1] and f"{tmp_path}/nnrp-1.sock" in by_rank[1]
+        addresses = [f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", f"unix://{tmp_path}/nnrp-1.sock"]
+        for address in addresses:
+            client = asyncio.run(ProfileClient.connect(address))
+            try:
+                (terminal,) = run(client, envelope({**HELLO, "max_tokens": 4}))
+                assert terminal.event["type"] == "response.completed", address
+            finally:
+                client.close()
+        assert wait_idle(server)
+        tokens_before = server.metric("vllm:generation_tokens_total")
+        client = asyncio.run(ProfileClient.connect(f"tcp://127.0.0.1:{port + 1}"))
+        try:
+            op = client.submit(envelope(LONG))
+            stream = client.events(op, timeout_s=120)
+            for _ in range(3):
+                assert next(stream).event["type"] == "response.output_text.delta"
+            client.cancel(op)
+            assert list(stream)[-1].frame == "result_drop"
+        finally:
+            client.close()
+        assert wait_idle(server), "vLLM still runs the request cancelled on rank 1"
+        time.sleep(1)
+        assert server.metric("vllm:generation_tokens_total") - tokens_before < 200
     finally:
         server.stop()

@@ -1,10 +1,12 @@
 import orjson
 import pytest
 
-from vllm_nnrp_plugin.adapter import OPERATIONS
+from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.profile.errors import ProfileError
 from tests.support import envelope
+
+OPERATIONS = frozenset({CHAT_COMPLETIONS_CREATE})
 
 
 def decode(doc, max_bytes=1 << 20):

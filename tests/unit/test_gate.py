@@ -1,47 +1,220 @@
-"""The start-up gate, with plain data standing in for vLLM's version, argv and environment."""
+"""The support band and the start-up gate.
+
+The refused-line checks run the real ``vllm.general_plugins`` entry point (:func:`general.register`) against a
+fake ``vllm`` package of that version (version attributes, ``vllm.plugins``, ``api_server.build_app`` with the
+line's signature), as vLLM would call it while building ``vllm serve``'s parser.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+from types import SimpleNamespace
 
 import pytest
 
-from vllm_nnrp_plugin.vllm_binding.gate import NNRPStartupError, startup_check
+from vllm_nnrp_plugin.vllm_binding import families, general
+from vllm_nnrp_plugin.vllm_binding.families import (
+    ENDPOINT_PLUGIN,
+    MIDDLEWARE,
+    MIDDLEWARE_FLAG,
+    MIDDLEWARE_PATH,
+    NNRPStartupError,
+    Surface,
+    select_binding,
+)
+from vllm_nnrp_plugin.vllm_binding.gate import startup_check
 
 ON = {"VLLM_PLUGINS": "nnrp"}
+SERVE = ("vllm", "serve", "m")
+WITH_MIDDLEWARE = (*SERVE, "--middleware", MIDDLEWARE_PATH)
+ANCHORS = "0.18.1, 0.22.1, 0.26.0"
 
 
-def check(environ=ON, argv=("vllm", "serve", "m"), version="0.26.0", probe=True):
+def build_app_018(args, supported_tasks=None): ...
+
+
+def build_app_022(args, supported_tasks=None, model_config=None): ...
+
+
+def surface(version="0.26.0", endpoint_plugins=None, build_app=None, chat=True, relocated=False):
     version_tuple = tuple(int(p) for p in version.split("."))
-    return startup_check(environ, list(argv), version, version_tuple, probe)
+    newer = version_tuple[:2] >= (0, 22)
+    return Surface(
+        version=version,
+        version_tuple=version_tuple,
+        endpoint_plugins=version_tuple[:2] >= (0, 26) if endpoint_plugins is None else endpoint_plugins,
+        build_app_params=build_app or (("args", "supported_tasks", "model_config") if newer else ("args", "supported_tasks")),
+        chat_protocol=chat,
+        relocated_launchers=relocated,
+    )
 
 
-def test_supported_line_selects_the_endpoint_plugin_binding():
-    assert check() == "endpoint-plugin-0.26"
+def check(environ=ON, argv=SERVE, **kw):
+    return startup_check(environ, list(argv), surface(**kw))
 
 
-@pytest.mark.parametrize("version", ["0.18.1", "0.22.1", "0.25.0", "0.27.0", "0.32.0", "1.0.0"])
-def test_other_lines_stop_start_up_with_version_and_anchors(version):
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """Install a fake ``vllm`` of a given version as the API server would have it imported."""
+
+    def install(version, *, endpoint_plugins=None, build_app=None, chat=True):
+        version_tuple = tuple(int(p) for p in version.split("."))
+        if endpoint_plugins is None:
+            endpoint_plugins = version_tuple[:2] >= (0, 26)
+        if build_app is None:
+            build_app = build_app_022 if version_tuple[:2] >= (0, 22) else build_app_018
+
+        def package(name, **attrs):
+            module = types.ModuleType(name)
+            module.__path__ = []  # a package, so find_spec of missing children answers None
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            module.__dict__.update(attrs)
+            monkeypatch.setitem(sys.modules, name, module)
+            return module
+
+        plugins = package("vllm.plugins")
+        if endpoint_plugins:
+            plugins.load_endpoint_plugins = lambda: []
+        package("vllm", __version__=version, __version_tuple__=version_tuple, plugins=plugins)
+        package("vllm.entrypoints")
+        package("vllm.entrypoints.openai")
+        package("vllm.entrypoints.openai.api_server", build_app=build_app)
+        package("vllm.entrypoints.openai.chat_completion")
+        monkeypatch.delitem(sys.modules, "vllm.entrypoints.launchers", raising=False)
+        if chat:
+            package("vllm.entrypoints.openai.chat_completion.protocol")
+        else:
+            monkeypatch.delitem(sys.modules, "vllm.entrypoints.openai.chat_completion.protocol", raising=False)
+
+    return install
+
+
+def serve(monkeypatch, environ=ON, argv=WITH_MIDDLEWARE):
+    """Run the general plugin as `vllm serve` would, with this environment and command line."""
+    for key in ("VLLM_PLUGINS", "VLLM_NNRP_LISTEN", "VLLM_USE_RUST_FRONTEND"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys, "argv", list(argv))
+    general.register()
+
+
+# the three bindings
+
+
+@pytest.mark.parametrize(
+    "version, name, paths",
+    [
+        ("0.18.1", "vllm-0.18", (MIDDLEWARE,)),
+        ("0.18.0", "vllm-0.18", (MIDDLEWARE,)),
+        ("0.22.1", "vllm-0.22", (MIDDLEWARE,)),
+        ("0.22.0", "vllm-0.22", (MIDDLEWARE,)),
+        ("0.26.0", "vllm-0.26", (ENDPOINT_PLUGIN, MIDDLEWARE)),
+    ],
+)
+def test_each_family_selects_its_named_binding(version, name, paths):
+    binding = select_binding(surface(version))
+    assert (binding.name, binding.attach_paths) == (name, paths)
+
+
+@pytest.mark.parametrize("version", ["0.18.1", "0.22.1", "0.26.0"])
+def test_the_real_entry_point_accepts_each_anchor_with_the_middleware(fake_vllm, monkeypatch, version):
+    fake_vllm(version)
+    serve(monkeypatch)  # no exception: vllm serve goes on
+
+
+# refused lines: one diagnostic with the version, the missing feature if any, the anchors
+
+
+@pytest.mark.parametrize(
+    "version", ["0.17.1", "0.19.0", "0.20.2", "0.21.0", "0.23.0", "0.24.1", "0.25.0", "0.27.0", "0.32.0", "1.0.0"]
+)
+def test_other_lines_stop_vllm_serve_with_version_and_anchors(fake_vllm, monkeypatch, version):
+    fake_vllm(version)
     with pytest.raises(NNRPStartupError) as info:
-        check(version=version)
-    assert version in str(info.value) and "0.26.0" in str(info.value)
+        serve(monkeypatch)
+    message = str(info.value)
+    assert f"vLLM {version} is not supported" in message and f"tested anchors: {ANCHORS}" in message
+    assert "Fix:" in message
 
 
-def test_failed_feature_probe_stops_start_up():
-    with pytest.raises(NNRPStartupError, match="load_endpoint_plugins"):
-        check(probe=False)
+@pytest.mark.parametrize(
+    "version, probe_failure, feature",
+    [
+        ("0.26.0", {"endpoint_plugins": False}, "vllm.plugins.load_endpoint_plugins"),
+        ("0.22.1", {"build_app": build_app_018}, "model_config"),
+        ("0.18.1", {"build_app": build_app_022}, "without model_config"),
+        ("0.22.1", {"endpoint_plugins": True}, "no vllm.plugins.load_endpoint_plugins"),
+        ("0.18.1", {"chat": False}, "ChatCompletionRequest"),
+    ],
+)
+def test_a_family_failing_its_probes_stops_vllm_serve_naming_the_feature(
+    fake_vllm, monkeypatch, version, probe_failure, feature
+):
+    fake_vllm(version, **probe_failure)
+    with pytest.raises(NNRPStartupError) as info:
+        serve(monkeypatch)
+    message = str(info.value)
+    assert f"vLLM {version} lacks" in message and feature in message and ANCHORS in message
 
 
-def test_not_enabled_does_nothing_even_on_unsupported_vllm():
-    assert check(environ={}, version="0.22.1") is None
+def test_the_relocated_launcher_layout_fails_the_probe():
+    with pytest.raises(NNRPStartupError, match="relocated"):
+        select_binding(surface("0.26.0", relocated=True))
+
+
+def test_not_enabled_does_nothing_even_on_unsupported_vllm(fake_vllm, monkeypatch):
+    fake_vllm("0.24.0")
+    serve(monkeypatch, environ={}, argv=SERVE)
+    assert check(environ={}, version="0.24.0") is None
     assert check(environ={"VLLM_PLUGINS": "other"}) is None
-    assert check(argv=("vllm", "serve", "m", "--additional-config", '{"nnrp": {"enabled": false}}')) is None
+    assert check(argv=(*WITH_MIDDLEWARE, "--additional-config", '{"nnrp": {"enabled": false}}')) is None
 
 
-def test_config_enabling_without_vllm_plugins_names_the_fix():
-    argv = ("vllm", "serve", "m", '--additional-config={"nnrp": {"enabled": true}}')
-    with pytest.raises(NNRPStartupError, match="VLLM_PLUGINS=nnrp"):
+# attach paths
+
+
+def test_0_26_attaches_through_the_endpoint_plugin_first():
+    attachment = check()
+    assert (attachment.binding.name, attachment.attach_path) == ("vllm-0.26", ENDPOINT_PLUGIN)
+    assert check(argv=WITH_MIDDLEWARE).attach_path == ENDPOINT_PLUGIN  # both configured: still one listener
+
+
+@pytest.mark.parametrize("version", ["0.18.1", "0.22.1", "0.26.0"])
+def test_the_middleware_flag_alone_enables_and_attaches(version):
+    attachment = check(environ={}, argv=WITH_MIDDLEWARE, version=version)
+    assert attachment.attach_path == MIDDLEWARE and attachment.binding.anchor == version
+
+
+@pytest.mark.parametrize("version", ["0.18.1", "0.22.1"])
+def test_older_lines_without_the_middleware_print_the_exact_flag(fake_vllm, monkeypatch, version):
+    fake_vllm(version)
+    with pytest.raises(NNRPStartupError) as info:
+        serve(monkeypatch, argv=SERVE)
+    assert f"add {MIDDLEWARE_FLAG} to vllm serve" in str(info.value)
+    assert f"middleware: {MIDDLEWARE_PATH}" in str(info.value)  # the YAML form
+
+
+def test_middleware_flag_with_equals_sign_and_in_yaml(tmp_path):
+    assert check(environ={}, argv=(*SERVE, f"--middleware={MIDDLEWARE_PATH}"), version="0.22.1").attach_path == MIDDLEWARE
+    config = tmp_path / "serve.yaml"
+    config.write_text(f"model: m\nmiddleware: {MIDDLEWARE_PATH}\n")
+    assert check(environ={}, argv=("vllm", "serve", "--config", str(config)), version="0.18.1").attach_path == MIDDLEWARE
+    with pytest.raises(NNRPStartupError, match="--middleware"):
+        check(argv=("vllm", "serve", "--middleware", "other.Middleware"), version="0.18.1")
+
+
+def test_config_enabling_without_vllm_plugins_names_both_fixes():
+    argv = (*SERVE, '--additional-config={"nnrp": {"enabled": true}}')
+    with pytest.raises(NNRPStartupError, match="VLLM_PLUGINS=nnrp") as info:
         check(environ={}, argv=argv)
+    assert MIDDLEWARE_FLAG in str(info.value)
 
 
 def test_invalid_settings_stop_start_up_before_the_model_loads():
-    argv = ("vllm", "serve", "m", "--additional-config", '{"nnrp": {"listen": 5}}')
+    argv = (*SERVE, "--additional-config", '{"nnrp": {"listen": 5}}')
     with pytest.raises(NNRPStartupError, match="nnrp.listen"):
         check(argv=argv)
 
@@ -59,13 +232,34 @@ def test_bad_listen_address_in_the_environment_stops_start_up():
 
 
 @pytest.mark.parametrize(
-    "environ, argv",
+    "environ, argv, version",
     [
-        (ON, ("vllm", "serve", "m", "--headless")),
-        (ON, ("vllm", "serve", "m", "--grpc")),
-        ({**ON, "VLLM_USE_RUST_FRONTEND": "1"}, ("vllm", "serve", "m")),
+        (ON, (*SERVE, "--headless"), "0.26.0"),
+        ({}, (*WITH_MIDDLEWARE, "--headless"), "0.22.1"),
+        (ON, (*WITH_MIDDLEWARE, "--grpc"), "0.18.1"),
+        ({**ON, "VLLM_USE_RUST_FRONTEND": "1"}, SERVE, "0.26.0"),
+        ({**ON, "VLLM_USE_RUST_FRONTEND": "1"}, WITH_MIDDLEWARE, "0.22.1"),
     ],
 )
-def test_modes_without_a_python_api_server_stop_start_up(environ, argv):
+def test_modes_without_a_python_api_server_stop_start_up(environ, argv, version):
     with pytest.raises(NNRPStartupError, match="no Python API server"):
-        check(environ=environ, argv=argv)
+        check(environ=environ, argv=argv, version=version)
+
+
+def test_with_the_middleware_bad_settings_still_stop_start_up_before_the_model_loads():
+    with pytest.raises(NNRPStartupError, match="ws://x:1"):
+        check(environ={"VLLM_NNRP_LISTEN": "ws://x:1"}, argv=WITH_MIDDLEWARE, version="0.22.1")
+
+
+@pytest.mark.parametrize(
+    ("serving", "expected"),
+    [
+        (SimpleNamespace(tool_parser=object()), True),  # 0.18 / 0.22 with --tool-call-parser
+        (SimpleNamespace(tool_parser=None, parser_cls=None), False),  # 0.22 without
+        (SimpleNamespace(parser_cls=SimpleNamespace(tool_parser_cls=object())), True),  # 0.26 with
+        (SimpleNamespace(parser_cls=SimpleNamespace(tool_parser_cls=None)), False),  # 0.26, reasoning parser only
+        (SimpleNamespace(parser_cls=None), False),  # 0.26 without
+    ],
+)
+def test_tool_parser_is_found_where_each_line_keeps_it(serving, expected):
+    assert families.has_tool_parser(serving) is expected

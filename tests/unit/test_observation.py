@@ -1,4 +1,5 @@
 from vllm_nnrp_plugin import observation as obs
+from vllm_nnrp_plugin.profile.trace import TraceContext
 
 
 def record(**changes):
@@ -44,15 +45,13 @@ def test_diagnostics_shape_with_absent_values_as_null():
         "request_id": None, "model": None, "queue_delay_ms": None, "backend_first_chunk_ms": None,
         "first_event_ms": None, "total_ms": None, "events": 0, "usage": None, "cancel": None, "trace": None,
     }  # fmt: skip
-    traced = record(trace=obs.TraceMeta(trace_id=91, span_id=92, flags=1, attribute_bytes=4), input_tokens=3, output_tokens=4)
+    traced = record(trace=TraceContext(91, 92, 90, 5, 1, 4), input_tokens=3, output_tokens=4)
     d = obs.diagnostics(traced)
-    assert d["trace"] == {"trace_id": "0" * 30 + "5b", "span_id": "0" * 14 + "5c", "flags": 1, "attribute_bytes": 4}
+    assert d["trace"] == {
+        "trace_id": 91, "span_id": 92, "parent_span_id": 90, "stage_code": 5, "flags": 1, "attribute_bytes": 4,
+        "scope": "session", "traceparent": "00-0000000000000000000000000000005b-000000000000005c-01",
+    }  # fmt: skip
     assert d["usage"] == {"input_tokens": 3, "output_tokens": 4}
-
-
-def test_trace_context_with_a_zero_id_is_never_linked():
-    assert obs.TraceMeta(trace_id=91, span_id=92).valid
-    assert not obs.TraceMeta(trace_id=0, span_id=92).valid and not obs.TraceMeta(trace_id=91, span_id=0).valid
 
 
 def test_log_line_leaves_out_what_is_unknown():

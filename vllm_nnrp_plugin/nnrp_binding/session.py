@@ -13,11 +13,22 @@ wakes that poll at once).
 
 Cross-thread contract: :class:`ServerOperation` methods ``partial`` / ``complete`` / ``fail`` may be called
 from any thread (vLLM's event loop, in practice); they never block on I/O. The pump reports submits, peer
-cancellations and finished operations to a :class:`SessionHandler` through ``loop.call_soon_threadsafe``.
+cancellations, deadlines and finished operations to a :class:`SessionHandler` through
+``loop.call_soon_threadsafe``.
 
 Each operation's :class:`~vllm_nnrp_plugin.observation.Observation` is filled here with what only the pump
-knows (ids, trace context, when each partial result and the terminal went out, cancellations) and handed
-to ``on_finished`` once both the terminal was sent and the operation's task ended (:meth:`ServerOperation.settle`).
+knows (ids, when each partial result and the terminal went out, cancellations, the trace context it was
+dispatched with) and handed to ``on_finished`` once both the terminal was sent and the operation's task
+ended (:meth:`ServerOperation.settle`).
+
+Runtime metadata the pump reads besides cancels (nnrp-sdk.md §4, §8):
+
+* ``DEADLINE`` (``SchedulingMetadata.deadline_unix_ms``, wall-clock ms) bounds the named operation; one that
+  arrives before its submit (``submit_and_poll_result(timeout_ms=…)`` sends it first) is kept until the
+  submit (the newest ``MAX_EARLY_DEADLINES`` of them). The earliest bound wins.
+* ``TRACE_CONTEXT``: frame 0 sets the session's default trace context; an operation's frame overrides it for
+  that operation until it is dispatched to vLLM (profile-contract.md §6). Ineligible contexts (zero ids) and
+  late ones are ignored; the attribute body is never read.
 """
 
 from __future__ import annotations
@@ -45,7 +56,8 @@ from vllm_nnrp_plugin.operation import (
     ResultDrop,
     ResultPush,
 )
-from vllm_nnrp_plugin.profile.errors import SERVER_ERROR, SERVER_SHUTDOWN, ProfileError
+from vllm_nnrp_plugin.profile import trace
+from vllm_nnrp_plugin.profile.errors import REQUEST_TIMEOUT, SERVER_ERROR, SERVER_SHUTDOWN, ProfileError
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +65,7 @@ ACTIVE_POLL_MS = 1  # the shortest poll nnrp-py offers; an empty one lasts ~2.2 
 ACTIVE_POLL_GAP_S = 0.002  # while operations are active: sends only, for this long after an empty poll…
 MAX_POLL_GAP_S = 0.016  # …doubling up to this while no event went out (fewer wake-ups competing for the GIL)
 PEER_GONE_AFTER = 3  # consecutive failing polls that mean the client is gone (one can be a stale cancel)
+MAX_EARLY_DEADLINES = 256  # DEADLINE controls kept for operations not submitted yet
 
 _SESSION_IDS = itertools.count(1)  # the accept counter standing in for a connection id (see Observation)
 
@@ -79,6 +92,9 @@ class SessionHandler(Protocol):
     def on_session(self, transport: str, opened: bool) -> None:
         """A session started or ended. Called on the pump thread: must not block."""
 
+    def on_deadline(self, op: ServerOperation) -> None:
+        """``op.expires_unix_ms`` was set or moved earlier: (re)arm its timer."""
+
 
 class ServerOperation:
     """One submitted operation, as the adapter sees it: the submit payload in, profile events out.
@@ -88,8 +104,8 @@ class ServerOperation:
     """
 
     __slots__ = (
-        "operation_id", "frame_id", "transport", "observation",
-        "_op", "_pump", "_machine", "_lock", "_cancel_detail", "_terminal_sent", "_unsettled",
+        "operation_id", "frame_id", "transport", "submitted_unix_ms", "expires_unix_ms", "observation",
+        "_op", "_pump", "_machine", "_lock", "_cancel_detail", "_terminal_sent", "_unsettled", "_trace", "_dispatched",
     )
 
     def __init__(self, op: Any, pump: SessionPump) -> None:
@@ -104,8 +120,12 @@ class ServerOperation:
             transport=self.transport,
             submitted_ns=time.monotonic_ns(),
             submitted_unix_ns=time.time_ns(),
-            trace=pump.session_trace,
         )
+        self.submitted_unix_ms = self.observation.submitted_unix_ns // 1_000_000
+        #: wall-clock ms after which the operation ends with ``request_timeout`` (None: unbounded)
+        self.expires_unix_ms: int | None = None
+        self._trace: trace.TraceContext | None = None  # operation-scoped override
+        self._dispatched = False
         self._op = op
         self._pump = pump
         self._machine = OperationMachine()
@@ -155,7 +175,39 @@ class ServerOperation:
         if done:
             self._pump.finished(self)
 
+    def limit_time(self, timeout_ms: int) -> None:
+        """Bound the operation to ``timeout_ms`` (ms) after its submit (envelope ``nnrp.timeout_ms``)."""
+        self._bound(self.submitted_unix_ms + timeout_ms)
+
+    def dispatch(self) -> trace.TraceContext | None:
+        """The operation goes to vLLM now: later TRACE_CONTEXT frames no longer change it. Returns the context
+        it runs in (its own override, else the session default) and records it in :attr:`observation`."""
+        with self._lock:
+            self._dispatched = True
+            context = trace.for_dispatch(self._pump.session_trace, self._trace)
+        self.observation.trace = context
+        return context
+
+    def time_out(self) -> None:
+        """The bound passed: terminal ``response.error`` ``request_timeout`` (unless one was decided); later
+        events are dropped. The caller stops the backend work."""
+        self.observation.cancelled(time.monotonic_ns(), source=obs.DEADLINE, reason=REQUEST_TIMEOUT)
+        self.fail(ProfileError(REQUEST_TIMEOUT, f"operation {self.operation_id} exceeded its deadline "
+                               f"({self.expires_unix_ms - self.submitted_unix_ms} ms after submit)", SERVER_ERROR, 504))
+
+    def _bound(self, expires_unix_ms: int) -> None:
+        with self._lock:  # the adapter (loop) and the pump (DEADLINE) both bound it
+            if self.expires_unix_ms is not None and expires_unix_ms >= self.expires_unix_ms:
+                return
+            self.expires_unix_ms = expires_unix_ms
+        self._pump.deadline_changed(self)
+
     # -- pump thread only ---------------------------------------------------------------------------------
+
+    def _override_trace(self, context: trace.TraceContext) -> None:
+        with self._lock:
+            if not self._dispatched:  # never mutate in-flight work
+                self._trace = context
 
     def _cancel(self, reason: DropReason, detail: str) -> ResultDrop | None:
         """Stop emission at once; returns the drop to send now, if no terminal was decided yet."""
@@ -202,8 +254,6 @@ class SessionPump:
         self.session = session
         self.transport: str = session.active_transport_name
         self.connection_id = next(_SESSION_IDS)
-        #: the session-scope trace context (TRACE_CONTEXT on frame 0): the default of later operations
-        self.session_trace: obs.TraceMeta | None = None
         self._handler = handler
         self._loop = loop
         self._idle_poll_ms = idle_poll_ms
@@ -212,6 +262,9 @@ class SessionPump:
         self._wakeup = threading.Event()
         self._ops: dict[int, ServerOperation] = {}
         self._frames: dict[int, int] = {}
+        self._early_deadlines: dict[int, int] = {}
+        #: the session-scoped TRACE_CONTEXT (frame 0), default for operations dispatched later
+        self.session_trace: trace.TraceContext | None = None
         self._stopping = False
         self._busy = False  # a frame came in or a partial result went out since the last poll
         self._thread = threading.Thread(target=self._run, name=f"nnrp-session-{self.transport}", daemon=True)
@@ -226,6 +279,10 @@ class SessionPump:
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
+
+    def deadline_changed(self, op: ServerOperation) -> None:
+        """Tell the handler (on the loop) that ``op``'s bound moved (any thread)."""
+        self._loop.call_soon_threadsafe(self._handler.on_deadline, op)
 
     def enqueue(self, op: ServerOperation, action: Action) -> None:
         """Queue a send for the pump (any thread, never blocks)."""
@@ -305,17 +362,23 @@ class SessionPump:
             self._ops[sop.operation_id] = sop
             self._frames[sop.frame_id] = sop.operation_id
             self._loop.call_soon_threadsafe(self._handler.on_submit, sop)
+            early = self._early_deadlines.pop(sop.operation_id, None)
+            if early is not None:
+                sop._bound(early)
             return True
         runtime = event.as_runtime()
         if runtime is None:
             return True  # lifecycle notifications: the runtime events already told us
         kind = runtime.header.message_type
-        if kind is MessageType.TRACE_CONTEXT:
-            self._trace_context(runtime)
-            return True
         if kind is MessageType.SESSION_CLOSE:
             self._cancel_all("client_closed_session")
             return False
+        if kind is MessageType.DEADLINE:
+            self._on_deadline(runtime.metadata.value)
+            return True
+        if kind is MessageType.TRACE_CONTEXT:
+            self._on_trace_context(runtime.header.frame_id, runtime.metadata.value)
+            return True
         if kind in CANCEL_DETAIL:
             if kind is MessageType.FRAME_CANCEL:
                 operation_id = self._frames.get(runtime.header.frame_id)
@@ -330,26 +393,33 @@ class SessionPump:
                 self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
         return True
 
-    def _trace_context(self, runtime: Any) -> None:
-        """Record NNRP trace metadata: frame 0 sets the session default, an operation's frame that operation
-        (profile-contract.md §6). Only the fixed fields and the body size are kept."""
-        md = runtime.metadata.value
-        frame_id = runtime.header.frame_id
-        meta = obs.TraceMeta(
-            trace_id=md.trace_id,
-            span_id=md.span_id,
-            parent_span_id=md.parent_span_id,
-            flags=md.flags,
-            stage_code=md.stage_code,
-            scope="session" if frame_id == 0 else "operation",
-            attribute_bytes=md.body_bytes,
-        )
-        if frame_id == 0:
-            self.session_trace = meta
+    def _on_deadline(self, metadata: Any) -> None:
+        deadline = metadata.deadline_unix_ms
+        if not deadline:
             return
-        sop = self._ops.get(self._frames.get(frame_id, -1))
+        sop = self._ops.get(metadata.operation_id)
         if sop is not None:
-            sop.observation.trace = meta
+            sop._bound(deadline)
+        else:  # not submitted yet, or already finished: keep the newest few
+            self._early_deadlines[metadata.operation_id] = deadline
+            if len(self._early_deadlines) > MAX_EARLY_DEADLINES:
+                del self._early_deadlines[next(iter(self._early_deadlines))]
+
+    def _on_trace_context(self, frame_id: int, metadata: Any) -> None:
+        scope = trace.SESSION if frame_id == 0 else trace.OPERATION
+        context = trace.TraceContext(
+            metadata.trace_id, metadata.span_id, metadata.parent_span_id,
+            metadata.stage_code, metadata.flags, metadata.body_bytes, scope,
+        )  # fmt: skip
+        if not context.eligible:
+            return
+        if scope == trace.SESSION:
+            self.session_trace = context
+            return
+        operation_id = self._frames.get(frame_id)
+        sop = self._ops.get(operation_id) if operation_id is not None else None
+        if sop is not None:
+            sop._override_trace(context)
 
     def _cancel_all(self, detail: str) -> None:
         """The client is gone or closed its session: nothing can be delivered; stop every operation."""

@@ -2,7 +2,10 @@
 
 Shape: ``{"schema_version": "openai-compatible/1", "operation": str, "body": {...},
 "request_id"?: str, "nnrp"?: {...}}``. Unknown top-level keys are ignored (forward compatible). The ``nnrp``
-object carries NNRP-side hints and is never forwarded into ``body``.
+object carries NNRP-side hints and is never forwarded into ``body``. Read here: ``nnrp.timeout_ms``
+(positive integer, ms from the submit) bounds the operation; the adapter reads ``nnrp.diagnostics`` (``true``:
+the terminal event carries the operation's diagnostics); others (the conformance harness's
+``cancel_after_events`` …) are ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ class Envelope:
     body: dict[str, Any]
     request_id: str | None = None
     nnrp: dict[str, Any] = attrs.field(factory=dict)
+    #: ``nnrp.timeout_ms``: the operation's time budget in ms from its submit, or None
+    timeout_ms: int | None = None
 
 
 def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: int) -> Envelope:
@@ -32,7 +37,8 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
     ``operations`` is the set the capability document advertises; any other operation is refused.
     Raises :class:`ProfileError` with code ``envelope_too_large`` (413), ``invalid_json``,
     ``invalid_envelope``, ``unsupported_schema_version``, ``unsupported_operation`` or
-    ``missing_messages`` (all 400).
+    ``missing_messages`` (all 400); ``invalid_envelope`` also for an ``nnrp.timeout_ms`` that is not a
+    positive integer.
     """
     if len(payload) > max_bytes:
         raise E.ProfileError(
@@ -71,9 +77,12 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
     hints = doc.get("nnrp", {})
     if not isinstance(hints, dict):
         raise E.ProfileError(E.INVALID_ENVELOPE, f"envelope nnrp must be a JSON object, got {_kind(hints)}")
+    timeout_ms = hints.get("timeout_ms")
+    if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0):
+        raise E.ProfileError(E.INVALID_ENVELOPE, f"envelope nnrp.timeout_ms must be a positive integer (ms), got {timeout_ms!r}")
     if operation == CHAT_COMPLETIONS_CREATE and "messages" not in body:
         raise E.ProfileError(E.MISSING_MESSAGES, "chat.completions.create body has no messages")
-    return Envelope(operation=operation, body=body, request_id=request_id, nnrp=hints)
+    return Envelope(operation=operation, body=body, request_id=request_id, nnrp=hints, timeout_ms=timeout_ms)
 
 
 def _kind(value: object) -> str:

@@ -22,6 +22,9 @@ MISSING_MESSAGES = "missing_messages"
 INVALID_REQUEST = "invalid_request"
 MODEL_NOT_FOUND = "model_not_found"
 BACKEND_ERROR = "backend_error"
+TOOL_CALL_INCOMPLETE = "tool_call_incomplete"  # only in response.tool_call.error, never a terminal
+# the operation's time ran out (envelope nnrp.timeout_ms or an NNRP DEADLINE control)
+REQUEST_TIMEOUT = "request_timeout"
 # the listener is stopping (in-flight operations end with this)
 SERVER_SHUTDOWN = "server_shutdown"
 

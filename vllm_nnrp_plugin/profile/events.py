@@ -1,7 +1,7 @@
 """Profile events (profile-contract.md §3): builders returning plain dicts, and their JSON encoding.
 
-Non-terminal events (``response.output_text.delta``, ``response.usage``) travel one per PARTIAL_RESULT;
-terminals (``response.completed``, ``response.error``, ``response.cancelled``) end the operation.
+Non-terminal events (``response.output_text.delta``, ``response.tool_call.*``, ``response.usage``) travel one
+per PARTIAL_RESULT; terminals (``response.completed``, ``response.error``, ``response.cancelled``) end the operation.
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ import orjson
 from vllm_nnrp_plugin.profile.errors import ProfileError
 
 OUTPUT_TEXT_DELTA = "response.output_text.delta"
+TOOL_CALL_STARTED = "response.tool_call.started"
+TOOL_CALL_DELTA = "response.tool_call.delta"
+TOOL_CALL_COMPLETED = "response.tool_call.completed"
+TOOL_CALL_ERROR = "response.tool_call.error"
 USAGE = "response.usage"
 COMPLETED = "response.completed"
 ERROR = "response.error"
@@ -22,6 +26,29 @@ CANCELLED = "response.cancelled"
 def output_text_delta(index: int, delta: str) -> dict[str, Any]:
     """``{"type": "response.output_text.delta", "index": <choice index>, "delta": <text>}``."""
     return {"type": OUTPUT_TEXT_DELTA, "index": index, "delta": delta}
+
+
+def tool_call_started(index: int, item_id: str, call_id: str, name: str) -> dict[str, Any]:
+    """``response.tool_call.started``: the first event of one call (``call_id`` is vLLM's tool call id)."""
+    return {"type": TOOL_CALL_STARTED, "index": index, "item_id": item_id, "call_id": call_id, "name": name}
+
+
+def tool_call_delta(index: int, item_id: str, call_id: str, arguments_delta: str) -> dict[str, Any]:
+    """``response.tool_call.delta``: one fragment of the call's JSON arguments, in arrival order."""
+    return {"type": TOOL_CALL_DELTA, "index": index, "item_id": item_id, "call_id": call_id,
+            "arguments_delta": arguments_delta}
+
+
+def tool_call_completed(index: int, item_id: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """``response.tool_call.completed``: the last event of a call; ``arguments`` is the concatenated JSON text."""
+    return {"type": TOOL_CALL_COMPLETED, "index": index, "item_id": item_id, "call_id": call_id, "name": name,
+            "arguments": arguments}
+
+
+def tool_call_error(index: int, item_id: str, call_id: str, err: ProfileError) -> dict[str, Any]:
+    """``response.tool_call.error``: the last event of a call that did not complete (same error shape)."""
+    return {"type": TOOL_CALL_ERROR, "index": index, "item_id": item_id, "call_id": call_id,
+            "error": {"type": err.type, "code": err.code, "message": err.message}}
 
 
 def usage(openai_usage: dict[str, Any]) -> dict[str, Any]:

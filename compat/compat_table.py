@@ -1,0 +1,79 @@
+"""The README's compatibility table, generated from the recorded results of the per-anchor test runs.
+
+  python compat/compat_table.py record 0.22.1 REPORT.xml   # after a run: compat/results/vllm-0.22.1.json
+  python compat/compat_table.py readme                      # rewrite the table in README.md from all results
+
+``record`` reads pytest's JUnit XML report of ``compat/run-vllm-tests.sh VERSION`` and stores the anchor, its
+attach path (from the package's bindings), the UTC date, the pytest counts and duration, and the result.
+``readme`` replaces the lines between the ``compat-table`` markers of README.md. Standard library only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import sys
+import xml.etree.ElementTree as ET
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "compat" / "results"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- compat-table:begin -->", "<!-- compat-table:end -->"
+
+
+def attach_path(version: str) -> str:
+    sys.path.insert(0, str(ROOT))
+    from vllm_nnrp_plugin.vllm_binding.families import BINDINGS
+
+    family = tuple(int(p) for p in version.split(".")[:2])
+    binding = next(b for b in BINDINGS if b.family == family)
+    first, *others = binding.attach_paths
+    return f"`{first}`" + "".join(f" (also `{p}`)" for p in others)
+
+
+def record(version: str, report: str) -> dict:
+    suite = ET.parse(report).getroot()
+    if suite.tag == "testsuites":
+        suite = suite[0]
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    ok = counts["tests"] > 0 and counts["failures"] == counts["errors"] == 0
+    result = {
+        "anchor": version,
+        "attach_path": attach_path(version),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "result": "pass" if ok else "FAIL",
+        "passed": passed,
+        "failed": counts["failures"] + counts["errors"],
+        "skipped": counts["skipped"],
+        "duration_s": round(float(suite.get("time", 0.0))),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"vllm-{version}.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def table() -> str:
+    rows = ["| anchor | attach path | date (UTC) | result | tests | duration |", "|---|---|---|---|---|---|"]
+    results = [json.loads(p.read_text()) for p in RESULTS.glob("vllm-*.json")]
+    for r in sorted(results, key=lambda r: tuple(int(p) for p in r["anchor"].split("."))):
+        tests = f"{r['passed']} passed, {r['failed']} failed" + (f", {r['skipped']} skipped" if r["skipped"] else "")
+        rows.append(
+            f"| {r['anchor']} | {r['attach_path']} | {r['date']} | {r['result']} | {tests} | {r['duration_s']} s |"
+        )
+    return "\n".join(rows)
+
+
+def readme() -> None:
+    text = README.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{BEGIN}\n{table()}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:] or ["readme"]
+    if command == "record":
+        print(json.dumps(record(*args)))
+    readme()

@@ -1,0 +1,12 @@
+"""Conformance harness for the ``openai-compatible/1`` suite (profile-contract.md §7), run against a live server.
+
+* :mod:`.suite` finds the suite (``$NNRP_CONFORMANCE_ROOT``, else ``../shared/nnrp-conformance`` from the current
+  directory) and loads suite manifests, recipes and schemas;
+* :mod:`.plan` builds the execution plan: capability tokens from the server's manifest select recipes,
+  ``${NAME}`` placeholders are substituted (pure);
+* :mod:`.rules` checks one case's events against its ``expect`` and a results file against its plan with the
+  suite's validation rules (pure);
+* :mod:`.driver` runs every selected case over NNRP with :class:`vllm_nnrp_plugin.client.ProfileClient`;
+* :mod:`.runner` (``vllm-nnrp conformance`` / ``python -m vllm_nnrp_plugin.conformance``) ties them together and
+  exits non-zero unless every selected case passed.
+"""

