@@ -105,9 +105,11 @@ def measure(
 
 
 def breakdown(server: BenchServer) -> dict[str, float]:
-    """p50/p95 (µs) of the server-side parts of each event's latency: waiting in the session pump's outbox,
-    and inside nnrp-py's native send."""
+    """The server's CPU time per event sent (µs, every thread: backend, adapter, pumps) and p50/p95 (µs) of
+    the server-side parts of each event's latency: waiting in the session pump's outbox, and inside nnrp-py's
+    native send."""
     return {
+        "server_cpu_us_per_event": round(server.cpu_s * 1e6 / max(1, len(server.send_us)), 1),
         "pump_wait_us_p50": round(percentile(server.pump_wait_us, 0.5), 1),
         "pump_wait_us_p95": round(percentile(server.pump_wait_us, 0.95), 1),
         "sdk_send_us_p50": round(percentile(server.send_us, 0.5), 1),

@@ -36,7 +36,8 @@ def endpoint(transport: str, directory: str) -> str:
 
 class BenchServer:
     """``python -m bench.server`` on ``uri``; :meth:`stop` returns the observation records (dicts) and sets
-    ``pump_wait_us`` / ``send_us`` (per partial result: outbox wait, time inside nnrp-py's send)."""
+    ``pump_wait_us`` / ``send_us`` (per partial result: outbox wait, time inside nnrp-py's send) and ``cpu_s``
+    (the server's CPU time while serving, s)."""
 
     def __init__(self, uri: str, *, nodelay: bool = True) -> None:
         flags = [] if nodelay else ["--no-nodelay"]
@@ -55,6 +56,7 @@ class BenchServer:
         *records, times = [orjson.loads(line) for line in out.splitlines() if line.strip()]
         self.pump_wait_us = [x / 1000 for x in times["pump_wait_ns"]]
         self.send_us = [x / 1000 for x in times["send_ns"]]
+        self.cpu_s = times["cpu_s"]
         return records
 
     def __enter__(self) -> BenchServer:

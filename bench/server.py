@@ -4,8 +4,9 @@ parsing) in front of a paced synthetic backend instead of a model.
     python -m bench.server [--no-nodelay] URI [URI …]
 
 prints ``ready``, serves until its stdin closes, then prints every observation record as one JSON line,
-then one line ``{"pump_wait_ns": […], "send_ns": […]}`` and exits: per partial result, the time it waited
-in the session pump's outbox (queued -> send started) and the time spent inside nnrp-py's send call. Requests choose the stream in their body: ``n`` chunks, one every ``interval_us`` µs. Each chunk is the
+then one line ``{"pump_wait_ns": […], "send_ns": […], "cpu_s": …}`` and exits: per partial result, the time
+it waited in the session pump's outbox (queued -> send started) and the time spent inside nnrp-py's send
+call; and the CPU time (s, all threads) the process used while serving. Requests choose the stream in their body: ``n`` chunks, one every ``interval_us`` µs. Each chunk is the
 SSE string vLLM would yield, ``data: {chat.completion.chunk}``, whose delta text is the
 ``time.monotonic_ns()`` at which the backend produced it; the clock is shared by every process of the host,
 so a client in another process measures backend chunk produced -> event received. ``--no-nodelay`` skips the
@@ -97,11 +98,13 @@ async def serve(listen: tuple[str, ...]) -> None:
     service = NNRPService(config, PacedBackend(), loop, registry=CollectorRegistry(), observers=(records.append,))
     await asyncio.to_thread(service.start)
     print("ready", flush=True)
+    cpu_start = time.process_time()
     await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes our stdin
     await service.stop()
     for record in records:
         sys.stdout.write(orjson.dumps(attrs.asdict(record)).decode() + "\n")
-    sys.stdout.write(orjson.dumps({"pump_wait_ns": times.pump_wait_ns, "send_ns": times.send_ns}).decode() + "\n")
+    done = {"pump_wait_ns": times.pump_wait_ns, "send_ns": times.send_ns, "cpu_s": time.process_time() - cpu_start}
+    sys.stdout.write(orjson.dumps(done).decode() + "\n")
     sys.stdout.flush()
 
 
