@@ -219,6 +219,12 @@ MULTIPROCESS = textwrap.dedent(
     served = CollectorRegistry()                  # what vLLM's /metrics serves with PROMETHEUS_MULTIPROC_DIR
     multiprocess.MultiProcessCollector(served)
     sys.stdout.write(generate_latest(served).decode())
+    import urllib.request
+    from vllm_nnrp_plugin.metrics import serve_metrics
+    standalone = serve_metrics("127.0.0.1:0")     # nnrp.metrics_listen serves the same aggregated view
+    with urllib.request.urlopen(f"http://{standalone.address}/metrics", timeout=5) as response:
+        sys.stdout.write("STANDALONE\\n" + response.read().decode())
+    standalone.close()
     """
 )
 
@@ -230,3 +236,5 @@ def test_metrics_reach_a_multiprocess_registry(tmp_path):
     assert 'nnrp_operations_total{operation="chat.completions.create",outcome="completed",transport="tcp"} 1.0' in done.stdout
     assert 'nnrp_sessions_active{transport="tcp"} 1.0' in done.stdout
     assert "nnrp_operation_duration_seconds_count" in done.stdout
+    standalone = done.stdout.split("STANDALONE\n", 1)[1]
+    assert 'nnrp_operations_total{operation="chat.completions.create",outcome="completed",transport="tcp"} 1.0' in standalone
