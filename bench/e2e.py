@@ -92,12 +92,14 @@ def rss_mb(pid: int) -> float:
 
 @attrs.define
 class Timing:
-    """One request: ``ttft_ms``, ``gaps_ms`` between text deltas, ``total_ms``, ``tokens`` (usage)."""
+    """One request: ``ttft_ms``, ``gaps_ms`` between text deltas, ``total_ms``, ``tokens`` (usage); for NNRP
+    also ``vllm_first_chunk_ms`` (from the operation's diagnostics: vLLM called -> its first chunk)."""
 
     ttft_ms: float = 0.0
     gaps_ms: list[float] = attrs.field(factory=list)
     total_ms: float = 0.0
     tokens: int = 0
+    vllm_first_chunk_ms: float | None = None
 
 
 def chat_body(prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -154,23 +156,30 @@ def nnrp_worker(uri: str, body: dict[str, Any], count: int, ready: threading.Bar
     """``count`` streamed operations over one NNRP session, opened before ``ready``."""
     import asyncio
 
-    envelope = {"schema_version": SCHEMA_VERSION, "operation": CHAT_COMPLETIONS_CREATE, "body": body}
+    envelope = {
+        "schema_version": SCHEMA_VERSION, "operation": CHAT_COMPLETIONS_CREATE, "body": body,
+        "nnrp": {"diagnostics": True},
+    }  # fmt: skip
     client = asyncio.run(ProfileClient.connect(uri))
     out = []
     try:
         if ready is not None:
             ready.wait()
         for _ in range(count):
-            clock, tokens = _Clock(), 0
+            clock, tokens, first_chunk = _Clock(), 0, None
             for event in client.events(client.submit(envelope), timeout_s=600):
                 kind = event.event["type"] if event.event else None
                 if kind == "response.output_text.delta" and event.event["delta"]:
                     clock.text()
                 elif kind == "response.usage":
                     tokens = event.event["usage"]["output_tokens"]
-                elif event.terminal and kind != "response.completed":
+                elif kind == "response.completed":
+                    first_chunk = event.event["diagnostics"]["backend_first_chunk_ms"]
+                elif event.terminal:
                     raise RuntimeError(f"NNRP request failed: {event}")
-            out.append(clock.done(tokens))
+            timing = clock.done(tokens)
+            timing.vllm_first_chunk_ms = first_chunk
+            out.append(timing)
     finally:
         client.close()
     return out
@@ -236,6 +245,16 @@ def compare(
         for metric in ("ttft", "itl", "total", "tps"):
             made[metric, "nnrp"].versus(made[metric, "http"])
             rows += [made[metric, "http"], made[metric, "nnrp"]]
+        nnrp = timings["nnrp"]
+        rows.append(
+            Result.of(
+                f"e2e.c{c}.ttft_minus_vllm_first_chunk.nnrp", "ms",
+                [x.ttft_ms - x.vllm_first_chunk_ms for x in nnrp if x.vllm_first_chunk_ms is not None] or [0.0],
+                parameters=params,
+                note="NNRP time to first token minus vLLM's own time to its first chunk (from the operation's "
+                "diagnostics): what the adapter, NNRP and the client add to TTFT",
+            )  # fmt: skip
+        )
         ttft = made["ttft", "nnrp"].compare
         rows.append(
             Result(

@@ -21,4 +21,6 @@ def test_e2e_benchmark_compares_nnrp_and_http_on_the_same_server(vllm_server):
             assert http.samples and nnrp.samples and nnrp.compare["against"] == http.id
         assert rows[f"e2e.c{c}.ttft.nnrp"].samples == c and rows[f"e2e.c{c}.tokens_per_s.nnrp"].p50 > 0
         assert rows[f"e2e.c{c}.ttft_ratio.nnrp_over_http"].p50 > 0
+        overhead = rows[f"e2e.c{c}.ttft_minus_vllm_first_chunk.nnrp"]  # from the operations' diagnostics
+        assert overhead.samples == c and 0 < overhead.p50 < rows[f"e2e.c{c}.ttft.nnrp"].p50
     assert 100 < rows["e2e.rss.api_server_with_nnrp"].p50 < 20_000  # MB of a real API-server process
