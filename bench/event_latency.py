@@ -11,8 +11,10 @@ clock is shared by all processes).
   listener's TCP_NODELAY step disabled (nnrp-py alone, Nagle on);
 * heavy: 64 concurrent streams whose paces add up to ``rate`` events/s (default 30 000), spread over client
   processes and sessions in two layouts — ``heavy``: 4 streams per session (2 processes × 8 sessions), and
-  ``heavy_session_per_stream``: 64 sessions of one stream (4 processes × 16 sessions); the achieved aggregate
-  rate is reported next to the latencies.
+  ``heavy_session_per_stream``: 64 sessions of one stream (4 processes × 16 sessions); ``heavy_8k`` is the
+  first layout at 8 000 events/s, a rate a 2-CPU machine sustains. The achieved aggregate rate is reported
+  next to the latencies: when it stays below the asked rate the server is saturated and the latencies are
+  those of a growing backlog.
 
 The first ``warmup`` events of each stream are not counted.
 """
@@ -119,11 +121,12 @@ def breakdown(server: BenchServer) -> dict[str, float]:
 
 def run(
     *, light_events: int = 1500, interval_us: int = 2000, heavy_streams: int = 64, rate: int = 30_000,
-    heavy_seconds: float = 3.0, layouts: tuple[tuple[str, int, int], ...] = (
-        ("heavy", 2, 8), ("heavy_session_per_stream", 4, 16)), warmup: int = 20,
+    heavy_seconds: float = 3.0, layouts: tuple[tuple[str, int, int, int | None], ...] = (
+        ("heavy", 2, 8, None), ("heavy_session_per_stream", 4, 16, None), ("heavy_8k", 2, 8, 8000)),
+    warmup: int = 20,
 ) -> list[Result]:
     """Light rows (TCP, TCP without NODELAY, IPC) then heavy rows (TCP, IPC) for each ``(name, client
-    processes, sessions per process)`` layout."""
+    processes, sessions per process, rate or None for ``rate``)`` layout."""
     rows: list[Result] = []
     light = {"streams": 1, "interval_us": interval_us, "events_per_stream": light_events}
     for transport, nodelay in (("tcp", True), ("tcp", False), ("ipc", True)):
@@ -138,9 +141,9 @@ def run(
                 parameters={**light, "achieved_events_per_s": round(achieved), **parts},
             )  # fmt: skip
         )
-    interval = round(heavy_streams * 1e6 / rate)
-    n = int(heavy_seconds * 1e6 / interval) + warmup
-    for layout, procs, sessions in layouts:
+    for layout, procs, sessions, layout_rate in layouts:
+        interval = round(heavy_streams * 1e6 / (layout_rate or rate))
+        n = int(heavy_seconds * 1e6 / interval) + warmup
         for transport in ("tcp", "ipc"):
             samples, achieved, parts = measure(
                 transport, streams=heavy_streams, procs=procs, sessions=sessions, n=n, interval_us=interval,
@@ -148,16 +151,16 @@ def run(
             )  # fmt: skip
             rows.append(
                 Result.of(
-                    f"event_latency.{layout}.{transport}", "us", samples, targets=(HEAVY_P95,),
+                    f"event_latency.{layout}.{transport}", "us", samples, targets=() if layout_rate else (HEAVY_P95,),
                     parameters={"streams": heavy_streams, "client_processes": procs, "sessions": procs * sessions,
-                                "interval_us": interval, "target_events_per_s": rate,
+                                "interval_us": interval, "target_events_per_s": layout_rate or rate,
                                 "achieved_events_per_s": round(achieved), **parts},
                 )  # fmt: skip
             )
     by_id = {row.id: row for row in rows}
     by_id["event_latency.light.ipc"].versus(by_id["event_latency.light.tcp"])
     by_id["event_latency.light.tcp_without_nodelay"].versus(by_id["event_latency.light.tcp"])
-    for layout, _procs, _sessions in layouts:
+    for layout, *_ in layouts:
         by_id[f"event_latency.{layout}.ipc"].versus(by_id[f"event_latency.{layout}.tcp"])
     return rows
 

@@ -26,7 +26,7 @@ FULL: dict[str, Callable[..., list[Result]]] = {
 QUICK: dict[str, Callable[..., list[Result]]] = {
     "mapper": lambda **_: mapper.run(repetitions=3, rounds=5),
     "latency": lambda **_: event_latency.run(
-        light_events=50, heavy_streams=8, rate=2000, heavy_seconds=0.3, layouts=(("heavy", 1, 2),), warmup=5
+        light_events=50, heavy_streams=8, rate=2000, heavy_seconds=0.3, layouts=(("heavy", 1, 2, None),), warmup=5
     ),
     "cancel": lambda **_: cancel_latency.run(operations=5),
     "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
