@@ -109,3 +109,50 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def two_free_ports() -> int:
+    """A port P with P and P + 1 both free (rank 1 of 2 listens on P + 1)."""
+    while True:
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+class ServedNNRP:
+    """An NNRPService with a :class:`RecordedBackend` on its own event-loop thread (standing in for vLLM's
+    loop); ``config`` keys are :class:`NNRPConfig` fields."""
+
+    def __init__(self, listen: tuple[str, ...], **config: Any) -> None:
+        import threading
+
+        from vllm_nnrp_plugin.config import NNRPConfig
+        from vllm_nnrp_plugin.service import NNRPService
+
+        self.backend = RecordedBackend()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.service = NNRPService(NNRPConfig(enabled=True, listen=listen, **config), self.backend, self.loop)
+        self.bound = self.service.start()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.service.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+def wait_until(predicate, timeout_s: float = 5.0) -> bool:
+    """Poll ``predicate`` every 10 ms until it is true or ``timeout_s`` passed; returns its last value."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return bool(predicate())

@@ -77,14 +77,22 @@ def _bench_suite():
         raise SystemExit(f"vllm-nnrp bench: the benchmarks live in a source checkout (bench/): {exc}") from None
 
 
-async def _capabilities(args: argparse.Namespace) -> int:
+async def _connect(endpoint: str) -> Any:
+    """A connected :class:`ProfileClient`, or None after saying why on stderr."""
     from vllm_nnrp_plugin.client import ProfileClient
-    from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
 
     try:
-        client = await ProfileClient.connect(args.endpoint)
+        return await ProfileClient.connect(endpoint)
     except Exception as exc:  # nnrp-py raises its own error family, ValueError for bad URIs
-        print(f"vllm-nnrp: cannot connect to {args.endpoint}: {exc}", file=sys.stderr)
+        print(f"vllm-nnrp: cannot connect to {endpoint}: {exc}", file=sys.stderr)
+        return None
+
+
+async def _capabilities(args: argparse.Namespace) -> int:
+    from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
+
+    client = await _connect(args.endpoint)
+    if client is None:
         return 2
     try:
         document = client.capabilities(timeout_s=args.timeout)
@@ -111,12 +119,10 @@ def chat_envelope(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _chat(args: argparse.Namespace) -> int:
-    from vllm_nnrp_plugin.client import ClientTimeout, ProfileClient
+    from vllm_nnrp_plugin.client import ClientTimeout
 
-    try:
-        client = await ProfileClient.connect(args.endpoint)
-    except Exception as exc:  # nnrp-py raises its own error family, ValueError for bad URIs
-        print(f"vllm-nnrp: cannot connect to {args.endpoint}: {exc}", file=sys.stderr)
+    client = await _connect(args.endpoint)
+    if client is None:
         return 2
     try:
         op = client.submit(chat_envelope(args))

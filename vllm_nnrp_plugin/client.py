@@ -36,7 +36,7 @@ from nnrp.client import (
     connect_native_client_connection,
 )
 from nnrp.core import MessageType, PayloadKind, TransportPolicy
-from nnrp.native import NativeInvalidStateError, NativeRuntimeError
+from nnrp.native import NativeInvalidStateError, NativeRuntimeError, NativeTransportClientSecurity
 from nnrp.runtime import TraceContextMetadata
 from nnrp.schema import StreamSemantics
 
@@ -45,7 +45,12 @@ from vllm_nnrp_plugin.nnrp_binding.endpoints import parse_endpoint
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
 
-_POLICY = {"tcp": TransportPolicy.FORCE_TCP, "ipc": TransportPolicy.FORCE_IPC}
+_POLICY = {
+    "tcp": TransportPolicy.FORCE_TCP,
+    "ipc": TransportPolicy.FORCE_IPC,
+    "websocket": TransportPolicy.FORCE_WEBSOCKET,
+    "quic": TransportPolicy.FORCE_QUIC,
+}
 
 
 class ClientTimeout(TimeoutError):
@@ -82,14 +87,22 @@ class ProfileClient:
         self._pending: dict[int, collections.deque[ClientEvent]] = collections.defaultdict(collections.deque)
 
     @classmethod
-    async def connect(cls, uri: str) -> ProfileClient:
-        """Connect to ``tcp://HOST:PORT`` or ``unix:///PATH`` and open a session."""
+    async def connect(cls, uri: str, *, trusted_cert_der: bytes | None = None) -> ProfileClient:
+        """Connect to any URI of :mod:`vllm_nnrp_plugin.nnrp_binding.endpoints` and open a session.
+        TLS URIs (``nnrps``, ``wss``, ``quic``) need ``trusted_cert_der``: the server certificate (or its CA), DER."""
         carrier = parse_endpoint(uri)
+        security = None
+        if carrier.tls:
+            if trusted_cert_der is None:
+                raise ValueError(f"{uri} uses TLS: pass trusted_cert_der")
+            security = NativeTransportClientSecurity(server_name=carrier.host, trusted_certificate_der=trusted_cert_der)
         stack = contextlib.ExitStack()
         connection = stack.enter_context(connect_native_client_connection(
             NativeClientOptions(
                 endpoint=carrier.endpoint,
-                provider_routes={carrier.transport: NativeClientProviderRoute(provider_endpoint=carrier.provider_uri)},
+                provider_routes={
+                    carrier.transport: NativeClientProviderRoute(provider_endpoint=carrier.provider_uri, security=security)
+                },
                 transport_policy=_POLICY[carrier.transport],
             )
         ))

@@ -10,17 +10,28 @@ mapping under ``additional-config:`` in a ``vllm serve --config`` YAML file; vll
 | ``max_envelope_bytes`` | int, bytes | 1048576 | larger envelopes get ``envelope_too_large`` |
 | ``accept_timeout_ms`` | int, ms | 1000 | one accept wait; bounds shutdown time |
 | ``idle_poll_ms`` | int, ms | 100 | poll timeout of an idle session |
+| ``max_sessions`` | int | 256 | open sessions per API-server process; more are refused at open |
+| ``max_in_flight_per_session`` | int | 16 | operations one session may have running; more get ``too_many_requests`` |
+| ``max_in_flight`` | int | 256 | operations one API-server process may have running; more get ``too_many_requests`` |
+| ``max_queued_events`` | int | 1024 | events one session may have waiting to be sent; beyond it the operation that overflows ends with ``client_too_slow`` |
+| ``allow_non_loopback`` | bool | false | allow a ``tcp://`` / ``ws://`` address other hosts can reach without TLS (logged as a warning) |
+| ``tls_cert_file`` | path | none | PEM certificate for ``nnrps://``, ``wss://`` and ``quic://`` |
+| ``tls_key_file`` | path | none | PEM private key for the same |
+| ``ipc_socket_group`` | group name | none | unix socket files are owner-only (0600); with a group, 0660 and owned by that group |
 | ``fault_injection_backend_error_model`` | str or null | null | **test only**: requests for this model id end
   with ``backend_error`` without reaching vLLM (the conformance suite's ``backend-error`` case) |
 | ``metrics_listen`` | ``HOST:PORT`` or null | null | also serve the NNRP metrics on their own ``/metrics`` server there; by default they are only in vLLM's ``/metrics`` |
 
 Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys, wrong types and
-listen URIs that are not ``tcp://HOST:PORT`` / ``unix:///PATH`` are errors (:class:`ConfigError`), never
-ignored.
+listen URIs outside the forms of :mod:`vllm_nnrp_plugin.nnrp_binding.endpoints` are errors
+(:class:`ConfigError`), never ignored; so are a non-loopback address without TLS unless ``allow_non_loopback``
+is true, a TLS address without ``tls_cert_file`` / ``tls_key_file``, unreadable certificate or key files and
+an unknown ``ipc_socket_group``.
 """
 
 from __future__ import annotations
 
+import grp
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -28,7 +39,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from vllm_nnrp_plugin.nnrp_binding.endpoints import DEFAULT_LISTEN, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.nnrp_binding.endpoints import DEFAULT_LISTEN, EndpointError, is_loopback, parse_endpoint
 
 CONFIG_KEY = "nnrp"
 LISTEN_ENV = "VLLM_NNRP_LISTEN"
@@ -59,6 +70,14 @@ class NNRPConfig:
     max_envelope_bytes: int = attrs.field(default=1 << 20, validator=_positive)
     accept_timeout_ms: int = attrs.field(default=1000, validator=_positive)
     idle_poll_ms: int = attrs.field(default=100, validator=_positive)
+    max_sessions: int = attrs.field(default=256, validator=_positive)
+    max_in_flight_per_session: int = attrs.field(default=16, validator=_positive)
+    max_in_flight: int = attrs.field(default=256, validator=_positive)
+    max_queued_events: int = attrs.field(default=1024, validator=_positive)
+    allow_non_loopback: bool = False
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    ipc_socket_group: str | None = None
     fault_injection_backend_error_model: str | None = None
     metrics_listen: str | None = attrs.field(default=None, validator=attrs.validators.optional(_host_port))
 
@@ -86,7 +105,14 @@ def _listen(value: Any, _type: type) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _strict_str(value: Any, _type: type) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"expected a non-empty string, got {value!r}")
+    return value
+
+
 _converter.register_structure_hook(int, _strict_int)
+_converter.register_structure_hook(str, _strict_str)
 _converter.register_structure_hook(bool, _strict_bool)
 _converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _listen)
 
@@ -120,12 +146,46 @@ def load_config(additional_config: Mapping[str, Any] | None, environ: Mapping[st
             raise ConfigError(f"{LISTEN_ENV} is set but names no address")
         changes["listen"] = uris
     config = attrs.evolve(config, **changes)
-    for uri in config.listen if config.enabled else ():
+    if config.enabled:
+        _check_exposure(config)
+    return config
+
+
+def _check_exposure(config: NNRPConfig) -> None:
+    """Every listen URI parses; plain TCP/WebSocket stays on loopback unless ``allow_non_loopback``; TLS
+    carriers have readable certificate and key files; the IPC group exists (issue 6: "never open a door on
+    the network by accident")."""
+    needs_tls = False
+    for uri in config.listen:
         try:
-            parse_endpoint(uri)
+            carrier = parse_endpoint(uri)
         except EndpointError as exc:
             raise ConfigError(f"bad NNRP listen address {exc}") from None
-    return config
+        needs_tls = needs_tls or carrier.tls
+        if not carrier.tls and not is_loopback(carrier) and not config.allow_non_loopback:
+            raise ConfigError(
+                f"NNRP listen address {uri} is reachable from other hosts without TLS. Fix: listen on 127.0.0.1 "
+                'or a unix socket, use nnrps:// / wss:// / quic:// with nnrp.tls_cert_file and nnrp.tls_key_file, '
+                'or set "allow_non_loopback": true if this network is trusted.'
+            )
+    if needs_tls:
+        for key in ("tls_cert_file", "tls_key_file"):
+            path = getattr(config, key)
+            if path is None:
+                raise ConfigError(
+                    f"an nnrps:// / wss:// / quic:// listen address needs nnrp.{key} (a PEM file). Fix: set "
+                    "nnrp.tls_cert_file and nnrp.tls_key_file, or use tcp:// on loopback."
+                )
+            if not os.access(path, os.R_OK):
+                raise ConfigError(f"nnrp.{key} {path!r} is not a readable file. Fix: point it at a PEM file.")
+    if config.ipc_socket_group is not None:
+        try:
+            grp.getgrnam(config.ipc_socket_group)
+        except KeyError:
+            raise ConfigError(
+                f"nnrp.ipc_socket_group {config.ipc_socket_group!r} is not a group on this host. Fix: name an "
+                "existing group, or drop the key for an owner-only socket."
+            ) from None
 
 
 def _describe(exc: BaseException) -> str:

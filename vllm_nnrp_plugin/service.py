@@ -3,7 +3,8 @@
 Runs on vLLM's API-server event loop: operations are asyncio tasks there; every native NNRP call runs on
 the listener's and session pumps' own threads, never on the loop. Operation deadlines (envelope
 ``nnrp.timeout_ms``, NNRP DEADLINE) are loop timers: on expiry the operation's terminal is ``response.error``
-``request_timeout`` and its task is cancelled, which aborts the vLLM request.
+``request_timeout`` and its task is cancelled, which aborts the vLLM request. One service per API-server
+process: its limits and its shutdown are that process's.
 
 Every finished operation's :class:`~vllm_nnrp_plugin.observation.Observation` goes, on the loop, to: one log
 line (DEBUG when completed, INFO otherwise), the Prometheus collectors (:mod:`.metrics`), one span
@@ -24,11 +25,14 @@ from vllm_nnrp_plugin import metrics, tracing
 from vllm_nnrp_plugin.adapter import AdapterLimits, ChatBackend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.fault_injection import with_fault_injection
-from vllm_nnrp_plugin.nnrp_binding.listener import Listener
+from vllm_nnrp_plugin.limits import SessionLimits, Slots
+from vllm_nnrp_plugin.nnrp_binding.listener import Exposure, Listener
 from vllm_nnrp_plugin.nnrp_binding.session import ServerOperation
 from vllm_nnrp_plugin.observation import COMPLETED, Observation, log_fields, log_line
 
 logger = logging.getLogger(__name__)
+
+ABORT_WAIT_S = 5.0  # longest wait at shutdown for the adapters to abort their vLLM requests
 
 
 class NNRPService:
@@ -64,13 +68,27 @@ class NNRPService:
         self.capabilities = self._backend.capabilities()
         self._tasks: dict[ServerOperation, asyncio.Task] = {}
         self._timers: dict[ServerOperation, asyncio.TimerHandle] = {}
+        self._stopping = False
+        self._stopped: asyncio.Future | None = None
+        #: process-wide in-flight operations (``nnrp.max_in_flight``): taken by the session pumps at submit,
+        #: given back here when the operation's task (including its vLLM abort) is done
+        self.in_flight = Slots(config.max_in_flight)
         self._listener = Listener(
             config.listen,
             self,
             loop,
             accept_timeout_ms=config.accept_timeout_ms,
             idle_poll_ms=config.idle_poll_ms,
+            max_sessions=config.max_sessions,
+            session_limits=SessionLimits(config.max_in_flight_per_session, config.max_queued_events),
+            in_flight=self.in_flight,
+            exposure=Exposure(config.tls_cert_file, config.tls_key_file, config.ipc_socket_group),
         )
+
+    @property
+    def sessions(self) -> int:
+        """Open NNRP sessions."""
+        return self._listener.sessions
 
     def start(self) -> list[str]:
         """Bind every configured address; returns the bound URIs."""
@@ -85,19 +103,37 @@ class NNRPService:
         return bound
 
     async def stop(self) -> None:
-        """Stop accepting, give in-flight operations their terminal, abort their vLLM requests, unbind."""
-        await asyncio.to_thread(self._listener.close)
-        if self._metrics_server is not None:
-            await asyncio.to_thread(self._metrics_server.close)
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5)
+        """Graceful stop, in this order: stop accepting sessions; give every in-flight operation its one
+        terminal (``response.error`` ``server_shutdown``) and abort its vLLM request; end the sessions; unbind.
+        Idempotent: a second call waits for the first."""
+        if self._stopped is not None:
+            await asyncio.shield(self._stopped)
+            return
+        self._stopped = asyncio.get_running_loop().create_future()
+        try:
+            self._stopping = True
+            self._listener.stop_accepting()
+            tasks = list(self._tasks.items())
+            logger.info("NNRP stopping: no new sessions; ending %d in-flight operations", len(tasks))
+            for op, task in tasks:
+                op.shut_down()  # decided now, before the engine's own shutdown can fail the stream
+                task.cancel()
+            if tasks:
+                await asyncio.wait([task for _op, task in tasks], timeout=ABORT_WAIT_S)
+            await asyncio.to_thread(self._listener.close)
+            if self._metrics_server is not None:
+                await asyncio.to_thread(self._metrics_server.close)
+        finally:
+            self._stopped.set_result(None)
 
     # SessionHandler (called on the loop by the session pumps)
 
     def on_submit(self, op: ServerOperation) -> None:
+        if self._stopping:
+            op.shut_down()
+            self.in_flight.give_back()
+            op.settle()  # no task will run
+            return
         task = asyncio.get_running_loop().create_task(
             run_operation(op, self._backend, self._limits, self.capabilities)
         )
@@ -143,4 +179,5 @@ class NNRPService:
         timer = self._timers.pop(op, None)
         if timer is not None:
             timer.cancel()
+        self.in_flight.give_back()
         op.settle()

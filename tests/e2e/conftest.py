@@ -23,6 +23,14 @@ from tests.support import free_port
 
 MODEL_ENV = "VLLM_NNRP_TEST_MODEL"
 SERVED_NAME = "example-model"
+#: a streamed request that generates for a long time (1000 tokens, EOS ignored): for cancel/shutdown tests
+LONG = {
+    "model": SERVED_NAME,
+    "messages": [{"role": "user", "content": "Write a long story about the sea."}],
+    "max_tokens": 1000,
+    "ignore_eos": True,
+    "stream": True,
+}
 START_TIMEOUT_S = 600
 
 

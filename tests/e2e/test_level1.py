@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import pathlib
 import subprocess
 import sys
 import time

@@ -16,8 +16,8 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import SERVED_NAME, VLLMServer, attach_options
-from tests.support import envelope, free_port
+from tests.e2e.conftest import LONG, SERVED_NAME, VLLMServer, attach_options
+from tests.support import envelope, free_port, two_free_ports
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body
 from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE_FLAG, MIDDLEWARE_PATH
@@ -25,13 +25,6 @@ from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE_FLAG, MIDDLEWARE_P
 pytestmark = pytest.mark.vllm
 
 HELLO = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16, "temperature": 0}
-LONG = {
-    "model": SERVED_NAME,
-    "messages": [{"role": "user", "content": "Write a long story about the sea."}],
-    "max_tokens": 1000,
-    "ignore_eos": True,
-    "stream": True,
-}
 
 
 @pytest.fixture(params=["tcp", "ipc"])
@@ -243,18 +236,6 @@ def test_enabled_without_an_attach_path_fails_fast_with_the_fix(tmp_path, vllm_v
         assert "export VLLM_PLUGINS=nnrp" in done.stderr
     else:
         assert f"add {MIDDLEWARE_FLAG} to vllm serve" in done.stderr
-
-
-def two_free_ports() -> int:
-    """A port P with P and P + 1 both free (rank 1 of 2 listens on P + 1)."""
-    while True:
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
 
 
 def test_every_api_server_process_serves_nnrp_on_its_rank_address(tmp_path, vllm_version):

@@ -54,6 +54,10 @@ def test_empty_env_listen_is_an_error():
         ("tcp://127.0.0.1:9400", "tcp", "tcp://127.0.0.1:9400"),
         ("tcp://[::1]:9400", "tcp", "tcp://[::1]:9400"),
         ("unix:///tmp/vllm-nnrp.sock", "ipc", "unix:///tmp/vllm-nnrp.sock"),
+        ("nnrps://127.0.0.1:9400", "tcp", "tcp://127.0.0.1:9400"),
+        ("ws://127.0.0.1:9401", "websocket", "ws://127.0.0.1:9401/nnrp"),
+        ("wss://127.0.0.1:9401/x", "websocket", "wss://127.0.0.1:9401/x"),
+        ("quic://127.0.0.1:9402", "quic", "quic://127.0.0.1:9402"),
     ],
 )
 def test_listen_uris(uri, transport, provider):
@@ -61,10 +65,51 @@ def test_listen_uris(uri, transport, provider):
     assert (carrier.transport, carrier.provider_uri) == (transport, provider)
 
 
-@pytest.mark.parametrize("uri", ["tcp://127.0.0.1", "tcp://host:notaport", "unix://relative.sock", "ws://a:1", "9400"])
+@pytest.mark.parametrize("uri", ["tcp://127.0.0.1", "tcp://host:notaport", "unix://relative.sock", "http://a:1", "quic://a:1/path", "9400"])
 def test_bad_listen_uris(uri):
     with pytest.raises(EndpointError):
         parse_endpoint(uri)
+
+
+def test_limits_have_safe_defaults():
+    config = load_config({}, {})
+    assert (config.max_sessions, config.max_in_flight_per_session, config.max_in_flight) == (256, 16, 256)
+    assert config.max_queued_events == 1024 and config.allow_non_loopback is False
+
+
+@pytest.mark.parametrize("uri", ["tcp://0.0.0.0:9400", "tcp://10.1.2.3:9400", "ws://[::]:9401", "tcp://example.com:1"])
+def test_non_loopback_without_tls_needs_the_explicit_setting(uri):
+    with pytest.raises(ConfigError, match="allow_non_loopback"):
+        load_config({"nnrp": {"enabled": True, "listen": [uri]}}, {})
+    config = load_config({"nnrp": {"enabled": True, "listen": [uri], "allow_non_loopback": True}}, {})
+    assert config.listen == (uri,)
+
+
+@pytest.mark.parametrize("uri", ["tcp://127.0.0.1:9400", "tcp://[::1]:9400", "tcp://localhost:9400", "unix:///tmp/x.sock"])
+def test_loopback_needs_nothing(uri):
+    assert load_config({"nnrp": {"enabled": True, "listen": [uri]}}, {}).listen == (uri,)
+
+
+@pytest.mark.parametrize("uri", ["nnrps://0.0.0.0:9400", "wss://127.0.0.1:9401", "quic://127.0.0.1:9402"])
+def test_tls_addresses_need_certificate_and_key(tmp_path, uri):
+    with pytest.raises(ConfigError, match="tls_cert_file"):
+        load_config({"nnrp": {"enabled": True, "listen": [uri]}}, {})
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    block = {"enabled": True, "listen": [uri], "tls_cert_file": str(cert), "tls_key_file": str(key)}
+    with pytest.raises(ConfigError, match="not a readable file"):
+        load_config({"nnrp": block}, {})
+    cert.write_text("x"), key.write_text("x")
+    assert load_config({"nnrp": block}, {}).tls_cert_file == str(cert)
+
+
+def test_unknown_ipc_group_is_an_error():
+    with pytest.raises(ConfigError, match="ipc_socket_group"):
+        load_config({"nnrp": {"enabled": True, "ipc_socket_group": "no-such-group-xyz"}}, {})
+
+
+def test_the_environment_listen_is_checked_like_the_config():
+    with pytest.raises(ConfigError, match="allow_non_loopback"):
+        load_config({"nnrp": {"enabled": True}}, {"VLLM_NNRP_LISTEN": "tcp://0.0.0.0:9400"})
 
 
 def test_metrics_listen_is_off_unless_configured():

@@ -6,8 +6,9 @@ import types
 
 import pytest
 
+from vllm_nnrp_plugin.limits import SessionLimits, Slots
 from vllm_nnrp_plugin.nnrp_binding import session as session_module
-from vllm_nnrp_plugin.nnrp_binding.session import ServerOperation, SessionPump
+from vllm_nnrp_plugin.nnrp_binding.session import SessionPump
 
 
 @pytest.fixture
@@ -16,7 +17,8 @@ def pump():
     bounded = []
     handler = types.SimpleNamespace(on_submit=lambda op: None, on_stop=lambda op: None,
                                     on_deadline=lambda op: bounded.append((op.operation_id, op.expires_unix_ms)))
-    pump = SessionPump(types.SimpleNamespace(active_transport_name="tcp"), handler, loop, idle_poll_ms=100)
+    pump = SessionPump(types.SimpleNamespace(active_transport_name="tcp"), handler, loop, idle_poll_ms=100,
+                       limits=SessionLimits(max_in_flight=16, max_queued_events=1024), in_flight=Slots(256))
     pump.bounded = bounded
     pump.drain = lambda: loop.run_until_complete(asyncio.sleep(0))
     yield pump

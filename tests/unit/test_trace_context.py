@@ -6,6 +6,7 @@ import types
 
 import pytest
 
+from vllm_nnrp_plugin.limits import SessionLimits, Slots
 from vllm_nnrp_plugin.nnrp_binding.session import ServerOperation, SessionPump
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
@@ -57,7 +58,8 @@ def pump():
     session = types.SimpleNamespace(active_transport_name="tcp")
     loop = asyncio.new_event_loop()
     handler = types.SimpleNamespace(on_submit=lambda op: None, on_stop=lambda op: None, on_deadline=lambda op: None)
-    pump = SessionPump(session, handler, loop, idle_poll_ms=100)
+    pump = SessionPump(session, handler, loop, idle_poll_ms=100,
+                       limits=SessionLimits(max_in_flight=16, max_queued_events=1024), in_flight=Slots(256))
     yield pump
     loop.close()
 

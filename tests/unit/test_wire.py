@@ -58,3 +58,10 @@ def test_result_drop_carries_the_cancelled_event():
     assert int(metadata.drop_reason_code) == 3  # PEER_CANCELLED
     assert int(metadata.source_role) == 2  # SERVER
     assert metadata.diagnostic_bytes == len(diagnostic) and metadata.result_sequence == 4
+
+
+def test_an_operation_longer_than_the_u16_millisecond_field_still_packs():
+    """Found by the soak: operations queued > 65.5 s behind others made RESULT_PUSH.pack raise."""
+    metadata, _body = wire.result_push(ResultPush(200, b'{"type":"response.completed"}'), server_total_ms=70_000)
+    assert metadata.server_total_ms == 0xFFFF
+    metadata.pack()

@@ -1,17 +1,38 @@
-"""Listen/connect addresses: ``tcp://HOST:PORT`` and ``unix:///ABS/PATH.sock`` (the IPC carrier).
+"""Listen/connect addresses, one URI per nnrp-py carrier (nnrp-sdk.md §2):
 
-One URI selects one nnrp-py carrier. Each carrier gets its own listener (nnrp-sdk.md addendum 4: one
-listener serving several carriers loses sessions at accept deadlines).
+| URI | carrier | TLS |
+|---|---|---|
+| ``tcp://HOST:PORT`` | TCP | no |
+| ``nnrps://HOST:PORT`` | TCP | yes (NNRP's secure scheme) |
+| ``unix:///ABS/PATH.sock`` | IPC | n/a (owner-only socket file) |
+| ``ws://HOST:PORT/PATH`` | WebSocket | no |
+| ``wss://HOST:PORT/PATH`` | WebSocket | yes |
+| ``quic://HOST:PORT`` | QUIC | always |
+
+Each carrier gets its own listener (nnrp-sdk.md addendum 4: one listener serving several carriers loses
+sessions at accept deadlines). :func:`is_loopback` tells the exposure rule (config.py) which addresses stay
+on this host.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import urllib.parse
 
 import attrs
 
 DEFAULT_PORT = 9400
 DEFAULT_LISTEN = f"tcp://127.0.0.1:{DEFAULT_PORT}"
+
+# URI scheme -> (nnrp-py carrier, provider-route scheme, TLS)
+_NETWORK_SCHEMES = {
+    "tcp": ("tcp", "tcp", False),
+    "nnrps": ("tcp", "tcp", True),
+    "ws": ("websocket", "ws", False),
+    "wss": ("websocket", "wss", True),
+    "quic": ("quic", "quic", True),
+}
+_FORMS = "tcp://HOST:PORT, nnrps://HOST:PORT, unix:///ABSOLUTE/PATH.sock, ws(s)://HOST:PORT/PATH or quic://HOST:PORT"
 
 
 class EndpointError(ValueError):
@@ -20,33 +41,54 @@ class EndpointError(ValueError):
 
 @attrs.frozen
 class Carrier:
-    """``transport``: nnrp-py carrier name (``tcp`` or ``ipc``); ``provider_uri``: its provider route;
-    ``endpoint``: the ``nnrp://`` application endpoint; ``uri``: the URI as configured."""
+    """``transport``: nnrp-py carrier name (``tcp``, ``ipc``, ``websocket``, ``quic``); ``provider_uri``: its
+    provider route; ``endpoint``: the ``nnrp://`` / ``nnrps://`` application endpoint; ``uri``: the URI as
+    configured; ``tls``: the carrier needs a certificate; ``host``: the host (``None`` for IPC)."""
 
     transport: str
     provider_uri: str
     endpoint: str
     uri: str
+    tls: bool = False
+    host: str | None = None
 
 
 def parse_endpoint(uri: str) -> Carrier:
-    """Parse one URI. Raises :class:`EndpointError` for anything but ``tcp://host:port`` / ``unix:///path``."""
+    """Parse one URI (forms in the module table). Raises :class:`EndpointError`."""
     parts = urllib.parse.urlsplit(uri.strip())
-    if parts.scheme == "tcp":
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if not parts.hostname or port is None:
-            raise EndpointError(f"{uri!r}: a TCP address needs a host and a port, e.g. tcp://127.0.0.1:{DEFAULT_PORT}")
-        host = parts.hostname
-        netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return Carrier("tcp", f"tcp://{netloc}", f"nnrp://{netloc.rsplit(':', 1)[0]}", uri)
     if parts.scheme == "unix":
         path = parts.path
         if parts.netloc or not path.startswith("/"):
             raise EndpointError(f"{uri!r}: a unix socket needs an absolute path, e.g. unix:///tmp/vllm-nnrp.sock")
         return Carrier("ipc", f"unix://{path}", "nnrp://localhost", uri)
-    raise EndpointError(
-        f"{uri!r}: unsupported scheme {parts.scheme!r}; use tcp://HOST:PORT or unix:///ABSOLUTE/PATH.sock"
-    )
+    if parts.scheme not in _NETWORK_SCHEMES:
+        raise EndpointError(f"{uri!r}: unsupported scheme {parts.scheme!r}; use {_FORMS}")
+    transport, provider_scheme, tls = _NETWORK_SCHEMES[parts.scheme]
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.hostname or port is None:
+        raise EndpointError(f"{uri!r}: a network address needs a host and a port, e.g. tcp://127.0.0.1:{DEFAULT_PORT}")
+    host = parts.hostname
+    authority = f"[{host}]" if ":" in host else host
+    netloc = f"{authority}:{port}"
+    path = ""
+    if transport == "websocket":
+        path = parts.path or "/nnrp"
+    elif parts.path not in ("", "/"):
+        raise EndpointError(f"{uri!r}: only WebSocket addresses take a path")
+    endpoint = f"{'nnrps' if tls and transport != 'quic' else 'nnrp'}://{authority}"
+    return Carrier(transport, f"{provider_scheme}://{netloc}{path}", endpoint, uri, tls, host)
+
+
+def is_loopback(carrier: Carrier) -> bool:
+    """True for IPC and for network addresses that only this host can reach (127.0.0.0/8, ::1, localhost)."""
+    if carrier.host is None:
+        return True
+    if carrier.host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(carrier.host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything

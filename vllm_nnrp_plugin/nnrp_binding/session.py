@@ -29,6 +29,14 @@ Runtime metadata the pump reads besides cancels (nnrp-sdk.md §4, §8):
 * ``TRACE_CONTEXT``: frame 0 sets the session's default trace context; an operation's frame overrides it for
   that operation until it is dispatched to vLLM (profile-contract.md §6). Ineligible contexts (zero ids) and
   late ones are ignored; the attribute body is never read.
+
+Limits (the SDK's credit is advisory, nnrp-sdk.md §9, so the pump enforces them): a submit over
+``SessionLimits.max_in_flight`` for this session, or over the process-wide :class:`Slots`, is answered at once
+with ``response.error`` ``too_many_requests`` and never reaches the handler (so never vLLM); the session then
+gets a BACKPRESSURE frame (credit window 0) and, once an operation finished, a CREDIT_UPDATE with the free
+window. The outbox holds at most ``SessionLimits.max_queued_events`` partial results: the operation whose
+event would overflow it ends with ``response.error`` ``client_too_slow`` and is stopped (its vLLM request
+aborted). Terminals are always queued, so the outbox never exceeds that bound plus one per operation.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import struct
 import threading
 import itertools
 import time
@@ -45,6 +54,7 @@ from typing import Any, Protocol
 import orjson
 from nnrp.core import MessageType
 from nnrp.native import NativeInvalidStateError, NativeRuntimeError, NativeRuntimeServerSession
+from nnrp.runtime import PressureMetadata
 
 from vllm_nnrp_plugin import observation as obs
 from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
@@ -56,6 +66,8 @@ from vllm_nnrp_plugin.operation import (
     ResultDrop,
     ResultPush,
 )
+from vllm_nnrp_plugin.limits import SessionLimits, Slots
+from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
 from vllm_nnrp_plugin.profile.errors import REQUEST_TIMEOUT, SERVER_ERROR, SERVER_SHUTDOWN, ProfileError
 
@@ -66,6 +78,10 @@ ACTIVE_POLL_GAP_S = 0.002  # while operations are active: sends only, for this l
 MAX_POLL_GAP_S = 0.016  # …doubling up to this while no event went out (fewer wake-ups competing for the GIL)
 PEER_GONE_AFTER = 3  # consecutive failing polls that mean the client is gone (one can be a stale cancel)
 MAX_EARLY_DEADLINES = 256  # DEADLINE controls kept for operations not submitted yet
+# BACKPRESSURE frame after a refused submit: this plugin's values (NNRP leaves level/reason to the server)
+PRESSURE_LEVEL_FULL = 1
+PRESSURE_REASON_IN_FLIGHT = 1
+RETRY_AFTER_MS = 100
 
 _SESSION_IDS = itertools.count(1)  # the accept counter standing in for a connection id (see Observation)
 
@@ -142,11 +158,24 @@ class ServerOperation:
         return wire.untyped_payload(metadata.payload_kind_bitmap, metadata.payload_frame_count, submit.tail.body)
 
     def partial(self, event: dict[str, Any]) -> None:
-        """Queue one non-terminal event; ignored once the operation finished or was stopped."""
+        """Queue one non-terminal event; ignored once the operation finished or was stopped. When the session's
+        outbox is full the operation ends with ``client_too_slow`` instead and the handler is told to stop it."""
+        overflow = False
         with self._lock:
-            action = self._machine.partial(event)
+            if self._machine.finished:
+                return
+            if self._pump.outbox_full():
+                overflow = True
+                action = self._machine.fail(E.client_too_slow(
+                    f"{self._pump.limits.max_queued_events} events are waiting to be sent on this session "
+                    "(nnrp.max_queued_events): the client reads slower than the model generates"
+                ))
+            else:
+                action = self._machine.partial(event)
         if action is not None:
             self._pump.enqueue(self, action)
+        if overflow:
+            self._pump.stop_operation(self)
 
     def complete(self, body: dict[str, Any]) -> None:
         """Queue the terminal ``response.completed``."""
@@ -221,7 +250,7 @@ class ServerOperation:
         Any thread."""
         with self._lock:
             self.observation.cancelled(time.monotonic_ns(), source=obs.SERVER, reason=SERVER_SHUTDOWN)
-        self.fail(ProfileError(SERVER_SHUTDOWN, "the NNRP listener is shutting down", SERVER_ERROR, 503))
+        self.fail(E.server_shutdown())
 
     def _terminal_body(self, body: bytes, *, dropped: bool) -> bytes:
         """Record the terminal; with ``nnrp.diagnostics: true`` add the record's ``diagnostics`` to its
@@ -249,9 +278,14 @@ class SessionPump:
         loop: asyncio.AbstractEventLoop,
         *,
         idle_poll_ms: int,
+        limits: SessionLimits,
+        in_flight: Slots,
         on_exit: Callable[[SessionPump], None] | None = None,
     ) -> None:
         self.session = session
+        self.limits = limits
+        self._in_flight = in_flight
+        self._pressured = False  # a BACKPRESSURE frame was sent and no CREDIT_UPDATE since
         self.transport: str = session.active_transport_name
         self.connection_id = next(_SESSION_IDS)
         self._handler = handler
@@ -295,6 +329,14 @@ class SessionPump:
             self._loop.call_soon_threadsafe(self._handler.on_finished, op)
         except RuntimeError:  # the loop is closed: the server is gone, nobody is left to tell
             pass
+
+    def outbox_full(self) -> bool:
+        """True when ``limits.max_queued_events`` sends are waiting."""
+        return len(self._outbox) >= self.limits.max_queued_events
+
+    def stop_operation(self, op: ServerOperation) -> None:
+        """Have the handler stop ``op``'s backend work (any thread)."""
+        self._loop.call_soon_threadsafe(self._handler.on_stop, op)
 
     # -- pump thread --------------------------------------------------------------------------------------
 
@@ -359,6 +401,12 @@ class SessionPump:
         op = event.as_submit()
         if op is not None:
             sop = ServerOperation(op, self)
+            refusal = self._admit()
+            if refusal is not None:
+                sop.fail(refusal)  # the terminal goes out with the next flush; the handler never sees it
+                sop.settle()  # no task will run for it
+                self._signal_pressure()
+                return True
             self._ops[sop.operation_id] = sop
             self._frames[sop.frame_id] = sop.operation_id
             self._loop.call_soon_threadsafe(self._handler.on_submit, sop)
@@ -421,8 +469,34 @@ class SessionPump:
         if sop is not None:
             sop._override_trace(context)
 
+    def _admit(self) -> ProfileError | None:
+        """Take an in-flight slot for a new submit, or say why not (``too_many_requests``)."""
+        if len(self._ops) >= self.limits.max_in_flight:
+            return E.too_many_requests(
+                f"this session already has {len(self._ops)} operations in flight; the limit is "
+                f"{self.limits.max_in_flight} (nnrp.max_in_flight_per_session)"
+            )
+        if not self._in_flight.try_take():
+            return E.too_many_requests(
+                f"this server already runs {self._in_flight.capacity} NNRP operations (nnrp.max_in_flight)"
+            )
+        return None
+
+    def _signal_pressure(self) -> None:
+        """BACKPRESSURE, credit window 0: the client should wait for a terminal before submitting more."""
+        self._pressured = True
+        self._send_pressure(self.session.send_backpressure, 0, PRESSURE_LEVEL_FULL, PRESSURE_REASON_IN_FLIGHT)
+
+    def _send_pressure(self, send: Callable[[PressureMetadata], None], credit: int, level: int, reason: int) -> None:
+        retry_after_ms = RETRY_AFTER_MS if level else 0
+        try:
+            send(PressureMetadata(0, credit, level, reason, retry_after_ms, 0))
+        except NativeRuntimeError as exc:
+            logger.debug("NNRP pressure frame not delivered: %s", exc)
+
     def _cancel_all(self, detail: str) -> None:
         """The client is gone or closed its session: nothing can be delivered; stop every operation."""
+        self._pressured = False  # no CREDIT_UPDATE to a session that is going away
         for sop in list(self._ops.values()):
             sop._cancel(DropReason.TRANSPORT_CLOSED, detail)
             sop.observation.terminal_sent(time.monotonic_ns(), dropped=True)
@@ -442,7 +516,28 @@ class SessionPump:
                     continue  # nothing after a cancel
                 if isinstance(action, ResultPush):
                     action = sop._late_drop()
-            self._send(sop, action)
+            try:
+                self._send(sop, action)
+            except (ValueError, TypeError, OverflowError, struct.error):
+                # one frame that cannot be built (a bug) costs its operation, never the session and the
+                # client's other operations on it (the soak once lost a session this way)
+                logger.exception("NNRP frame for operation %d cannot be built; the operation is dropped", sop.operation_id)
+                self._drop_unsendable(sop)
+
+    def _drop_unsendable(self, sop: ServerOperation) -> None:
+        """End ``sop`` with a TRANSPORT_CLOSED drop (``response.cancelled`` ``server_error``); abort its work."""
+        sop._cancel(DropReason.TRANSPORT_CLOSED, "server_error")
+        drop = sop._machine.cancelled_drop(DropReason.TRANSPORT_CLOSED, "server_error")
+        try:
+            metadata, body = wire.result_drop(sop.operation_id, drop)
+            sdk_sync.send_result_drop(sop._op, metadata, body)
+        except NativeRuntimeError as exc:
+            logger.debug("NNRP drop for operation %d not delivered: %s", sop.operation_id, exc)
+        sop.observation.terminal_sent(time.monotonic_ns(), dropped=True)
+        sop._terminal_sent = True
+        self._forget(sop)
+        sop.settle()
+        self.stop_operation(sop)
 
     def _send(self, sop: ServerOperation, action: Action) -> None:
         op = sop._op
@@ -478,5 +573,10 @@ class SessionPump:
         sdk_sync.send_result_drop(sop._op, metadata, body)
 
     def _forget(self, sop: ServerOperation) -> None:
-        self._ops.pop(sop.operation_id, None)
+        if self._ops.pop(sop.operation_id, None) is None:
+            return
         self._frames.pop(sop.frame_id, None)
+        if self._pressured and not self._stopping:
+            self._pressured = False
+            credit = self.limits.max_in_flight - len(self._ops)
+            self._send_pressure(self.session.send_credit_update, credit, 0, 0)

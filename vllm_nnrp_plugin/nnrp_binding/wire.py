@@ -88,7 +88,8 @@ def partial_result(operation_id: int, action: PartialResult) -> tuple[PartialRes
 
 
 def result_push(action: ResultPush, server_total_ms: int = 0) -> tuple[ResultPushMetadata, bytes]:
-    """RESULT_PUSH metadata + typed body for a terminal event; ``server_total_ms`` in ms (u32, clamped)."""
+    """RESULT_PUSH metadata + typed body for a terminal event; ``server_total_ms`` in ms, clamped to the
+    field's u16 (65535 ms: an operation longer than that must not make the RESULT_PUSH unpackable)."""
     metadata = ResultPushMetadata(
         status_code=action.status,
         result_flags=ResultFlags(0),
@@ -98,7 +99,7 @@ def result_push(action: ResultPush, server_total_ms: int = 0) -> tuple[ResultPus
         reserved0=0,
         inference_ms=0,
         queue_ms=0,
-        server_total_ms=min(server_total_ms, 0xFFFFFFFF),
+        server_total_ms=min(server_total_ms, 0xFFFF),
         reserved1=0,
         tile_base_id=0,
         tile_index_bytes=0,

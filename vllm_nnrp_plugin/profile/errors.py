@@ -27,6 +27,10 @@ TOOL_CALL_INCOMPLETE = "tool_call_incomplete"  # only in response.tool_call.erro
 REQUEST_TIMEOUT = "request_timeout"
 # the listener is stopping (in-flight operations end with this)
 SERVER_SHUTDOWN = "server_shutdown"
+# limits (nnrp.max_in_flight_per_session, nnrp.max_in_flight): the operation never reached vLLM
+TOO_MANY_REQUESTS = "too_many_requests"
+# the session's outbox is full (nnrp.max_queued_events): the client reads slower than vLLM generates
+CLIENT_TOO_SLOW = "client_too_slow"
 
 INVALID_REQUEST_ERROR = "invalid_request_error"
 SERVER_ERROR = "server_error"
@@ -48,6 +52,21 @@ class ProfileError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+def too_many_requests(message: str) -> ProfileError:
+    """A limit on in-flight operations refused the submit before it reached vLLM (429)."""
+    return ProfileError(TOO_MANY_REQUESTS, message, SERVER_ERROR, 429)
+
+
+def client_too_slow(message: str) -> ProfileError:
+    """The session's outbox hit its bound; the operation is stopped and its vLLM request aborted (429)."""
+    return ProfileError(CLIENT_TOO_SLOW, message, SERVER_ERROR, 429)
+
+
+def server_shutdown() -> ProfileError:
+    """The listener is stopping (``vllm serve`` got SIGTERM/SIGINT) while the operation ran (503)."""
+    return ProfileError(SERVER_SHUTDOWN, "the NNRP listener is shutting down", SERVER_ERROR, 503)
 
 
 def backend_error(message: str, status: int = 500) -> ProfileError:

@@ -20,11 +20,14 @@ from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
 from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE, read_surface, select_binding
 from vllm_nnrp_plugin.vllm_binding.gate import middleware_enables
 from vllm_nnrp_plugin.vllm_binding.ranks import rank_listen
+from vllm_nnrp_plugin.vllm_binding.shutdown import stop_before_engine_shutdown
 
 logger = logging.getLogger("vllm_nnrp_plugin")
 
 _ATTACHED = "nnrp_listener_attached"
 _SERVICE = "nnrp_service"
+_UNDO_SHUTDOWN_HOOK = "nnrp_undo_shutdown_hook"
+STOP_BUDGET_S = 10.0  # longest NNRP graceful stop before vLLM's engine shutdown proceeds (SIGTERM/SIGINT)
 
 
 def claim(state: Any, attach_path: str) -> bool:
@@ -42,7 +45,8 @@ async def start_listener(state: Any, attach_path: str) -> None:
     middleware path counts as enabling unless ``nnrp.enabled`` is explicitly false. The family binding is
     selected again here (the general plugin may not have run, e.g. ``VLLM_PLUGINS`` not naming ``nnrp``).
     API-server rank ``r`` of ``N`` listens on the addresses of :func:`rank_listen`; only rank 0 serves the
-    standalone ``/metrics`` of ``nnrp.metrics_listen``.
+    standalone ``/metrics`` of ``nnrp.metrics_listen``. vLLM's engine shutdown (SIGTERM/SIGINT) first stops
+    this service gracefully (:mod:`.shutdown`).
 
     Raises ``NNRPStartupError`` (no binding), ``ConfigError`` (settings), ``RankAddressError``,
     ``ListenError`` (bind); raised inside the lifespan they make vLLM's start-up fail with the message.
@@ -65,6 +69,10 @@ async def start_listener(state: Any, attach_path: str) -> None:
     service = NNRPService(config, backend, asyncio.get_running_loop())
     bound = await asyncio.to_thread(service.start)  # binding is a native call: keep it off vLLM's loop
     setattr(state, _SERVICE, service)
+    undo = stop_before_engine_shutdown(
+        state.engine_client, asyncio.get_running_loop(), service.stop, budget_s=STOP_BUDGET_S
+    )
+    setattr(state, _UNDO_SHUTDOWN_HOOK, undo)
     logger.info(
         "NNRP listening on %s (vLLM %s, binding %s, attach path %s, API server %d of %d, models: %s)",
         ", ".join(bound),
@@ -86,6 +94,7 @@ async def stop_listener(state: Any) -> None:
         return
     setattr(state, _SERVICE, None)
     await service.stop()
+    getattr(state, _UNDO_SHUTDOWN_HOOK)()
     logger.info("NNRP listener stopped")
 
 

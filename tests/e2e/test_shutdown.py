@@ -1,0 +1,87 @@
+"""Graceful shutdown of a real ``vllm serve`` (CPU) with NNRP streams in flight: SIGTERM → the listener stops
+accepting first, every in-flight operation gets exactly one terminal, its vLLM request is aborted before vLLM
+stops its engine, and the server exits in time without traceback noise. With one API-server process and with
+two (``--api-server-count 2``: each process runs its own stop, vllm_binding/shutdown.py), through the anchor's
+attach path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+
+import pytest
+
+from tests.e2e.conftest import LONG, VLLMServer, attach_options
+from tests.support import envelope, two_free_ports
+from vllm_nnrp_plugin.client import ProfileClient
+
+pytestmark = pytest.mark.vllm
+
+EXIT_WITHIN_S = 60
+TRANSPORT_CLOSED = 8
+
+
+@pytest.mark.parametrize("api_servers", [1, 2])
+def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request(tmp_path, vllm_version, api_servers):
+    port = two_free_ports()
+    env, args = attach_options(vllm_version[1])
+    listen = f"tcp://127.0.0.1:{port},unix://{tmp_path}/nnrp.sock"
+    # rank r serves on PORT + r and nnrp-r.sock (rank 0: nnrp.sock)
+    addresses = [f"tcp://127.0.0.1:{port}", f"unix://{tmp_path}/nnrp.sock"]
+    if api_servers == 2:
+        addresses += [f"tcp://127.0.0.1:{port + 1}", f"unix://{tmp_path}/nnrp-1.sock"]
+    server = VLLMServer(
+        tmp_path,
+        env={**env, "VLLM_NNRP_LISTEN": listen},
+        # --enable-log-requests: vLLM then logs "Aborted request(s) <id>"
+        extra_args=(*args, "--enable-log-requests", "--api-server-count", str(api_servers)),
+    )
+    clients = []
+    try:
+        server.wait_ready()
+        deadline = time.monotonic() + 120  # HTTP answers as soon as one rank is up
+        while server.output().count("NNRP listening on") < api_servers:
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.tail()
+            time.sleep(0.5)
+        clients = [asyncio.run(ProfileClient.connect(uri)) for uri in addresses]
+        ops = [
+            (client, client.submit(envelope(LONG, request_id=f"shutdown-{c}-{n}")), f"shutdown-{c}-{n}")
+            for c, client in enumerate(clients)
+            for n in range(2)
+        ]
+        streams = [client.events(op, timeout_s=120) for client, op, _rid in ops]
+        for stream in streams:
+            assert next(stream).event["type"] == "response.output_text.delta"
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        for stream in streams:
+            rest = list(stream)  # raises ClientTimeout if no terminal arrives
+            terminals = [e for e in rest if e.terminal]
+            assert len(terminals) == 1 and rest[-1] is terminals[0]
+            terminal = terminals[0]
+            assert (terminal.frame == "result_push" and terminal.event["error"]["code"] == "server_shutdown") or (
+                terminal.frame == "result_drop" and terminal.drop_reason == TRANSPORT_CLOSED
+            ), terminal
+        server.wait_exit(EXIT_WITHIN_S)
+        assert time.monotonic() - signalled < EXIT_WITHIN_S
+    finally:
+        for client in clients:
+            client.close()
+        server.stop()
+    log = server.output()
+    per_process = len(ops) // api_servers
+    stopping = [m.start() for m in re.finditer(f"NNRP stopping: no new sessions; ending {per_process} in-flight", log)]
+    assert len(stopping) == api_servers, log[-4000:]
+    # 0.26 logs inside engine_client.shutdown; older lines log nothing there, and their abort lines can only
+    # come from a live engine client
+    marker = log.find("[shutdown] MPClient: start")
+    engine_stop = marker if marker >= 0 else len(log)
+    assert max(stopping) < engine_stop
+    for _client, _op, request_id in ops:
+        aborted = re.search(rf"Aborted request\(s\) chatcmpl-nnrp-{request_id}-", log)
+        assert aborted and aborted.start() < engine_stop, f"{request_id} not aborted before the engine stopped"
+    assert log.count("NNRP listener stopped") == api_servers
+    assert "Traceback" not in log, log[-4000:]

@@ -1,0 +1,142 @@
+"""Limits and backpressure over the real NNRP path (nnrp-py native server and client on loopback): work over
+a limit is refused with a typed ``response.error`` and never reaches the backend; the session keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nnrp.core import MessageType
+from nnrp.native import NativeRuntimeError
+
+from tests.support import ServedNNRP, envelope, free_port, wait_until
+from vllm_nnrp_plugin.client import ProfileClient
+
+SLOW = envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05, "repeat": 20})
+QUICK = envelope({"model": "c-nonstream-text", "messages": []})
+
+
+@pytest.fixture
+def limited(request, tmp_path):
+    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}", f"unix://{tmp_path}/nnrp.sock"), **request.param)
+    yield served
+    served.stop()
+
+
+def connect(uri):
+    return asyncio.run(ProfileClient.connect(uri))
+
+
+def raw_frames(client, stop, timeout_s=10.0):
+    """Poll the session's raw frames until ``stop(types)``; returns ``[(message_type, frame_id), ...]``."""
+    seen = []
+    loops = int(timeout_s * 10)
+    for _ in range(loops):
+        try:
+            polled = client.session.poll_events(max_events=1, timeout_ms=100)
+        except NativeRuntimeError:
+            continue
+        for raw in polled:
+            header = getattr(raw, "header", None)
+            if header is not None:
+                seen.append((header.message_type, header.frame_id))
+        if stop(seen):
+            return seen
+    raise AssertionError(f"not seen in {timeout_s} s: {seen}")
+
+
+@pytest.mark.parametrize("limited", [{"max_in_flight_per_session": 2}], indirect=True)
+@pytest.mark.parametrize("transport", [0, 1])
+def test_a_submit_over_the_session_limit_gets_too_many_requests_and_never_reaches_the_backend(limited, transport):
+    client = connect(limited.bound[transport])
+    try:
+        running = [client.submit(SLOW) for _ in range(2)]
+        assert wait_until(lambda: len(limited.backend.started) == 2)
+        refused = client.submit(QUICK)
+        (terminal,) = list(client.events(refused, timeout_s=10))
+        assert terminal.frame == "result_push" and terminal.status == 429
+        assert terminal.event["type"] == "response.error"
+        assert terminal.event["error"]["code"] == "too_many_requests"
+        assert "nnrp.max_in_flight_per_session" in terminal.event["error"]["message"]
+        assert len(limited.backend.started) == 2  # the refused operation never reached the backend
+        for op in running:
+            client.cancel(op)
+            assert list(client.events(op, timeout_s=10))[-1].frame == "result_drop"
+        (again,) = list(client.events(client.submit(QUICK), timeout_s=10))
+        assert again.event["type"] == "response.completed"
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("limited", [{"max_in_flight_per_session": 1}], indirect=True)
+def test_a_refusal_sends_backpressure_then_a_credit_update_when_an_operation_ends(limited):
+    client = connect(limited.bound[0])
+    try:
+        first = client.submit(SLOW)
+        assert wait_until(lambda: len(limited.backend.started) == 1)
+        refused = client.submit(QUICK)
+        seen = raw_frames(client, lambda s: (MessageType.RESULT_PUSH, refused.frame_id) in s)
+        assert (MessageType.BACKPRESSURE, 0) in [(t, 0) for t, _f in seen]
+        client.connection.cancel_runtime_operation(client.session, operation_id=first.operation_id, control_sequence=1)
+        seen = raw_frames(client, lambda s: any(t is MessageType.CREDIT_UPDATE for t, _f in s))
+        assert (MessageType.RESULT_DROP_REASON, first.frame_id) in seen
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("limited", [{"max_in_flight": 3}], indirect=True)
+def test_the_process_limit_counts_every_session_and_frees_slots_when_operations_end(limited):
+    clients = [connect(uri) for uri in limited.bound]
+    try:
+        ops = [(c, c.submit(SLOW)) for c in (clients[0], clients[0], clients[1])]
+        assert wait_until(lambda: len(limited.backend.started) == 3)
+        (terminal,) = list(clients[1].events(clients[1].submit(QUICK), timeout_s=10))
+        assert terminal.event["error"]["code"] == "too_many_requests"
+        assert "nnrp.max_in_flight" in terminal.event["error"]["message"]
+        assert len(limited.backend.started) == 3
+        for c, op in ops:
+            c.cancel(op)
+            list(c.events(op, timeout_s=10))
+        assert wait_until(lambda: limited.service.in_flight.used == 0)
+        for c in clients:
+            (again,) = list(c.events(c.submit(QUICK), timeout_s=10))
+            assert again.event["type"] == "response.completed"
+        assert wait_until(lambda: limited.service.in_flight.used == 0)
+    finally:
+        for c in clients:
+            c.close()
+
+
+@pytest.mark.parametrize("limited", [{"max_sessions": 2}], indirect=True)
+def test_sessions_over_the_limit_are_refused_at_open(limited):
+    clients = [connect(limited.bound[0]), connect(limited.bound[1])]
+    try:
+        assert wait_until(lambda: limited.service.sessions == 2)
+        with pytest.raises(NativeRuntimeError, match="limit|LIMIT|auth|108"):
+            connect(limited.bound[0])
+        clients.pop().close()
+        assert wait_until(lambda: limited.service.sessions == 1)
+        clients.append(connect(limited.bound[1]))
+        (done,) = list(clients[-1].events(clients[-1].submit(QUICK), timeout_s=10))
+        assert done.event["type"] == "response.completed"
+    finally:
+        for c in clients:
+            c.close()
+
+
+@pytest.mark.parametrize("limited", [{"max_queued_events": 8}], indirect=True)
+def test_a_client_slower_than_the_stream_ends_with_client_too_slow_and_the_request_is_aborted(limited):
+    client = connect(limited.bound[1])
+    try:
+        burst = envelope({"model": "a-stream-text", "messages": [], "stream": True, "repeat": 2000, "pace_s": 1e-6})
+        events = list(client.events(client.submit(burst), timeout_s=30))
+        terminal = events[-1]
+        assert terminal.event["type"] == "response.error", terminal
+        assert terminal.event["error"]["code"] == "client_too_slow"
+        request_id = limited.backend.started[-1]
+        assert wait_until(lambda: request_id in limited.backend.aborted)
+        assert len(events) < 2000 * 16  # stopped well before the end of the stream
+        (again,) = list(client.events(client.submit(QUICK), timeout_s=10))
+        assert again.event["type"] == "response.completed"
+    finally:
+        client.close()

@@ -1,0 +1,88 @@
+"""Every carrier end to end through the real listener path: TCP, IPC, WebSocket (ws, wss), QUIC and TLS over
+TCP (``nnrps``), with a self-signed certificate made here (nnrp-sdk.md §2)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from tests.support import ServedNNRP, envelope, free_port, recorded_chunks
+from vllm_nnrp_plugin.client import ProfileClient
+
+STREAM = envelope({"model": "a-stream-text", "messages": [], "stream": True})
+
+
+def self_signed(tmp_path, name="localhost"):
+    """A PEM certificate + key for ``name`` and 127.0.0.1; returns (cert path, key path, cert DER)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return str(cert_path), str(key_path), cert.public_bytes(serialization.Encoding.DER)
+
+
+SCHEMES = ["tcp", "unix", "ws", "wss", "quic", "nnrps"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tls")
+    cert, key, der = self_signed(tmp)
+    listen = tuple(
+        f"unix://{tmp}/nnrp.sock" if scheme == "unix" else f"{scheme}://127.0.0.1:{free_port()}" for scheme in SCHEMES
+    )
+    served = ServedNNRP(listen, tls_cert_file=cert, tls_key_file=key)
+    served.der = der
+    served.other_der = self_signed(tmp, "other")[2]
+    yield served
+    served.stop()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_each_carrier_streams_an_operation_end_to_end(served, scheme):
+    (uri,) = [u for u in served.bound if u.startswith(f"{scheme}://")]
+    client = asyncio.run(ProfileClient.connect(uri, trusted_cert_der=served.der))
+    try:
+        events = list(client.events(client.submit(STREAM), timeout_s=10))
+        expected = "".join(c["choices"][0]["delta"]["content"] for c in recorded_chunks("a-stream-text"))
+        assert "".join(e.event.get("delta", "") for e in events[:-1]) == expected
+        assert events[-1].event["type"] == "response.completed"
+        assert client.session is not None
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("scheme", ["wss", "quic", "nnrps"])
+def test_tls_carriers_refuse_a_client_that_does_not_trust_the_certificate(served, scheme):
+    (uri,) = [u for u in served.bound if u.startswith(f"{scheme}://")]
+    with pytest.raises(Exception):
+        client = asyncio.run(asyncio.wait_for(ProfileClient.connect(uri, trusted_cert_der=served.other_der), 20))
+        try:
+            list(client.events(client.submit(STREAM), timeout_s=5))
+        finally:
+            client.close()

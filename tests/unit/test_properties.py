@@ -1,0 +1,269 @@
+"""Property-based tests (hypothesis): any input yields either well-ordered events with exactly one terminal or
+one typed error — never an exception escaping, never two terminals (issue 6, "Proof").
+
+Covered: frame unwrapping (``wire.untyped_payload``) and envelope decoding (``decode_envelope``) on arbitrary
+bytes and on mutated envelopes; chunk -> event mapping (``ChatStreamMapper``) on realistic and on arbitrary
+chunk streams, end to end through ``run_operation`` with the real :class:`OperationMachine`; the machine on
+arbitrary call sequences. Example counts are bounded so the default test run stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+
+pytest.importorskip("hypothesis", reason="hypothesis (test extra) is not installed in this environment")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.support import envelope  # noqa: E402
+from vllm_nnrp_plugin.adapter import AdapterLimits, ChatCall, run_operation
+from vllm_nnrp_plugin.profile.capabilities import operation_names, runtime_document
+from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.operation import DropReason, OperationMachine, PartialResult, ResultDrop, ResultPush
+from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
+from vllm_nnrp_plugin.profile.envelope import decode_envelope
+
+ERROR_TYPES = {E.INVALID_REQUEST_ERROR, E.SERVER_ERROR}
+CODES = {v for k, v in vars(E).items() if k.isupper() and isinstance(v, str)} - ERROR_TYPES
+MAX_BYTES = 4096
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False) | st.text(max_size=20)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+
+CAPABILITIES = runtime_document(models=["example-model"], owned_by="vllm", tool_calls=True)
+OPERATIONS = operation_names(CAPABILITIES)
+
+
+# -- envelope decoding --------------------------------------------------------------------------------------
+
+
+def _decodes_or_typed_error(payload: bytes) -> None:
+    try:
+        env = decode_envelope(payload, operations=OPERATIONS, max_bytes=MAX_BYTES)
+    except E.ProfileError as err:
+        assert err.code in CODES and err.message
+        return
+    assert env.operation in OPERATIONS and isinstance(env.body, dict) and "messages" in env.body
+
+
+@FAST
+@given(st.binary(max_size=6000))
+def test_any_bytes_decode_to_an_envelope_or_one_typed_error(payload):
+    _decodes_or_typed_error(payload)
+
+
+field_names = st.sampled_from(["schema_version", "operation", "body", "request_id", "nnrp", "extra"])
+
+
+@FAST
+@given(st.dictionaries(field_names, json_values, max_size=5), st.booleans())
+def test_mutated_envelopes_decode_or_fail_typed(mutation, drop_messages):
+    doc = envelope({"messages": [{"role": "user", "content": "hi"}]})
+    doc.update(mutation)
+    if drop_messages and isinstance(doc.get("body"), dict):
+        doc["body"].pop("messages", None)
+    _decodes_or_typed_error(orjson.dumps(doc))
+
+
+@FAST
+@given(st.integers(0, 64), st.integers(0, 4), st.binary(max_size=300))
+def test_any_submit_body_unwraps_to_a_payload_or_invalid_frame(bitmap, frame_count, body):
+    try:
+        payload = wire.untyped_payload(bitmap, frame_count, body)
+    except E.ProfileError as err:
+        assert err.code == E.INVALID_FRAME
+    else:
+        assert isinstance(payload, bytes)
+
+
+@FAST
+@given(st.binary(max_size=500))
+def test_a_wrapped_payload_unwraps_to_itself(payload):
+    assert wire.untyped_payload(wire.STRUCTURED_EVENT, 1, wire.typed_body(payload)) == payload
+
+
+# -- chunk -> event mapping, end to end through the adapter -------------------------------------------------
+
+content = st.none() | st.text(max_size=8)
+realistic_chunk = st.fixed_dictionaries(
+    {"id": st.just("chatcmpl-x"), "created": st.just(1), "model": st.just("m")},
+    optional={
+        "choices": st.lists(
+            st.fixed_dictionaries(
+                {"index": st.integers(0, 2), "delta": st.fixed_dictionaries({}, optional={"content": content})},
+                optional={"finish_reason": st.none() | st.sampled_from(["stop", "length"])},
+            ),
+            max_size=2,
+        ),
+        "usage": st.none() | st.fixed_dictionaries(
+            {"prompt_tokens": st.integers(0, 9), "completion_tokens": st.integers(0, 9), "total_tokens": st.integers(0, 18)}
+        ),
+    },
+)
+error_chunk = st.fixed_dictionaries({"error": st.fixed_dictionaries({"message": st.text(max_size=10), "code": st.integers(400, 599)})})
+any_chunk = st.dictionaries(st.sampled_from(["id", "choices", "usage", "error", "x"]), json_values, max_size=4)
+chunk_streams = st.lists(st.one_of(realistic_chunk, realistic_chunk, error_chunk, any_chunk), max_size=12)
+
+
+class RecordingSink:
+    """The adapter's sink backed by the real OperationMachine; records the actions it would send."""
+
+    def __init__(self, payload: bytes) -> None:
+        self._payload = payload
+        self.machine = OperationMachine()
+        self.actions: list[Any] = []
+        self.calls_after_terminal = 0
+        self.observation = Observation(
+            connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp", submitted_ns=0,
+            submitted_unix_ns=0,
+        )  # fmt: skip
+
+    def envelope_bytes(self) -> bytes:
+        return self._payload
+
+    def _record(self, action) -> None:
+        if action is None:
+            self.calls_after_terminal += 1
+        else:
+            self.actions.append(action)
+
+    def partial(self, event):
+        self._record(self.machine.partial(event))
+
+    def complete(self, body):
+        self._record(self.machine.complete(body))
+
+    def fail(self, err):
+        assert isinstance(err, E.ProfileError) and err.code in CODES
+        self._record(self.machine.fail(err))
+
+    def limit_time(self, timeout_ms):
+        pass
+
+    def dispatch(self):
+        return None
+
+
+class ScriptedBackend:
+    """Streams the given chunks (or returns ``body`` when not streaming); records aborts."""
+
+    def __init__(self, chunks, body=None) -> None:
+        self.chunks, self.body, self.aborted, self.started = chunks, body, [], []
+
+    async def create_chat_completion(self, body, request_id, traceparent=None):
+        self.started.append(request_id)
+        if self.body is not None:
+            return ChatCall(body=self.body)
+
+        async def stream():
+            for chunk in self.chunks:
+                await asyncio.sleep(0)
+                yield chunk
+
+        return ChatCall(stream=stream())
+
+    async def abort(self, request_id):
+        self.aborted.append(request_id)
+
+
+def _check_one_terminal(sink: RecordingSink) -> dict[str, Any]:
+    *partials, terminal = sink.actions
+    assert all(isinstance(a, PartialResult) for a in partials)
+    assert [a.sequence for a in partials] == list(range(1, len(partials) + 1))
+    assert isinstance(terminal, ResultPush)
+    event = orjson.loads(terminal.event)
+    assert event["type"] in ("response.completed", "response.error")
+    if event["type"] == "response.error":
+        assert event["error"]["code"] in CODES and event["error"]["message"] and event["error"]["type"]
+    for action in partials:
+        assert orjson.loads(action.body)["type"] in ("response.output_text.delta", "response.usage")
+    return event
+
+
+@FAST
+@given(chunk_streams)
+def test_any_chunk_stream_gives_ordered_events_and_exactly_one_terminal(chunks):
+    sink = RecordingSink(orjson.dumps(envelope({"messages": [], "stream": True})))
+    backend = ScriptedBackend(chunks)
+    asyncio.run(run_operation(sink, backend, AdapterLimits(MAX_BYTES), CAPABILITIES))  # must not raise
+    event = _check_one_terminal(sink)
+    if event["type"] == "response.error":
+        assert backend.aborted == backend.started  # an unfinished backend request is always aborted
+
+
+@FAST
+@given(st.lists(realistic_chunk, max_size=12))
+def test_realistic_streams_complete_with_the_streamed_text(chunks):
+    sink = RecordingSink(orjson.dumps(envelope({"messages": [], "stream": True})))
+    asyncio.run(run_operation(sink, ScriptedBackend(chunks), AdapterLimits(MAX_BYTES), CAPABILITIES))
+    event = _check_one_terminal(sink)
+    assert event["type"] == "response.completed"
+    deltas: dict[int, str] = {}
+    for action in sink.actions[:-1]:
+        e = orjson.loads(action.body)
+        if e["type"] == "response.output_text.delta":
+            deltas[e["index"]] = deltas.get(e["index"], "") + e["delta"]
+    for choice in event["body"]["choices"]:
+        assert (choice["message"]["content"] or "") == deltas.get(choice["index"], "")
+
+
+@FAST
+@given(st.binary(max_size=200) | json_values.map(orjson.dumps))
+def test_any_envelope_through_the_adapter_gives_exactly_one_terminal(payload):
+    sink = RecordingSink(payload)
+    backend = ScriptedBackend([], body={"object": "chat.completion"})
+    asyncio.run(run_operation(sink, backend, AdapterLimits(MAX_BYTES), CAPABILITIES))
+    _check_one_terminal(sink)
+
+
+@FAST
+@given(st.lists(realistic_chunk, max_size=8))
+def test_the_mapper_never_raises_on_realistic_chunks(chunks):
+    mapper = ChatStreamMapper()
+    for chunk in chunks:
+        for event in mapper.feed(chunk):
+            assert event["type"] in ("response.output_text.delta", "response.usage")
+    assert mapper.completed_body()["object"] == "chat.completion"
+
+
+# -- the operation machine -----------------------------------------------------------------------------------
+
+calls = st.lists(st.sampled_from(["partial", "complete", "fail", "cancel"]), max_size=20)
+
+
+@FAST
+@given(calls)
+def test_the_machine_numbers_partials_and_emits_exactly_one_terminal(sequence):
+    machine = OperationMachine()
+    actions = []
+    for call in sequence:
+        if call == "partial":
+            action = machine.partial({"type": "response.output_text.delta", "index": 0, "delta": "x"})
+        elif call == "complete":
+            action = machine.complete({"object": "chat.completion"})
+        elif call == "fail":
+            action = machine.fail(E.backend_error("boom"))
+        else:
+            action = machine.cancel(DropReason.PEER_CANCELLED, "client_cancelled")
+        if action is not None:
+            actions.append(action)
+    terminals = [a for a in actions if isinstance(a, ResultPush | ResultDrop)]
+    assert len(terminals) == (1 if set(sequence) - {"partial"} else 0)
+    if terminals:
+        assert actions[-1] is terminals[0]
+    partials = [a for a in actions if isinstance(a, PartialResult)]
+    assert [p.sequence for p in partials] == list(range(1, len(partials) + 1))
+    if isinstance(actions[-1:] and actions[-1], ResultDrop):
+        assert actions[-1].sequence == len(partials) + 1
