@@ -29,7 +29,7 @@ MAX_ENVELOPE = 4096
 class Served:
     """An NNRPService on its own event loop thread (standing in for vLLM's loop)."""
 
-    def __init__(self, tmp_path, *, fault_model: str | None = None) -> None:
+    def __init__(self, tmp_path, *, fault_model: str | None = None, metrics_listen=None, **service_kwargs) -> None:
         self.backend = RecordedBackend()
         self.tcp = f"tcp://127.0.0.1:{free_port()}"
         self.ipc = f"unix://{tmp_path}/nnrp.sock"
@@ -38,9 +38,9 @@ class Served:
         self._thread.start()
         config = NNRPConfig(
             enabled=True, listen=(self.tcp, self.ipc), max_envelope_bytes=MAX_ENVELOPE,
-            fault_injection_backend_error_model=fault_model,
+            fault_injection_backend_error_model=fault_model, metrics_listen=metrics_listen,
         )  # fmt: skip
-        self.service = NNRPService(config, self.backend, self.loop)
+        self.service = NNRPService(config, self.backend, self.loop, **service_kwargs)
         self.bound = self.service.start()
 
     def stop(self) -> None:

@@ -9,8 +9,9 @@ Three boundaries, one package each:
   calling ``app.state.openai_serving_chat`` and aborting engine requests.
 
 :mod:`vllm_nnrp_plugin.operation` (the per-operation state machine) and :mod:`vllm_nnrp_plugin.adapter`
-(one submitted operation -> one backend call -> ordered events) join them. Importing this package never
-imports vLLM.
+(one submitted operation -> one backend call -> ordered events) join them. Each operation leaves one
+:mod:`vllm_nnrp_plugin.observation` record, from which its log line, diagnostics, :mod:`~vllm_nnrp_plugin.metrics`
+and :mod:`~vllm_nnrp_plugin.tracing` span are derived. Importing this package never imports vLLM.
 """
 
 __version__ = "0.1.0"

@@ -8,6 +8,8 @@ backend request is always aborted unless it finished: on cancel, client loss, er
 Before dispatch it decodes the envelope against the capability document (only advertised operations, plus
 the capability fetch ``nnrp.capabilities``), reports ``nnrp.timeout_ms`` to the sink (the service turns it
 into a timer), and takes the operation's trace context at the moment of dispatch (profile-contract.md §6).
+It records the request, backend timing, token usage and the abort into the sink's
+:class:`~vllm_nnrp_plugin.observation.Observation`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import attrs
 
+from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operation_names
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
@@ -59,6 +63,8 @@ class ChatBackend(Protocol):
 
 class OperationSink(Protocol):
     """Where events go (implemented by :class:`vllm_nnrp_plugin.nnrp_binding.session.ServerOperation`)."""
+
+    observation: Observation
 
     def envelope_bytes(self) -> bytes: ...
 
@@ -111,12 +117,21 @@ async def run_operation(
     except E.ProfileError as err:
         sink.fail(err)
         return
+    record = sink.observation
+    capabilities_fetch = envelope.operation == CAPABILITIES_OPERATION
+    request_id = engine_request_id(envelope.request_id)
+    record.started(
+        time.monotonic_ns(),
+        operation=envelope.operation,
+        model=None if capabilities_fetch else envelope.body.get("model"),
+        request_id=None if capabilities_fetch else f"chatcmpl-{request_id}",
+        diagnostics=envelope.nnrp.get("diagnostics") is True,
+    )
     if envelope.timeout_ms is not None:
         sink.limit_time(envelope.timeout_ms)
-    if envelope.operation == CAPABILITIES_OPERATION:
+    if capabilities_fetch:
         sink.complete(capabilities)
         return
-    request_id = engine_request_id(envelope.request_id)
     finished = False
     stream: AsyncIterator[dict[str, Any]] | None = None
     mapper = ChatStreamMapper()
@@ -127,16 +142,23 @@ async def run_operation(
         )
         if call.stream is None:
             finished = True
+            record.backend_done(time.monotonic_ns())
+            _record_usage(record, call.body)
             sink.complete(call.body)
             return
         stream = call.stream
         async for chunk in stream:
+            if record.backend_first_chunk_ns is None:
+                record.backend_chunk(time.monotonic_ns())
             for event in mapper.feed(chunk):
                 sink.partial(event)
         finished = True
         for event in mapper.finish():
             sink.partial(event)
-        sink.complete(mapper.completed_body())
+        record.backend_done(time.monotonic_ns())
+        body = mapper.completed_body()
+        _record_usage(record, body)
+        sink.complete(body)
     except E.ProfileError as err:
         _fail(sink, mapper, err)
     except Exception as exc:  # the engine failed in a way vLLM did not wrap
@@ -146,7 +168,13 @@ async def run_operation(
         if stream is not None:
             await _close(stream)
         if not finished:
-            await asyncio.shield(_abort(backend, request_id))
+            await asyncio.shield(_abort(backend, request_id, record))
+
+
+def _record_usage(record: Observation, body: dict[str, Any]) -> None:
+    usage = body.get("usage")
+    if usage:
+        record.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
 
 
 def _fail(sink: OperationSink, mapper: ChatStreamMapper, err: E.ProfileError) -> None:
@@ -156,11 +184,15 @@ def _fail(sink: OperationSink, mapper: ChatStreamMapper, err: E.ProfileError) ->
     sink.fail(err)
 
 
-async def _abort(backend: ChatBackend, request_id: str) -> None:
+async def _abort(backend: ChatBackend, request_id: str, record: Observation) -> None:
+    issued = time.monotonic_ns()
     try:
         await backend.abort(request_id)
     except Exception:  # the engine may already be gone (shutdown); nothing is left to stop then
         logger.warning("aborting backend request %s failed", request_id, exc_info=True)
+        record.aborted(issued, accepted=False)
+    else:
+        record.aborted(issued, accepted=True)
 
 
 async def _close(stream: AsyncIterator[dict[str, Any]]) -> None:

@@ -5,6 +5,10 @@ streams the answer to stdout as it arrives and prints usage at the end; ``--json
 events, one JSON object per line. Exit status: 0 on ``response.completed``, 1 on ``response.error`` (its
 code is printed to stderr), 2 on a drop or a transport problem, 3 on timeout.
 
+``vllm-nnrp bench [all|mapper|latency|cancel|e2e …] [--quick] [--out DIR]`` runs the benchmarks of a checkout
+(``bench/``, see ``bench/suite.py``) and writes JSON + markdown. Also runnable as
+``python -m vllm_nnrp_plugin.cli``.
+
 ``vllm-nnrp capabilities --endpoint URI [--conformance]`` prints the server's capability document (fetched over
 NNRP with the operation ``nnrp.capabilities``), or with ``--conformance`` the conformance manifest derived from
 it; exit 2 when it cannot be fetched.
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import pathlib
 import sys
 from typing import Any
 
@@ -28,6 +34,9 @@ from vllm_nnrp_plugin.profile import events as ev
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        return _bench_suite().main(argv[1:])
     parser = argparse.ArgumentParser(prog="vllm-nnrp", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     chat = commands.add_parser("chat", help="send one chat message and stream the answer")
@@ -39,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--no-stream", action="store_true", help="ask for one non-streaming answer")
     chat.add_argument("--json", action="store_true", help="print the raw profile events as JSON lines")
     chat.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the terminal (default 300)")
+    commands.add_parser("bench", help="run the benchmarks of a checkout (vllm-nnrp bench --help)", add_help=False)
     caps = commands.add_parser("capabilities", help="print the server's capability document")
     caps.add_argument("--endpoint", default=DEFAULT_LISTEN, help=f"tcp://HOST:PORT or unix:///PATH (default {DEFAULT_LISTEN})")
     caps.add_argument("--conformance", action="store_true", help="print the derived conformance manifest instead")
@@ -54,6 +64,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return run(args)
     return asyncio.run(_chat(args))
+
+
+def _bench_suite():
+    """``bench.suite`` from the checkout this package runs from (the benchmarks are not installed)."""
+    checkout = pathlib.Path(__file__).resolve().parent.parent
+    if (checkout / "bench" / "suite.py").exists() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    try:
+        return importlib.import_module("bench.suite")
+    except ImportError as exc:
+        raise SystemExit(f"vllm-nnrp bench: the benchmarks live in a source checkout (bench/): {exc}") from None
 
 
 async def _connect(endpoint: str) -> Any:

@@ -188,11 +188,15 @@ class ProfileClient:
         with contextlib.suppress(NativeRuntimeError):
             self._stack.close()
 
-    def _poll(self, timeout_ms: int) -> None:
+    def poll(self, timeout_ms: int) -> list[tuple[int, ClientEvent]]:
+        """Wait up to ``timeout_ms`` ms for the next frame of any operation of this session; returns
+        ``[(operation_id, event)]`` (empty on timeout). For callers that multiplex operations themselves;
+        don't mix it with :meth:`events` on the same client."""
         try:
             polled = self.session.poll_events(max_events=1, timeout_ms=timeout_ms)
         except NativeInvalidStateError:
-            return  # a partial still in flight after our own FRAME_CANCEL (nnrp-sdk.md addendum 1)
+            return []  # a partial still in flight after our own FRAME_CANCEL (nnrp-sdk.md addendum 1)
+        out = []
         for raw in polled:
             header = getattr(raw, "header", None)
             if header is None:
@@ -200,7 +204,12 @@ class ProfileClient:
             event = _decode(header.message_type, raw)
             if event is not None:
                 # frame_id == operation_id for every operation this client submits
-                self._pending[header.frame_id].append(event)
+                out.append((header.frame_id, event))
+        return out
+
+    def _poll(self, timeout_ms: int) -> None:
+        for operation_id, event in self.poll(timeout_ms):
+            self._pending[operation_id].append(event)
 
 
 def _decode(kind: MessageType, raw: Any) -> ClientEvent | None:

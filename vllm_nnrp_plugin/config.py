@@ -20,6 +20,7 @@ mapping under ``additional-config:`` in a ``vllm serve --config`` YAML file; vll
 | ``ipc_socket_group`` | group name | none | unix socket files are owner-only (0600); with a group, 0660 and owned by that group |
 | ``fault_injection_backend_error_model`` | str or null | null | **test only**: requests for this model id end
   with ``backend_error`` without reaching vLLM (the conformance suite's ``backend-error`` case) |
+| ``metrics_listen`` | ``HOST:PORT`` or null | null | also serve the NNRP metrics on their own ``/metrics`` server there; by default they are only in vLLM's ``/metrics`` |
 
 Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys, wrong types and
 listen URIs outside the forms of :mod:`vllm_nnrp_plugin.nnrp_binding.endpoints` are errors
@@ -54,6 +55,12 @@ def _positive(_inst: object, attribute: attrs.Attribute, value: int) -> None:
         raise ValueError(f"nnrp.{attribute.name} must be > 0, got {value}")
 
 
+def _host_port(_inst: object, attribute: attrs.Attribute, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"nnrp.{attribute.name} must be HOST:PORT, got {value!r}")
+
+
 @attrs.frozen
 class NNRPConfig:
     """Validated settings (see the module table for units and defaults)."""
@@ -72,6 +79,7 @@ class NNRPConfig:
     tls_key_file: str | None = None
     ipc_socket_group: str | None = None
     fault_injection_backend_error_model: str | None = None
+    metrics_listen: str | None = attrs.field(default=None, validator=attrs.validators.optional(_host_port))
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)

@@ -33,6 +33,8 @@ def test_env_listen_overrides_config():
         ({"max_envelope_bytes": 0}, "max_envelope_bytes must be > 0"),
         ({"listen": []}, "nnrp.listen"),
         (7, "must be a mapping"),
+        ({"metrics_listen": "9401"}, "metrics_listen must be HOST:PORT"),
+        ({"metrics_listen": 9401}, "nnrp.metrics_listen"),
     ],
 )
 def test_misconfiguration_is_an_error_that_names_the_key(block, fragment):
@@ -108,3 +110,8 @@ def test_unknown_ipc_group_is_an_error():
 def test_the_environment_listen_is_checked_like_the_config():
     with pytest.raises(ConfigError, match="allow_non_loopback"):
         load_config({"nnrp": {"enabled": True}}, {"VLLM_NNRP_LISTEN": "tcp://0.0.0.0:9400"})
+
+
+def test_metrics_listen_is_off_unless_configured():
+    assert load_config({}, {}).metrics_listen is None
+    assert load_config({"nnrp": {"metrics_listen": "127.0.0.1:9401"}}, {}).metrics_listen == "127.0.0.1:9401"

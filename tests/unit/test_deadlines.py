@@ -26,7 +26,8 @@ def pump():
 
 
 def submit_event(operation_id):
-    op = types.SimpleNamespace(operation_id=operation_id, frame_id=operation_id)
+    header = types.SimpleNamespace(header=types.SimpleNamespace(session_id=1))
+    op = types.SimpleNamespace(operation_id=operation_id, frame_id=operation_id, submit=header)
     return types.SimpleNamespace(as_submit=lambda: op)
 
 
@@ -78,4 +79,7 @@ def test_time_out_is_a_request_timeout_error_and_nothing_after_it(pump):
     actions = [action for _, action in pump._outbox]
     (push,) = actions
     assert push.status == 504 and b'"code":"request_timeout"' in push.event and b"250 ms" in push.event
-    assert sop.outcome == "error:request_timeout"
+    record = sop.observation
+    assert (record.outcome, record.error_code, record.cancel_source, record.cancel_reason) == (
+        "error", "request_timeout", "deadline", "request_timeout",
+    )  # fmt: skip

@@ -24,6 +24,7 @@ from tests.support import envelope  # noqa: E402
 from vllm_nnrp_plugin.adapter import AdapterLimits, ChatCall, run_operation
 from vllm_nnrp_plugin.profile.capabilities import operation_names, runtime_document
 from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.operation import DropReason, OperationMachine, PartialResult, ResultDrop, ResultPush
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
@@ -124,6 +125,10 @@ class RecordingSink:
         self.machine = OperationMachine()
         self.actions: list[Any] = []
         self.calls_after_terminal = 0
+        self.observation = Observation(
+            connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp", submitted_ns=0,
+            submitted_unix_ns=0,
+        )  # fmt: skip
 
     def envelope_bytes(self) -> bytes:
         return self._payload

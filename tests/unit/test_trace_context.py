@@ -65,7 +65,8 @@ def pump():
 
 
 def submitted(pump, operation_id):
-    sop = ServerOperation(types.SimpleNamespace(operation_id=operation_id, frame_id=operation_id), pump)
+    header = types.SimpleNamespace(header=types.SimpleNamespace(session_id=1))
+    sop = ServerOperation(types.SimpleNamespace(operation_id=operation_id, frame_id=operation_id, submit=header), pump)
     pump._ops[operation_id] = sop
     pump._frames[operation_id] = operation_id
     return sop
@@ -73,11 +74,11 @@ def submitted(pump, operation_id):
 
 def test_session_default_applies_to_operations_dispatched_later(pump):
     sop = submitted(pump, 1)
-    assert sop.dispatch() is None and "trace" not in sop.observation
+    assert sop.dispatch() is None and sop.observation.trace is None
     pump._on_trace_context(0, md(5, 6))
     later = submitted(pump, 2)
     assert later.dispatch().traceparent().endswith("-0000000000000006-01")
-    assert later.observation["trace"]["scope"] == "session"
+    assert later.observation.trace.scope == "session"
 
 
 def test_operation_scope_overrides_the_session_default_before_dispatch(pump):
@@ -87,7 +88,7 @@ def test_operation_scope_overrides_the_session_default_before_dispatch(pump):
     pump._on_trace_context(1, md(7, 8, flags=0, body_bytes=40))
     context = sop.dispatch()
     assert context.traceparent() == "00-00000000000000000000000000000007-0000000000000008-00"
-    assert sop.observation["trace"]["scope"] == "operation" and sop.observation["trace"]["attribute_bytes"] == 40
+    assert sop.observation.trace.scope == "operation" and sop.observation.trace.body_bytes == 40
     assert other.dispatch().trace_id == 5  # the override is for its own operation only
 
 
@@ -96,7 +97,7 @@ def test_a_context_after_dispatch_never_changes_in_flight_work(pump):
     pump._on_trace_context(1, md(7, 8))
     assert sop.dispatch().trace_id == 7
     pump._on_trace_context(1, md(9, 10))
-    assert sop._trace.trace_id == 7 and sop.observation["trace"]["trace_id"] == 7
+    assert sop._trace.trace_id == 7 and sop.observation.trace.trace_id == 7
 
 
 def test_ineligible_contexts_are_ignored(pump):

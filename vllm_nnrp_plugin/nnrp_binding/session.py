@@ -3,13 +3,23 @@
 Why a thread per session (nnrp-sdk.md §11–12): every native call blocks; while a poll waits inside its
 timeout, every other native call on the same session (our sends) waits for it too (trap 1); and a poll with
 ``max_events > 1`` lingers ~2.3 ms (trap 2). So the pump is the only thread that touches its session: it
-alternates a ``max_events=1`` poll with flushing the outbox, and between polls it sleeps on the outbox so a
-queued event goes out within microseconds. Poll timeouts: 1 ms while operations are active (cancels are seen
-within ~1–3 ms), ``idle_poll_ms`` when idle (submits wake a poll at once).
+alternates a ``max_events=1`` poll with flushing the outbox. An empty poll with nnrp-py's shortest timeout
+(1 ms) lasts ~2.2 ms, and events queued meanwhile wait for it; so while operations are active the pump
+polls on a cadence instead of after every send: after an empty poll it only sends, waking on the outbox so
+a queued event goes out within microseconds, for ``ACTIVE_POLL_GAP_S``, then polls again (cancels are seen
+within ~2–4 ms while events flow). While no event goes out the gap doubles up to ``MAX_POLL_GAP_S``, so slow
+streams wake the pump (and take vLLM's GIL) less often. When idle it polls with ``idle_poll_ms`` (a submit
+wakes that poll at once).
 
 Cross-thread contract: :class:`ServerOperation` methods ``partial`` / ``complete`` / ``fail`` may be called
 from any thread (vLLM's event loop, in practice); they never block on I/O. The pump reports submits, peer
-cancellations and deadlines to a :class:`SessionHandler` through ``loop.call_soon_threadsafe``.
+cancellations, deadlines and finished operations to a :class:`SessionHandler` through
+``loop.call_soon_threadsafe``.
+
+Each operation's :class:`~vllm_nnrp_plugin.observation.Observation` is filled here with what only the pump
+knows (ids, when each partial result and the terminal went out, cancellations, the trace context it was
+dispatched with) and handed to ``on_finished`` once both the terminal was sent and the operation's task
+ended (:meth:`ServerOperation.settle`).
 
 Runtime metadata the pump reads besides cancels (nnrp-sdk.md §4, §8):
 
@@ -36,14 +46,17 @@ import collections
 import logging
 import struct
 import threading
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import orjson
 from nnrp.core import MessageType
 from nnrp.native import NativeInvalidStateError, NativeRuntimeError, NativeRuntimeServerSession
 from nnrp.runtime import PressureMetadata
 
+from vllm_nnrp_plugin import observation as obs
 from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
 from vllm_nnrp_plugin.operation import (
     Action,
@@ -56,18 +69,23 @@ from vllm_nnrp_plugin.operation import (
 from vllm_nnrp_plugin.limits import SessionLimits, Slots
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
-from vllm_nnrp_plugin.profile.errors import REQUEST_TIMEOUT, SERVER_ERROR, ProfileError
+from vllm_nnrp_plugin.profile.errors import REQUEST_TIMEOUT, SERVER_ERROR, SERVER_SHUTDOWN, ProfileError
 
 logger = logging.getLogger(__name__)
 
-ACTIVE_POLL_MS = 1
-SEND_WAIT_S = 0.002  # longest sleep on the outbox between two polls while operations are active
+ACTIVE_POLL_MS = 1  # the shortest poll nnrp-py offers; an empty one lasts ~2.2 ms and blocks our sends
+ACTIVE_POLL_GAP_S = 0.002  # while operations are active: sends only, for this long after an empty poll…
+MAX_POLL_GAP_S = 0.016  # …doubling up to this while no event went out (fewer wake-ups competing for the GIL)
 PEER_GONE_AFTER = 3  # consecutive failing polls that mean the client is gone (one can be a stale cancel)
 MAX_EARLY_DEADLINES = 256  # DEADLINE controls kept for operations not submitted yet
 # BACKPRESSURE frame after a refused submit: this plugin's values (NNRP leaves level/reason to the server)
 PRESSURE_LEVEL_FULL = 1
 PRESSURE_REASON_IN_FLIGHT = 1
 RETRY_AFTER_MS = 100
+
+_SESSION_IDS = itertools.count(1)  # the accept counter standing in for a connection id (see Observation)
+
+CANCEL_SOURCE = {DropReason.PEER_CANCELLED: obs.CLIENT, DropReason.TRANSPORT_CLOSED: obs.TRANSPORT}
 
 CANCEL_DETAIL = {
     MessageType.FRAME_CANCEL: "client_cancelled",
@@ -84,6 +102,12 @@ class SessionHandler(Protocol):
     def on_stop(self, op: ServerOperation) -> None:
         """The operation must stop: peer cancel, client gone, or server stopping. Abort its backend work."""
 
+    def on_finished(self, op: ServerOperation) -> None:
+        """``op.observation`` is complete: the terminal was sent and the operation's task has ended."""
+
+    def on_session(self, transport: str, opened: bool) -> None:
+        """A session started or ended. Called on the pump thread: must not block."""
+
     def on_deadline(self, op: ServerOperation) -> None:
         """``op.expires_unix_ms`` was set or moved earlier: (re)arm its timer."""
 
@@ -91,25 +115,31 @@ class SessionHandler(Protocol):
 class ServerOperation:
     """One submitted operation, as the adapter sees it: the submit payload in, profile events out.
 
-    ``operation_id`` (u64) and ``frame_id`` (u32) are the client's; ``transport`` is ``tcp`` or ``ipc``.
+    ``operation_id`` (u64) and ``frame_id`` (u32) are the client's; ``transport`` is ``tcp`` or ``ipc``;
+    ``observation`` is the operation's record, filled by the pump, the adapter and this object.
     """
 
     __slots__ = (
-        "operation_id", "frame_id", "transport", "submitted_ns", "submitted_unix_ms", "expires_unix_ms",
-        "observation", "_op", "_pump", "_machine", "_lock", "_cancel_detail", "_terminal_sent",
-        "_trace", "_dispatched",
+        "operation_id", "frame_id", "transport", "submitted_unix_ms", "expires_unix_ms", "observation",
+        "_op", "_pump", "_machine", "_lock", "_cancel_detail", "_terminal_sent", "_unsettled", "_trace", "_dispatched",
     )
 
     def __init__(self, op: Any, pump: SessionPump) -> None:
         self.operation_id: int = op.operation_id
         self.frame_id: int = op.frame_id
         self.transport: str = pump.transport
-        self.submitted_ns = time.monotonic_ns()
-        self.submitted_unix_ms = time.time_ns() // 1_000_000
+        self.observation = obs.Observation(
+            connection_id=pump.connection_id,
+            session_id=op.submit.header.session_id,
+            operation_id=self.operation_id,
+            frame_id=self.frame_id,
+            transport=self.transport,
+            submitted_ns=time.monotonic_ns(),
+            submitted_unix_ns=time.time_ns(),
+        )
+        self.submitted_unix_ms = self.observation.submitted_unix_ns // 1_000_000
         #: wall-clock ms after which the operation ends with ``request_timeout`` (None: unbounded)
         self.expires_unix_ms: int | None = None
-        #: what the operation recorded for diagnostics: ``trace`` (TraceContext.observation()) once dispatched
-        self.observation: dict[str, Any] = {}
         self._trace: trace.TraceContext | None = None  # operation-scoped override
         self._dispatched = False
         self._op = op
@@ -119,11 +149,7 @@ class ServerOperation:
         # set when the peer cancelled or the transport was lost: no partial, no RESULT_PUSH any more
         self._cancel_detail: str | None = None
         self._terminal_sent = False
-
-    @property
-    def outcome(self) -> str | None:
-        """``completed``, ``error:<code>`` or ``cancelled:<reason>`` once finished."""
-        return self._machine.outcome
+        self._unsettled = 2  # the terminal send (pump) and the end of the operation's task (handler)
 
     def envelope_bytes(self) -> bytes:
         """The JSON envelope carried by the submit. Raises :class:`ProfileError` ``invalid_frame``."""
@@ -155,6 +181,8 @@ class ServerOperation:
         """Queue the terminal ``response.completed``."""
         with self._lock:
             action = self._machine.complete(body)
+            if action is not None:
+                self.observation.completed()
         if action is not None:
             self._pump.enqueue(self, action)
 
@@ -162,8 +190,19 @@ class ServerOperation:
         """Queue the terminal ``response.error``."""
         with self._lock:
             action = self._machine.fail(err)
+            if action is not None:
+                self.observation.failed(code=err.code, family=err.type, status=err.status)
         if action is not None:
             self._pump.enqueue(self, action)
+
+    def settle(self) -> None:
+        """One of the two ends happened (terminal sent; task ended); after both, report ``on_finished``.
+        Any thread."""
+        with self._lock:
+            self._unsettled -= 1
+            done = self._unsettled == 0
+        if done:
+            self._pump.finished(self)
 
     def limit_time(self, timeout_ms: int) -> None:
         """Bound the operation to ``timeout_ms`` (ms) after its submit (envelope ``nnrp.timeout_ms``)."""
@@ -175,13 +214,13 @@ class ServerOperation:
         with self._lock:
             self._dispatched = True
             context = trace.for_dispatch(self._pump.session_trace, self._trace)
-        if context is not None:
-            self.observation["trace"] = context.observation()
+        self.observation.trace = context
         return context
 
     def time_out(self) -> None:
         """The bound passed: terminal ``response.error`` ``request_timeout`` (unless one was decided); later
         events are dropped. The caller stops the backend work."""
+        self.observation.cancelled(time.monotonic_ns(), source=obs.DEADLINE, reason=REQUEST_TIMEOUT)
         self.fail(ProfileError(REQUEST_TIMEOUT, f"operation {self.operation_id} exceeded its deadline "
                                f"({self.expires_unix_ms - self.submitted_unix_ms} ms after submit)", SERVER_ERROR, 504))
 
@@ -203,11 +242,26 @@ class ServerOperation:
         """Stop emission at once; returns the drop to send now, if no terminal was decided yet."""
         with self._lock:
             self._cancel_detail = self._cancel_detail or detail
+            self.observation.cancelled(time.monotonic_ns(), source=CANCEL_SOURCE[reason], reason=detail)
             return self._machine.cancel(reason, detail)
 
-    def _shutdown(self) -> None:
-        """Server stopping: the terminal is ``response.error`` ``server_shutdown`` (unless one was decided)."""
+    def shut_down(self) -> None:
+        """Server stopping: the terminal is ``response.error`` ``server_shutdown`` (unless one was decided).
+        Any thread."""
+        with self._lock:
+            self.observation.cancelled(time.monotonic_ns(), source=obs.SERVER, reason=SERVER_SHUTDOWN)
         self.fail(E.server_shutdown())
+
+    def _terminal_body(self, body: bytes, *, dropped: bool) -> bytes:
+        """Record the terminal; with ``nnrp.diagnostics: true`` add the record's ``diagnostics`` to its
+        event (profile events ignore unknown fields)."""
+        record = self.observation
+        record.terminal_sent(time.monotonic_ns(), dropped=dropped)
+        if not record.diagnostics_requested:
+            return body
+        event = orjson.loads(body)
+        event["diagnostics"] = obs.diagnostics(record)
+        return orjson.dumps(event)
 
     def _late_drop(self) -> ResultDrop:
         """The drop that replaces a terminal push decided before a peer cancel arrived."""
@@ -233,6 +287,7 @@ class SessionPump:
         self._in_flight = in_flight
         self._pressured = False  # a BACKPRESSURE frame was sent and no CREDIT_UPDATE since
         self.transport: str = session.active_transport_name
+        self.connection_id = next(_SESSION_IDS)
         self._handler = handler
         self._loop = loop
         self._idle_poll_ms = idle_poll_ms
@@ -245,6 +300,7 @@ class SessionPump:
         #: the session-scoped TRACE_CONTEXT (frame 0), default for operations dispatched later
         self.session_trace: trace.TraceContext | None = None
         self._stopping = False
+        self._busy = False  # a frame came in or a partial result went out since the last poll
         self._thread = threading.Thread(target=self._run, name=f"nnrp-session-{self.transport}", daemon=True)
 
     def start(self) -> None:
@@ -267,6 +323,13 @@ class SessionPump:
         self._outbox.append((op, action))
         self._wakeup.set()
 
+    def finished(self, op: ServerOperation) -> None:
+        """Hand a settled operation to the handler on the loop (any thread)."""
+        try:
+            self._loop.call_soon_threadsafe(self._handler.on_finished, op)
+        except RuntimeError:  # the loop is closed: the server is gone, nobody is left to tell
+            pass
+
     def outbox_full(self) -> bool:
         """True when ``limits.max_queued_events`` sends are waiting."""
         return len(self._outbox) >= self.limits.max_queued_events
@@ -279,9 +342,21 @@ class SessionPump:
 
     def _run(self) -> None:
         failures = 0
+        self._handler.on_session(self.transport, True)
         try:
+            next_poll, gap = 0.0, ACTIVE_POLL_GAP_S
             while not self._stopping:
                 self._flush()
+                if self._ops:
+                    rest = next_poll - time.monotonic()
+                    if rest > 0:  # sends only until the next poll is due
+                        if not self._outbox:
+                            self._wakeup.wait(rest)
+                            self._wakeup.clear()
+                        continue
+                    # the window that just ended decides the next one: short while events flow
+                    gap = ACTIVE_POLL_GAP_S if self._busy else min(gap * 2, MAX_POLL_GAP_S)
+                    self._busy = False
                 try:
                     polled = self.session.poll_events(
                         max_events=1, timeout_ms=ACTIVE_POLL_MS if self._ops else self._idle_poll_ms
@@ -297,13 +372,13 @@ class SessionPump:
                     continue
                 failures = 0
                 if polled:
+                    next_poll, self._busy = 0.0, True  # more may be waiting: poll again at once
                     if not self._on_event(polled[0]):
                         return
-                elif self._ops and not self._outbox:
-                    self._wakeup.wait(SEND_WAIT_S)
-                    self._wakeup.clear()
+                else:
+                    next_poll = time.monotonic() + gap
             for sop in list(self._ops.values()):
-                sop._shutdown()
+                sop.shut_down()
                 self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
             self._flush()
         except NativeRuntimeError as exc:
@@ -317,6 +392,7 @@ class SessionPump:
                 self.session.close()
             except NativeRuntimeError:
                 pass
+            self._handler.on_session(self.transport, False)
             if self._on_exit is not None:
                 self._on_exit(self)
 
@@ -328,6 +404,7 @@ class SessionPump:
             refusal = self._admit()
             if refusal is not None:
                 sop.fail(refusal)  # the terminal goes out with the next flush; the handler never sees it
+                sop.settle()  # no task will run for it
                 self._signal_pressure()
                 return True
             self._ops[sop.operation_id] = sop
@@ -422,8 +499,10 @@ class SessionPump:
         self._pressured = False  # no CREDIT_UPDATE to a session that is going away
         for sop in list(self._ops.values()):
             sop._cancel(DropReason.TRANSPORT_CLOSED, detail)
+            sop.observation.terminal_sent(time.monotonic_ns(), dropped=True)
             sop._terminal_sent = True
             self._forget(sop)
+            sop.settle()
             self._loop.call_soon_threadsafe(self._handler.on_stop, sop)
 
     def _flush(self) -> None:
@@ -454,8 +533,10 @@ class SessionPump:
             sdk_sync.send_result_drop(sop._op, metadata, body)
         except NativeRuntimeError as exc:
             logger.debug("NNRP drop for operation %d not delivered: %s", sop.operation_id, exc)
+        sop.observation.terminal_sent(time.monotonic_ns(), dropped=True)
         sop._terminal_sent = True
         self._forget(sop)
+        sop.settle()
         self.stop_operation(sop)
 
     def _send(self, sop: ServerOperation, action: Action) -> None:
@@ -464,25 +545,32 @@ class SessionPump:
             if isinstance(action, PartialResult):
                 metadata, body = wire.partial_result(sop.operation_id, action)
                 sdk_sync.send_partial_result(op, metadata, body)
+                sop.observation.event_sent(time.monotonic_ns())
+                self._busy = True
                 return
             if isinstance(action, ResultPush):
-                elapsed_ms = (time.monotonic_ns() - sop.submitted_ns) // 1_000_000
+                elapsed_ms = (time.monotonic_ns() - sop.observation.submitted_ns) // 1_000_000
+                action = ResultPush(action.status, sop._terminal_body(action.event, dropped=False))
                 metadata, body = wire.result_push(action, elapsed_ms)
                 try:
                     sdk_sync.send_result(op, metadata, body)
                 except NativeRuntimeError:
                     # refused: the client cancelled before it arrived; a drop is still accepted
-                    metadata, body = wire.result_drop(sop.operation_id, sop._late_drop())
-                    sdk_sync.send_result_drop(op, metadata, body)
+                    self._send_drop(sop, sop._late_drop())
             else:
-                metadata, body = wire.result_drop(sop.operation_id, action)
-                sdk_sync.send_result_drop(op, metadata, body)
+                self._send_drop(sop, action)
         except NativeRuntimeError as exc:
             logger.debug("NNRP send for operation %d not delivered: %s", sop.operation_id, exc)
             if isinstance(action, PartialResult):
                 return
         sop._terminal_sent = True
         self._forget(sop)
+        sop.settle()
+
+    def _send_drop(self, sop: ServerOperation, action: ResultDrop) -> None:
+        diagnostic = sop._terminal_body(action.diagnostic, dropped=True)
+        metadata, body = wire.result_drop(sop.operation_id, ResultDrop(action.reason, action.sequence, diagnostic))
+        sdk_sync.send_result_drop(sop._op, metadata, body)
 
     def _forget(self, sop: ServerOperation) -> None:
         if self._ops.pop(sop.operation_id, None) is None:

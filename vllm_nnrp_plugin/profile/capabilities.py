@@ -28,8 +28,9 @@ CAPABILITIES_OPERATION = "nnrp.capabilities"
 DIAGNOSTICS_EXTENSION = {
     "name": "vllm.diagnostics",
     "critical": False,
-    "description": "NNRP-side observation of each operation (trace context, outcome) in the server log; "
-    "never needed to use the profile.",
+    "description": "Opt-in per operation with the envelope hint nnrp.diagnostics: true: the terminal event gets a "
+    "'diagnostics' object (schema vllm.diagnostics/1: ids, timing, usage, cancellation, trace context) derived "
+    "from the operation's observation record; never needed to use the profile.",
 }
 
 

@@ -2,9 +2,10 @@
 
 Shape: ``{"schema_version": "openai-compatible/1", "operation": str, "body": {...},
 "request_id"?: str, "nnrp"?: {...}}``. Unknown top-level keys are ignored (forward compatible). The ``nnrp``
-object carries NNRP-side hints and is never forwarded into ``body``. One hint is read:
-``nnrp.timeout_ms`` (positive integer, ms from the submit) bounds the operation; others (``diagnostics``,
-the conformance harness's ``cancel_after_events`` …) are ignored.
+object carries NNRP-side hints and is never forwarded into ``body``. Read here: ``nnrp.timeout_ms``
+(positive integer, ms from the submit) bounds the operation; the adapter reads ``nnrp.diagnostics`` (``true``:
+the terminal event carries the operation's diagnostics); others (the conformance harness's
+``cancel_after_events`` …) are ignored.
 """
 
 from __future__ import annotations

@@ -44,8 +44,9 @@ async def start_listener(state: Any, attach_path: str) -> None:
     Settings: ``state.vllm_config.additional_config["nnrp"]`` plus the environment (:func:`load_config`); the
     middleware path counts as enabling unless ``nnrp.enabled`` is explicitly false. The family binding is
     selected again here (the general plugin may not have run, e.g. ``VLLM_PLUGINS`` not naming ``nnrp``).
-    API-server rank ``r`` of ``N`` listens on the addresses of :func:`rank_listen`. vLLM's engine shutdown
-    (SIGTERM/SIGINT) first stops this service gracefully (:mod:`.shutdown`).
+    API-server rank ``r`` of ``N`` listens on the addresses of :func:`rank_listen`; only rank 0 serves the
+    standalone ``/metrics`` of ``nnrp.metrics_listen``. vLLM's engine shutdown (SIGTERM/SIGINT) first stops
+    this service gracefully (:mod:`.shutdown`).
 
     Raises ``NNRPStartupError`` (no binding), ``ConfigError`` (settings), ``RankAddressError``,
     ``ListenError`` (bind); raised inside the lifespan they make vLLM's start-up fail with the message.
@@ -59,7 +60,11 @@ async def start_listener(state: Any, attach_path: str) -> None:
     binding = select_binding(surface)
     parallel = state.vllm_config.parallel_config
     rank, count = getattr(parallel, "_api_process_rank", 0), getattr(parallel, "_api_process_count", 1)
-    config = attrs.evolve(config, listen=rank_listen(config.listen, rank, count))
+    # the standalone /metrics (nnrp.metrics_listen) is served once, by rank 0, from the registry that
+    # aggregates every rank (vLLM sets PROMETHEUS_MULTIPROC_DIR when it runs several API servers)
+    config = attrs.evolve(
+        config, listen=rank_listen(config.listen, rank, count), metrics_listen=config.metrics_listen if rank == 0 else None
+    )
     backend = VLLMChatBackend(state)
     service = NNRPService(config, backend, asyncio.get_running_loop())
     bound = await asyncio.to_thread(service.start)  # binding is a native call: keep it off vLLM's loop
@@ -78,6 +83,8 @@ async def start_listener(state: Any, attach_path: str) -> None:
         count,
         ", ".join(backend.model_ids()),
     )
+    if service.metrics_address is not None:
+        logger.info("NNRP metrics also served on http://%s/metrics (nnrp.metrics_listen)", service.metrics_address)
 
 
 async def stop_listener(state: Any) -> None:

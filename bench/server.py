@@ -1,0 +1,116 @@
+"""The benchmark server process: the plugin's real server path (listener, session pumps, adapter, vLLM's SSE
+parsing) in front of a paced synthetic backend instead of a model.
+
+    python -m bench.server [--no-nodelay] URI [URI …]
+
+prints ``ready``, serves until its stdin closes, then prints every observation record as one JSON line,
+then one line ``{"pump_wait_ns": […], "send_ns": […], "cpu_s": …}`` and exits: per partial result, the time
+it waited in the session pump's outbox (queued -> send started) and the time spent inside nnrp-py's send
+call; and the CPU time (s, all threads) the process used while serving. Requests choose the stream in their body: ``n`` chunks, one every ``interval_us`` µs. Each chunk is the
+SSE string vLLM would yield, ``data: {chat.completion.chunk}``, whose delta text is the
+``time.monotonic_ns()`` at which the backend produced it; the clock is shared by every process of the host,
+so a client in another process measures backend chunk produced -> event received. ``--no-nodelay`` skips the
+listener's TCP_NODELAY step (what nnrp-py does alone: Nagle on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+import attrs
+import orjson
+from prometheus_client import CollectorRegistry
+
+from vllm_nnrp_plugin.adapter import ChatCall
+from vllm_nnrp_plugin.config import NNRPConfig
+from vllm_nnrp_plugin.nnrp_binding import nodelay, sdk_sync, session
+from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.profile.capabilities import runtime_document
+from vllm_nnrp_plugin.service import NNRPService
+from vllm_nnrp_plugin.vllm_binding.chat import _chunks
+
+
+class PacedBackend:
+    """A :class:`~vllm_nnrp_plugin.adapter.ChatBackend` producing ``n`` timestamped chunks at a fixed pace."""
+
+    def capabilities(self) -> dict[str, Any]:
+        return runtime_document(models=["paced"], owned_by="bench", tool_calls=False)
+
+    async def create_chat_completion(
+        self, body: dict[str, Any], request_id: str, traceparent: str | None = None
+    ) -> ChatCall:
+        return ChatCall(stream=_chunks(self._sse(request_id, int(body["n"]), int(body["interval_us"]) * 1000)))
+
+    async def abort(self, request_id: str) -> None:
+        """Nothing to stop: the stream generator is closed by the adapter (the record has the abort time)."""
+
+    @staticmethod
+    async def _sse(request_id: str, n: int, interval_ns: int):
+        head = b'data: {"id":"chatcmpl-' + request_id.encode() + b'","object":"chat.completion.chunk","created":0,'
+        head += b'"model":"paced","choices":[{"index":0,"delta":{"content":"'
+        tail = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
+        start = time.monotonic_ns()
+        for i in range(n):
+            delay = start + i * interval_ns - time.monotonic_ns()
+            if delay > 0:
+                await asyncio.sleep(delay / 1e9)
+            yield (head + str(time.monotonic_ns()).encode() + tail).decode()
+        yield "data: [DONE]\n\n"
+
+
+class SendTimes:
+    """Wraps the pump's outbox and nnrp-py's partial-result send to time both (this process only)."""
+
+    def __init__(self) -> None:
+        self.pump_wait_ns: list[int] = []
+        self.send_ns: list[int] = []
+        self._queued: dict[int, int] = {}
+        enqueue, send = session.SessionPump.enqueue, sdk_sync.send_partial_result
+
+        def timed_enqueue(pump, op, action):
+            self._queued[id(action)] = time.monotonic_ns()
+            enqueue(pump, op, action)
+
+        def timed_send(op, metadata, body):
+            start = time.monotonic_ns()
+            send(op, metadata, body)
+            self.send_ns.append(time.monotonic_ns() - start)
+
+        def timed_pump_send(pump, op, action, _send=session.SessionPump._send):
+            queued = self._queued.pop(id(action), None)
+            if queued is not None and isinstance(action, session.PartialResult):
+                self.pump_wait_ns.append(time.monotonic_ns() - queued)
+            _send(pump, op, action)
+
+        session.SessionPump.enqueue = timed_enqueue
+        session.SessionPump._send = timed_pump_send
+        session.sdk_sync.send_partial_result = timed_send
+
+
+async def serve(listen: tuple[str, ...]) -> None:
+    loop = asyncio.get_running_loop()
+    times = SendTimes()
+    records: list[Observation] = []
+    config = NNRPConfig(enabled=True, listen=listen)
+    service = NNRPService(config, PacedBackend(), loop, registry=CollectorRegistry(), observers=(records.append,))
+    await asyncio.to_thread(service.start)
+    print("ready", flush=True)
+    cpu_start = time.process_time()
+    await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes our stdin
+    await service.stop()
+    for record in records:
+        sys.stdout.write(orjson.dumps(attrs.asdict(record)).decode() + "\n")
+    done = {"pump_wait_ns": times.pump_wait_ns, "send_ns": times.send_ns, "cpu_s": time.process_time() - cpu_start}
+    sys.stdout.write(orjson.dumps(done).decode() + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args and args[0] == "--no-nodelay":
+        nodelay.NoDelaySetter.apply = lambda self: 0
+        args = args[1:]
+    asyncio.run(serve(tuple(args)))

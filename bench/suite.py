@@ -1,0 +1,70 @@
+"""Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
+
+    vllm-nnrp bench [all|mapper|latency|cancel|e2e …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR]
+
+``--quick`` runs each with tiny sizes (the smoke the tests run: it must run, not meet a number). The e2e
+benchmark needs vLLM installed in this interpreter and a model directory (``--model`` or
+``VLLM_NNRP_TEST_MODEL``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from collections.abc import Callable
+
+from bench import cancel_latency, event_latency, mapper
+from bench.results import Result, document, write
+
+FULL: dict[str, Callable[..., list[Result]]] = {
+    "mapper": lambda **_: mapper.run(),
+    "latency": lambda **_: event_latency.run(),
+    "cancel": lambda **_: cancel_latency.run(),
+    "e2e": lambda model=None, **_: _e2e().run(model=model),
+}
+QUICK: dict[str, Callable[..., list[Result]]] = {
+    "mapper": lambda **_: mapper.run(repetitions=3, rounds=5),
+    "latency": lambda **_: event_latency.run(
+        light_events=50, heavy_streams=8, rate=2000, heavy_seconds=0.3, layouts=(("heavy", 1, 2, None),), warmup=5
+    ),
+    "cancel": lambda **_: cancel_latency.run(operations=5),
+    "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
+}
+
+
+def _e2e():
+    from bench import e2e  # needs vLLM's environment (httpx, a vllm executable)
+
+    return e2e
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vllm-nnrp bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("which", nargs="*", default=["all"], choices=["all", *FULL], help="benchmarks to run (default all)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, numbers mean nothing")
+    p.add_argument("--out", default="docs/benchmarks", help="directory for the JSON and markdown (default docs/benchmarks)")
+    p.add_argument("--name", default="results", help="file name without extension (default results)")
+    p.add_argument("--model", help="model directory for e2e (default $VLLM_NNRP_TEST_MODEL)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    which = list(FULL) if "all" in args.which else list(dict.fromkeys(args.which))
+    table = QUICK if args.quick else FULL
+    rows: list[Result] = []
+    for name in which:
+        print(f"vllm-nnrp bench: running {name} …", file=sys.stderr, flush=True)
+        rows += table[name](model=args.model)
+    extra = {}
+    if "e2e" in which:
+        import vllm
+
+        extra["vllm"] = vllm.__version__
+    command = "vllm-nnrp bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    doc = document(rows, command=command.strip(), extra_versions=extra)
+    json_path, md_path = write(doc, pathlib.Path(args.out), args.name)
+    sys.stdout.write(md_path.read_text())
+    print(f"vllm-nnrp bench: wrote {json_path} and {md_path}", file=sys.stderr)
+    return 0

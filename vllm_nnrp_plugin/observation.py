@@ -1,0 +1,230 @@
+"""One observation record per operation: the single source of the operation's log line, diagnostics,
+metrics and span (plain data, no I/O, no clock: every time is passed in by the caller).
+
+The NNRP binding and the adapter fill one :class:`Observation` as the operation lives:
+
+| step | who calls | fields |
+|---|---|---|
+| submit received | session pump | ids, ``transport``, ``submitted_ns``, ``submitted_unix_ns`` |
+| envelope decoded | adapter | ``operation``, ``model``, ``request_id``, ``diagnostics_requested``, ``started_ns`` |
+| dispatched to vLLM | operation | ``trace``: the TRACE_CONTEXT it runs in (fixed fields + attribute byte count, never the body) |
+| first backend chunk, backend done | adapter | ``backend_first_chunk_ns``, ``backend_done_ns`` |
+| usage seen | adapter | ``input_tokens``, ``output_tokens`` |
+| partial result sent | session pump | ``events``, ``first_event_ns``, ``last_event_ns`` |
+| terminal decided | operation | ``outcome``, ``error_*``; ``cancel_*`` when told to stop |
+| terminal sent | session pump | ``terminal_ns`` |
+| backend abort | adapter | ``abort_ns``, ``abort_accepted`` |
+
+Times ending in ``_ns`` are ``time.monotonic_ns()`` (a clock shared by every process of the host, so
+benchmarks compare them across processes) except ``submitted_unix_ns`` (``time.time_ns()``, for spans).
+Durations are derived in ms (``*_ms``). No prompt or output text is ever stored.
+
+:func:`diagnostics` derives the opt-in ``diagnostics`` object (``nnrp.diagnostics: true``) and
+:func:`log_fields` the log line from the same record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from vllm_nnrp_plugin.profile.trace import TraceContext
+
+COMPLETED = "completed"
+ERROR = "error"
+CANCELLED = "cancelled"
+
+#: cancellation sources: the client cancelled or aborted; its session or connection ended; the server stopped;
+#: the operation's deadline (``nnrp.timeout_ms`` or NNRP DEADLINE) passed
+CLIENT = "client"
+TRANSPORT = "transport"
+SERVER = "server"
+DEADLINE = "deadline"
+
+DIAGNOSTICS_SCHEMA = "vllm.diagnostics/1"
+
+
+def _ms(start: int | None, end: int | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start) / 1e6, 3)
+
+
+@attrs.define(slots=True)
+class Observation:
+    """What one operation did (see the module table for who fills which field)."""
+
+    # identity: the listener's accept counter (nnrp-py's server exposes no NNRP connection id), the header's
+    # session id, the client's operation id and frame id, ``tcp`` / ``ipc``
+    connection_id: int
+    session_id: int
+    operation_id: int
+    frame_id: int
+    transport: str
+    submitted_ns: int
+    submitted_unix_ns: int
+    trace: TraceContext | None = None
+    # the request
+    operation: str | None = None
+    model: str | None = None
+    request_id: str | None = None  # vLLM's engine request id, ``chatcmpl-nnrp-…``
+    diagnostics_requested: bool = False
+    # timing (monotonic ns)
+    started_ns: int | None = None
+    backend_first_chunk_ns: int | None = None
+    backend_done_ns: int | None = None
+    first_event_ns: int | None = None
+    last_event_ns: int | None = None
+    terminal_ns: int | None = None
+    # output
+    events: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    # the end
+    outcome: str | None = None
+    error_code: str | None = None
+    error_family: str | None = None  # the OpenAI error type: invalid_request_error / server_error
+    error_status: int | None = None
+    cancel_source: str | None = None
+    cancel_reason: str | None = None
+    cancel_ns: int | None = None
+    abort_ns: int | None = None
+    abort_accepted: bool | None = None  # None: no abort was needed (the backend request finished)
+
+    # -- recording (each method is one step of the module table) -----------------------------------------
+
+    def started(
+        self, now_ns: int, *, operation: str, model: str | None, request_id: str | None, diagnostics: bool
+    ) -> None:
+        self.started_ns = now_ns
+        self.operation = operation
+        self.model = model
+        self.request_id = request_id
+        self.diagnostics_requested = diagnostics
+
+    def backend_chunk(self, now_ns: int) -> None:
+        if self.backend_first_chunk_ns is None:
+            self.backend_first_chunk_ns = now_ns
+
+    def backend_done(self, now_ns: int) -> None:
+        self.backend_done_ns = now_ns
+
+    def usage(self, input_tokens: int | None, output_tokens: int | None) -> None:
+        self.input_tokens, self.output_tokens = input_tokens, output_tokens
+
+    def event_sent(self, now_ns: int) -> None:
+        self.events += 1
+        if self.first_event_ns is None:
+            self.first_event_ns = now_ns
+        self.last_event_ns = now_ns
+
+    def completed(self) -> None:
+        """A ``response.completed`` was decided."""
+        self.outcome = COMPLETED
+
+    def failed(self, *, code: str, family: str, status: int) -> None:
+        """A ``response.error`` was decided (``family``: the OpenAI error type; ``status``: HTTP-like)."""
+        self.outcome = ERROR
+        self.error_code, self.error_family, self.error_status = code, family, status
+
+    def cancelled(self, now_ns: int, *, source: str, reason: str) -> None:
+        """The operation was told to stop (``source`` :data:`CLIENT`, :data:`TRANSPORT`, :data:`SERVER` or
+        :data:`DEADLINE`); the first call wins."""
+        if self.cancel_source is None:
+            self.cancel_source, self.cancel_reason, self.cancel_ns = source, reason, now_ns
+
+    def terminal_sent(self, now_ns: int, *, dropped: bool) -> None:
+        """The terminal went out (or, for a lost transport, could not): a drop makes the outcome
+        ``cancelled`` whatever had been decided before."""
+        self.terminal_ns = now_ns
+        if dropped:
+            self.outcome = CANCELLED
+            self.error_code = self.error_family = self.error_status = None
+
+    def aborted(self, now_ns: int, *, accepted: bool) -> None:
+        self.abort_ns, self.abort_accepted = now_ns, accepted
+
+    # -- derived ------------------------------------------------------------------------------------------
+
+    @property
+    def queue_delay_ms(self) -> float | None:
+        """Submit received -> backend called (ms): time spent in the pump and on the event-loop queue."""
+        return _ms(self.submitted_ns, self.started_ns)
+
+    @property
+    def first_event_ms(self) -> float | None:
+        """Submit received -> first partial result sent (ms)."""
+        return _ms(self.submitted_ns, self.first_event_ns)
+
+    @property
+    def backend_first_chunk_ms(self) -> float | None:
+        """Backend called -> first chunk from vLLM (ms): vLLM's queueing + prefill."""
+        return _ms(self.started_ns, self.backend_first_chunk_ns)
+
+    @property
+    def backend_ms(self) -> float | None:
+        """Backend called -> its answer or stream ended (ms)."""
+        return _ms(self.started_ns, self.backend_done_ns)
+
+    @property
+    def total_ms(self) -> float | None:
+        """Submit received -> terminal sent (ms)."""
+        return _ms(self.submitted_ns, self.terminal_ns)
+
+
+def diagnostics(obs: Observation) -> dict[str, Any]:
+    """The ``diagnostics`` object a terminal event carries when the envelope asked for it
+    (``nnrp: {"diagnostics": true}``). Shape (absent values are ``null``; durations in ms)::
+
+        {"schema": "vllm.diagnostics/1", "session_id", "operation_id", "frame_id", "transport",
+         "request_id", "model", "queue_delay_ms", "backend_first_chunk_ms", "first_event_ms", "total_ms",
+         "events", "usage": {"input_tokens", "output_tokens"} | null,
+         "cancel": {"source", "reason"} | null,
+         "trace": {"trace_id", "span_id", "parent_span_id", "stage_code", "flags", "attribute_bytes", "scope",
+                   "traceparent"} | null}
+
+    ``events`` counts partial results sent before the terminal. Clients ignore fields they do not know.
+    """
+    return {
+        "schema": DIAGNOSTICS_SCHEMA,
+        "session_id": obs.session_id,
+        "operation_id": obs.operation_id,
+        "frame_id": obs.frame_id,
+        "transport": obs.transport,
+        "request_id": obs.request_id,
+        "model": obs.model,
+        "queue_delay_ms": obs.queue_delay_ms,
+        "backend_first_chunk_ms": obs.backend_first_chunk_ms,
+        "first_event_ms": obs.first_event_ms,
+        "total_ms": obs.total_ms,
+        "events": obs.events,
+        "usage": None
+        if obs.input_tokens is None
+        else {"input_tokens": obs.input_tokens, "output_tokens": obs.output_tokens},
+        "cancel": None if obs.cancel_source is None else {"source": obs.cancel_source, "reason": obs.cancel_reason},
+        "trace": None if obs.trace is None else obs.trace.observation(),
+    }
+
+
+_LOG_FIELDS = (
+    "operation", "model", "transport", "connection_id", "session_id", "operation_id", "frame_id", "request_id",
+    "outcome", "error_code", "error_family", "cancel_source", "cancel_reason", "abort_accepted", "events",
+    "input_tokens", "output_tokens",
+)  # fmt: skip
+_LOG_DURATIONS = ("queue_delay_ms", "backend_first_chunk_ms", "first_event_ms", "backend_ms", "total_ms")
+
+
+def log_fields(obs: Observation) -> dict[str, Any]:
+    """The fields of the operation's log line (no prompt or output text), in a fixed order; ``None``
+    values are left out."""
+    fields = {name: getattr(obs, name) for name in _LOG_FIELDS + _LOG_DURATIONS}
+    if obs.trace is not None:
+        fields["traceparent"] = obs.trace.traceparent()
+        fields["trace_attribute_bytes"] = obs.trace.body_bytes
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def log_line(obs: Observation) -> str:
+    """``nnrp operation key=value …`` from :func:`log_fields`."""
+    return "nnrp operation " + " ".join(f"{k}={v}" for k, v in log_fields(obs).items())
