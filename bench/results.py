@@ -17,7 +17,6 @@ import os
 import pathlib
 import platform
 import subprocess
-import sys
 from collections.abc import Sequence
 from typing import Any
 
