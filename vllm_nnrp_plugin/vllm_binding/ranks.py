@@ -7,6 +7,7 @@ its own addresses, derived from the configured ``listen`` URIs:
 | configured | rank 0 | rank r > 0 |
 |---|---|---|
 | ``tcp://HOST:PORT`` | ``tcp://HOST:PORT`` | ``tcp://HOST:PORT+r`` |
+| ``nnrps://`` ``ws://`` ``wss://`` ``quic://`` | as configured | same scheme and path, ``PORT+r`` |
 | ``unix:///DIR/NAME.sock`` | ``unix:///DIR/NAME.sock`` | ``unix:///DIR/NAME-r.sock`` |
 
 So with one API server nothing changes, and a client picks a rank by address. An operation lives entirely in
@@ -48,4 +49,5 @@ def _for_rank(uri: str, rank: int, count: int) -> str:
             f"PORT + r. Fix: configure a port <= {MAX_PORT - count + 1} in nnrp.listen or VLLM_NNRP_LISTEN."
         )
     host = parts.hostname
-    return f"tcp://{f'[{host}]' if ':' in host else host}:{port}"
+    netloc = f"{f'[{host}]' if ':' in host else host}:{port}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
