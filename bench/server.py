@@ -44,6 +44,9 @@ class PacedBackend:
     ) -> ChatCall:
         return ChatCall(stream=_chunks(self._sse(request_id, int(body["n"]), int(body["interval_us"]) * 1000)))
 
+    def engine_request_id(self, request_id: str) -> str:
+        return request_id
+
     async def abort(self, request_id: str) -> None:
         """Nothing to stop: the stream generator is closed by the adapter (the record has the abort time)."""
 

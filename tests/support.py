@@ -83,6 +83,9 @@ class RecordedBackend:
             raise error_from_response(error_response(case))
         return ChatCall(body=recorded)
 
+    def engine_request_id(self, request_id: str) -> str:
+        return f"chatcmpl-{request_id}"  # as vLLM, whose outputs this replays
+
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 

@@ -57,6 +57,9 @@ class ChatBackend(Protocol):
         """Start one chat completion under ``request_id``, in the W3C trace ``traceparent`` when given;
         raises :class:`ProfileError` when refused."""
 
+    def engine_request_id(self, request_id: str) -> str:
+        """The id the engine knows the request started under ``request_id`` by (recorded in the observation)."""
+
     async def abort(self, request_id: str) -> None:
         """Abort the engine request started under ``request_id`` (unknown ids are a no-op)."""
 
@@ -92,8 +95,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]+")
 
 
 def engine_request_id(envelope_request_id: str | None) -> str:
-    """A unique vLLM request id, ``nnrp-[<envelope request_id>-]<12 hex>``; vLLM's engine id is
-    ``chatcmpl-`` + this (vllm-integration.md §4, request ids)."""
+    """A unique request id for the backend, ``nnrp-[<envelope request_id>-]<12 hex>``; the engine's own id is
+    :meth:`ChatBackend.engine_request_id` of it."""
     suffix = uuid.uuid4().hex[:12]
     if envelope_request_id:
         return f"nnrp-{_UNSAFE.sub('_', envelope_request_id)[:64]}-{suffix}"
@@ -124,7 +127,7 @@ async def run_operation(
         time.monotonic_ns(),
         operation=envelope.operation,
         model=None if capabilities_fetch else envelope.body.get("model"),
-        request_id=None if capabilities_fetch else f"chatcmpl-{request_id}",
+        request_id=None if capabilities_fetch else backend.engine_request_id(request_id),
         diagnostics=envelope.nnrp.get("diagnostics") is True,
     )
     if envelope.timeout_ms is not None:

@@ -36,6 +36,9 @@ class BackendErrorInjector:
                                   "(nnrp.fault_injection_backend_error_model, test only)")
         return await self._backend.create_chat_completion(body, request_id, traceparent)
 
+    def engine_request_id(self, request_id: str) -> str:
+        return self._backend.engine_request_id(request_id)
+
     async def abort(self, request_id: str) -> None:
         await self._backend.abort(request_id)
 

@@ -174,6 +174,9 @@ class ScriptedBackend:
 
         return ChatCall(stream=stream())
 
+    def engine_request_id(self, request_id):
+        return request_id
+
     async def abort(self, request_id):
         self.aborted.append(request_id)
 

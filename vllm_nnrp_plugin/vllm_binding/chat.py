@@ -82,9 +82,13 @@ class VLLMChatBackend:
             return ChatCall(body=normalise_body(result.model_dump(mode="json")))
         raise error_from_response(result)
 
+    def engine_request_id(self, request_id: str) -> str:
+        """vLLM's engine request id: ``chatcmpl-`` + ``request_id`` (vllm-integration.md §4, request ids)."""
+        return f"chatcmpl-{request_id}"
+
     async def abort(self, request_id: str) -> None:
         """Abort the engine request (no-op if it already finished)."""
-        await self._engine.abort(f"chatcmpl-{request_id}")
+        await self._engine.abort(self.engine_request_id(request_id))
 
 
 def error_from_response(response: Any) -> E.ProfileError:
