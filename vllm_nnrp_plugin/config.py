@@ -39,14 +39,20 @@ from typing import Any
 import attrs
 import cattrs
 
-from vllm_nnrp_plugin.nnrp_binding.endpoints import DEFAULT_LISTEN, EndpointError, is_loopback, parse_endpoint
+from vllm_nnrp_plugin.errors import NNRPStartupError
+from vllm_nnrp_plugin.nnrp_binding.endpoints import (
+    DEFAULT_LISTEN,
+    EndpointError,
+    is_loopback,
+    parse_endpoint,
+)
 
 CONFIG_KEY = "nnrp"
 LISTEN_ENV = "VLLM_NNRP_LISTEN"
 PLUGIN_NAME = "nnrp"
 
 
-class ConfigError(ValueError):
+class ConfigError(NNRPStartupError, ValueError):
     """The ``nnrp`` settings are invalid; the message says which key and how to fix it."""
 
 

@@ -21,6 +21,8 @@ import urllib.parse
 
 import attrs
 
+from vllm_nnrp_plugin.errors import NNRPStartupError
+
 DEFAULT_PORT = 9400
 DEFAULT_LISTEN = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 
@@ -35,7 +37,7 @@ _NETWORK_SCHEMES = {
 _FORMS = "tcp://HOST:PORT, nnrps://HOST:PORT, unix:///ABSOLUTE/PATH.sock, ws(s)://HOST:PORT/PATH or quic://HOST:PORT"
 
 
-class EndpointError(ValueError):
+class EndpointError(NNRPStartupError, ValueError):
     """A listen or connect URI this package cannot use; the message names the accepted forms."""
 
 

@@ -41,9 +41,15 @@ from nnrp.server import (
     listen_native_server,
 )
 
-from vllm_nnrp_plugin.nnrp_binding import sdk_sync
+from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.limits import SessionLimits, Slots
-from vllm_nnrp_plugin.nnrp_binding.endpoints import Carrier, EndpointError, is_loopback, parse_endpoint
+from vllm_nnrp_plugin.nnrp_binding import sdk_sync
+from vllm_nnrp_plugin.nnrp_binding.endpoints import (
+    Carrier,
+    EndpointError,
+    is_loopback,
+    parse_endpoint,
+)
 from vllm_nnrp_plugin.nnrp_binding.nodelay import NoDelaySetter
 from vllm_nnrp_plugin.nnrp_binding.session import SessionHandler, SessionPump
 
@@ -57,7 +63,7 @@ POLICY = {
 }
 
 
-class ListenError(RuntimeError):
+class ListenError(NNRPStartupError):
     """An address could not be bound; the message names the address, the cause and the fix."""
 
 

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import attrs
 
+from vllm_nnrp_plugin.errors import NNRPStartupError
+
 #: attach paths (vllm-integration.md §3): the 0.26 ``vllm.endpoint_plugins`` hook, and vLLM's documented
 #: ``--middleware`` flag naming :class:`vllm_nnrp_plugin.vllm_binding.middleware.NNRPMiddleware`
 ENDPOINT_PLUGIN = "endpoint-plugin"
@@ -32,10 +34,6 @@ DISABLE_HINT = (
     'or disable NNRP (remove nnrp from VLLM_PLUGINS and --middleware, or set "nnrp": {"enabled": false} in '
     "--additional-config)"
 )
-
-
-class NNRPStartupError(RuntimeError):
-    """NNRP is enabled but cannot work in this ``vllm serve``; the message names the cause and the fix."""
 
 
 @attrs.frozen

@@ -20,10 +20,12 @@ import pathlib
 import urllib.parse
 from collections.abc import Sequence
 
+from vllm_nnrp_plugin.errors import NNRPStartupError
+
 MAX_PORT = 65535
 
 
-class RankAddressError(ValueError):
+class RankAddressError(NNRPStartupError, ValueError):
     """A derived address does not exist (a TCP port beyond 65535); the message names the fix."""
 
 
