@@ -29,6 +29,7 @@ from vllm_nnrp_plugin.operation import DropReason, OperationMachine, PartialResu
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
 
 ERROR_TYPES = {E.INVALID_REQUEST_ERROR, E.SERVER_ERROR}
 CODES = {v for k, v in vars(E).items() if k.isupper() and isinstance(v, str)} - ERROR_TYPES
@@ -157,7 +158,9 @@ class RecordingSink:
 
 
 class ScriptedBackend:
-    """Streams the given chunks (or returns ``body`` when not streaming); records aborts."""
+    """Streams the given chunks as vLLM's SSE strings through the binding's one parser
+    (:func:`~vllm_nnrp_plugin.vllm_binding.chunk_shapes.vllm_chunks`, as production does), or returns ``body``
+    when not streaming; records aborts."""
 
     def __init__(self, chunks, body=None) -> None:
         self.chunks, self.body, self.aborted, self.started = chunks, body, [], []
@@ -170,9 +173,10 @@ class ScriptedBackend:
         async def stream():
             for chunk in self.chunks:
                 await asyncio.sleep(0)
-                yield chunk
+                yield f"data: {orjson.dumps(chunk).decode()}\n\n"
+            yield "data: [DONE]\n\n"
 
-        return ChatCall(stream=stream())
+        return ChatCall(stream=vllm_chunks(stream()))
 
     def engine_request_id(self, request_id):
         return request_id

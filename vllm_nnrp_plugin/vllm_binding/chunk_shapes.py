@@ -97,7 +97,7 @@ class VLLMStream:
                 self.done = True
                 out.extend(self.end())
                 continue
-            for chunk in normalise_chunk(orjson.loads(data)):
+            for chunk in _normalise_parsed(orjson.loads(data)):
                 out.extend(self._truthful(chunk))
         return out
 
@@ -155,12 +155,19 @@ def normalise_chunk(chunk: Chunk) -> list[Chunk]:
     """One chunk in normal form: usually ``[chunk]``; more chunks when a tool-call name delta also carried an
     argument fragment (the fragment and every entry after it go to the next chunk, so vLLM's order is kept).
     Error chunks (``{"error": …}``) pass unchanged. Does not modify ``chunk``."""
-    if "error" in chunk or not isinstance(chunk.get("choices"), list):
+    return _normalise_parsed(copy.deepcopy(chunk))
+
+
+def _normalise_parsed(chunk: Chunk) -> list[Chunk]:
+    """:func:`normalise_chunk` on a chunk nobody else holds (fresh from the JSON parser): rewritten in place."""
+    choices = chunk.get("choices")
+    if "error" in chunk or not isinstance(choices, list):
         return [chunk]
-    head = {k: v for k, v in chunk.items() if k != "system_fingerprint" and not (k == "prompt_text" and v is None)}
+    chunk.pop("system_fingerprint", None)
+    if "prompt_text" in chunk and chunk["prompt_text"] is None:
+        del chunk["prompt_text"]
     per_choice = []
-    for choice in chunk["choices"]:
-        choice = copy.deepcopy(choice)
+    for choice in choices:
         pieces = [choice]
         delta = choice.get("delta") if isinstance(choice, dict) else None
         if isinstance(delta, dict):
@@ -172,8 +179,10 @@ def normalise_chunk(chunk: Chunk) -> list[Chunk]:
                 pieces += [{**bare, "delta": {"tool_calls": calls}} for calls in later]
                 pieces[-1].update(ending)  # the choice ends with its last piece
         per_choice.append(pieces)
-    depth = max((len(p) for p in per_choice), default=1)
-    return [{**head, "choices": [p[k] for p in per_choice if k < len(p)]} for k in range(depth)]
+    if all(len(p) == 1 for p in per_choice):
+        return [chunk]
+    head = {k: v for k, v in chunk.items() if k != "choices"}
+    return [{**head, "choices": [p[k] for p in per_choice if k < len(p)]} for k in range(max(map(len, per_choice)))]
 
 
 def normalise_body(body: Chunk) -> Chunk:
