@@ -163,7 +163,8 @@ def test_a_call_cut_by_the_budget_is_incomplete_although_vllm_streams_tool_calls
 
 
 def test_a_stop_string_inside_a_call_is_incomplete_and_the_body_keeps_stop_reason():
-    items = sse(ROLE, chunk({"tool_calls": [NAME]}), chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "'}}]}),
+    fragment = {"index": 0, "function": {"arguments": '{"city": "'}}
+    items = sse(ROLE, chunk({"tool_calls": [NAME]}), chunk({"tool_calls": [fragment]}),
                 chunk({}, finish_reason="tool_calls", stop_reason="Paris"))
     events, body = through_binding(items)
     assert events[-1]["error"]["code"] == "tool_call_incomplete"
@@ -187,7 +188,8 @@ def test_a_new_call_id_on_a_reused_index_is_a_new_call():
     events, body = through_binding(items)
     per_call = assert_contract_order(events)
     assert list(per_call) == ["chatcmpl-tool-a", "chatcmpl-tool-b"]
-    completed = [(e["name"], e["arguments"], e["item_id"]) for e in events if e["type"] == "response.tool_call.completed"]
+    completed = [(e["name"], e["arguments"], e["item_id"])
+                 for e in events if e["type"] == "response.tool_call.completed"]
     assert completed == [("lookup", '{"city": "Paris"}', "tool_call_0_0"), ("search", '{"q": "x"}', "tool_call_0_0_1")]
     assert [c["function"]["name"] for c in body["choices"][0]["message"]["tool_calls"]] == ["lookup", "search"]
 

@@ -161,7 +161,8 @@ def test_generated_tool_call_streams_keep_every_invariant(generated):
             if call["name"]:
                 assert [d["arguments_delta"] for d in deltas] == call["emitted"]
     (choice,) = body["choices"]
-    claimed = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls", ())]
+    claimed = [(c["id"], c["function"]["name"], c["function"]["arguments"])
+               for c in choice["message"].get("tool_calls", ())]
     assert claimed == [(e["call_id"], e["name"], e["arguments"]) for e in completed_calls]
     assert choice["finish_reason"] == ("length" if ending == "budget" else "tool_calls")
     assert choice["stop_reason"] == ("Paris" if ending == "stop" else None)

@@ -25,6 +25,7 @@ from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_body, vllm_chunks
 from vllm_nnrp_plugin.vllm_binding.families import has_tool_parser
 
+
 class VLLMChatBackend:
     """:class:`vllm_nnrp_plugin.adapter.ChatBackend` over ``app.state`` (``openai_serving_chat``,
     ``engine_client``, ``openai_serving_models``)."""

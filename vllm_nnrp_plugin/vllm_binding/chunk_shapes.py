@@ -117,7 +117,8 @@ class VLLMStream:
                 for held in self._held:
                     self._settle(held, usage, len(self._choices))
             return [*self.end(), chunk]
-        if self._budget is None or not any(isinstance(c, dict) and c.get("finish_reason") == "tool_calls" for c in choices):
+        if self._budget is None or not any(isinstance(c, dict) and c.get("finish_reason") == "tool_calls"
+                                           for c in choices):
             return [chunk]
         if usage is not None:  # continuous usage stats: this choice's own count
             self._settle(chunk, usage, 1)
