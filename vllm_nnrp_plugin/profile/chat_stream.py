@@ -107,7 +107,7 @@ class ChatStreamMapper:
         return out
 
     def finish(self) -> list[dict[str, Any]]:
-        """Events owed at the end of a stream (none today: every call ends with its choice).
+        """Check the end of a stream; returns no events (every call already ended with its choice's finish).
 
         Raises :class:`ProfileError` ``backend_error`` when a choice never got a ``finish_reason`` or no choice
         arrived at all: vLLM ended the stream without its answer (e.g. the engine failed before the first
