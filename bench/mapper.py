@@ -2,10 +2,12 @@
 
 Rows (events/s, one sample per repetition, single thread = one core):
 
-* ``mapper.feed``: ``ChatStreamMapper.feed`` over parsed chunk dicts (the profile mapping alone);
-* ``mapper.sse_to_partial``: what the server does per chunk before the transport — parse vLLM's
-  ``data: …`` string (:func:`vllm_nnrp_plugin.vllm_binding.chat._chunks`' parsing), ``feed``, and encode each
-  event as a numbered partial result (:class:`~vllm_nnrp_plugin.operation.OperationMachine`).
+* ``mapper.feed``: ``ChatStreamMapper.feed`` over the normal-form chunks production hands it (the profile
+  mapping alone; the chunks are made once, before timing, by the binding's parser);
+* ``mapper.sse_to_partial``: what the server does per chunk before the transport — vLLM's ``data: …``
+  strings through :func:`vllm_nnrp_plugin.vllm_binding.chunk_shapes.vllm_chunks` (parsing, normalising, the
+  one seam production uses), ``feed``, and encode each event as a numbered partial result
+  (:class:`~vllm_nnrp_plugin.operation.OperationMachine`).
 
 Input: every recorded ``.sse`` stream of compat/fixtures/vllm/0.26.0 (and shared fixtures of other vLLM lines
 when present), replayed round-robin.
@@ -13,14 +15,14 @@ when present), replayed round-robin.
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import time
-
-import orjson
 
 from bench.results import Result, Target
 from vllm_nnrp_plugin.operation import OperationMachine
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import VLLMStream, vllm_chunks
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "compat" / "fixtures" / "vllm" / "0.26.0"
@@ -28,48 +30,62 @@ TARGET = Target("p50", ">=", 300_000)
 
 
 def recorded_streams() -> list[list[str]]:
-    """The ``data: …`` lines of every recorded stream (without ``[DONE]``)."""
-    streams = []
-    for path in sorted(FIXTURES.glob("*.sse")):
-        lines = [line for line in path.read_text().splitlines() if line.startswith("data: ") and "[DONE]" not in line]
-        streams.append(lines)
-    return streams
+    """The strings vLLM's generator yielded for every recorded stream (``data: …\\n\\n`` each, ``[DONE]`` last)."""
+    return [[block + "\n\n" for block in path.read_text().split("\n\n") if block.strip()]
+            for path in sorted(FIXTURES.glob("*.sse"))]
 
 
-def _feed_only(chunks: list[list[dict]]) -> int:
+def normal_form(stream: list[str]) -> list[dict]:
+    """The chunks :func:`vllm_chunks` yields for ``stream`` (through its core, :class:`VLLMStream`)."""
+    parser = VLLMStream()
+    return [chunk for item in stream for chunk in parser.feed(item)] + parser.end()
+
+
+def _feed_only(chunks: list[list[dict]], rounds: int) -> int:
     events = 0
-    for stream in chunks:
-        mapper = ChatStreamMapper()
-        for chunk in stream:
-            events += len(mapper.feed(chunk))
-        mapper.completed_body()
+    for _ in range(rounds):
+        for stream in chunks:
+            mapper = ChatStreamMapper()
+            for chunk in stream:
+                events += len(mapper.feed(chunk))
+            mapper.completed_body()
     return events
 
 
-def _sse_to_partial(streams: list[list[str]]) -> int:
+def _sse_to_partial(streams: list[list[str]], rounds: int) -> int:
+    return asyncio.run(_sse_to_partial_async(streams, rounds))  # one event loop per sample, as the server's
+
+
+async def _sse_to_partial_async(streams: list[list[str]], rounds: int) -> int:
     events = 0
-    for stream in streams:
-        mapper = ChatStreamMapper()
-        machine = OperationMachine()
-        for line in stream:
-            for event in mapper.feed(orjson.loads(line[6:])):
-                machine.partial(event)
-        machine.complete(mapper.completed_body())
-        events += machine.events_sent
+    for _ in range(rounds):
+        for stream in streams:
+            mapper = ChatStreamMapper()
+            machine = OperationMachine()
+            async for chunk in vllm_chunks(_replay(stream)):
+                for event in mapper.feed(chunk):
+                    machine.partial(event)
+            machine.complete(mapper.completed_body())
+            events += machine.events_sent
     return events
+
+
+async def _replay(stream: list[str]):
+    for item in stream:
+        yield item
 
 
 def run(repetitions: int = 30, rounds: int = 200) -> list[Result]:
     """``repetitions`` samples, each replaying every recorded stream ``rounds`` times."""
     streams = recorded_streams()
-    chunks = [[orjson.loads(line[6:]) for line in s] for s in streams]
+    chunks = [normal_form(s) for s in streams]
     rows = []
     for name, work, data in (("mapper.feed", _feed_only, chunks), ("mapper.sse_to_partial", _sse_to_partial, streams)):
-        work(data)  # warm-up
+        work(data, 1)  # warm-up
         rates = []
         for _ in range(repetitions):
             start = time.perf_counter()
-            events = sum(work(data) for _ in range(rounds))
+            events = work(data, rounds)
             rates.append(events / (time.perf_counter() - start))
         rows.append(
             Result.of(

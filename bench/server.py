@@ -30,7 +30,7 @@ from vllm_nnrp_plugin.nnrp_binding import nodelay, sdk_sync, session
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.service import NNRPService
-from vllm_nnrp_plugin.vllm_binding.chat import _chunks
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
 
 
 class PacedBackend:
@@ -42,7 +42,7 @@ class PacedBackend:
     async def create_chat_completion(
         self, body: dict[str, Any], request_id: str, traceparent: str | None = None
     ) -> ChatCall:
-        return ChatCall(stream=_chunks(self._sse(request_id, int(body["n"]), int(body["interval_us"]) * 1000)))
+        return ChatCall(stream=vllm_chunks(self._sse(request_id, int(body["n"]), int(body["interval_us"]) * 1000)))
 
     def engine_request_id(self, request_id: str) -> str:
         return request_id
@@ -61,6 +61,7 @@ class PacedBackend:
             if delay > 0:
                 await asyncio.sleep(delay / 1e9)
             yield (head + str(time.monotonic_ns()).encode() + tail).decode()
+        yield (head + b'"},"logprobs":null,"finish_reason":"length"}]}\n\n').decode()  # vLLM ends every choice
         yield "data: [DONE]\n\n"
 
 

@@ -1,7 +1,9 @@
 """Test helpers: recorded vLLM outputs (compat/fixtures) and a backend that replays them.
 
-The replaying backend feeds the adapter exactly what vLLM 0.26.0 produced: SSE strings go through the
-real SSE parser of :mod:`vllm_nnrp_plugin.vllm_binding.chat`, error bodies through its error mapping.
+The replaying backend feeds the adapter exactly what vLLM 0.26.0 produced through the path production uses:
+SSE strings through :func:`vllm_nnrp_plugin.vllm_binding.chunk_shapes.vllm_chunks` (parser, normaliser and the
+recorded request's token budget), error bodies through the error mapping of
+:mod:`vllm_nnrp_plugin.vllm_binding.chat`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import orjson
 
 from vllm_nnrp_plugin.adapter import ChatCall
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
-from vllm_nnrp_plugin.vllm_binding.chat import _chunks, error_from_response
+from vllm_nnrp_plugin.vllm_binding.chat import error_from_response
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, VLLMStream, vllm_chunks
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "compat" / "fixtures" / "vllm" / "0.26.0"
+#: ``--max-model-len`` of the servers the fixtures were recorded from (compat/fixtures/vllm/README.md)
+RECORDED_MAX_MODEL_LEN = 2048
 
 
 def sse_items(case: str, version: str = "0.26.0") -> list[str]:
@@ -28,9 +33,18 @@ def sse_items(case: str, version: str = "0.26.0") -> list[str]:
     return [block + "\n\n" for block in text.split("\n\n") if block.strip()]
 
 
+def recorded_budget(case: str, version: str = "0.26.0") -> TokenBudget:
+    """The token budget vLLM gave the recorded request (its ``max_tokens``; the recording server's context)."""
+    request = orjson.loads((FIXTURES.parent / version / f"{case}.request.json").read_bytes())
+    limit = request.get("max_completion_tokens", request.get("max_tokens"))
+    return TokenBudget(limit, RECORDED_MAX_MODEL_LEN)
+
+
 def recorded_chunks(case: str, version: str = "0.26.0") -> list[dict[str, Any]]:
-    """The chunk dicts of a recorded stream (without ``[DONE]``)."""
-    return [orjson.loads(item[len("data: "):]) for item in sse_items(case, version) if "[DONE]" not in item]
+    """The chunks of a recorded stream as production hands them to the mapper (:class:`VLLMStream`, the core
+    of :func:`vllm_chunks`, with the recorded request's budget)."""
+    stream = VLLMStream(recorded_budget(case, version))
+    return [chunk for item in sse_items(case, version) for chunk in stream.feed(item)] + stream.end()
 
 
 def recorded_json(case: str) -> dict[str, Any]:
@@ -77,7 +91,7 @@ class RecordedBackend:
         if (FIXTURES / f"{case}.sse").exists():
             items = sse_items(case)
             items = items[:-1] * int(body.get("repeat", 1)) + items[-1:]
-            return ChatCall(stream=self._replay(items, float(body.get("pace_s", 0.0))))
+            return ChatCall(stream=self._replay(items, float(body.get("pace_s", 0.0)), recorded_budget(case)))
         recorded = recorded_json(case)
         if "error" in recorded:
             raise error_from_response(error_response(case))
@@ -89,7 +103,7 @@ class RecordedBackend:
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    def _replay(self, items: list[str], pace_s: float):
+    def _replay(self, items: list[str], pace_s: float, budget: TokenBudget | None = None):
         async def generator():
             self.open_streams += 1
             try:
@@ -100,7 +114,7 @@ class RecordedBackend:
             finally:
                 self.open_streams -= 1
 
-        return _chunks(generator())
+        return vllm_chunks(generator(), budget)
 
 
 def envelope(body: dict[str, Any], **extra: Any) -> dict[str, Any]:

@@ -81,7 +81,8 @@ def test_binds_every_configured_address(served):
 
 
 def test_streamed_text_arrives_in_order_then_completed(client):
-    events = collect(client, envelope({"model": "b-stream-text-usage", "messages": [], "stream": True}))
+    events = collect(client, envelope({"model": "b-stream-text-usage", "messages": [], "stream": True,
+                                      "stream_options": {"include_usage": True}}))
     *partials, terminal = events
     assert [e.frame for e in partials] == ["partial_result"] * 17
     expected = [c["choices"][0]["delta"]["content"] for c in recorded_chunks("b-stream-text-usage")[1:-2]]

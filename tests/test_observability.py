@@ -20,7 +20,8 @@ from tests.support import ROOT, envelope
 from tests.test_loopback import Served, wait_until
 from vllm_nnrp_plugin.client import ProfileClient
 
-STREAM = {"model": "b-stream-text-usage", "messages": [{"role": "user", "content": "SECRET PROMPT"}], "stream": True}
+STREAM = {"model": "b-stream-text-usage", "messages": [{"role": "user", "content": "SECRET PROMPT"}], "stream": True,
+          "stream_options": {"include_usage": True}}  # as the recorded request
 SLOW = {"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05}
 
 

@@ -27,7 +27,7 @@ import attrs
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operation_names
-from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
+from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
@@ -137,7 +137,7 @@ async def run_operation(
         return
     finished = False
     stream: AsyncIterator[dict[str, Any]] | None = None
-    mapper = ChatStreamMapper()
+    mapper = ChatStreamMapper(usage_events=usage_asked(envelope.body))
     try:
         trace = sink.dispatch()
         call = await backend.create_chat_completion(

@@ -23,7 +23,7 @@ def test_text_stream_becomes_ordered_deltas_and_the_same_answer_as_non_streaming
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": text}
     assert body["choices"][0]["finish_reason"] == reference["choices"][0]["finish_reason"] == "length"
-    assert body["system_fingerprint"].startswith("vllm-0.26.0-")
+    assert "system_fingerprint" not in body  # names the vLLM build: the normaliser strips it
     assert "usage" not in body  # not asked for
 
 

@@ -12,8 +12,7 @@ import pytest
 
 from tests.support import ROOT
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
-from vllm_nnrp_plugin.vllm_binding.chat import _chunks
-from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body, normalise_chunk, normalised_chunks
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body, normalise_chunk, vllm_chunks
 
 ANCHORS = ("0.18.1", "0.22.1", "0.26.0")
 FIXTURES = ROOT / "compat" / "fixtures" / "vllm"
@@ -26,16 +25,17 @@ def sse_items(anchor, case):
 
 
 def chunks(anchor, case, normalise=True):
-    """The chunk dicts of a recording as the backend yields them: vLLM's SSE strings through the SSE parser
-    and (by default) the normaliser."""
+    """The chunk dicts of a recording as the backend yields them: vLLM's SSE strings through
+    :func:`vllm_chunks` (or, with ``normalise=False``, only parsed as JSON)."""
+    if not normalise:
+        return [orjson.loads(item[len("data: "):]) for item in sse_items(anchor, case) if "[DONE]" not in item]
 
     async def collect():
         async def replay():
             for item in sse_items(anchor, case):
                 yield item
 
-        stream = _chunks(replay())
-        return [c async for c in (normalised_chunks(stream) if normalise else stream)]
+        return [c async for c in vllm_chunks(replay())]
 
     return asyncio.run(collect())
 
@@ -169,7 +169,7 @@ def test_closing_the_normalised_stream_closes_vllms_stream():
             closed.append(True)
 
     async def take_one():
-        stream = normalised_chunks(_chunks(vllm_stream()))
+        stream = vllm_chunks(vllm_stream())
         await anext(stream)
         await stream.aclose()
 

@@ -29,6 +29,7 @@ from vllm_nnrp_plugin.operation import DropReason, OperationMachine, PartialResu
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
 
 ERROR_TYPES = {E.INVALID_REQUEST_ERROR, E.SERVER_ERROR}
 CODES = {v for k, v in vars(E).items() if k.isupper() and isinstance(v, str)} - ERROR_TYPES
@@ -157,7 +158,9 @@ class RecordingSink:
 
 
 class ScriptedBackend:
-    """Streams the given chunks (or returns ``body`` when not streaming); records aborts."""
+    """Streams the given chunks as vLLM's SSE strings through the binding's one parser
+    (:func:`~vllm_nnrp_plugin.vllm_binding.chunk_shapes.vllm_chunks`, as production does), or returns ``body``
+    when not streaming; records aborts."""
 
     def __init__(self, chunks, body=None) -> None:
         self.chunks, self.body, self.aborted, self.started = chunks, body, [], []
@@ -170,9 +173,10 @@ class ScriptedBackend:
         async def stream():
             for chunk in self.chunks:
                 await asyncio.sleep(0)
-                yield chunk
+                yield f"data: {orjson.dumps(chunk).decode()}\n\n"
+            yield "data: [DONE]\n\n"
 
-        return ChatCall(stream=stream())
+        return ChatCall(stream=vllm_chunks(stream()))
 
     def engine_request_id(self, request_id):
         return request_id
@@ -202,7 +206,7 @@ def test_any_chunk_stream_gives_ordered_events_and_exactly_one_terminal(chunks):
     backend = ScriptedBackend(chunks)
     asyncio.run(run_operation(sink, backend, AdapterLimits(MAX_BYTES), CAPABILITIES))  # must not raise
     event = _check_one_terminal(sink)
-    if event["type"] == "response.error":
+    if event["type"] == "response.error" and "without a finish_reason" not in event["error"]["message"]:
         assert backend.aborted == backend.started  # an unfinished backend request is always aborted
 
 
@@ -212,6 +216,13 @@ def test_realistic_streams_complete_with_the_streamed_text(chunks):
     sink = RecordingSink(orjson.dumps(envelope({"messages": [], "stream": True})))
     asyncio.run(run_operation(sink, ScriptedBackend(chunks), AdapterLimits(MAX_BYTES), CAPABILITIES))
     event = _check_one_terminal(sink)
+    finished: dict[int, bool] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices") or ():
+            finished[choice["index"]] = finished.get(choice["index"], False) or choice.get("finish_reason") is not None
+    if not finished or not all(finished.values()):  # vLLM ended the stream without saying why: a failure
+        assert event["type"] == "response.error" and event["error"]["code"] == "backend_error"
+        return
     assert event["type"] == "response.completed"
     deltas: dict[int, str] = {}
     for action in sink.actions[:-1]:

@@ -1,13 +1,16 @@
-"""Tool-call events from tool-call streams recorded from real vLLM (compat/fixtures/vllm/<version>/):
-started / delta / completed per call_id, in the contract's order (profile-contract.md §3)."""
+"""Tool-call events from tool-call streams recorded from real vLLM (compat/fixtures/vllm/<version>/), and from
+the shapes public vLLM bug reports show: started / delta / completed-or-error per call_id, in the contract's
+order (profile-contract.md §3), completed only for a named call with complete JSON arguments."""
 
 import collections
 
 import orjson
+import pytest
 
 from tests.support import recorded_chunks, recorded_json
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.profile.errors import BACKEND_ERROR, ProfileError
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, VLLMStream
 
 TOOL_TYPES = ("response.tool_call.started", "response.tool_call.delta", "response.tool_call.completed",
               "response.tool_call.error")
@@ -116,4 +119,100 @@ def test_a_mid_stream_error_ends_open_calls_with_tool_call_error():
     events += mapper.fail_open_calls(ProfileError(BACKEND_ERROR, "engine died", "server_error", 500))
     assert_contract_order(events)
     assert events[-1]["error"] == {"type": "server_error", "code": "backend_error", "message": "engine died"}
-    assert mapper.finish() == []  # nothing more for a call that already ended
+    assert mapper.fail_open_calls(ProfileError(BACKEND_ERROR, "again", "server_error", 500)) == []  # ended once
+
+
+# -- shapes vLLM bug reports show (normaliser + mapper, from vLLM's SSE strings) ----------------------------
+
+
+def sse(*chunks):
+    return [f"data: {orjson.dumps(c).decode()}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+
+
+def chunk(delta=None, finish_reason=None, stop_reason=None, usage=None):
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+    if finish_reason is not None:
+        choices[0]["stop_reason"] = stop_reason
+    out = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": choices}
+    return {**out, "usage": usage} if usage else out
+
+
+def through_binding(items, budget=TokenBudget(20, 2048), usage_events=False):
+    stream, mapper = VLLMStream(budget), ChatStreamMapper(usage_events=usage_events)
+    events = [e for item in items for c in stream.feed(item) for e in mapper.feed(c)]
+    return events + mapper.finish(), mapper.completed_body()
+
+
+ROLE = chunk({"role": "assistant", "content": ""})
+NAME = {"id": "chatcmpl-tool-a", "type": "function", "index": 0, "function": {"name": "lookup"}}
+
+
+def test_a_call_cut_by_the_budget_is_incomplete_although_vllm_streams_tool_calls():
+    """vLLM 0.26 live: max_tokens 20 gives arguments '{' and finish_reason 'tool_calls' in the stream."""
+    items = sse(ROLE, chunk({"content": None, "tool_calls": [NAME]}),
+                chunk({"content": None, "tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}),
+                chunk({}, finish_reason="tool_calls"),
+                chunk(usage={"prompt_tokens": 196, "completion_tokens": 20, "total_tokens": 216}))
+    events, body = through_binding(items)
+    assert [e["type"] for e in events] == ["response.tool_call.started", "response.tool_call.delta",
+                                           "response.tool_call.error"]
+    assert events[-1]["error"]["code"] == "tool_call_incomplete"
+    (choice,) = body["choices"]
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == "" and body["usage"]["completion_tokens"] == 20
+
+
+def test_a_stop_string_inside_a_call_is_incomplete_and_the_body_keeps_stop_reason():
+    fragment = {"index": 0, "function": {"arguments": '{"city": "'}}
+    items = sse(ROLE, chunk({"tool_calls": [NAME]}), chunk({"tool_calls": [fragment]}),
+                chunk({}, finish_reason="tool_calls", stop_reason="Paris"))
+    events, body = through_binding(items)
+    assert events[-1]["error"]["code"] == "tool_call_incomplete"
+    assert body["choices"][0]["finish_reason"] == "tool_calls" and body["choices"][0]["stop_reason"] == "Paris"
+
+
+def test_a_name_entry_with_arguments_and_the_next_fragment_in_one_chunk_keep_their_order():
+    """0.18/0.22 shape: the normaliser must not move the first fragment behind the next one."""
+    entries = [{**NAME, "function": {"name": "lookup", "arguments": '{"city": '}},
+               {"index": 0, "function": {"name": None, "arguments": '"Paris"}'}}]
+    events, body = through_binding(sse(ROLE, chunk({"tool_calls": entries}), chunk({}, finish_reason="tool_calls")))
+    assert [e.get("arguments_delta") for e in events[1:3]] == ['{"city": ', '"Paris"}']
+    assert events[-1]["type"] == "response.tool_call.completed" and events[-1]["arguments"] == '{"city": "Paris"}'
+
+
+def test_a_new_call_id_on_a_reused_index_is_a_new_call():
+    second = {"id": "chatcmpl-tool-b", "type": "function", "index": 0, "function": {"name": "search"}}
+    items = sse(ROLE, chunk({"tool_calls": [NAME, {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]}),
+                chunk({"tool_calls": [second, {"index": 0, "function": {"arguments": '{"q": "x"}'}}]}),
+                chunk({}, finish_reason="tool_calls"))
+    events, body = through_binding(items)
+    per_call = assert_contract_order(events)
+    assert list(per_call) == ["chatcmpl-tool-a", "chatcmpl-tool-b"]
+    completed = [(e["name"], e["arguments"], e["item_id"])
+                 for e in events if e["type"] == "response.tool_call.completed"]
+    assert completed == [("lookup", '{"city": "Paris"}', "tool_call_0_0"), ("search", '{"q": "x"}', "tool_call_0_0_1")]
+    assert [c["function"]["name"] for c in body["choices"][0]["message"]["tool_calls"]] == ["lookup", "search"]
+
+
+def test_a_call_waits_for_its_name_and_ends_invalid_without_one():
+    nameless = {"id": "chatcmpl-tool-a", "type": "function", "index": 0, "function": {"arguments": "{"}}
+    named_later = {"index": 0, "function": {"name": "lookup", "arguments": "}"}}
+    events, _ = through_binding(sse(ROLE, chunk({"tool_calls": [nameless]}), chunk({"tool_calls": [named_later]}),
+                                    chunk({}, finish_reason="tool_calls")))
+    assert [(e["type"], e.get("name"), e.get("arguments_delta")) for e in events] == [
+        ("response.tool_call.started", "lookup", None), ("response.tool_call.delta", None, "{"),
+        ("response.tool_call.delta", None, "}"), ("response.tool_call.completed", "lookup", None)]
+    events, body = through_binding(sse(ROLE, chunk({"tool_calls": [nameless]}), chunk({}, finish_reason="tool_calls")))
+    assert [e["type"] for e in events] == ["response.tool_call.started", "response.tool_call.error"]
+    assert events[-1]["error"]["code"] == "tool_call_invalid" and "tool_calls" not in body["choices"][0]["message"]
+
+
+def test_a_stream_without_a_finish_reason_is_a_backend_error():
+    """vLLM's role chunk, then [DONE]: the engine failed before the first token and vLLM swallowed it."""
+    stream, mapper = VLLMStream(), ChatStreamMapper()
+    for item in sse(ROLE):
+        for c in stream.feed(item):
+            mapper.feed(c)
+    with pytest.raises(ProfileError) as info:
+        mapper.finish()
+    assert info.value.code == "backend_error"

@@ -1,43 +1,72 @@
 """Map a stream of OpenAI ``chat.completion.chunk`` objects to profile events (profile-contract.md §3).
 
-``choices[i].delta.content`` -> ``response.output_text.delta {index: i, delta}``; a chunk with
-``choices: []`` and ``usage`` (sent when ``stream_options.include_usage``) -> ``response.usage``; an
-``{"error": {...}}`` chunk -> :class:`ProfileError` ``backend_error``. :meth:`ChatStreamMapper.completed_body`
-assembles the ``chat.completion`` object the terminal ``response.completed`` carries (tool calls folded into
-``message.tool_calls`` as vLLM's non-streaming body has them).
+Input is the chunk *normal form* of :mod:`vllm_nnrp_plugin.vllm_binding.chunk_shapes` (what vLLM streams, with
+its finish reasons made truthful). ``choices[i].delta.content`` -> ``response.output_text.delta {index: i,
+delta}``; a chunk with ``choices: []`` and ``usage`` (vLLM's final usage chunk) -> ``response.usage`` when the
+request asked for it (``stream_options.include_usage``, :func:`usage_asked`); ``usage`` anywhere else only
+reaches the completed body; an ``{"error": {...}}`` chunk -> :class:`ProfileError` ``backend_error``; a stream
+that ends while a choice has no ``finish_reason`` (vLLM ended it without saying why) -> ``backend_error`` from
+:meth:`ChatStreamMapper.finish`. :meth:`ChatStreamMapper.completed_body` assembles the ``chat.completion``
+object the terminal ``response.completed`` carries, in the shape of vLLM's non-streaming body: ``content``
+(a string once any delta carried the key, as vLLM's role delta ``content: ""`` does), ``reasoning`` (when
+streamed), ``tool_calls`` (completed calls only), ``finish_reason``, ``stop_reason``, ``usage``.
 
-Tool calls (``choices[i].delta.tool_calls[]``, vllm-integration.md §8; profile-contract.md §3 "Deriving tool
-events"): the first delta of a call (keyed by choice and vLLM's tool-call ``index``) -> ``response.tool_call.started``
-with ``call_id`` = vLLM's tool call ``id`` and ``name``; every ``function.arguments`` fragment (also one riding in
-the name chunk, as on 0.18/0.22 with a named ``tool_choice``) -> ``response.tool_call.delta``; when the choice
-finishes (its ``finish_reason``, or the end of the stream) -> exactly one ``response.tool_call.completed`` with the
-concatenated arguments, or ``response.tool_call.error`` ``tool_call_incomplete`` when generation stopped at the
-token limit (``finish_reason: "length"``) with arguments that are not complete JSON. A mid-stream error ends
-every open call with ``response.tool_call.error`` ``backend_error`` (:meth:`ChatStreamMapper.fail_open_calls`).
-Per ``call_id``: started first, once; deltas; one completed/error last. Calls may interleave.
-``item_id`` is ``tool_call_<choice>_<index>`` (adapter-chosen, unique within the operation).
+Tool calls (``choices[i].delta.tool_calls[]``; profile-contract.md §3 "Deriving tool events"):
+
+* Identity: a call is vLLM's tool call ``id`` (its ``call_id``) on a tool-call ``index``; an entry without an
+  ``id`` continues the latest call on its index; a *new* ``id`` on a used index is a new call (vLLM's parsers
+  reuse indexes) and ends the earlier one there.
+* ``response.tool_call.started`` once the call has a name (``function.name``); argument fragments that arrive
+  before it wait and follow the ``started``; then every ``function.arguments`` fragment ->
+  ``response.tool_call.delta``, in exactly the order vLLM sent them (a name and a fragment in one entry, several
+  entries in one chunk).
+* When the call ends (its choice's ``finish_reason``, or a new call on its index) -> exactly one
+  ``response.tool_call.completed`` with the concatenated arguments if it has a name and the arguments are one
+  complete JSON value (Python's ``json.loads``, as vLLM's tool parsers read arguments); otherwise
+  ``response.tool_call.error`` ``tool_call_incomplete`` when the token budget (``finish_reason: "length"``) or a
+  stop string or token (``stop_reason`` not null) ended generation, else ``tool_call_invalid``. A call that never
+  got a name is announced (``started`` with ``name: ""``) only to end it with that error.
+* A mid-stream error ends every open call with ``response.tool_call.error`` ``backend_error``
+  (:meth:`ChatStreamMapper.fail_open_calls`). The completed body lists only completed calls.
+
+Per ``call_id``: started first, once; deltas; one completed/error last. Calls may interleave. ``item_id`` is
+``tool_call_<choice>_<index>`` (``_<n>`` appended for the n-th later call on the same index): unique within
+the operation.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
-
-import orjson
 
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events
 
+#: the values pydantic's lax ``bool`` reads as true (vLLM validates ``stream_options`` with pydantic)
+_TRUE_STRINGS = frozenset({"1", "true", "t", "yes", "y", "on"})
+
+
+def usage_asked(body: dict[str, Any]) -> bool:
+    """True when the chat request asks vLLM to stream usage (``stream_options.include_usage``)."""
+    options = body.get("stream_options")
+    flag = options.get("include_usage") if isinstance(options, dict) else None
+    if isinstance(flag, str):
+        return flag.strip().lower() in _TRUE_STRINGS
+    return flag is True or (type(flag) is int and flag == 1)
+
 
 class ChatStreamMapper:
-    """Feed chunks in arrival order with :meth:`feed`; read the final body with :meth:`completed_body`."""
+    """Feed chunks in arrival order with :meth:`feed`, then :meth:`finish`; read the final body with
+    :meth:`completed_body`. ``usage_events``: emit ``response.usage`` for the final usage chunk (the request's
+    :func:`usage_asked`)."""
 
-    __slots__ = ("_head", "_choices", "_usage", "_fingerprint")
+    __slots__ = ("_head", "_choices", "_usage", "_usage_events")
 
-    def __init__(self) -> None:
+    def __init__(self, usage_events: bool = True) -> None:
         self._head: dict[str, Any] | None = None
         self._choices: dict[int, _Choice] = {}
         self._usage: dict[str, Any] | None = None
-        self._fingerprint: str | None = None
+        self._usage_events = usage_events
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """Events for one chunk, in order (often one, sometimes none).
@@ -49,44 +78,51 @@ class ChatStreamMapper:
             raise _stream_error(chunk["error"])
         if self._head is None:
             self._head = {k: chunk.get(k) for k in ("id", "created", "model")}
-        if chunk.get("system_fingerprint"):
-            self._fingerprint = chunk["system_fingerprint"]
         out: list[dict[str, Any]] = []
         choices = chunk.get("choices") or ()
         for choice in choices:
             index = choice.get("index", 0)
             state = self._choices.get(index)
             if state is None:
-                state = self._choices[index] = _Choice()
+                state = self._choices[index] = _Choice(index)
             delta = choice.get("delta") or {}
-            content = delta.get("content")
-            if content:
-                state.text.append(content)
-                out.append(events.output_text_delta(index, content))
+            if "content" in delta:
+                state.content_seen = True
+                if delta["content"]:
+                    state.text.append(delta["content"])
+                    out.append(events.output_text_delta(index, delta["content"]))
+            if delta.get("reasoning"):
+                state.reasoning.append(delta["reasoning"])
             for call in delta.get("tool_calls") or ():
-                out.extend(state.add_tool_call_delta(index, call))
+                out.extend(state.add_tool_call_delta(call))
             if choice.get("finish_reason") is not None:
                 state.finish_reason = choice["finish_reason"]
+                state.stop_reason = choice.get("stop_reason")
                 out.extend(state.close_tool_calls())
         usage = chunk.get("usage")
-        if usage and not choices:
+        if usage:
             self._usage = usage
-            out.append(events.usage(usage))
+            if not choices and self._usage_events:
+                out.append(events.usage(usage))
         return out
 
     def finish(self) -> list[dict[str, Any]]:
-        """Events owed at the end of a stream: completes tool calls of choices that never sent a
-        ``finish_reason``."""
-        return [e for i in sorted(self._choices) for e in self._choices[i].close_tool_calls()]
+        """Check the end of a stream; returns no events (every call already ended with its choice's finish).
+
+        Raises :class:`ProfileError` ``backend_error`` when a choice never got a ``finish_reason`` or no choice
+        arrived at all: vLLM ended the stream without its answer (e.g. the engine failed before the first
+        token), which is a failure, not an empty success. The caller ends open calls with
+        :meth:`fail_open_calls`.
+        """
+        unfinished = [i for i in sorted(self._choices) if self._choices[i].finish_reason is None]
+        if not self._choices or unfinished:
+            which = f"choice {unfinished[0]}" if unfinished else "any choice"
+            raise E.backend_error(f"vLLM's stream ended without a finish_reason for {which}")
+        return []
 
     def fail_open_calls(self, err: E.ProfileError) -> list[dict[str, Any]]:
-        """``response.tool_call.error`` (``err``) for every started call not yet completed (mid-stream error)."""
-        out = []
-        for choice_index in sorted(self._choices):
-            for call in self._choices[choice_index].open_calls():
-                call.done = True
-                out.append(events.tool_call_error(call.index, call.item_id, call.call_id, err))
-        return out
+        """``response.tool_call.error`` (``err``) for every call not yet ended (mid-stream error)."""
+        return [e for i in sorted(self._choices) for c in self._choices[i].open_calls() for e in c.end_with(err)]
 
     def completed_body(self) -> dict[str, Any]:
         """The ``chat.completion`` object assembled from the stream (OpenAI usage names kept)."""
@@ -96,87 +132,125 @@ class ChatStreamMapper:
             "object": "chat.completion",
             "created": head.get("created"),
             "model": head.get("model"),
-            "choices": [self._choices[i].as_choice(i) for i in sorted(self._choices)],
+            "choices": [self._choices[i].as_choice() for i in sorted(self._choices)],
         }
         if self._usage is not None:
             body["usage"] = self._usage
-        if self._fingerprint is not None:
-            body["system_fingerprint"] = self._fingerprint
         return body
 
 
 class _ToolCall:
-    __slots__ = ("index", "item_id", "call_id", "name", "arguments", "done")
+    __slots__ = ("index", "item_id", "call_id", "vllm_id", "name", "arguments", "started", "done", "completed")
 
-    def __init__(self, choice_index: int, index: int) -> None:
+    def __init__(self, item_id: str, index: int, vllm_id: str | None) -> None:
         self.index = index
-        self.item_id = f"tool_call_{choice_index}_{index}"
-        self.call_id = ""
+        self.item_id = item_id
+        self.vllm_id = vllm_id
+        self.call_id = vllm_id or item_id
         self.name = ""
         self.arguments: list[str] = []
+        self.started = False
         self.done = False
+        self.completed = False
+
+    def add(self, name: str, fragment: str) -> list[dict[str, Any]]:
+        """Events for one entry of this call: ``started`` once the name is known, then its fragment."""
+        if self.done:
+            return []
+        out = []
+        if name and not self.name:
+            self.name = name
+        if fragment:
+            self.arguments.append(fragment)
+        if not self.started and self.name:
+            self.started = True
+            out.append(events.tool_call_started(self.index, self.item_id, self.call_id, self.name))
+            out.extend(events.tool_call_delta(self.index, self.item_id, self.call_id, f) for f in self.arguments)
+        elif self.started and fragment:
+            out.append(events.tool_call_delta(self.index, self.item_id, self.call_id, fragment))
+        return out
+
+    def close(self, cut: bool) -> list[dict[str, Any]]:
+        """``completed`` if named and the arguments are one JSON value, else ``error`` (``cut``: the budget or a
+        stop condition ended generation)."""
+        arguments = "".join(self.arguments)
+        if self.name and _is_one_json_value(arguments):
+            self.done = self.completed = True
+            return [events.tool_call_completed(self.index, self.item_id, self.call_id, self.name, arguments)]
+        problem = "has no function name" if not self.name else "has arguments that are not one complete JSON value"
+        if cut:
+            err = E.ProfileError(E.TOOL_CALL_INCOMPLETE, f"generation stopped (token budget or stop condition) "
+                                 f"before tool call {self.call_id} was complete: it {problem}", E.SERVER_ERROR)
+        else:
+            err = E.ProfileError(E.TOOL_CALL_INVALID, f"tool call {self.call_id} {problem}", E.SERVER_ERROR)
+        return self.end_with(err)
+
+    def end_with(self, err: E.ProfileError) -> list[dict[str, Any]]:
+        """``started`` (if never announced) then ``response.tool_call.error``."""
+        self.done = True
+        out = [] if self.started else [events.tool_call_started(self.index, self.item_id, self.call_id, self.name)]
+        self.started = True
+        out.append(events.tool_call_error(self.index, self.item_id, self.call_id, err))
+        return out
 
 
 class _Choice:
-    __slots__ = ("text", "finish_reason", "tool_calls")
+    __slots__ = ("index", "text", "content_seen", "reasoning", "finish_reason", "stop_reason", "calls", "latest")
 
-    def __init__(self) -> None:
+    def __init__(self, index: int) -> None:
+        self.index = index
         self.text: list[str] = []
+        self.content_seen = False
+        self.reasoning: list[str] = []
         self.finish_reason: str | None = None
-        self.tool_calls: dict[int, _ToolCall] = {}
+        self.stop_reason: str | int | None = None
+        self.calls: list[_ToolCall] = []  # in the order vLLM began them
+        self.latest: dict[int, _ToolCall] = {}  # tool-call index -> the latest call on it
 
-    def add_tool_call_delta(self, choice_index: int, delta: dict[str, Any]) -> list[dict[str, Any]]:
-        index = delta.get("index", len(self.tool_calls))
+    def add_tool_call_delta(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
+        index = delta.get("index", 0)
+        vllm_id = delta.get("id") or None
         function = delta.get("function") or {}
         out: list[dict[str, Any]] = []
-        call = self.tool_calls.get(index)
-        if call is None:
-            call = self.tool_calls[index] = _ToolCall(choice_index, index)
-            call.call_id = delta.get("id") or call.item_id
-            call.name = function.get("name") or ""
-            out.append(events.tool_call_started(index, call.item_id, call.call_id, call.name))
-        elif function.get("name") and not call.name:
-            call.name = function["name"]
-        fragment = function.get("arguments")
-        if fragment and not call.done:
-            call.arguments.append(fragment)
-            out.append(events.tool_call_delta(index, call.item_id, call.call_id, fragment))
+        call = self.latest.get(index)
+        if call is None or (vllm_id and vllm_id != call.vllm_id and (call.vllm_id or call.started or call.done)):
+            if call is not None and not call.done:
+                out.extend(call.close(cut=False))  # a new call on its index: the earlier one ended there
+            reuse = sum(c.index == index for c in self.calls)
+            item_id = f"tool_call_{self.index}_{index}" + (f"_{reuse}" if reuse else "")
+            call = self.latest[index] = _ToolCall(item_id, index, vllm_id)
+            self.calls.append(call)
+        elif vllm_id and call.vllm_id is None:  # the id of a call whose first entry had none
+            call.vllm_id = call.call_id = vllm_id
+        out.extend(call.add(function.get("name") or "", function.get("arguments") or ""))
         return out
 
     def open_calls(self) -> list[_ToolCall]:
-        return [c for _, c in sorted(self.tool_calls.items()) if not c.done]
+        return [c for c in self.calls if not c.done]
 
     def close_tool_calls(self) -> list[dict[str, Any]]:
-        out = []
-        for call in self.open_calls():
-            call.done = True
-            arguments = "".join(call.arguments)
-            if self.finish_reason == "length" and not _is_json(arguments):
-                err = E.ProfileError(
-                    E.TOOL_CALL_INCOMPLETE,
-                    f"generation stopped at the token limit (finish_reason length) inside the arguments of "
-                    f"tool call {call.call_id}",
-                    E.SERVER_ERROR,
-                )
-                out.append(events.tool_call_error(call.index, call.item_id, call.call_id, err))
-            else:
-                out.append(events.tool_call_completed(call.index, call.item_id, call.call_id, call.name, arguments))
-        return out
+        cut = self.finish_reason == "length" or self.stop_reason is not None
+        return [e for call in self.open_calls() for e in call.close(cut)]
 
-    def as_choice(self, index: int) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text) if self.text else None}
-        if self.tool_calls:
+    def as_choice(self) -> dict[str, Any]:
+        content = "".join(self.text) if self.content_seen else None
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.reasoning:
+            message["reasoning"] = "".join(self.reasoning)
+        completed = [c for c in self.calls if c.completed]
+        if completed:
             message["tool_calls"] = [
                 {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": "".join(c.arguments)}}
-                for _, c in sorted(self.tool_calls.items())
+                for c in completed
             ]
-        return {"index": index, "message": message, "logprobs": None, "finish_reason": self.finish_reason}
+        return {"index": self.index, "message": message, "logprobs": None, "finish_reason": self.finish_reason,
+                "stop_reason": self.stop_reason}
 
 
-def _is_json(text: str) -> bool:
+def _is_one_json_value(text: str) -> bool:
     try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
+        json.loads(text)
+    except (ValueError, RecursionError):  # json.JSONDecodeError (also "" and whitespace), absurd nesting
         return False
     return True
 

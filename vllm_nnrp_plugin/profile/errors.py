@@ -22,7 +22,9 @@ MISSING_MESSAGES = "missing_messages"
 INVALID_REQUEST = "invalid_request"
 MODEL_NOT_FOUND = "model_not_found"
 BACKEND_ERROR = "backend_error"
-TOOL_CALL_INCOMPLETE = "tool_call_incomplete"  # only in response.tool_call.error, never a terminal
+# only in response.tool_call.error, never a terminal: a call that did not end as one complete JSON value with a name
+TOOL_CALL_INCOMPLETE = "tool_call_incomplete"  # the token budget or a stop string/token ended it
+TOOL_CALL_INVALID = "tool_call_invalid"  # anything else (end of sequence inside it, no name, a new call on its index)
 # the operation's time ran out (envelope nnrp.timeout_ms or an NNRP DEADLINE control)
 REQUEST_TIMEOUT = "request_timeout"
 # the listener is stopping (in-flight operations end with this)

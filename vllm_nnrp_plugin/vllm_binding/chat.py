@@ -16,19 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator
+import typing
 from typing import Any
-
-import orjson
 
 from vllm_nnrp_plugin.adapter import ChatCall
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
-from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body, normalised_chunks
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_body, vllm_chunks
 from vllm_nnrp_plugin.vllm_binding.families import has_tool_parser
-
-_DATA = "data: "
-_DONE = "[DONE]"
 
 
 class VLLMChatBackend:
@@ -41,6 +36,8 @@ class VLLMChatBackend:
         if state.openai_serving_chat is None:
             raise RuntimeError("this vLLM server does not serve chat completions (no 'generate' task)")
         self._request_cls = ChatCompletionRequest
+        annotation = ChatCompletionRequest.model_fields["stream_options"].annotation
+        self._stream_options_cls = next(a for a in typing.get_args(annotation) if a is not type(None))
         self._serving = state.openai_serving_chat
         self._engine = state.engine_client
         self._models = state.openai_serving_models
@@ -64,6 +61,12 @@ class VLLMChatBackend:
         """Validate ``body`` as vLLM's ``ChatCompletionRequest`` and run it under ``request_id``, with
         ``traceparent`` (W3C header value) as the parent of vLLM's span when given.
 
+        A stream is always run with ``stream_options.include_usage`` (``continuous_usage_stats`` too when
+        ``n`` > 1), whatever ``body`` asked: vLLM's usage is how the stream learns that the token budget ended a
+        tool call (vLLM streams ``finish_reason: "tool_calls"`` there; :class:`~.chunk_shapes.TokenBudget`), and
+        it lets the completed body carry ``usage`` as vLLM's non-streaming body does. Only the validated request
+        is changed (``body`` is not); the profile mapper emits ``response.usage`` only when ``body`` asked for it.
+
         Raises :class:`ProfileError`: ``invalid_request`` (validation, vLLM 4xx), ``model_not_found`` (404 on
         ``model``), ``backend_error`` (5xx, engine errors).
         """
@@ -71,16 +74,32 @@ class VLLMChatBackend:
             request = self._request_cls.model_validate({**body, "request_id": request_id})
         except ValueError as exc:  # pydantic.ValidationError
             raise E.ProfileError(E.INVALID_REQUEST, _validation_message(exc)) from None
+        if request.stream:
+            asked = request.stream_options
+            request.stream_options = self._stream_options_cls(
+                include_usage=True,
+                continuous_usage_stats=bool(asked and asked.continuous_usage_stats) or (request.n or 1) > 1,
+            )
         try:
             raw_request = None if traceparent is None else _trace_request(traceparent)
             result = await self._serving.create_chat_completion(request, raw_request=raw_request)
         except Exception as exc:  # vLLM raises for some invalid requests and for engine death
             result = self._serving.create_error_response(exc)
         if inspect.isasyncgen(result):
-            return ChatCall(stream=normalised_chunks(_chunks(result)))
+            return ChatCall(stream=vllm_chunks(result, self._token_budget(request)))
         if hasattr(result, "choices"):
             return ChatCall(body=normalise_body(result.model_dump(mode="json")))
         raise error_from_response(result)
+
+    def _token_budget(self, request: Any) -> TokenBudget:
+        """The budget ``get_max_tokens`` gives ``request`` (vllm/entrypoints/serve/utils/api_utils.py; the
+        serving object's ``default_sampling_params`` and ``override_max_tokens`` are its inputs on 0.18–0.26)."""
+        requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+        if requested is None:
+            requested = (getattr(self._serving, "default_sampling_params", None) or {}).get("max_tokens")
+        caps = [v for v in (requested, getattr(self._serving, "override_max_tokens", None)) if v is not None]
+        model_config = getattr(self._serving, "model_config", None)
+        return TokenBudget(min(caps) if caps else None, getattr(model_config, "max_model_len", None))
 
     def engine_request_id(self, request_id: str) -> str:
         """vLLM's engine request id: ``chatcmpl-`` + ``request_id`` (vllm-integration.md §4, request ids)."""
@@ -117,21 +136,6 @@ def _trace_request(traceparent: str) -> Any:
         "headers": [(b"traceparent", traceparent.encode("latin-1"))], "state": {},
     }  # fmt: skip
     return Request(scope, receive=_never)
-
-
-async def _chunks(stream: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
-    """Parse vLLM's SSE strings into chunk dicts; stops at ``[DONE]``; always closes ``stream``."""
-    try:
-        async for item in stream:
-            for line in item.splitlines():
-                if not line.startswith(_DATA):
-                    continue
-                data = line[len(_DATA):]
-                if data == _DONE:
-                    return
-                yield orjson.loads(data)
-    finally:
-        await stream.aclose()
 
 
 def _validation_message(exc: ValueError) -> str:

@@ -15,9 +15,20 @@ Stream chunks (``chat.completion.chunk`` dicts), normal form = the 0.26 shape, m
   first (``role``) delta (0.18, the finish delta of a choice stopped by end of sequence); ``delta.tool_calls: []``
   (0.22, on every text delta while a tool parser is enabled) is removed.
 * Tool-call deltas: the first delta of a call carries ``id``, ``type``, ``index`` and ``function.name`` only;
-  the first ``arguments`` fragment, which 0.18/0.22 put in that same delta, moves to a chunk of its own right
-  after it. ``function.name: null`` on later fragments (0.18/0.22, ``tool_choice: "required"``) is removed, and
-  so are empty ``arguments: ""`` fragments (0.18/0.22 finish chunk of a named tool choice).
+  the first ``arguments`` fragment, which 0.18/0.22 put in that same delta, moves to the next chunk together
+  with every entry that followed it (vLLM's order of fragments is kept exactly). ``function.name: null`` on
+  later fragments (0.18/0.22, ``tool_choice: "required"``) is removed, and so are empty ``arguments: ""``
+  fragments (0.18/0.22 finish chunk of a named tool choice).
+* Finish reasons tell the truth: vLLM's stream generator
+  (``vllm/entrypoints/openai/chat_completion/serving.py``, ``chat_completion_stream_generator``) reports
+  ``finish_reason: "tool_calls"`` for every choice that streamed a tool call, even when the token budget ended
+  it, where its non-streaming answer says ``"length"``. Given the request's :class:`TokenBudget`, a
+  ``"tool_calls"`` finish chunk waits for vLLM's usage (the usage chunk at the end, or usage on that chunk) and
+  becomes ``"length"`` when the completion tokens reached the budget (:class:`VLLMStream`).
+
+Parsing: :func:`vllm_chunks` (and its I/O-free core :class:`VLLMStream`) turns the ``data: <json>`` strings
+vLLM's generator yields into normal-form chunk dicts; it is the one way vLLM's stream output reaches the
+profile mapper, in production and in the tests and benchmarks that replay recordings.
 
 Non-streaming bodies (``chat.completion`` dicts) lose ``system_fingerprint``; the null fields only newer lines
 send (``prompt_text`` and ``choices[i].routed_experts`` from 0.22, ``ec_transfer_params`` and ``metrics`` on
@@ -30,43 +41,149 @@ import copy
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+import attrs
+import orjson
+
 Chunk = dict[str, Any]
 
 #: top-level fields of a non-streaming body that only newer lines send, always null in these outputs
 _NEWER_NULL_FIELDS = frozenset({"prompt_text", "ec_transfer_params", "metrics"})
+_DATA = "data: "
+_DONE = "[DONE]"
 
 
-async def normalised_chunks(chunks: AsyncGenerator[Chunk, None]) -> AsyncIterator[Chunk]:
-    """The chunks of ``chunks`` in normal form, in order (one input chunk gives one or two). Closing this
-    generator closes ``chunks`` (so vLLM's stream is closed, not left to garbage collection)."""
+@attrs.frozen
+class TokenBudget:
+    """The output-token budget vLLM gives one request (``get_max_tokens`` in
+    ``vllm/entrypoints/serve/utils/api_utils.py``): ``max_tokens`` is the request's ``max_completion_tokens`` /
+    ``max_tokens`` or vLLM's default, capped by ``--override-generation-config``'s maximum; ``max_model_len``
+    the context length. Both in tokens; ``None`` when unknown."""
+
+    max_tokens: int | None = None
+    max_model_len: int | None = None
+
+    def spent(self, prompt_tokens: int | None, completion_tokens: int, choices: int = 1) -> bool:
+        """True when ``completion_tokens`` (summed over ``choices`` choices) reached every choice's budget."""
+        limits = [] if self.max_tokens is None else [self.max_tokens]
+        if self.max_model_len is not None and isinstance(prompt_tokens, int):
+            limits.append(self.max_model_len - prompt_tokens)
+        return bool(limits) and completion_tokens >= choices * min(limits)
+
+
+class VLLMStream:
+    """vLLM's chat stream -> normal-form chunks, without I/O: :meth:`feed` each string vLLM's generator yields
+    (``data: <json>`` lines; ``data: [DONE]`` sets :attr:`done`), then :meth:`end` if the strings stop without
+    ``[DONE]``. ``budget``: the request's :class:`TokenBudget`; without one, finish reasons pass as vLLM sent
+    them. With several choices and only vLLM's summed final usage, a budget counts as spent only when every
+    choice spent it (ask for ``stream_options.continuous_usage_stats`` to get each choice's count).
+    Raises ``orjson.JSONDecodeError`` for a ``data:`` line that is not JSON."""
+
+    __slots__ = ("_budget", "_held", "_choices", "done")
+
+    def __init__(self, budget: TokenBudget | None = None) -> None:
+        self._budget = budget
+        self._held: list[Chunk] = []  # "tool_calls" finish chunks waiting for vLLM's usage
+        self._choices: set[int] = set()
+        self.done = False
+
+    def feed(self, item: str) -> list[Chunk]:
+        """Normal-form chunks for one string of vLLM's stream, in order."""
+        out: list[Chunk] = []
+        for line in item.splitlines():
+            if self.done or not line.startswith(_DATA):
+                continue
+            data = line[len(_DATA):]
+            if data == _DONE:
+                self.done = True
+                out.extend(self.end())
+                continue
+            for chunk in _normalise_parsed(orjson.loads(data)):
+                out.extend(self._truthful(chunk))
+        return out
+
+    def end(self) -> list[Chunk]:
+        """The chunks still held back (the stream ended without the usage they waited for)."""
+        held, self._held = self._held, []
+        return held
+
+    def _truthful(self, chunk: Chunk) -> list[Chunk]:
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return [*self.end(), chunk]  # an error chunk
+        usage = chunk.get("usage") if isinstance(chunk.get("usage"), dict) else None
+        self._choices.update(c.get("index", 0) for c in choices if isinstance(c, dict))
+        if not choices:
+            if usage is not None:
+                for held in self._held:
+                    self._settle(held, usage, len(self._choices))
+            return [*self.end(), chunk]
+        if self._budget is None or not any(isinstance(c, dict) and c.get("finish_reason") == "tool_calls"
+                                           for c in choices):
+            return [chunk]
+        if usage is not None:  # continuous usage stats: this choice's own count
+            self._settle(chunk, usage, 1)
+            return [chunk]
+        self._held.append(chunk)
+        return []
+
+    def _settle(self, chunk: Chunk, usage: Chunk, choices: int) -> None:
+        completion = usage.get("completion_tokens")
+        if isinstance(completion, int) and self._budget is not None:
+            if self._budget.spent(usage.get("prompt_tokens"), completion, choices):
+                for choice in chunk["choices"]:
+                    if isinstance(choice, dict) and choice.get("finish_reason") == "tool_calls":
+                        choice["finish_reason"] = "length"
+
+
+async def vllm_chunks(stream: AsyncGenerator[str, None], budget: TokenBudget | None = None) -> AsyncIterator[Chunk]:
+    """The normal-form chunk dicts of vLLM's chat stream ``stream`` (the strings ``create_chat_completion``'s
+    generator yields), in order, through :class:`VLLMStream`; stops at ``[DONE]``. Closing this generator, or
+    reaching its end, closes ``stream`` (vLLM's generator is never left to garbage collection)."""
+    parser = VLLMStream(budget)
     try:
-        async for chunk in chunks:
-            for out in normalise_chunk(chunk):
-                yield out
+        async for item in stream:
+            for chunk in parser.feed(item):
+                yield chunk
+            if parser.done:
+                return
+        for chunk in parser.end():
+            yield chunk
     finally:
-        await chunks.aclose()
+        await stream.aclose()
 
 
 def normalise_chunk(chunk: Chunk) -> list[Chunk]:
-    """One chunk in normal form: usually ``[chunk]``; two chunks when a tool-call name delta also carried the
-    first argument fragment. Error chunks (``{"error": …}``) pass unchanged. Does not modify ``chunk``."""
-    if "error" in chunk or not isinstance(chunk.get("choices"), list):
+    """One chunk in normal form: usually ``[chunk]``; more chunks when a tool-call name delta also carried an
+    argument fragment (the fragment and every entry after it go to the next chunk, so vLLM's order is kept).
+    Error chunks (``{"error": …}``) pass unchanged. Does not modify ``chunk``."""
+    return _normalise_parsed(copy.deepcopy(chunk))
+
+
+def _normalise_parsed(chunk: Chunk) -> list[Chunk]:
+    """:func:`normalise_chunk` on a chunk nobody else holds (fresh from the JSON parser): rewritten in place."""
+    choices = chunk.get("choices")
+    if "error" in chunk or not isinstance(choices, list):
         return [chunk]
-    head = {k: v for k, v in chunk.items() if k != "system_fingerprint" and not (k == "prompt_text" and v is None)}
-    first, fragments = [], []
-    for choice in chunk["choices"]:
-        choice = copy.deepcopy(choice)
-        delta = choice.get("delta")
+    chunk.pop("system_fingerprint", None)
+    if "prompt_text" in chunk and chunk["prompt_text"] is None:
+        del chunk["prompt_text"]
+    per_choice = []
+    for choice in choices:
+        pieces = [choice]
+        delta = choice.get("delta") if isinstance(choice, dict) else None
         if isinstance(delta, dict):
-            moved = _normalise_delta(delta)
-            if moved:
-                fragments.append({**choice, "delta": {"tool_calls": moved}})
-                choice["finish_reason"] = None  # the choice ends with its last fragment
-        first.append(choice)
-    out = [{**head, "choices": first}]
-    if fragments:
-        out.append({**head, "choices": fragments})
-    return out
+            later = _normalise_delta(delta)
+            if later:
+                ending = {k: choice.pop(k) for k in ("finish_reason", "stop_reason") if k in choice}
+                choice["finish_reason"] = None
+                bare = {k: v for k, v in choice.items() if k != "delta"}
+                pieces += [{**bare, "delta": {"tool_calls": calls}} for calls in later]
+                pieces[-1].update(ending)  # the choice ends with its last piece
+        per_choice.append(pieces)
+    if all(len(p) == 1 for p in per_choice):
+        return [chunk]
+    head = {k: v for k, v in chunk.items() if k != "choices"}
+    return [{**head, "choices": [p[k] for p in per_choice if k < len(p)]} for k in range(max(map(len, per_choice)))]
 
 
 def normalise_body(body: Chunk) -> Chunk:
@@ -84,28 +201,32 @@ def normalise_body(body: Chunk) -> Chunk:
     return body
 
 
-def _normalise_delta(delta: Chunk) -> list[Chunk]:
-    """Rewrite ``delta`` in place; return the argument fragments split off its name deltas."""
+def _normalise_delta(delta: Chunk) -> list[list[Chunk]]:
+    """Rewrite ``delta`` in place; return the groups of tool-call entries split off after each name delta
+    that carried an argument fragment (each group starts with that fragment)."""
     if "content" in delta and (delta["content"] is None or (delta["content"] == "" and "role" not in delta)):
         del delta["content"]
     calls = delta.get("tool_calls")
     if not isinstance(calls, list):
         return []
-    kept, moved = [], []
+    groups: list[list[Chunk]] = [[]]
     for call in calls:
-        function = call.get("function")
+        function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
             if "name" in function and function["name"] is None:
                 del function["name"]
             arguments = function.get("arguments")
             if function.get("name") and arguments:
                 del function["arguments"]
-                moved.append({"index": call.get("index", 0), "function": {"arguments": arguments}})
-            elif arguments == "" and not function.get("name") and not call.get("id"):
+                groups[-1].append(call)
+                groups.append([{"index": call.get("index", 0), "function": {"arguments": arguments}}])
+                continue
+            if arguments == "" and not function.get("name") and not call.get("id"):
                 continue  # an empty fragment says nothing
-        kept.append(call)
-    if kept:
-        delta["tool_calls"] = kept
+        groups[-1].append(call)
+    first, later = groups[0], [g for g in groups[1:] if g]
+    if first:
+        delta["tool_calls"] = first
     else:
         del delta["tool_calls"]
-    return moved
+    return later
