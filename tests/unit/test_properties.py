@@ -1,5 +1,5 @@
 """Property-based tests (hypothesis): any input yields either well-ordered events with exactly one terminal or
-one typed error — never an exception escaping, never two terminals (issue 6, "Proof").
+one typed error — never an exception escaping, never two terminals.
 
 Covered: frame unwrapping (``wire.unwrap_typed_body``) and envelope decoding (``decode_envelope``) on arbitrary
 bytes and on mutated envelopes; chunk -> event mapping (``ChatStreamMapper``) on realistic and on arbitrary

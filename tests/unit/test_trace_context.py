@@ -1,6 +1,8 @@
 """TRACE_CONTEXT -> traceparent: the frozen rules of the ``openai-compatible/1`` profile's TRACE_CONTEXT
 mapping, and their scoping in the session pump (plain data: no native session is touched)."""
 
+import asyncio
+
 import pytest
 
 from tests.unit import fakes
@@ -47,18 +49,22 @@ def test_observation_has_the_fixed_metadata_and_only_the_attribute_size():
 @pytest.fixture
 def pumped():
     pump, handler, loop = fakes.pump()
-    yield pump, handler
+    yield pump, handler, loop
     loop.close()
 
 
 def submitted(pumped, operation_id):
-    pump, handler = pumped
+    """The operation the pump hands to the loop for a submit of ``operation_id``."""
+    pump, handler, loop = pumped
     pump.handle(fakes.submit(operation_id))
-    return pump.operation(operation_id)
+    loop.run_until_complete(asyncio.sleep(0))
+    name, sop = handler.posted[-1]
+    assert name == "on_submit" and sop.operation_id == operation_id
+    return sop
 
 
 def test_session_default_applies_to_operations_dispatched_later(pumped):
-    pump, _ = pumped
+    pump, *_ = pumped
     sop = submitted(pumped, 1)
     assert sop.dispatch() is None and sop.observation.trace is None
     pump.handle(fakes.trace_context(0, 5, 6))
@@ -68,7 +74,7 @@ def test_session_default_applies_to_operations_dispatched_later(pumped):
 
 
 def test_operation_scope_overrides_the_session_default_before_dispatch(pumped):
-    pump, _ = pumped
+    pump, *_ = pumped
     pump.handle(fakes.trace_context(0, 5, 6))
     sop = submitted(pumped, 1)
     other = submitted(pumped, 2)
@@ -80,7 +86,7 @@ def test_operation_scope_overrides_the_session_default_before_dispatch(pumped):
 
 
 def test_a_context_after_dispatch_never_changes_in_flight_work(pumped):
-    pump, _ = pumped
+    pump, *_ = pumped
     sop = submitted(pumped, 1)
     pump.handle(fakes.trace_context(1, 7, 8))
     assert sop.dispatch().trace_id == 7
@@ -89,7 +95,7 @@ def test_a_context_after_dispatch_never_changes_in_flight_work(pumped):
 
 
 def test_ineligible_contexts_are_ignored(pumped):
-    pump, _ = pumped
+    pump, *_ = pumped
     pump.handle(fakes.trace_context(0, 5, 6))
     pump.handle(fakes.trace_context(0, 0, 6))
     pump.handle(fakes.trace_context(0, 5, 0))
@@ -99,6 +105,6 @@ def test_ineligible_contexts_are_ignored(pumped):
 
 
 def test_a_context_for_an_unknown_frame_is_ignored(pumped):
-    pump, _ = pumped
+    pump, *_ = pumped
     pump.handle(fakes.trace_context(42, 5, 6))
     assert submitted(pumped, 1).dispatch() is None

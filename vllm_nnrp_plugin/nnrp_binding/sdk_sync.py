@@ -54,34 +54,38 @@ class Acceptor:
         self._handle_id = _allocate_native_handle_id()
 
 
-def send_partial_result(op: NativeRuntimeServerOperation, metadata: PartialResultMetadata, body: bytes) -> None:
+def send_partial_result(native: NativeRuntimeServerOperation, metadata: PartialResultMetadata, body: bytes) -> None:
     """One PARTIAL_RESULT (non-terminal)."""
-    op._begin_reply(terminal=False)
-    op._owner._send_operation_runtime_frame(op._handle, op.frame_id, MessageType.PARTIAL_RESULT, metadata, body)
+    native._begin_reply(terminal=False)
+    native._owner._send_operation_runtime_frame(
+        native._handle, native.frame_id, MessageType.PARTIAL_RESULT, metadata, body
+    )
 
 
-def send_result(op: NativeRuntimeServerOperation, metadata: ResultPushMetadata, body: bytes) -> None:
+def send_result(native: NativeRuntimeServerOperation, metadata: ResultPushMetadata, body: bytes) -> None:
     """The terminal RESULT_PUSH."""
     payload_view, payload_owner = _buffer_view_from_payload(metadata.pack() + body)
-    request = _NnrpServerSendResultRequest(op._handle.to_ffi(), payload_view)
-    _terminal(op, lambda: op._send_result_blocking(request, payload_owner))
+    request = _NnrpServerSendResultRequest(native._handle.to_ffi(), payload_view)
+    _terminal(native, lambda: native._send_result_blocking(request, payload_owner))
 
 
-def send_result_drop(op: NativeRuntimeServerOperation, metadata: ResultDropReasonMetadata, diagnostic: bytes) -> None:
+def send_result_drop(
+    native: NativeRuntimeServerOperation, metadata: ResultDropReasonMetadata, diagnostic: bytes
+) -> None:
     """The terminal RESULT_DROP_REASON (the only terminal the runtime accepts after a peer cancel)."""
     _terminal(
-        op,
-        lambda: op._owner._send_operation_runtime_frame(
-            op._handle, op.frame_id, MessageType.RESULT_DROP_REASON, metadata, diagnostic
+        native,
+        lambda: native._owner._send_operation_runtime_frame(
+            native._handle, native.frame_id, MessageType.RESULT_DROP_REASON, metadata, diagnostic
         ),
     )
 
 
-def _terminal(op: NativeRuntimeServerOperation, send) -> None:
-    op._begin_reply(terminal=True)
+def _terminal(native: NativeRuntimeServerOperation, send) -> None:
+    native._begin_reply(terminal=True)
     try:
         send()
     except BaseException:
-        op._restore_terminal_reply()
+        native._restore_terminal_reply()
         raise
-    op._complete_terminal_reply()
+    native._complete_terminal_reply()

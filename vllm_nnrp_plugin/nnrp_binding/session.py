@@ -140,10 +140,6 @@ class SessionPump:
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
-    def operation(self, operation_id: int) -> ServerOperation | None:
-        """The submitted operation ``operation_id`` whose terminal was not sent yet."""
-        return self._ops.get(operation_id)
-
     # -- pump thread --------------------------------------------------------------------------------------
 
     def _run(self) -> None:
