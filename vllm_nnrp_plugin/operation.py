@@ -144,11 +144,12 @@ class Operation:
     :class:`~vllm_nnrp_plugin.observation.Observation` ``observation`` (submit times already set).
 
     Decisions (vLLM's event loop in production) return the :data:`Action` to queue, or ``None``; the sending
-    side (the session pump) asks :meth:`admits` for each partial result and :meth:`seal` for the terminal.
+    side (the session pump) reads :attr:`admits_partials` before each partial result and asks :meth:`seal` for
+    the terminal.
     """
 
     __slots__ = (
-        "observation", "submitted_unix_ms", "expires_unix_ms",
+        "observation", "submitted_unix_ms", "expires_unix_ms", "admits_partials", "partial",
         "_machine", "_cancel_detail", "_terminal_sent", "_trace", "_dispatched", "_unsettled",
     )  # fmt: skip
 
@@ -158,6 +159,11 @@ class Operation:
         #: wall-clock ms after which the operation ends with ``request_timeout`` (None: unbounded)
         self.expires_unix_ms: int | None = None
         self._machine = OperationMachine()
+        #: ``partial(event) -> PartialResult | None``: one non-terminal event; ``None`` once a terminal was decided
+        self.partial = self._machine.partial
+        #: whether a queued partial result may still go out: not after a terminal was sent or a cancel (a plain
+        #: flag: the sending side reads it once per partial result)
+        self.admits_partials = True
         self._cancel_detail: str | None = None  # the peer cancelled or the transport was lost: only a drop goes out
         self._terminal_sent = False
         self._trace: trace.TraceContext | None = None  # operation-scoped TRACE_CONTEXT, until dispatch
@@ -170,10 +176,6 @@ class Operation:
         return self._machine.finished
 
     # -- decisions -----------------------------------------------------------------------------------------
-
-    def partial(self, event: dict[str, Any]) -> PartialResult | None:
-        """One non-terminal event; ``None`` once a terminal was decided."""
-        return self._machine.partial(event)
 
     def overflow(self, max_queued_events: int) -> Terminal | None:
         """The session outbox already holds ``max_queued_events`` events: terminal ``response.error``
@@ -216,6 +218,7 @@ class Operation:
         the drop to send at once, or ``None`` when a terminal was decided already (:meth:`seal` turns a
         push into the drop)."""
         self._cancel_detail = self._cancel_detail or detail
+        self.admits_partials = False
         self.observation.cancelled(now_ns, source=CANCEL_SOURCE[reason], reason=detail)
         return self._machine.cancel(reason, detail)
 
@@ -223,7 +226,7 @@ class Operation:
         """The client is gone: nothing can be delivered; the operation ends as cancelled (``detail``)."""
         self.cancel(DropReason.TRANSPORT_CLOSED, detail, now_ns)
         self.observation.terminal_sent(now_ns, dropped=True)
-        self._terminal_sent = True
+        self._terminal_sent, self.admits_partials = True, False
 
     # -- deadlines and trace context -----------------------------------------------------------------------
 
@@ -252,14 +255,6 @@ class Operation:
         return context
 
     # -- sending ----------------------------------------------------------------------------------------------
-
-    def admits(self) -> bool:
-        """Whether a queued partial result may still go out (not after a terminal was sent or a cancel)."""
-        return not self._terminal_sent and self._cancel_detail is None
-
-    def sent(self, now_ns: int) -> None:
-        """A partial result went out."""
-        self.observation.event_sent(now_ns)
 
     def seal(self, terminal: Terminal, now_ns: int) -> ResultPush | ResultDrop | None:
         """The terminal about to be sent, encoded once (with ``diagnostics`` when the envelope asked), and
@@ -298,7 +293,7 @@ class Operation:
     def _seal(self, terminal: Terminal, now_ns: int, *, diagnostics: bool) -> ResultPush | ResultDrop:
         record = self.observation
         record.terminal_sent(now_ns, dropped=terminal.drop is not None)
-        self._terminal_sent = True
+        self._terminal_sent, self.admits_partials = True, False
         event = terminal.event
         if diagnostics and record.diagnostics_requested:
             event = {**event, "diagnostics": obs.diagnostics(record)}

@@ -83,7 +83,7 @@ def test_a_push_decided_before_a_peer_cancel_goes_out_as_the_cancel_drop():
     op = operation()
     push = op.complete({"id": "x"})
     assert op.cancel(DropReason.PEER_CANCELLED, "client_cancelled", 2_000_000) is None
-    assert not op.admits()
+    assert not op.admits_partials
     drop = op.seal(push, 3_000_000)
     assert isinstance(drop, ResultDrop) and drop.reason is DropReason.PEER_CANCELLED
     assert op.observation.outcome == "cancelled" and op.observation.cancel_source == "client"

@@ -262,7 +262,7 @@ def flush(op: Operation, queue: list, sent: list) -> None:
     """What the session pump does with its queue: partials while admitted, each terminal sealed."""
     for action in queue:
         if isinstance(action, PartialResult):
-            if op.admits():
+            if op.admits_partials:
                 sent.append(action)
         elif action is not None:
             sealed = op.seal(action, 1)

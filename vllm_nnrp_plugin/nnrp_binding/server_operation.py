@@ -61,9 +61,6 @@ class SessionLink:
         self.probe = probe
         self.session_trace: trace.TraceContext | None = None
 
-    def full(self) -> bool:
-        return len(self.items) >= self.max_queued_events
-
     def put(self, sop: ServerOperation, action: Any) -> None:
         if self.probe is not None and isinstance(action, PartialResult):
             self.probe.queued(action)
@@ -74,9 +71,11 @@ class SessionLink:
 class ServerOperation:
     """One submitted operation: ``operation_id`` (u64) and ``frame_id`` (u32) are the client's; ``transport``
     is the carrier (``tcp``, ``ipc``, ``websocket``, ``quic``); ``observation`` is its record; ``native`` the
-    nnrp-py server operation (pump thread only); ``owner`` is set by whoever runs its backend work."""
+    nnrp-py server operation (pump thread only); ``rules`` its :class:`~vllm_nnrp_plugin.operation.Operation`
+    (read ``rules.admits_partials`` freely; change it only through this object's methods, which hold the
+    lock); ``owner`` is set by whoever runs its backend work."""
 
-    __slots__ = ("operation_id", "frame_id", "transport", "native", "envelope", "owner", "_rules", "_link", "_lock")
+    __slots__ = ("operation_id", "frame_id", "transport", "native", "envelope", "owner", "rules", "_link", "_lock")
 
     def __init__(
         self, native: Any, link: SessionLink, *, transport: str, connection_id: int, now_ns: int, now_unix_ns: int
@@ -88,7 +87,7 @@ class ServerOperation:
         self.owner: OperationOwner | None = None
         self._link = link
         self._lock = threading.Lock()
-        self._rules = Operation(obs.Observation(
+        self.rules = Operation(obs.Observation(
             connection_id=connection_id, session_id=native.submit.header.session_id, operation_id=self.operation_id,
             frame_id=self.frame_id, transport=transport, submitted_ns=now_ns, submitted_unix_ns=now_unix_ns,
         ))  # fmt: skip
@@ -104,12 +103,12 @@ class ServerOperation:
 
     @property
     def observation(self) -> obs.Observation:
-        return self._rules.observation
+        return self.rules.observation
 
     @property
     def expires_unix_ms(self) -> int | None:
         """Wall-clock ms after which the operation ends with ``request_timeout`` (``None``: unbounded)."""
-        return self._rules.expires_unix_ms
+        return self.rules.expires_unix_ms
 
     # -- the adapter (vLLM's loop) --------------------------------------------------------------------------
 
@@ -118,11 +117,11 @@ class ServerOperation:
         full the operation ends with ``client_too_slow`` instead and its owner stops it."""
         outbox = self._link
         with self._lock:
-            if outbox.full():
-                action: Action | None = self._rules.overflow(outbox.max_queued_events)
+            if len(outbox.items) >= outbox.max_queued_events:
+                action: Action | None = self.rules.overflow(outbox.max_queued_events)
                 overflow = action is not None
             else:
-                action, overflow = self._rules.partial(event), False
+                action, overflow = self.rules.partial(event), False
         if action is not None:
             outbox.put(self, action)
         if overflow and self.owner is not None:
@@ -131,17 +130,17 @@ class ServerOperation:
     def complete(self, body: dict[str, Any]) -> None:
         """Queue the terminal ``response.completed``."""
         with self._lock:
-            self._queue(self._rules.complete(body))
+            self._queue(self.rules.complete(body))
 
     def fail(self, err: ProfileError) -> None:
         """Queue the terminal ``response.error``."""
         with self._lock:
-            self._queue(self._rules.fail(err))
+            self._queue(self.rules.fail(err))
 
     def limit_time(self, timeout_ms: int) -> None:
         """Bound the operation to ``timeout_ms`` (ms) after its submit (envelope ``nnrp.timeout_ms``)."""
         with self._lock:
-            moved = self._rules.limit_time(timeout_ms)
+            moved = self.rules.limit_time(timeout_ms)
         if moved and self.owner is not None:
             self.owner.rearm(self)
 
@@ -149,25 +148,25 @@ class ServerOperation:
         """The operation goes to vLLM now: freeze and return its trace context (its own override, else the
         session's default)."""
         with self._lock:
-            return self._rules.dispatch(self._link.session_trace)
+            return self.rules.dispatch(self._link.session_trace)
 
     # -- the service (vLLM's loop) ------------------------------------------------------------------------------
 
     def bound(self, deadline_unix_ms: int) -> bool:
         """An NNRP DEADLINE (wall-clock ms): True when it moved the expiry earlier."""
         with self._lock:
-            return self._rules.bound(deadline_unix_ms)
+            return self.rules.bound(deadline_unix_ms)
 
     def time_out(self) -> None:
         """The bound passed: terminal ``response.error`` ``request_timeout`` unless one was decided."""
         with self._lock:
-            self._queue(self._rules.time_out(time.monotonic_ns()))
+            self._queue(self.rules.time_out(time.monotonic_ns()))
 
     def shut_down(self) -> None:
         """The server is stopping: terminal ``response.error`` ``server_shutdown`` unless one was decided.
         Any thread."""
         with self._lock:
-            self._queue(self._rules.shut_down(time.monotonic_ns()))
+            self._queue(self.rules.shut_down(time.monotonic_ns()))
 
     def refuse(self, err: ProfileError) -> None:
         """Refused at admission (``too_many_requests``): a BACKPRESSURE frame, then the error terminal."""
@@ -178,53 +177,45 @@ class ServerOperation:
         """One of the two ends happened (terminal sent; task ended or none will run). True exactly once, when
         both have: the observation is complete. Any thread."""
         with self._lock:
-            return self._rules.settle()
+            return self.rules.settle()
 
     # -- the session pump ---------------------------------------------------------------------------------------
 
     def override_trace(self, context: trace.TraceContext) -> None:
         """An operation-scoped TRACE_CONTEXT came in; ignored once dispatched."""
         with self._lock:
-            self._rules.override_trace(context)
+            self.rules.override_trace(context)
 
     def bound_early(self, deadline_unix_ms: int) -> None:
         """A DEADLINE that arrived before the submit (before any owner saw the operation)."""
         with self._lock:
-            self._rules.bound(deadline_unix_ms)
+            self.rules.bound(deadline_unix_ms)
 
     def cancel(self, reason: DropReason, detail: str) -> Terminal | None:
         """The peer cancelled: returns the drop to send now, or ``None`` if a terminal is already queued."""
         with self._lock:
-            return self._rules.cancel(reason, detail, time.monotonic_ns())
+            return self.rules.cancel(reason, detail, time.monotonic_ns())
 
     def lose(self, detail: str) -> None:
         """The client is gone: the operation ends as cancelled with nothing sent."""
         with self._lock:
-            self._rules.lose(detail, time.monotonic_ns())
-
-    def admits(self) -> bool:
-        """A queued partial result may still go out."""
-        with self._lock:
-            return self._rules.admits()
-
-    def sent(self, now_ns: int) -> None:
-        self._rules.sent(now_ns)
+            self.rules.lose(detail, time.monotonic_ns())
 
     def seal(self, terminal: Terminal) -> tuple[ResultPush | ResultDrop | None, int]:
         """The encoded terminal to send (``None``: one was sent already) and the ms since submit."""
         now_ns = time.monotonic_ns()
         with self._lock:
-            return self._rules.seal(terminal, now_ns), self._rules.elapsed_ms(now_ns)
+            return self.rules.seal(terminal, now_ns), self.rules.elapsed_ms(now_ns)
 
     def refused(self) -> ResultDrop:
         """nnrp-py refused the RESULT_PUSH: the drop to send instead."""
         with self._lock:
-            return self._rules.refused(time.monotonic_ns())
+            return self.rules.refused(time.monotonic_ns())
 
     def unsendable(self) -> ResultDrop:
         """A frame could not be built: the TRANSPORT_CLOSED drop that ends the operation instead."""
         with self._lock:
-            return self._rules.unsendable(time.monotonic_ns())
+            return self.rules.unsendable(time.monotonic_ns())
 
     def _queue(self, terminal: Terminal | None) -> None:
         if terminal is not None:

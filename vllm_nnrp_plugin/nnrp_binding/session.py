@@ -304,7 +304,7 @@ class SessionPump:
             if action is PRESSURE:
                 self._signal_pressure()
                 continue
-            if isinstance(action, PartialResult) and not sop.admits():
+            if isinstance(action, PartialResult) and not sop.rules.admits_partials:
                 continue  # nothing after a terminal or a cancel
             try:
                 self._send(sop, action)
@@ -336,7 +336,7 @@ class SessionPump:
             except NativeRuntimeError as exc:
                 logger.debug("NNRP send for operation %d not delivered: %s", sop.operation_id, exc)
                 return
-            sop.sent(time.monotonic_ns())
+            sop.observation.event_sent(time.monotonic_ns())
             self._busy = True
             return
         sealed, elapsed_ms = sop.seal(action)
