@@ -153,7 +153,8 @@ class ServerOperation:
     # -- the service (vLLM's loop) ------------------------------------------------------------------------------
 
     def bound(self, deadline_unix_ms: int) -> bool:
-        """An NNRP DEADLINE (wall-clock ms): True when it moved the expiry earlier."""
+        """An NNRP DEADLINE (wall-clock ms): True when it moved the expiry earlier. Any thread (the pump
+        applies one that came before the submit, before handing the operation on)."""
         with self._lock:
             return self.rules.bound(deadline_unix_ms)
 
@@ -185,11 +186,6 @@ class ServerOperation:
         """An operation-scoped TRACE_CONTEXT came in; ignored once dispatched."""
         with self._lock:
             self.rules.override_trace(context)
-
-    def bound_early(self, deadline_unix_ms: int) -> None:
-        """A DEADLINE that arrived before the submit (before any owner saw the operation)."""
-        with self._lock:
-            self.rules.bound(deadline_unix_ms)
 
     def cancel(self, reason: DropReason, detail: str) -> Terminal | None:
         """The peer cancelled: returns the drop to send now, or ``None`` if a terminal is already queued."""

@@ -252,7 +252,7 @@ class SessionPump:
         self._frames[sop.frame_id] = sop.operation_id
         early = self._early_deadlines.take(sop.operation_id)
         if early is not None:
-            sop.bound_early(early)
+            sop.bound(early)
         self._post(self._handler.on_submit, sop)
 
     def _on_trace_context(self, frame_id: int, metadata: Any) -> None:
