@@ -1,5 +1,6 @@
-"""One pump thread per NNRP server session: wire I/O only. It polls incoming frames, posts what came off the
-wire to vLLM's event loop, and sends what the operations queued.
+"""One pump thread per NNRP server session: the session's wire I/O and per-session bookkeeping. It polls
+incoming frames, posts what came off the wire to vLLM's event loop, and sends what the operations queued;
+it decides nothing about an operation's outcome but the per-session admission.
 
 Why a thread per session: every native call of nnrp-py 1.0.0rc4.post20 blocks, and its server session
 (``nnrp.native.NativeRuntimeServerSession``) serializes them on one per-session lock: while a poll waits
