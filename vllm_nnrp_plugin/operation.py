@@ -248,7 +248,9 @@ class Operation:
 
     def dispatch(self, session_trace: trace.TraceContext | None) -> trace.TraceContext | None:
         """The operation goes to vLLM now: its trace context (own override, else ``session_trace``) is frozen,
-        recorded in the observation and returned."""
+        recorded in the observation and returned (the frozen one again on a later call)."""
+        if self._dispatched:
+            return self.observation.trace
         self._dispatched = True
         context = trace.for_dispatch(session_trace, self._trace)
         self.observation.trace = context
