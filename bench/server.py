@@ -10,7 +10,8 @@ call; and the CPU time (s, all threads) the process used while serving. Requests
 SSE string vLLM would yield, ``data: {chat.completion.chunk}``, whose delta text is the
 ``time.monotonic_ns()`` at which the backend produced it; the clock is shared by every process of the host,
 so a client in another process measures backend chunk produced -> event received. ``--no-nodelay`` skips the
-listener's TCP_NODELAY step (what nnrp-py does alone: Nagle on).
+listener's TCP_NODELAY step (what nnrp-py does alone: Nagle on). Both the send timings and ``--no-nodelay`` go
+through the listener's explicit hooks (:class:`~vllm_nnrp_plugin.nnrp_binding.listener.ListenerHooks`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from prometheus_client import CollectorRegistry
 
 from vllm_nnrp_plugin.adapter import ChatCall
 from vllm_nnrp_plugin.config import NNRPConfig
-from vllm_nnrp_plugin.nnrp_binding import nodelay, sdk_sync, session
+from vllm_nnrp_plugin.nnrp_binding.listener import ListenerHooks
+from vllm_nnrp_plugin.operation import PartialResult
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.service import NNRPService
@@ -66,40 +68,33 @@ class PacedBackend:
 
 
 class SendTimes:
-    """Wraps the pump's outbox and nnrp-py's partial-result send to time both (this process only)."""
+    """A :class:`~vllm_nnrp_plugin.nnrp_binding.server_operation.SendProbe`: per partial result, the time it
+    waited in the session pump's outbox (queued -> send started) and the time inside nnrp-py's send call."""
 
     def __init__(self) -> None:
         self.pump_wait_ns: list[int] = []
         self.send_ns: list[int] = []
         self._queued: dict[int, int] = {}
-        enqueue, send = session.SessionPump.enqueue, sdk_sync.send_partial_result
 
-        def timed_enqueue(pump, op, action):
-            self._queued[id(action)] = time.monotonic_ns()
-            enqueue(pump, op, action)
+    def queued(self, action: PartialResult) -> None:
+        self._queued[id(action)] = time.monotonic_ns()
 
-        def timed_send(op, metadata, body):
-            start = time.monotonic_ns()
-            send(op, metadata, body)
-            self.send_ns.append(time.monotonic_ns() - start)
-
-        def timed_pump_send(pump, op, action, _send=session.SessionPump._send):
-            queued = self._queued.pop(id(action), None)
-            if queued is not None and isinstance(action, session.PartialResult):
-                self.pump_wait_ns.append(time.monotonic_ns() - queued)
-            _send(pump, op, action)
-
-        session.SessionPump.enqueue = timed_enqueue
-        session.SessionPump._send = timed_pump_send
-        session.sdk_sync.send_partial_result = timed_send
+    def sent(self, action: PartialResult, started_ns: int, ended_ns: int) -> None:
+        queued = self._queued.pop(id(action), None)
+        if queued is not None:
+            self.pump_wait_ns.append(started_ns - queued)
+        self.send_ns.append(ended_ns - started_ns)
 
 
-async def serve(listen: tuple[str, ...]) -> None:
+async def serve(listen: tuple[str, ...], *, tcp_nodelay: bool = True) -> None:
     loop = asyncio.get_running_loop()
     times = SendTimes()
     records: list[Observation] = []
     config = NNRPConfig(enabled=True, listen=listen)
-    service = NNRPService(config, PacedBackend(), loop, registry=CollectorRegistry(), observers=(records.append,))
+    service = NNRPService(
+        config, PacedBackend(), loop, registry=CollectorRegistry(), observers=(records.append,),
+        hooks=ListenerHooks(send_probe=times, tcp_nodelay=tcp_nodelay),
+    )  # fmt: skip
     await asyncio.to_thread(service.start)
     print("ready", flush=True)
     cpu_start = time.process_time()
@@ -114,7 +109,5 @@ async def serve(listen: tuple[str, ...]) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    if args and args[0] == "--no-nodelay":
-        nodelay.NoDelaySetter.apply = lambda self: 0
-        args = args[1:]
-    asyncio.run(serve(tuple(args)))
+    nodelay = not (args and args[0] == "--no-nodelay")
+    asyncio.run(serve(tuple(args if nodelay else args[1:]), tcp_nodelay=nodelay))

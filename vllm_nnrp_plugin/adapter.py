@@ -5,9 +5,11 @@ production, a scripted backend fed with recorded vLLM chunks in unit tests) and 
 :class:`OperationSink` (the NNRP operation in production, a list in unit tests). It owns the rule that a
 backend request is always aborted unless it finished: on cancel, client loss, error, timeout or shutdown.
 
-Before dispatch it decodes the envelope against the capability document (only advertised operations, plus
-the capability fetch ``nnrp.capabilities``), reports ``nnrp.timeout_ms`` to the sink (the service turns it
-into a timer), and takes the operation's trace context at the moment of dispatch (profile-contract.md §6).
+Before dispatch it decodes the envelope (already unwrapped from the submit frame by the NNRP binding) against
+the capability document (only advertised operations, plus the capability fetch ``nnrp.capabilities``),
+reports ``nnrp.timeout_ms`` to the sink (the service turns it into a timer), and takes the operation's trace
+context at the moment of dispatch (the ``openai-compatible/1`` profile's TRACE_CONTEXT mapping: the context
+an operation runs in is fixed when it is dispatched).
 It records the request, backend timing, token usage and the abort into the sink's
 :class:`~vllm_nnrp_plugin.observation.Observation`.
 """
@@ -65,11 +67,9 @@ class ChatBackend(Protocol):
 
 
 class OperationSink(Protocol):
-    """Where events go (implemented by :class:`vllm_nnrp_plugin.nnrp_binding.session.ServerOperation`)."""
+    """Where events go (implemented by :class:`vllm_nnrp_plugin.nnrp_binding.server_operation.ServerOperation`)."""
 
     observation: Observation
-
-    def envelope_bytes(self) -> bytes: ...
 
     def partial(self, event: dict[str, Any]) -> None: ...
 
@@ -94,9 +94,10 @@ class AdapterLimits:
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]+")
 
 
-def engine_request_id(envelope_request_id: str | None) -> str:
-    """A unique request id for the backend, ``nnrp-[<envelope request_id>-]<12 hex>``; the engine's own id is
-    :meth:`ChatBackend.engine_request_id` of it."""
+def new_request_id(envelope_request_id: str | None) -> str:
+    """A new, unique request id for the backend, ``nnrp-[<envelope request_id>-]<12 hex>`` (the envelope's
+    id made safe and cut to 64 characters); the engine's own id is :meth:`ChatBackend.engine_request_id` of
+    it."""
     suffix = uuid.uuid4().hex[:12]
     if envelope_request_id:
         return f"nnrp-{_UNSAFE.sub('_', envelope_request_id)[:64]}-{suffix}"
@@ -104,9 +105,16 @@ def engine_request_id(envelope_request_id: str | None) -> str:
 
 
 async def run_operation(
-    sink: OperationSink, backend: ChatBackend, limits: AdapterLimits, capabilities: dict[str, Any]
+    sink: OperationSink,
+    envelope_payload: bytes | E.ProfileError,
+    backend: ChatBackend,
+    limits: AdapterLimits,
+    capabilities: dict[str, Any],
 ) -> None:
     """Serve one operation to its terminal.
+
+    ``envelope_payload`` is the JSON envelope of the submit, or the ``invalid_frame`` error its frame raised
+    (it becomes the terminal ``response.error``).
 
     ``capabilities`` is the runtime capability document: its operations are the only ones accepted
     (others: ``unsupported_operation``); the operation ``nnrp.capabilities`` answers with the document itself
@@ -115,14 +123,17 @@ async def run_operation(
     the backend request was aborted.
     """
     operations = operation_names(capabilities) | {CAPABILITIES_OPERATION}
+    if isinstance(envelope_payload, E.ProfileError):
+        sink.fail(envelope_payload)
+        return
     try:
-        envelope = decode_envelope(sink.envelope_bytes(), operations=operations, max_bytes=limits.max_envelope_bytes)
+        envelope = decode_envelope(envelope_payload, operations=operations, max_bytes=limits.max_envelope_bytes)
     except E.ProfileError as err:
         sink.fail(err)
         return
     record = sink.observation
     capabilities_fetch = envelope.operation == CAPABILITIES_OPERATION
-    request_id = engine_request_id(envelope.request_id)
+    request_id = new_request_id(envelope.request_id)
     record.started(
         time.monotonic_ns(),
         operation=envelope.operation,

@@ -1,7 +1,8 @@
 """Test-only fault injection: a backend wrapper that fails requests for one model id with ``backend_error``.
 
-The conformance suite's only fault channel is ``model == "backend-error"`` (profile-contract.md §7.1); a real
-vLLM answers such a request with 404 ``model_not_found``. Setting ``nnrp.fault_injection_backend_error_model``
+The conformance suite's only fault channel is ``model == "backend-error"`` (its recipe
+``profiles/openai-compatible/1/recipes/chat-backend-error.json``); a real vLLM answers such a request with
+404 ``model_not_found``. Setting ``nnrp.fault_injection_backend_error_model``
 (off by default, never for production) makes this wrapper answer requests for that model with
 ``response.error`` ``backend_error`` (status 500) before they reach vLLM. Everything else passes through.
 """

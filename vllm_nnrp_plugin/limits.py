@@ -1,13 +1,11 @@
-"""Admission limits (issue 6: "no unbounded queue anywhere; nothing over the limit is dispatched to vLLM").
+"""Admission limits: no unbounded queue anywhere, and nothing over a limit is dispatched to vLLM.
 
-Pure bookkeeping, no I/O; thread-safe because session pumps (their own threads) take slots and vLLM's event
-loop gives them back. The NNRP credit and BACKPRESSURE frames are advisory (nnrp-sdk.md §9: the SDK does not
-enforce them), so these counters are the enforcement.
+Plain bookkeeping, no I/O. nnrp-py's credit and BACKPRESSURE frames are advisory (nnrp-py 1.0.0rc4.post20
+enforces no credit window on either side), so these counters are the enforcement: :class:`SessionLimits`
+by each session pump, :class:`Slots` by the service on vLLM's event loop (one thread: no lock).
 """
 
 from __future__ import annotations
-
-import threading
 
 import attrs
 
@@ -27,7 +25,6 @@ class Slots:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._used = 0
-        self._lock = threading.Lock()
 
     @property
     def used(self) -> int:
@@ -35,15 +32,14 @@ class Slots:
 
     def try_take(self) -> bool:
         """Take one slot; False (nothing taken) when all ``capacity`` are in use."""
-        with self._lock:
-            if self._used >= self.capacity:
-                return False
-            self._used += 1
-            return True
+        if self._used >= self.capacity:
+            return False
+        self._used += 1
+        return True
 
     def give_back(self) -> None:
-        """Return a slot taken with :meth:`try_take` (exactly once per successful take)."""
-        with self._lock:
-            if self._used <= 0:
-                raise RuntimeError("give_back without a matching try_take")
-            self._used -= 1
+        """Return a slot taken with :meth:`try_take` (exactly once per successful take). Raises
+        ``RuntimeError`` without a matching take."""
+        if self._used <= 0:
+            raise RuntimeError("give_back without a matching try_take")
+        self._used -= 1

@@ -1,18 +1,19 @@
 """One observation record per operation: the single source of the operation's log line, diagnostics,
 metrics and span (plain data, no I/O, no clock: every time is passed in by the caller).
 
-The NNRP binding and the adapter fill one :class:`Observation` as the operation lives:
+The operation's rules (:class:`vllm_nnrp_plugin.operation.Operation`), the NNRP binding and the adapter fill
+one :class:`Observation` as the operation lives:
 
 | step | who calls | fields |
 |---|---|---|
 | submit received | session pump | ids, ``transport``, ``submitted_ns``, ``submitted_unix_ns`` |
 | envelope decoded | adapter | ``operation``, ``model``, ``request_id``, ``diagnostics_requested``, ``started_ns`` |
-| dispatched to vLLM | operation | ``trace``: the TRACE_CONTEXT it runs in (fixed fields + attribute byte count, never the body) |
+| dispatched to vLLM | operation rules | ``trace``: the TRACE_CONTEXT it runs in (fixed fields + attribute byte count, never the body) |
 | first backend chunk, backend done | adapter | ``backend_first_chunk_ns``, ``backend_done_ns`` |
 | usage seen | adapter | ``input_tokens``, ``output_tokens`` |
-| partial result sent | session pump | ``events``, ``first_event_ns``, ``last_event_ns`` |
-| terminal decided | operation | ``outcome``, ``error_*``; ``cancel_*`` when told to stop |
-| terminal sent | session pump | ``terminal_ns`` |
+| partial result sent | operation rules, told by the session pump | ``events``, ``first_event_ns``, ``last_event_ns`` |
+| terminal decided | operation rules | ``outcome``, ``error_*``; ``cancel_*`` when told to stop |
+| terminal sealed for sending | operation rules, asked by the session pump | ``terminal_ns`` |
 | backend abort | adapter | ``abort_ns``, ``abort_accepted`` |
 
 Times ending in ``_ns`` are ``time.monotonic_ns()`` (a clock shared by every process of the host, so

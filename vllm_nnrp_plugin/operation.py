@@ -1,12 +1,27 @@
-"""The per-operation state machine: profile events in, ordered send actions out (no I/O, h11 style).
+"""The operation's rules as plain data (h11 style: events in, actions out; no I/O, no threads, no clock reads).
 
-One :class:`OperationMachine` per submitted operation. It numbers partial results from 1, guarantees exactly
-one terminal and refuses anything after it. Terminals follow the frozen wire mapping
-(profile-contract.md §5): ``response.completed`` / ``response.error`` as a RESULT_PUSH; a cancellation as a
-RESULT_DROP_REASON whose diagnostic bytes carry ``response.cancelled`` — the runtime refuses a RESULT_PUSH
-after a peer cancel, so a drop is the only deliverable terminal.
+:class:`OperationMachine` numbers partial results from 1, decides exactly one terminal and refuses anything
+after it. :class:`Operation` wraps it with every other rule of one submitted operation:
 
-The NNRP binding turns the actions into frames; nothing here knows NNRP types.
+* a peer cancel (or a lost transport) turns the terminal into a drop: nnrp-py's server operation
+  (``nnrp.native.NativeRuntimeServerOperation``) refuses partial results and a RESULT_PUSH once the peer
+  cancelled, so a RESULT_DROP_REASON carrying ``response.cancelled`` is the only deliverable terminal, and a
+  push decided just before the cancel arrived goes out as that drop instead;
+* timeout (``request_timeout``, 504), server shutdown (``server_shutdown``, 503) and a full session outbox
+  (``client_too_slow``, 429) each decide a ``response.error`` terminal unless one was decided already;
+* the earliest bound wins: envelope ``nnrp.timeout_ms`` (from the submit) and NNRP DEADLINE controls
+  (wall-clock ms) only ever move the operation's expiry earlier;
+* the TRACE_CONTEXT an operation runs in is frozen when it is dispatched to vLLM (the ``openai-compatible/1``
+  profile's trace-context section): later overrides never change in-flight work;
+* the terminal event is encoded once, when it is sent (:meth:`Operation.seal`), with the ``diagnostics`` the
+  envelope asked for (``nnrp.diagnostics: true``).
+
+Frames follow the frozen wire mapping of the ``openai-compatible/1`` profile: ``response.completed`` /
+``response.error`` as a RESULT_PUSH; a cancellation as a RESULT_DROP_REASON. The NNRP binding
+(:mod:`vllm_nnrp_plugin.nnrp_binding.wire`) turns the sealed actions into frames; nothing here knows NNRP types.
+An :class:`Operation` is not thread-safe: its caller serializes the calls (the binding holds one lock per
+operation). Every time is passed in by the caller: ``now_ns`` is ``time.monotonic_ns()``, ``*_unix_ms``
+wall-clock ms.
 """
 
 from __future__ import annotations
@@ -15,9 +30,15 @@ import enum
 from typing import Any
 
 import attrs
+import orjson
 
-from vllm_nnrp_plugin.profile import events
+from vllm_nnrp_plugin import observation as obs
+from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.profile import events, trace
 from vllm_nnrp_plugin.profile.errors import ProfileError
+
+#: the newest DEADLINE controls kept for operations not submitted yet
+MAX_EARLY_DEADLINES = 256
 
 
 class DropReason(enum.Enum):
@@ -25,6 +46,9 @@ class DropReason(enum.Enum):
 
     PEER_CANCELLED = "peer_cancelled"  # client FRAME_CANCEL / CANCEL / ABORT
     TRANSPORT_CLOSED = "transport_closed"  # client vanished or closed its session mid-operation
+
+
+CANCEL_SOURCE = {DropReason.PEER_CANCELLED: obs.CLIENT, DropReason.TRANSPORT_CLOSED: obs.TRANSPORT}
 
 
 @attrs.frozen
@@ -36,8 +60,19 @@ class PartialResult:
 
 
 @attrs.frozen
+class Terminal:
+    """A decided terminal, not encoded yet: ``event`` is the profile terminal event (``response.completed``,
+    ``response.error`` or ``response.cancelled``); ``status`` informational (200, 4xx, 5xx; 0 for a drop); ``drop`` is set
+    when it goes out as a RESULT_DROP_REASON (a cancellation), ``None`` for a RESULT_PUSH."""
+
+    status: int
+    event: dict[str, Any]
+    drop: DropReason | None = None
+
+
+@attrs.frozen
 class ResultPush:
-    """The terminal RESULT_PUSH: ``event`` is the JSON terminal event; ``status`` informational (200, 4xx, 5xx)."""
+    """The sealed terminal RESULT_PUSH: ``event`` is the encoded JSON terminal event."""
 
     status: int
     event: bytes
@@ -45,14 +80,15 @@ class ResultPush:
 
 @attrs.frozen
 class ResultDrop:
-    """The terminal RESULT_DROP_REASON: ``diagnostic`` is the JSON ``response.cancelled`` event."""
+    """The sealed terminal RESULT_DROP_REASON: ``diagnostic`` is the encoded ``response.cancelled`` event."""
 
     reason: DropReason
     sequence: int
     diagnostic: bytes
 
 
-Action = PartialResult | ResultPush | ResultDrop
+#: what a session outbox holds: decided, not yet sent
+Action = PartialResult | Terminal
 
 
 class OperationMachine:
@@ -72,37 +108,223 @@ class OperationMachine:
         return self._sequence
 
     def partial(self, event: dict[str, Any]) -> PartialResult | None:
-        """A non-terminal event (``response.output_text.delta``, ``response.usage`` …)."""
+        """A non-terminal event (``response.output_text.delta``, ``response.usage`` …), encoded now."""
         if self.finished:
             return None
         self._sequence += 1
         return PartialResult(self._sequence, events.encode(event))
 
-    def complete(self, body: dict[str, Any]) -> ResultPush | None:
+    def complete(self, body: dict[str, Any]) -> Terminal | None:
         """Terminal ``response.completed {body}``, status 200."""
-        return self._push(200, events.completed(body), "completed")
+        return self._end(Terminal(200, events.completed(body)), "completed")
 
-    def fail(self, err: ProfileError) -> ResultPush | None:
+    def fail(self, err: ProfileError) -> Terminal | None:
         """Terminal ``response.error``, status ``err.status``."""
-        return self._push(err.status, events.error(err), f"error:{err.code}")
+        return self._end(Terminal(err.status, events.error(err)), f"error:{err.code}")
 
-    def cancel(self, reason: DropReason, detail: str) -> ResultDrop | None:
-        """Terminal drop carrying ``response.cancelled {reason: detail}`` as diagnostic bytes."""
-        if self.finished:
-            return None
-        self.finished = True
-        self.outcome = f"cancelled:{detail}"
-        return self.cancelled_drop(reason, detail)
+    def cancel(self, reason: DropReason, detail: str) -> Terminal | None:
+        """Terminal drop carrying ``response.cancelled {reason: detail}``."""
+        return self._end(cancelled(reason, detail), f"cancelled:{detail}")
 
-    def cancelled_drop(self, reason: DropReason, detail: str) -> ResultDrop:
-        """The drop that ends this operation as cancelled, whatever was decided before: the runtime refuses a
-        RESULT_PUSH after a peer cancel (profile-contract.md §5), so a push decided just before the cancel
-        arrived must go out as this drop instead."""
-        return ResultDrop(reason, self._sequence + 1, events.encode(events.cancelled(detail)))
-
-    def _push(self, status: int, event: dict[str, Any], outcome: str) -> ResultPush | None:
+    def _end(self, terminal: Terminal, outcome: str) -> Terminal | None:
         if self.finished:
             return None
         self.finished = True
         self.outcome = outcome
-        return ResultPush(status, events.encode(event))
+        return terminal
+
+
+def cancelled(reason: DropReason, detail: str) -> Terminal:
+    """The drop that ends an operation as cancelled: ``response.cancelled {reason: detail}``."""
+    return Terminal(0, events.cancelled(detail), reason)
+
+
+class Operation:
+    """One submitted operation's rules (module docstring) around its :class:`OperationMachine` and its
+    :class:`~vllm_nnrp_plugin.observation.Observation` ``observation`` (submit times already set).
+
+    Decisions (vLLM's event loop in production) return the :data:`Action` to queue, or ``None``; the sending
+    side (the session pump) reads :attr:`admits_partials` before each partial result and asks :meth:`seal` for
+    the terminal.
+    """
+
+    __slots__ = (
+        "observation", "submitted_unix_ms", "expires_unix_ms", "admits_partials", "partial",
+        "_machine", "_cancel_detail", "_terminal_sent", "_trace", "_dispatched", "_unsettled",
+    )  # fmt: skip
+
+    def __init__(self, observation: obs.Observation) -> None:
+        self.observation = observation
+        self.submitted_unix_ms = observation.submitted_unix_ns // 1_000_000
+        #: wall-clock ms after which the operation ends with ``request_timeout`` (None: unbounded)
+        self.expires_unix_ms: int | None = None
+        self._machine = OperationMachine()
+        #: ``partial(event) -> PartialResult | None``: one non-terminal event; ``None`` once a terminal was decided
+        self.partial = self._machine.partial
+        #: whether a queued partial result may still go out: not after a terminal was sent or a cancel (a plain
+        #: flag: the sending side reads it once per partial result)
+        self.admits_partials = True
+        self._cancel_detail: str | None = None  # the peer cancelled or the transport was lost: only a drop goes out
+        self._terminal_sent = False
+        self._trace: trace.TraceContext | None = None  # operation-scoped TRACE_CONTEXT, until dispatch
+        self._dispatched = False
+        self._unsettled = 2  # the terminal sent, and the end of the operation's task
+
+    @property
+    def finished(self) -> bool:
+        """A terminal was decided."""
+        return self._machine.finished
+
+    # -- decisions -----------------------------------------------------------------------------------------
+
+    def overflow(self, max_queued_events: int) -> Terminal | None:
+        """The session outbox already holds ``max_queued_events`` events: terminal ``response.error``
+        ``client_too_slow`` (the caller stops the backend work)."""
+        return self.fail(E.client_too_slow(
+            f"{max_queued_events} events are waiting to be sent on this session (nnrp.max_queued_events): "
+            "the client reads slower than the model generates"
+        ))  # fmt: skip
+
+    def complete(self, body: dict[str, Any]) -> Terminal | None:
+        """Terminal ``response.completed {body}``."""
+        terminal = self._machine.complete(body)
+        if terminal is not None:
+            self.observation.completed()
+        return terminal
+
+    def fail(self, err: ProfileError) -> Terminal | None:
+        """Terminal ``response.error``."""
+        terminal = self._machine.fail(err)
+        if terminal is not None:
+            self.observation.failed(code=err.code, family=err.type, status=err.status)
+        return terminal
+
+    def time_out(self, now_ns: int) -> Terminal | None:
+        """The bound passed: ``response.error`` ``request_timeout`` (504) unless a terminal was decided."""
+        self.observation.cancelled(now_ns, source=obs.DEADLINE, reason=E.REQUEST_TIMEOUT)
+        bound_ms = (self.expires_unix_ms or self.submitted_unix_ms) - self.submitted_unix_ms
+        return self.fail(ProfileError(
+            E.REQUEST_TIMEOUT, f"operation {self.observation.operation_id} exceeded its deadline "
+            f"({bound_ms} ms after submit)", E.SERVER_ERROR, 504,
+        ))  # fmt: skip
+
+    def shut_down(self, now_ns: int) -> Terminal | None:
+        """The server is stopping: ``response.error`` ``server_shutdown`` unless a terminal was decided."""
+        self.observation.cancelled(now_ns, source=obs.SERVER, reason=E.SERVER_SHUTDOWN)
+        return self.fail(E.server_shutdown())
+
+    def cancel(self, reason: DropReason, detail: str, now_ns: int) -> Terminal | None:
+        """The peer cancelled (or the transport is lost): nothing but a drop goes out from now on. Returns
+        the drop to send at once, or ``None`` when a terminal was decided already (:meth:`seal` turns a
+        push into the drop)."""
+        self._cancel_detail = self._cancel_detail or detail
+        self.admits_partials = False
+        self.observation.cancelled(now_ns, source=CANCEL_SOURCE[reason], reason=detail)
+        return self._machine.cancel(reason, detail)
+
+    def lose(self, detail: str, now_ns: int) -> None:
+        """The client is gone: nothing can be delivered; the operation ends as cancelled (``detail``)."""
+        self.cancel(DropReason.TRANSPORT_CLOSED, detail, now_ns)
+        self.observation.terminal_sent(now_ns, dropped=True)
+        self._terminal_sent, self.admits_partials = True, False
+
+    # -- deadlines and trace context -----------------------------------------------------------------------
+
+    def limit_time(self, timeout_ms: int) -> bool:
+        """Bound the operation to ``timeout_ms`` (ms) after its submit; True when the expiry moved."""
+        return self.bound(self.submitted_unix_ms + timeout_ms)
+
+    def bound(self, expires_unix_ms: int) -> bool:
+        """An NNRP DEADLINE (wall-clock ms; 0 is no bound): the earliest bound wins. True when it moved."""
+        if not expires_unix_ms or (self.expires_unix_ms is not None and expires_unix_ms >= self.expires_unix_ms):
+            return False
+        self.expires_unix_ms = expires_unix_ms
+        return True
+
+    def override_trace(self, context: trace.TraceContext) -> None:
+        """An operation-scoped TRACE_CONTEXT; ignored once dispatched (in-flight work never changes)."""
+        if not self._dispatched:
+            self._trace = context
+
+    def dispatch(self, session_trace: trace.TraceContext | None) -> trace.TraceContext | None:
+        """The operation goes to vLLM now: its trace context (own override, else ``session_trace``) is frozen,
+        recorded in the observation and returned (the frozen one again on a later call)."""
+        if self._dispatched:
+            return self.observation.trace
+        self._dispatched = True
+        context = trace.for_dispatch(session_trace, self._trace)
+        self.observation.trace = context
+        return context
+
+    # -- sending ----------------------------------------------------------------------------------------------
+
+    def seal(self, terminal: Terminal, now_ns: int) -> ResultPush | ResultDrop | None:
+        """The terminal about to be sent, encoded once (with ``diagnostics`` when the envelope asked), and
+        recorded as sent at ``now_ns``. ``None`` when a terminal was sent already; a push decided before a
+        peer cancel becomes the cancel's drop."""
+        if self._terminal_sent:
+            return None
+        if terminal.drop is None and self._cancel_detail is not None:
+            terminal = cancelled(DropReason.PEER_CANCELLED, self._cancel_detail)
+        return self._seal(terminal, now_ns, diagnostics=True)
+
+    def refused(self, now_ns: int) -> ResultDrop:
+        """nnrp-py refused the RESULT_PUSH (the client cancelled before it arrived): the drop that replaces it."""
+        self._terminal_sent = False
+        return self._seal(cancelled(DropReason.PEER_CANCELLED, self._cancel_detail or "client_cancelled"), now_ns,
+                          diagnostics=True)  # fmt: skip
+
+    def unsendable(self, now_ns: int) -> ResultDrop:
+        """A frame of this operation cannot be built (a bug): it ends with a TRANSPORT_CLOSED drop
+        ``response.cancelled`` ``server_error`` (no diagnostics: they may be what failed); the caller stops its
+        backend work."""
+        self.cancel(DropReason.TRANSPORT_CLOSED, "server_error", now_ns)
+        self._terminal_sent = False
+        return self._seal(cancelled(DropReason.TRANSPORT_CLOSED, "server_error"), now_ns, diagnostics=False)
+
+    def elapsed_ms(self, now_ns: int) -> int:
+        """Submit -> ``now_ns`` in whole ms (the RESULT_PUSH ``server_total_ms``)."""
+        return (now_ns - self.observation.submitted_ns) // 1_000_000
+
+    def settle(self) -> bool:
+        """One of the two ends happened (terminal sent; the operation's task ended, or none will run). True
+        exactly once: when both have."""
+        self._unsettled -= 1
+        return self._unsettled == 0
+
+    def _seal(self, terminal: Terminal, now_ns: int, *, diagnostics: bool) -> ResultPush | ResultDrop:
+        record = self.observation
+        record.terminal_sent(now_ns, dropped=terminal.drop is not None)
+        self._terminal_sent, self.admits_partials = True, False
+        event = terminal.event
+        if diagnostics and record.diagnostics_requested:
+            event = {**event, "diagnostics": obs.diagnostics(record)}
+        encoded = orjson.dumps(event)
+        if terminal.drop is None:
+            return ResultPush(terminal.status, encoded)
+        return ResultDrop(terminal.drop, self._machine.events_sent + 1, encoded)
+
+
+class EarlyDeadlines:
+    """DEADLINE controls for operations not submitted yet (nnrp-py's ``submit_and_poll_result(timeout_ms=…)``
+    sends the DEADLINE first): the newest :data:`MAX_EARLY_DEADLINES` are kept until their submit."""
+
+    __slots__ = ("_by_operation",)
+
+    def __init__(self) -> None:
+        self._by_operation: dict[int, int] = {}
+
+    def keep(self, operation_id: int, deadline_unix_ms: int) -> None:
+        """Remember a bound (wall-clock ms; 0 is no bound) for ``operation_id``, forgetting the oldest."""
+        if not deadline_unix_ms:
+            return
+        self._by_operation[operation_id] = deadline_unix_ms
+        if len(self._by_operation) > MAX_EARLY_DEADLINES:
+            del self._by_operation[next(iter(self._by_operation))]
+
+    def take(self, operation_id: int) -> int | None:
+        """The bound kept for ``operation_id`` (then forgotten), or ``None``."""
+        return self._by_operation.pop(operation_id, None)
+
+    def __len__(self) -> int:
+        return len(self._by_operation)

@@ -1,10 +1,18 @@
 """The NNRP service: listeners (NNRP side) + the adapter + a chat backend (vLLM side), on one event loop.
 
 Runs on vLLM's API-server event loop: operations are asyncio tasks there; every native NNRP call runs on
-the listener's and session pumps' own threads, never on the loop. Operation deadlines (envelope
-``nnrp.timeout_ms``, NNRP DEADLINE) are loop timers: on expiry the operation's terminal is ``response.error``
-``request_timeout`` and its task is cancelled, which aborts the vLLM request. One service per API-server
-process: its limits and its shutdown are that process's.
+the listener's and session pumps' own threads, never on the loop. The pumps post only what came off the wire
+(a submit with its envelope unwrapped, a cancel or a closed session, a DEADLINE, an operation whose terminal
+went out last); everything else an operation needs on this side is owned here, on the loop:
+
+* the process-wide in-flight slots (``nnrp.max_in_flight``): taken at submit, given back when the operation's
+  task (including its vLLM abort) is done; a submit over the limit is refused with ``too_many_requests``;
+* the timers of operation deadlines (envelope ``nnrp.timeout_ms``, NNRP DEADLINE; the earliest wins): on
+  expiry the operation's terminal is ``response.error`` ``request_timeout`` and its task is cancelled, which
+  aborts the vLLM request;
+* finishing: once the terminal was sent and the task ended, the operation's record is reported.
+
+One service per API-server process: its limits and its shutdown are that process's.
 
 Every finished operation's :class:`~vllm_nnrp_plugin.observation.Observation` goes, on the loop, to: one log
 line (DEBUG when completed, INFO otherwise), the Prometheus collectors (:mod:`.metrics`), one span
@@ -26,8 +34,10 @@ from vllm_nnrp_plugin.adapter import AdapterLimits, ChatBackend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.fault_injection import with_fault_injection
 from vllm_nnrp_plugin.limits import SessionLimits, Slots
-from vllm_nnrp_plugin.nnrp_binding.listener import Exposure, Listener
-from vllm_nnrp_plugin.nnrp_binding.session import ServerOperation
+from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure
+from vllm_nnrp_plugin.nnrp_binding.listener import Listener, ListenerHooks
+from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation
+from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.observation import COMPLETED, Observation, log_fields, log_line
 
 logger = logging.getLogger(__name__)
@@ -41,7 +51,8 @@ class NNRPService:
 
     ``registry``: where the NNRP metrics are registered (default ``prometheus_client.REGISTRY``, the one
     vLLM's ``/metrics`` serves); ``tracer``: where spans go (default: the package's tracer from the global
-    provider); ``observers``: extra callables given each finished operation's record.
+    provider); ``observers``: extra callables given each finished operation's record; ``hooks``: the
+    listener's benchmark hooks (:class:`~vllm_nnrp_plugin.nnrp_binding.listener.ListenerHooks`).
     """
 
     def __init__(
@@ -53,6 +64,7 @@ class NNRPService:
         registry: CollectorRegistry | None = None,
         tracer: Tracer | None = None,
         observers: Sequence[Callable[[Observation], None]] = (),
+        hooks: ListenerHooks = ListenerHooks(),
     ) -> None:
         self._backend = with_fault_injection(backend, config.fault_injection_backend_error_model)
         self._config = config
@@ -70,8 +82,8 @@ class NNRPService:
         self._timers: dict[ServerOperation, asyncio.TimerHandle] = {}
         self._stopping = False
         self._stopped: asyncio.Future | None = None
-        #: process-wide in-flight operations (``nnrp.max_in_flight``): taken by the session pumps at submit,
-        #: given back here when the operation's task (including its vLLM abort) is done
+        #: process-wide in-flight operations (``nnrp.max_in_flight``): taken at submit, given back when the
+        #: operation's task (including its vLLM abort) is done; both on the loop
         self.in_flight = Slots(config.max_in_flight)
         self._listener = Listener(
             config.listen,
@@ -81,8 +93,8 @@ class NNRPService:
             idle_poll_ms=config.idle_poll_ms,
             max_sessions=config.max_sessions,
             session_limits=SessionLimits(config.max_in_flight_per_session, config.max_queued_events),
-            in_flight=self.in_flight,
             exposure=Exposure(config.tls_cert_file, config.tls_key_file, config.ipc_socket_group),
+            hooks=hooks,
         )
 
     @property
@@ -115,54 +127,48 @@ class NNRPService:
             self._listener.stop_accepting()
             tasks = list(self._tasks.items())
             logger.info("NNRP stopping: no new sessions; ending %d in-flight operations", len(tasks))
-            for op, task in tasks:
-                op.shut_down()  # decided now, before the engine's own shutdown can fail the stream
+            for sop, task in tasks:
+                sop.shut_down()  # decided now, before the engine's own shutdown can fail the stream
                 task.cancel()
             if tasks:
-                await asyncio.wait([task for _op, task in tasks], timeout=ABORT_WAIT_S)
+                await asyncio.wait([task for _sop, task in tasks], timeout=ABORT_WAIT_S)
             await asyncio.to_thread(self._listener.close)
             if self._metrics_server is not None:
                 await asyncio.to_thread(self._metrics_server.close)
         finally:
             self._stopped.set_result(None)
 
-    # SessionHandler (called on the loop by the session pumps)
+    # SessionHandler: what came off the wire, posted to the loop by the session pumps
 
-    def on_submit(self, op: ServerOperation) -> None:
+    def on_submit(self, sop: ServerOperation) -> None:
         if self._stopping:
-            op.shut_down()
-            self.in_flight.give_back()
-            op.settle()  # no task will run
+            sop.shut_down()
+            self._settle(sop)  # no task will run
+            return
+        if not self.in_flight.try_take():
+            sop.refuse(E.too_many_requests(
+                f"this server already runs {self.in_flight.capacity} NNRP operations (nnrp.max_in_flight)"
+            ))  # fmt: skip
+            self._settle(sop)  # no task will run; it never reaches vLLM
             return
         task = asyncio.get_running_loop().create_task(
-            run_operation(op, self._backend, self._limits, self.capabilities)
+            run_operation(sop, sop.envelope, self._backend, self._limits, self.capabilities)
         )
-        self._tasks[op] = task
-        task.add_done_callback(lambda _t, op=op: self._done(op))
+        self._tasks[sop] = task
+        task.add_done_callback(lambda _t, sop=sop: self._done(sop))
+        sop.owner = self
+        if sop.expires_unix_ms is not None:  # a DEADLINE that came before the submit
+            self.rearm(sop)
 
-    def on_stop(self, op: ServerOperation) -> None:
-        task = self._tasks.get(op)
-        if task is not None:
-            task.cancel()
+    def on_stop(self, sop: ServerOperation) -> None:
+        self.stop_operation(sop)
 
-    def on_deadline(self, op: ServerOperation) -> None:
-        if op not in self._tasks or op.expires_unix_ms is None:
-            return
-        old = self._timers.pop(op, None)
-        if old is not None:
-            old.cancel()
-        delay_s = max(0.0, op.expires_unix_ms / 1000 - time.time())
-        self._timers[op] = asyncio.get_running_loop().call_later(delay_s, self._expire, op)
+    def on_deadline(self, sop: ServerOperation, deadline_unix_ms: int) -> None:
+        if sop.bound(deadline_unix_ms):
+            self.rearm(sop)
 
-    def _expire(self, op: ServerOperation) -> None:
-        self._timers.pop(op, None)
-        op.time_out()
-        task = self._tasks.get(op)
-        if task is not None:
-            task.cancel()
-
-    def on_finished(self, op: ServerOperation) -> None:
-        record = op.observation
+    def on_finished(self, sop: ServerOperation) -> None:
+        record = sop.observation
         level = logging.DEBUG if record.outcome == COMPLETED else logging.INFO
         if logger.isEnabledFor(level):
             logger.log(level, "%s", log_line(record), extra={"nnrp": log_fields(record)})
@@ -174,10 +180,38 @@ class NNRPService:
     def on_session(self, transport: str, opened: bool) -> None:
         self._metrics.session(transport, opened)
 
-    def _done(self, op: ServerOperation) -> None:
-        self._tasks.pop(op, None)
-        timer = self._timers.pop(op, None)
+    # OperationOwner: told directly by the operation, on the loop
+
+    def rearm(self, sop: ServerOperation) -> None:
+        """(Re)arm ``sop``'s timer for its current ``expires_unix_ms``."""
+        if sop not in self._tasks or sop.expires_unix_ms is None:
+            return
+        old = self._timers.pop(sop, None)
+        if old is not None:
+            old.cancel()
+        delay_s = max(0.0, sop.expires_unix_ms / 1000 - time.time())
+        self._timers[sop] = asyncio.get_running_loop().call_later(delay_s, self._expire, sop)
+
+    def stop_operation(self, sop: ServerOperation) -> None:
+        """Cancel ``sop``'s task (its adapter aborts the vLLM request)."""
+        task = self._tasks.get(sop)
+        if task is not None:
+            task.cancel()
+
+    def _expire(self, sop: ServerOperation) -> None:
+        self._timers.pop(sop, None)
+        sop.time_out()
+        self.stop_operation(sop)
+
+    def _done(self, sop: ServerOperation) -> None:
+        self._tasks.pop(sop, None)
+        timer = self._timers.pop(sop, None)
         if timer is not None:
             timer.cancel()
         self.in_flight.give_back()
-        op.settle()
+        self._settle(sop)
+
+    def _settle(self, sop: ServerOperation) -> None:
+        """The operation's task ended (or none will run); report it if its terminal went out already."""
+        if sop.settle():
+            self.on_finished(sop)

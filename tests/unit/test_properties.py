@@ -1,10 +1,10 @@
 """Property-based tests (hypothesis): any input yields either well-ordered events with exactly one terminal or
-one typed error — never an exception escaping, never two terminals (issue 6, "Proof").
+one typed error — never an exception escaping, never two terminals.
 
-Covered: frame unwrapping (``wire.untyped_payload``) and envelope decoding (``decode_envelope``) on arbitrary
+Covered: frame unwrapping (``wire.unwrap_typed_body``) and envelope decoding (``decode_envelope``) on arbitrary
 bytes and on mutated envelopes; chunk -> event mapping (``ChatStreamMapper``) on realistic and on arbitrary
-chunk streams, end to end through ``run_operation`` with the real :class:`OperationMachine`; the machine on
-arbitrary call sequences. Example counts are bounded so the default test run stays fast.
+chunk streams, end to end through ``run_operation`` with the real :class:`Operation`; the operation's rules
+(:class:`Operation`) on arbitrary sequences of decisions and wire events. Example counts are bounded so the default test run stays fast.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from vllm_nnrp_plugin.adapter import AdapterLimits, ChatCall, run_operation
 from vllm_nnrp_plugin.profile.capabilities import operation_names, runtime_document
 from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import DropReason, OperationMachine, PartialResult, ResultDrop, ResultPush
+from vllm_nnrp_plugin.operation import DropReason, Operation, PartialResult, ResultDrop, ResultPush, Terminal
 from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.profile import trace
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
@@ -82,7 +83,7 @@ def test_mutated_envelopes_decode_or_fail_typed(mutation, drop_messages):
 @given(st.integers(0, 64), st.integers(0, 4), st.binary(max_size=300))
 def test_any_submit_body_unwraps_to_a_payload_or_invalid_frame(bitmap, frame_count, body):
     try:
-        payload = wire.untyped_payload(bitmap, frame_count, body)
+        payload = wire.unwrap_typed_body(bitmap, frame_count, body)
     except E.ProfileError as err:
         assert err.code == E.INVALID_FRAME
     else:
@@ -92,7 +93,7 @@ def test_any_submit_body_unwraps_to_a_payload_or_invalid_frame(bitmap, frame_cou
 @FAST
 @given(st.binary(max_size=500))
 def test_a_wrapped_payload_unwraps_to_itself(payload):
-    assert wire.untyped_payload(wire.STRUCTURED_EVENT, 1, wire.typed_body(payload)) == payload
+    assert wire.unwrap_typed_body(wire.STRUCTURED_EVENT, 1, wire.typed_body(payload)) == payload
 
 
 # -- chunk -> event mapping, end to end through the adapter -------------------------------------------------
@@ -118,25 +119,28 @@ any_chunk = st.dictionaries(st.sampled_from(["id", "choices", "usage", "error", 
 chunk_streams = st.lists(st.one_of(realistic_chunk, realistic_chunk, error_chunk, any_chunk), max_size=12)
 
 
-class RecordingSink:
-    """The adapter's sink backed by the real OperationMachine; records the actions it would send."""
+def new_operation() -> Operation:
+    return Operation(Observation(
+        connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp", submitted_ns=0,
+        submitted_unix_ns=0,
+    ))  # fmt: skip
 
-    def __init__(self, payload: bytes) -> None:
-        self._payload = payload
-        self.machine = OperationMachine()
+
+class RecordingSink:
+    """The adapter's sink backed by the real :class:`Operation`; records the actions it would send (each
+    terminal sealed as the session pump seals it)."""
+
+    def __init__(self) -> None:
+        self.machine = new_operation()
+        self.observation = self.machine.observation
         self.actions: list[Any] = []
         self.calls_after_terminal = 0
-        self.observation = Observation(
-            connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp", submitted_ns=0,
-            submitted_unix_ns=0,
-        )  # fmt: skip
-
-    def envelope_bytes(self) -> bytes:
-        return self._payload
 
     def _record(self, action) -> None:
         if action is None:
             self.calls_after_terminal += 1
+        elif isinstance(action, Terminal):
+            self.actions.append(self.machine.seal(action, 0))
         else:
             self.actions.append(action)
 
@@ -154,7 +158,7 @@ class RecordingSink:
         pass
 
     def dispatch(self):
-        return None
+        return self.machine.dispatch(None)
 
 
 class ScriptedBackend:
@@ -202,9 +206,9 @@ def _check_one_terminal(sink: RecordingSink) -> dict[str, Any]:
 @FAST
 @given(chunk_streams)
 def test_any_chunk_stream_gives_ordered_events_and_exactly_one_terminal(chunks):
-    sink = RecordingSink(orjson.dumps(envelope({"messages": [], "stream": True})))
+    sink, payload = RecordingSink(), orjson.dumps(envelope({"messages": [], "stream": True}))
     backend = ScriptedBackend(chunks)
-    asyncio.run(run_operation(sink, backend, AdapterLimits(MAX_BYTES), CAPABILITIES))  # must not raise
+    asyncio.run(run_operation(sink, payload, backend, AdapterLimits(MAX_BYTES), CAPABILITIES))  # must not raise
     event = _check_one_terminal(sink)
     if event["type"] == "response.error" and "without a finish_reason" not in event["error"]["message"]:
         assert backend.aborted == backend.started  # an unfinished backend request is always aborted
@@ -213,8 +217,8 @@ def test_any_chunk_stream_gives_ordered_events_and_exactly_one_terminal(chunks):
 @FAST
 @given(st.lists(realistic_chunk, max_size=12))
 def test_realistic_streams_complete_with_the_streamed_text(chunks):
-    sink = RecordingSink(orjson.dumps(envelope({"messages": [], "stream": True})))
-    asyncio.run(run_operation(sink, ScriptedBackend(chunks), AdapterLimits(MAX_BYTES), CAPABILITIES))
+    sink, payload = RecordingSink(), orjson.dumps(envelope({"messages": [], "stream": True}))
+    asyncio.run(run_operation(sink, payload, ScriptedBackend(chunks), AdapterLimits(MAX_BYTES), CAPABILITIES))
     event = _check_one_terminal(sink)
     finished: dict[int, bool] = {}
     for chunk in chunks:
@@ -236,9 +240,9 @@ def test_realistic_streams_complete_with_the_streamed_text(chunks):
 @FAST
 @given(st.binary(max_size=200) | json_values.map(orjson.dumps))
 def test_any_envelope_through_the_adapter_gives_exactly_one_terminal(payload):
-    sink = RecordingSink(payload)
+    sink = RecordingSink()
     backend = ScriptedBackend([], body={"object": "chat.completion"})
-    asyncio.run(run_operation(sink, backend, AdapterLimits(MAX_BYTES), CAPABILITIES))
+    asyncio.run(run_operation(sink, payload, backend, AdapterLimits(MAX_BYTES), CAPABILITIES))
     _check_one_terminal(sink)
 
 
@@ -252,32 +256,95 @@ def test_the_mapper_never_raises_on_realistic_chunks(chunks):
     assert mapper.completed_body()["object"] == "chat.completion"
 
 
-# -- the operation machine -----------------------------------------------------------------------------------
+# -- the operation's rules --------------------------------------------------------------------------------------
 
-calls = st.lists(st.sampled_from(["partial", "complete", "fail", "cancel"]), max_size=20)
+DELTA = {"type": "response.output_text.delta", "index": 0, "delta": "x"}
+# decisions (vLLM's loop), wire events (the pump) and sends, in any order
+steps = st.lists(
+    st.sampled_from(["partial", "complete", "fail", "time_out", "shut_down", "overflow", "peer_cancel", "lose",
+                     "send", "trace", "dispatch"])
+    | st.tuples(st.just("deadline"), st.integers(0, 10_000))
+    | st.tuples(st.just("timeout_ms"), st.integers(1, 10_000)),
+    max_size=30,
+)  # fmt: skip
+
+
+def flush(op: Operation, queue: list, sent: list) -> None:
+    """What the session pump does with its queue: partials while admitted, each terminal sealed."""
+    for action in queue:
+        if isinstance(action, PartialResult):
+            if op.admits_partials:
+                sent.append(action)
+        elif action is not None:
+            sealed = op.seal(action, 1)
+            if sealed is not None:
+                sent.append(sealed)
+    queue.clear()
 
 
 @FAST
-@given(calls)
-def test_the_machine_numbers_partials_and_emits_exactly_one_terminal(sequence):
-    machine = OperationMachine()
-    actions = []
-    for call in sequence:
-        if call == "partial":
-            action = machine.partial({"type": "response.output_text.delta", "index": 0, "delta": "x"})
-        elif call == "complete":
-            action = machine.complete({"object": "chat.completion"})
-        elif call == "fail":
-            action = machine.fail(E.backend_error("boom"))
+@given(steps)
+def test_the_rules_give_one_terminal_numbered_partials_and_nothing_after_it(sequence):
+    """Whatever happens in whatever order: exactly one terminal goes out once one was decided (none when the
+    client was gone first) and nothing after it; partials are numbered from 1 with no gap; after a peer
+    cancel no partial goes out and the terminal is a drop; the earliest bound wins; the trace context is the
+    one the operation was dispatched with."""
+    op, queue, sent, bounds = new_operation(), [], [], []
+    decided = 0  # partial results decided
+    cancelled = lost_first = dispatched = False  # cancelled: a peer cancel before any terminal went out
+    frozen = None
+    for step in sequence:
+        name, value = step if isinstance(step, tuple) else (step, None)
+        if name == "partial":
+            finished = op.finished
+            action = op.partial(DELTA)
+            assert (action is None) == finished  # nothing after a terminal was decided
+            decided += action is not None
+            queue.append(action)
+        elif name == "complete":
+            queue.append(op.complete({"object": "chat.completion"}))
+        elif name == "fail":
+            queue.append(op.fail(E.backend_error("boom")))
+        elif name == "time_out":
+            queue.append(op.time_out(1))
+        elif name == "shut_down":
+            queue.append(op.shut_down(1))
+        elif name == "overflow":
+            queue.append(op.overflow(8))
+        elif name == "peer_cancel":
+            cancelled = cancelled or not any(isinstance(a, ResultPush | ResultDrop) for a in sent)
+            drop = op.cancel(DropReason.PEER_CANCELLED, "client_cancelled", 1)
+            if drop is not None:
+                flush(op, [drop], sent)  # the pump sends the drop at once
+        elif name == "lose":
+            lost_first = lost_first or not any(isinstance(a, ResultPush | ResultDrop) for a in sent)
+            op.lose("client_disconnected", 1)
+        elif name == "deadline":
+            if value:
+                bounds.append(value)
+            op.bound(value)
+        elif name == "timeout_ms":
+            bounds.append(op.submitted_unix_ms + value)
+            op.limit_time(value)
+        elif name == "trace":
+            op.override_trace(trace.TraceContext(len(bounds) + 1, 9, 0, 0, 1, 0, trace.OPERATION))
+        elif name == "dispatch":
+            if not dispatched:
+                dispatched, frozen = True, op.dispatch(None)
         else:
-            action = machine.cancel(DropReason.PEER_CANCELLED, "client_cancelled")
-        if action is not None:
-            actions.append(action)
-    terminals = [a for a in actions if isinstance(a, ResultPush | ResultDrop)]
-    assert len(terminals) == (1 if set(sequence) - {"partial"} else 0)
+            flush(op, queue, sent)
+    flush(op, queue, sent)
+    terminals = [a for a in sent if isinstance(a, ResultPush | ResultDrop)]
+    assert len(terminals) == (0 if lost_first or not op.finished else 1)
     if terminals:
-        assert actions[-1] is terminals[0]
-    partials = [a for a in actions if isinstance(a, PartialResult)]
+        assert sent[-1] is terminals[0]
+    partials = [a for a in sent if isinstance(a, PartialResult)]
     assert [p.sequence for p in partials] == list(range(1, len(partials) + 1))
-    if isinstance(actions[-1:] and actions[-1], ResultDrop):
-        assert actions[-1].sequence == len(partials) + 1
+    if cancelled and terminals:
+        assert isinstance(terminals[0], ResultDrop)
+    if terminals and isinstance(terminals[0], ResultDrop):
+        assert orjson.loads(terminals[0].diagnostic)["type"] == "response.cancelled"
+        assert terminals[0].sequence == decided + 1
+    assert op.expires_unix_ms == (min(bounds) if bounds else None)
+    if dispatched:
+        assert op.dispatch(None) == frozen  # later overrides never change in-flight work

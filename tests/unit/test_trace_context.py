@@ -1,13 +1,11 @@
-"""TRACE_CONTEXT -> traceparent: the frozen rules of profile-contract.md §6, and their scoping in the session
-pump (plain data: no native session is touched)."""
+"""TRACE_CONTEXT -> traceparent: the frozen rules of the ``openai-compatible/1`` profile's TRACE_CONTEXT
+mapping, and their scoping in the session pump (plain data: no native session is touched)."""
 
 import asyncio
-import types
 
 import pytest
 
-from vllm_nnrp_plugin.limits import SessionLimits, Slots
-from vllm_nnrp_plugin.nnrp_binding.session import ServerOperation, SessionPump
+from tests.unit import fakes
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
 
@@ -48,67 +46,65 @@ def test_observation_has_the_fixed_metadata_and_only_the_attribute_size():
 # -- scoping in the session pump ---------------------------------------------------------------------------
 
 
-def md(trace_id, span_id, flags=1, body_bytes=0):
-    return types.SimpleNamespace(trace_id=trace_id, span_id=span_id, parent_span_id=0, stage_code=0, flags=flags,
-                                 body_bytes=body_bytes)
-
-
 @pytest.fixture
-def pump():
-    session = types.SimpleNamespace(active_transport_name="tcp")
-    loop = asyncio.new_event_loop()
-    handler = types.SimpleNamespace(on_submit=lambda op: None, on_stop=lambda op: None, on_deadline=lambda op: None)
-    pump = SessionPump(session, handler, loop, idle_poll_ms=100,
-                       limits=SessionLimits(max_in_flight=16, max_queued_events=1024), in_flight=Slots(256))
-    yield pump
+def pumped():
+    pump, handler, loop = fakes.pump()
+    yield pump, handler, loop
     loop.close()
 
 
-def submitted(pump, operation_id):
-    header = types.SimpleNamespace(header=types.SimpleNamespace(session_id=1))
-    sop = ServerOperation(types.SimpleNamespace(operation_id=operation_id, frame_id=operation_id, submit=header), pump)
-    pump._ops[operation_id] = sop
-    pump._frames[operation_id] = operation_id
+def submitted(pumped, operation_id):
+    """The operation the pump hands to the loop for a submit of ``operation_id``."""
+    pump, handler, loop = pumped
+    pump.handle(fakes.submit(operation_id))
+    loop.run_until_complete(asyncio.sleep(0))
+    name, sop = handler.posted[-1]
+    assert name == "on_submit" and sop.operation_id == operation_id
     return sop
 
 
-def test_session_default_applies_to_operations_dispatched_later(pump):
-    sop = submitted(pump, 1)
+def test_session_default_applies_to_operations_dispatched_later(pumped):
+    pump, *_ = pumped
+    sop = submitted(pumped, 1)
     assert sop.dispatch() is None and sop.observation.trace is None
-    pump._on_trace_context(0, md(5, 6))
-    later = submitted(pump, 2)
+    pump.handle(fakes.trace_context(0, 5, 6))
+    later = submitted(pumped, 2)
     assert later.dispatch().traceparent().endswith("-0000000000000006-01")
     assert later.observation.trace.scope == "session"
 
 
-def test_operation_scope_overrides_the_session_default_before_dispatch(pump):
-    pump._on_trace_context(0, md(5, 6))
-    sop = submitted(pump, 1)
-    other = submitted(pump, 2)
-    pump._on_trace_context(1, md(7, 8, flags=0, body_bytes=40))
+def test_operation_scope_overrides_the_session_default_before_dispatch(pumped):
+    pump, *_ = pumped
+    pump.handle(fakes.trace_context(0, 5, 6))
+    sop = submitted(pumped, 1)
+    other = submitted(pumped, 2)
+    pump.handle(fakes.trace_context(1, 7, 8, flags=0, body_bytes=40))
     context = sop.dispatch()
     assert context.traceparent() == "00-00000000000000000000000000000007-0000000000000008-00"
     assert sop.observation.trace.scope == "operation" and sop.observation.trace.body_bytes == 40
     assert other.dispatch().trace_id == 5  # the override is for its own operation only
 
 
-def test_a_context_after_dispatch_never_changes_in_flight_work(pump):
-    sop = submitted(pump, 1)
-    pump._on_trace_context(1, md(7, 8))
+def test_a_context_after_dispatch_never_changes_in_flight_work(pumped):
+    pump, *_ = pumped
+    sop = submitted(pumped, 1)
+    pump.handle(fakes.trace_context(1, 7, 8))
     assert sop.dispatch().trace_id == 7
-    pump._on_trace_context(1, md(9, 10))
-    assert sop._trace.trace_id == 7 and sop.observation.trace.trace_id == 7
+    pump.handle(fakes.trace_context(1, 9, 10))
+    assert sop.dispatch().trace_id == 7 and sop.observation.trace.trace_id == 7
 
 
-def test_ineligible_contexts_are_ignored(pump):
-    pump._on_trace_context(0, md(5, 6))
-    pump._on_trace_context(0, md(0, 6))
-    pump._on_trace_context(0, md(5, 0))
-    sop = submitted(pump, 1)
-    pump._on_trace_context(1, md(0, 1))
+def test_ineligible_contexts_are_ignored(pumped):
+    pump, *_ = pumped
+    pump.handle(fakes.trace_context(0, 5, 6))
+    pump.handle(fakes.trace_context(0, 0, 6))
+    pump.handle(fakes.trace_context(0, 5, 0))
+    sop = submitted(pumped, 1)
+    pump.handle(fakes.trace_context(1, 0, 1))
     assert sop.dispatch().traceparent() == "00-00000000000000000000000000000005-0000000000000006-01"
 
 
-def test_a_context_for_an_unknown_frame_is_ignored(pump):
-    pump._on_trace_context(42, md(5, 6))
-    assert submitted(pump, 1).dispatch() is None
+def test_a_context_for_an_unknown_frame_is_ignored(pumped):
+    pump, *_ = pumped
+    pump.handle(fakes.trace_context(42, 5, 6))
+    assert submitted(pumped, 1).dispatch() is None

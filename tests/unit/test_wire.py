@@ -18,7 +18,7 @@ def frame(kind=PayloadKind.STRUCTURED_EVENT, payload=b"{}", **kw):
 
 
 def test_typed_body_round_trips():
-    assert wire.untyped_payload(16, 1, wire.typed_body(b'{"a":1}')) == b'{"a":1}'
+    assert wire.unwrap_typed_body(16, 1, wire.typed_body(b'{"a":1}')) == b'{"a":1}'
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_typed_body_round_trips():
 )
 def test_submit_bodies_outside_the_mapping_are_invalid_frames(bitmap, count, body, fragment):
     with pytest.raises(ProfileError) as info:
-        wire.untyped_payload(bitmap, count, body)
+        wire.unwrap_typed_body(bitmap, count, body)
     assert info.value.code == "invalid_frame"
     assert fragment in info.value.message
 
@@ -50,7 +50,7 @@ def test_result_push_metadata_matches_its_typed_body():
     metadata, body = wire.result_push(ResultPush(404, b'{"type":"response.error"}'), server_total_ms=12)
     assert metadata.status_code == 404 and metadata.server_total_ms == 12
     assert int(metadata.payload_kind_bitmap) == 16 and metadata.payload_frame_count == 1
-    assert wire.untyped_payload(16, 1, body) == b'{"type":"response.error"}'
+    assert wire.unwrap_typed_body(16, 1, body) == b'{"type":"response.error"}'
 
 
 def test_result_drop_carries_the_cancelled_event():

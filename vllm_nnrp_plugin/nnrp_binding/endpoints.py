@@ -1,4 +1,5 @@
-"""Listen/connect addresses, one URI per nnrp-py carrier (nnrp-sdk.md §2):
+"""Listen/connect addresses, one URI per nnrp-py carrier (``nnrp.native.load_native_transport_binding``
+names: ``tcp``, ``ipc``, ``websocket``, ``quic``):
 
 | URI | carrier | TLS |
 |---|---|---|
@@ -9,8 +10,8 @@
 | ``wss://HOST:PORT/PATH`` | WebSocket | yes |
 | ``quic://HOST:PORT`` | QUIC | always |
 
-Each carrier gets its own listener (nnrp-sdk.md addendum 4: one listener serving several carriers loses
-sessions at accept deadlines). :func:`is_loopback` tells the exposure rule (config.py) which addresses stay
+Each carrier gets its own listener (in nnrp-py 1.0.0rc4.post20 one ``NativeServer`` serving several carriers
+loses sessions at accept deadlines). :func:`is_loopback` tells the exposure rule (config.py) which addresses stay
 on this host.
 """
 

@@ -1,6 +1,6 @@
-"""Turn off Nagle on the TCP connections nnrp-py's native TCP carrier accepted (nnrp-sdk.md §12, trap 3).
+"""Turn off Nagle on the TCP connections nnrp-py's native TCP carrier accepted.
 
-The carrier has no TCP_NODELAY knob, so a burst of small frames (4 partials + terminal) stalls ~40 ms on
+nnrp-py 1.0.0rc4.post20's carrier has no TCP_NODELAY knob and leaves Nagle on, so a burst of small frames (4 partials + terminal) stalls ~40 ms on
 loopback TCP. After each accepted TCP session we find this process's connected TCP sockets whose local port
 is the listener's port (``/proc/self/fd``) and set TCP_NODELAY on them. Only sockets of our own listener are
 touched; each socket once (tracked by inode). Linux only; elsewhere it is a no-op.

@@ -1,4 +1,5 @@
-"""The frozen Preview4 wire mapping of ``openai-compatible/1`` (profile-contract.md §5), as pure functions.
+"""The frozen Preview4 wire mapping of the ``openai-compatible/1`` profile (its normative contract,
+``openai-compatible-1.json``, section "wire mapping"), as pure functions over nnrp-py's frame types.
 
 Request: one FRAME_SUBMIT, ``payload_kind_bitmap == STRUCTURED_EVENT (16)``, ``payload_frame_count == 1``,
 body = 32-byte region prelude + one 24-byte typed-payload descriptor (STRUCTURED_EVENT, profile 0, schema 0,
@@ -47,8 +48,9 @@ def typed_body(payload: bytes) -> bytes:
     return pack_body(typed_payload_descriptor_region=descriptors, typed_payload_frame_region=frames)
 
 
-def untyped_payload(payload_kind_bitmap: int, payload_frame_count: int, body: bytes) -> bytes:
-    """The JSON bytes inside a typed body, after checking every rule of the mapping.
+def unwrap_typed_body(payload_kind_bitmap: int, payload_frame_count: int, body: bytes) -> bytes:
+    """The JSON payload inside a typed body (the reverse of :func:`typed_body`), after checking every rule of
+    the mapping.
 
     ``payload_kind_bitmap`` / ``payload_frame_count`` come from the frame's metadata (FrameSubmitMetadata or
     ResultPushMetadata). Raises :class:`ProfileError` ``invalid_frame`` naming the broken rule.

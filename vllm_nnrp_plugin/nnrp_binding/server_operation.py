@@ -1,0 +1,218 @@
+"""One submitted NNRP operation as the adapter sees it, and the session outbox its events wait in.
+
+:class:`ServerOperation` is nnrp-py's native server operation (``nnrp.native.NativeRuntimeServerOperation``,
+only ever touched by its session pump) plus the operation's rules (:class:`vllm_nnrp_plugin.operation.Operation`)
+behind one lock, plus the :class:`SessionLink` it shares with its session pump. Two threads call it: vLLM's event loop decides (the
+adapter's ``partial`` / ``complete`` / ``fail`` / ``limit_time`` / ``dispatch``; the service's ``time_out`` /
+``shut_down`` / ``refuse``), and the session pump reports what came off the wire and sends. The envelope is
+unwrapped from the submit's typed body on the pump (:func:`.wire.unwrap_typed_body`) before the operation is
+handed to the loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Protocol
+
+from vllm_nnrp_plugin import observation as obs
+from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin.operation import Action, DropReason, Operation, PartialResult, ResultDrop, ResultPush, Terminal
+from vllm_nnrp_plugin.profile import trace
+from vllm_nnrp_plugin.profile.errors import ProfileError
+
+#: an outbox entry asking the pump for a BACKPRESSURE frame before the refusal queued after it
+PRESSURE = "backpressure"
+
+
+class SendProbe(Protocol):
+    """A benchmark's view of the sends (``bench/server.py``); times are ``time.monotonic_ns()``."""
+
+    def queued(self, action: PartialResult) -> None:
+        """A partial result entered the outbox (called by the thread that decided it)."""
+
+    def sent(self, action: PartialResult, started_ns: int, ended_ns: int) -> None:
+        """nnrp-py's native send of that partial result ran from ``started_ns`` to ``ended_ns`` (pump thread)."""
+
+
+class OperationOwner(Protocol):
+    """Who runs an operation's backend work (the service, on vLLM's loop): told on that loop, directly."""
+
+    def rearm(self, sop: ServerOperation) -> None:
+        """``sop.expires_unix_ms`` moved earlier: (re)arm its timer."""
+
+    def stop_operation(self, sop: ServerOperation) -> None:
+        """Stop ``sop``'s backend work (its terminal is decided)."""
+
+
+class SessionLink:
+    """What the operations of one session share with its pump: the outbox of decided sends (``items``, a
+    ``deque`` of ``(ServerOperation, Action | PRESSURE)``, bounded by ``max_queued_events`` partial results;
+    appends from any thread never block, only the pump pops; ``wakeup`` is set on every append) and the
+    session-scoped TRACE_CONTEXT (frame 0, written by the pump), the default of operations dispatched later."""
+
+    __slots__ = ("items", "wakeup", "max_queued_events", "probe", "session_trace")
+
+    def __init__(self, max_queued_events: int, probe: SendProbe | None = None) -> None:
+        self.items: collections.deque[tuple[ServerOperation, Any]] = collections.deque()
+        self.wakeup = threading.Event()
+        self.max_queued_events = max_queued_events
+        self.probe = probe
+        self.session_trace: trace.TraceContext | None = None
+
+    def put(self, sop: ServerOperation, action: Any) -> None:
+        if self.probe is not None and isinstance(action, PartialResult):
+            self.probe.queued(action)
+        self.items.append((sop, action))
+        self.wakeup.set()
+
+
+class ServerOperation:
+    """One submitted operation: ``operation_id`` (u64) and ``frame_id`` (u32) are the client's; ``transport``
+    is the carrier (``tcp``, ``ipc``, ``websocket``, ``quic``); ``observation`` is its record; ``native`` the
+    nnrp-py server operation (pump thread only); ``rules`` its :class:`~vllm_nnrp_plugin.operation.Operation`
+    (read ``rules.admits_partials`` freely; change it only through this object's methods, which hold the
+    lock); ``owner`` is set by whoever runs its backend work."""
+
+    __slots__ = ("operation_id", "frame_id", "transport", "native", "envelope", "owner", "rules", "_link", "_lock")
+
+    def __init__(
+        self, native: Any, link: SessionLink, *, transport: str, connection_id: int, now_ns: int, now_unix_ns: int
+    ) -> None:
+        self.native = native
+        self.operation_id: int = native.operation_id
+        self.frame_id: int = native.frame_id
+        self.transport = transport
+        self.owner: OperationOwner | None = None
+        self._link = link
+        self._lock = threading.Lock()
+        self.rules = Operation(obs.Observation(
+            connection_id=connection_id, session_id=native.submit.header.session_id, operation_id=self.operation_id,
+            frame_id=self.frame_id, transport=transport, submitted_ns=now_ns, submitted_unix_ns=now_unix_ns,
+        ))  # fmt: skip
+        #: the JSON envelope unwrapped from the submit, or the ``invalid_frame`` error its typed body raised
+        self.envelope: bytes | ProfileError
+        submit = native.submit
+        metadata = submit.metadata.value
+        try:
+            self.envelope = wire.unwrap_typed_body(metadata.payload_kind_bitmap, metadata.payload_frame_count,
+                                               submit.tail.body)  # fmt: skip
+        except ProfileError as err:
+            self.envelope = err
+
+    @property
+    def observation(self) -> obs.Observation:
+        return self.rules.observation
+
+    @property
+    def expires_unix_ms(self) -> int | None:
+        """Wall-clock ms after which the operation ends with ``request_timeout`` (``None``: unbounded)."""
+        return self.rules.expires_unix_ms
+
+    # -- the adapter (vLLM's loop) --------------------------------------------------------------------------
+
+    def partial(self, event: dict[str, Any]) -> None:
+        """Queue one non-terminal event; ignored once a terminal was decided. When the session's outbox is
+        full the operation ends with ``client_too_slow`` instead and its owner stops it."""
+        outbox = self._link
+        with self._lock:
+            if len(outbox.items) >= outbox.max_queued_events:
+                action: Action | None = self.rules.overflow(outbox.max_queued_events)
+                overflow = action is not None
+            else:
+                action, overflow = self.rules.partial(event), False
+        if action is not None:
+            outbox.put(self, action)
+        if overflow and self.owner is not None:
+            self.owner.stop_operation(self)
+
+    def complete(self, body: dict[str, Any]) -> None:
+        """Queue the terminal ``response.completed``."""
+        with self._lock:
+            self._queue(self.rules.complete(body))
+
+    def fail(self, err: ProfileError) -> None:
+        """Queue the terminal ``response.error``."""
+        with self._lock:
+            self._queue(self.rules.fail(err))
+
+    def limit_time(self, timeout_ms: int) -> None:
+        """Bound the operation to ``timeout_ms`` (ms) after its submit (envelope ``nnrp.timeout_ms``)."""
+        with self._lock:
+            moved = self.rules.limit_time(timeout_ms)
+        if moved and self.owner is not None:
+            self.owner.rearm(self)
+
+    def dispatch(self) -> trace.TraceContext | None:
+        """The operation goes to vLLM now: freeze and return its trace context (its own override, else the
+        session's default)."""
+        with self._lock:
+            return self.rules.dispatch(self._link.session_trace)
+
+    # -- the service (vLLM's loop) ------------------------------------------------------------------------------
+
+    def bound(self, deadline_unix_ms: int) -> bool:
+        """An NNRP DEADLINE (wall-clock ms): True when it moved the expiry earlier. Any thread (the pump
+        applies one that came before the submit, before handing the operation on)."""
+        with self._lock:
+            return self.rules.bound(deadline_unix_ms)
+
+    def time_out(self) -> None:
+        """The bound passed: terminal ``response.error`` ``request_timeout`` unless one was decided."""
+        with self._lock:
+            self._queue(self.rules.time_out(time.monotonic_ns()))
+
+    def shut_down(self) -> None:
+        """The server is stopping: terminal ``response.error`` ``server_shutdown`` unless one was decided.
+        Any thread."""
+        with self._lock:
+            self._queue(self.rules.shut_down(time.monotonic_ns()))
+
+    def refuse(self, err: ProfileError) -> None:
+        """Refused at admission (``too_many_requests``): a BACKPRESSURE frame, then the error terminal."""
+        self._link.put(self, PRESSURE)
+        self.fail(err)
+
+    def settle(self) -> bool:
+        """One of the two ends happened (terminal sent; task ended or none will run). True exactly once, when
+        both have: the observation is complete. Any thread."""
+        with self._lock:
+            return self.rules.settle()
+
+    # -- the session pump ---------------------------------------------------------------------------------------
+
+    def override_trace(self, context: trace.TraceContext) -> None:
+        """An operation-scoped TRACE_CONTEXT came in; ignored once dispatched."""
+        with self._lock:
+            self.rules.override_trace(context)
+
+    def cancel(self, reason: DropReason, detail: str) -> Terminal | None:
+        """The peer cancelled: returns the drop to send now, or ``None`` if a terminal is already queued."""
+        with self._lock:
+            return self.rules.cancel(reason, detail, time.monotonic_ns())
+
+    def lose(self, detail: str) -> None:
+        """The client is gone: the operation ends as cancelled with nothing sent."""
+        with self._lock:
+            self.rules.lose(detail, time.monotonic_ns())
+
+    def seal(self, terminal: Terminal) -> tuple[ResultPush | ResultDrop | None, int]:
+        """The encoded terminal to send (``None``: one was sent already) and the ms since submit."""
+        now_ns = time.monotonic_ns()
+        with self._lock:
+            return self.rules.seal(terminal, now_ns), self.rules.elapsed_ms(now_ns)
+
+    def refused(self) -> ResultDrop:
+        """nnrp-py refused the RESULT_PUSH: the drop to send instead."""
+        with self._lock:
+            return self.rules.refused(time.monotonic_ns())
+
+    def unsendable(self) -> ResultDrop:
+        """A frame could not be built: the TRANSPORT_CLOSED drop that ends the operation instead."""
+        with self._lock:
+            return self.rules.unsendable(time.monotonic_ns())
+
+    def _queue(self, terminal: Terminal | None) -> None:
+        if terminal is not None:
+            self._link.put(self, terminal)
