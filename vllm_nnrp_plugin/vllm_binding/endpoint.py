@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from vllm_nnrp_plugin.vllm_binding.families import ENDPOINT_PLUGIN
-from vllm_nnrp_plugin.vllm_binding.lifecycle import claim, log_like_vllm, start_listener, stop_listener
+from vllm_nnrp_plugin.vllm_binding.lifecycle import claim, log_like_vllm, start_service, stop_service
 
 
 class NNRPEndpointPlugin:
@@ -37,8 +37,8 @@ async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
     """Start the NNRP service on this app's state; stop it on the way out. Start-up errors propagate, so
     uvicorn reports "Application startup failed" and ``vllm serve`` exits."""
     log_like_vllm()
-    await start_listener(app.state, ENDPOINT_PLUGIN)
+    await start_service(app.state, ENDPOINT_PLUGIN)
     try:
         yield
     finally:
-        await stop_listener(app.state)
+        await stop_service(app.state)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE
-from vllm_nnrp_plugin.vllm_binding.lifecycle import claim, log_like_vllm, start_listener, stop_listener
+from vllm_nnrp_plugin.vllm_binding.lifecycle import claim, log_like_vllm, start_service, stop_service
 
 Scope = dict[str, Any]
 
@@ -40,13 +40,13 @@ class NNRPMiddleware:
             if message["type"] == "lifespan.startup.complete" and claim(state, MIDDLEWARE):
                 attached = True
                 log_like_vllm()
-                await start_listener(state, MIDDLEWARE)
+                await start_service(state, MIDDLEWARE)
             await send(message)
 
         async def receive_shutdown() -> Scope:
             message = await receive()
             if message["type"] == "lifespan.shutdown" and attached:
-                await stop_listener(state)
+                await stop_service(state)
             return message
 
         await self.app(scope, receive_shutdown, send_startup)
