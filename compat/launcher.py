@@ -192,14 +192,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, help="vLLM's HTTP port (default: a free one)")
     parser.add_argument("--listen", default="", help="comma-separated NNRP listen URIs (default: the plugin's)")
     parser.add_argument("--log", help="vLLM's log file (default: vllm-PORT.log in a new temporary directory)")
-    parser.add_argument("--timeout", type=float, default=START_TIMEOUT_S, help=f"start timeout, s (default {START_TIMEOUT_S})")
+    parser.add_argument(
+        "--timeout", type=float, default=START_TIMEOUT_S, help=f"start timeout, s (default {START_TIMEOUT_S})"
+    )
     parser.add_argument("model", help="model directory")
     parser.add_argument("serve_args", nargs=argparse.REMAINDER, help="more vllm serve arguments")
     args = parser.parse_args(own)
     workdir = tempfile.mkdtemp(prefix="vllm-nnrp-launcher-")
     listen = [u for u in args.listen.split(",") if u]
-    print(f"starting vllm serve (log: {args.log or workdir})", file=sys.stderr, flush=True)
-    server = serve_with_nnrp(args.model, workdir, listen=listen, extra_args=args.serve_args, port=args.port, log=args.log)
+    server = serve_with_nnrp(
+        args.model, workdir, listen=listen, extra_args=args.serve_args, port=args.port, log=args.log
+    )
+    print(f"starting vllm serve (pid {server.pid}, log: {server.log}) ...", file=sys.stderr, flush=True)
     with server:
         try:
             server.wait_ready(args.timeout)

@@ -1,8 +1,9 @@
-"""The ``vllm.endpoint_plugins`` entry point ``nnrp`` and the router lifespan that runs the listener.
+"""The ``vllm.endpoint_plugins`` entry point ``nnrp`` and the router lifespan that runs the NNRP service.
 
 :class:`NNRPEndpointPlugin` (vLLM 0.26+, loaded in the API-server process when ``VLLM_PLUGINS`` names
-``nnrp``): ``attach_router`` adds an ``APIRouter`` whose lifespan starts the listener after ``app.state`` is
-complete and stops it before vLLM deletes the state (vllm-integration.md §3.1).
+``nnrp``; ``vllm/plugins/__init__.py``): ``build_app`` in ``vllm/entrypoints/openai/api_server.py`` calls
+``attach_router``, which adds an ``APIRouter`` whose lifespan FastAPI runs nested inside vLLM's own: it starts
+the service after ``app.state`` is complete and stops it before vLLM's lifespan deletes the state.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from vllm_nnrp_plugin.vllm_binding.lifecycle import claim, log_like_vllm, start_
 
 
 class NNRPEndpointPlugin:
-    """vLLM 0.26 ``EndpointPlugin``: no HTTP routes, only a lifespan that runs the NNRP listener."""
+    """vLLM 0.26 ``EndpointPlugin``: no HTTP routes, only a lifespan that runs the NNRP service."""
 
     name = "nnrp"
     required_tasks = ("generate",)
@@ -24,7 +25,7 @@ class NNRPEndpointPlugin:
     def attach_router(self, app: Any) -> None:
         from fastapi import APIRouter
 
-        if claim(app.state, ENDPOINT_PLUGIN):  # never attach the listener twice
+        if claim(app.state, ENDPOINT_PLUGIN):  # never attach the service twice
             app.include_router(APIRouter(lifespan=nnrp_lifespan))
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
