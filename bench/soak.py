@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections import Counter
+from collections import Counter, defaultdict, deque
 from typing import Any
 
 from bench import procs
@@ -99,6 +99,7 @@ def _session_loop(uri: str, args: argparse.Namespace, seed: int, stop: threading
             time.sleep(0.5)
             continue
         ops: dict[int, _Op] = {}
+        pending: defaultdict[int, deque] = defaultdict(deque)  # events polled, per operation id
         close_now = False
         try:
             while not close_now:
@@ -108,17 +109,18 @@ def _session_loop(uri: str, args: argparse.Namespace, seed: int, stop: threading
                     ops[native.operation_id] = _Op(native, _plan(rng))
                 if not ops:
                     break
-                client._poll(5)
+                for operation_id, polled in client.poll(5):
+                    pending[operation_id].append(polled)
                 now = time.monotonic()
                 for op_id, op in list(ops.items()):
-                    queue = client._pending.get(op_id)
+                    queue = pending.get(op_id)
                     while queue:
                         event = queue.popleft()
                         if not event.terminal:
                             op.events += 1
                             continue
                         del ops[op_id]
-                        client._pending.pop(op_id, None)
+                        pending.pop(op_id, None)
                         kind = event.event.get("type") if event.event else event.frame
                         code = (event.event or {}).get("error", {}).get("code") if kind == "response.error" else None
                         report("terminal", plan=op.plan["kind"], type=kind, code=code,

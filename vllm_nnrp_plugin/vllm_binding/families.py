@@ -68,7 +68,7 @@ class Probe:
 class Binding:
     """A named binding for one vLLM family (``family`` = (major, minor)), tested on ``anchor``.
 
-    ``attach_paths``: the ways the listener can be attached on this line, in priority order.
+    ``attach_paths``: the ways the NNRP service can be attached on this line, in priority order.
     """
 
     name: str

@@ -25,14 +25,14 @@ from vllm_nnrp_plugin.vllm_binding.shutdown import stop_before_engine_shutdown
 
 logger = logging.getLogger("vllm_nnrp_plugin")
 
-_ATTACHED = "nnrp_listener_attached"
+_ATTACHED = "nnrp_service_attached"
 _SERVICE = "nnrp_service"
 _UNDO_SHUTDOWN_HOOK = "nnrp_undo_shutdown_hook"
 STOP_BUDGET_S = 10.0  # longest NNRP graceful stop before vLLM's engine shutdown proceeds (SIGTERM/SIGINT)
 
 
 def claim(state: Any, attach_path: str) -> bool:
-    """True for the first attach path to claim this app's listener, False for any later one."""
+    """True for the first attach path to claim this app's NNRP service, False for any later one."""
     if getattr(state, _ATTACHED, None):
         return False
     setattr(state, _ATTACHED, attach_path)
