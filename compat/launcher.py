@@ -214,10 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "NNRP listening on" in line:
                 print(line[line.index("NNRP listening on"):], file=sys.stderr, flush=True)
         if not command:
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-            with contextlib.suppress(KeyboardInterrupt):
-                server.proc.wait()
-            return 0
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # SystemExit: the with block stops vLLM
+            try:
+                return server.proc.wait()  # vLLM ended by itself: its status
+            except KeyboardInterrupt:
+                return 0
         status = subprocess.run(command).returncode
         if status != 0:
             print(f"{command[0]} exited with {status}; vLLM's log: {server.log}\n{server.tail(40)}", file=sys.stderr)
