@@ -1,4 +1,4 @@
-"""Benchmarks of vllm-nnrp-plugin (``vllm-nnrp bench …``), run from a checkout.
+"""Benchmarks of vllm-nnrp-plugin (``python -m bench …``), run from a checkout's root.
 
 Each module measures one thing and returns :class:`bench.results.Result` rows; :mod:`bench.suite` runs them
 side by side and writes JSON + markdown under ``docs/benchmarks/``. Speed is measured here, never in tests;

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,57 +26,14 @@ import attrs
 import httpx
 import orjson
 
-from bench.procs import free_port
 from bench.results import Result, Target
+from compat.launcher import SERVED_NAME, VLLMServer, free_port, serve_with_nnrp
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
 
-SERVED_NAME = "example-model"
+START_TIMEOUT_S = 900  # a loaded 2-CPU machine may need longer than the tests' 600 s
 TTFT_RATIO = Target("p50", "<=", 0.9)
 RSS_COST = Target("p50", "<=", 50)
-
-
-class VLLMServe:
-    """``vllm serve MODEL`` on CPU, optionally with the plugin on a TCP port and a unix socket."""
-
-    def __init__(self, model: str, workdir: str, *, nnrp: bool) -> None:
-        self.http = f"http://127.0.0.1:{free_port()}"
-        self.nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/bench-nnrp.sock"}
-        env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_NNRP_LISTEN")}
-        env.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
-        if nnrp:
-            env.update(VLLM_PLUGINS="nnrp", VLLM_NNRP_LISTEN=f"{self.nnrp['tcp']},{self.nnrp['ipc']}")
-        self.log = pathlib.Path(workdir) / f"vllm-{'nnrp' if nnrp else 'plain'}.log"
-        command = [
-            str(pathlib.Path(sys.executable).with_name("vllm")), "serve", model, "--host", "127.0.0.1",
-            "--port", self.http.rsplit(":", 1)[1], "--served-model-name", SERVED_NAME, "--max-model-len", "2048",
-            "--dtype", "bfloat16", "--enforce-eager",
-        ]  # fmt: skip
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
-        self.pid = self.proc.pid
-
-    def wait_ready(self, timeout_s: float = 900) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}); log: {self.log}")
-            try:
-                if httpx.get(f"{self.http}/v1/models", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise RuntimeError(f"vllm serve not ready after {timeout_s} s; log: {self.log}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 def rss_mb(pid: int) -> float:
@@ -217,7 +171,7 @@ def batch(worker: Callable[..., list[Timing]], target: str, body: dict[str, Any]
 
 
 def compare(
-    server: VLLMServe, *, levels: tuple[int, ...], per_worker: int, rounds: int, max_tokens: int, transport: str
+    server: Any, *, levels: tuple[int, ...], per_worker: int, rounds: int, max_tokens: int, transport: str
 ) -> list[Result]:
     """NNRP vs HTTP/SSE rows for every concurrency level."""
     body = chat_body("Write a long story about the sea.", max_tokens)
@@ -277,10 +231,12 @@ def run(
         if own:
             if not model:
                 raise SystemExit("e2e benchmark: give --model or set VLLM_NNRP_TEST_MODEL")
-            server = VLLMServe(model, workdir, nnrp=True)
+            nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/bench-nnrp.sock"}
+            server = serve_with_nnrp(model, workdir, listen=(nnrp["tcp"], nnrp["ipc"]), log=f"{workdir}/vllm-nnrp.log")
+            server.nnrp = nnrp
         try:
             if own:
-                server.wait_ready()
+                server.wait_ready(START_TIMEOUT_S)
             idle = rss_mb(server.pid)
             rows = compare(server, levels=levels, per_worker=per_worker, rounds=rounds, max_tokens=max_tokens, transport=transport)
             loaded = rss_mb(server.pid)
@@ -289,9 +245,9 @@ def run(
                 server.stop()
         rows.append(Result.of("e2e.rss.api_server_with_nnrp", "MB", [loaded], parameters={"idle_mb": round(idle, 1)}))
         if baseline:
-            plain = VLLMServe(model, workdir, nnrp=False)
+            plain = VLLMServer(model, workdir, log=f"{workdir}/vllm-plain.log")
             try:
-                plain.wait_ready()
+                plain.wait_ready(START_TIMEOUT_S)
                 plain_idle = rss_mb(plain.pid)
                 body = chat_body("Write a long story about the sea.", max_tokens)
                 http_worker(plain.http, body, 1)

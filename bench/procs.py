@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
+
+from compat.launcher import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -19,12 +20,6 @@ def env() -> dict[str, str]:
     """This process's environment with the checkout first on ``PYTHONPATH``."""
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def endpoint(transport: str, directory: str) -> str:

@@ -1,5 +1,5 @@
 """Soak: many NNRP sessions with concurrent streams, random cancels, client timeouts, closed sessions and
-killed client processes against a real ``vllm serve``; reports what issue 6 asks for.
+killed client processes against a real ``vllm serve``; reports three numbers:
 
 * **operations lost** (target 0): an operation a live client submitted that got no terminal. At the end of
   the run every client cancels what is still running and waits ``--drain-s`` for the drop; an operation
@@ -10,19 +10,19 @@ killed client processes against a real ``vllm serve``; reports what issue 6 asks
   most 60 s) against VmRSS after the load stopped.
 
 Client behaviour per operation (chosen at random, seeded): read to the end; cancel (FRAME_CANCEL) after a
-few deltas; client-side timeout (give up after 0.2–3 s and cancel; server-side ``nnrp.timeout_ms`` /
-DEADLINE is a separate feature: pass ``--deadline-ms`` to put it in the envelope once it exists);
+few deltas; client-side timeout (give up after 0.2–3 s and cancel; ``--deadline-ms N`` also puts the
+server-side bound ``nnrp.timeout_ms: N`` in every envelope);
 close the whole session with streams in flight (then reopen). Every ``--kill-every-s`` one client process
 is SIGKILLed mid-stream and replaced. Clients are ``--workers`` processes with one thread per session.
 
 Against a server that is already running::
 
-    python bench/soak.py --nnrp tcp://127.0.0.1:9400,unix:///tmp/nnrp.sock --http http://127.0.0.1:8000 \\
+    python -m bench.soak --nnrp tcp://127.0.0.1:9400,unix:///tmp/nnrp.sock --http http://127.0.0.1:8000 \\
         --pid <vllm serve pid> --model-name example-model --duration-s 600 --json out.json
 
-or let it start one (the test environment's ``vllm serve``, CPU, the small model)::
+or let it start one through :mod:`compat.launcher` (CPU, the small model, the installed line's attach path)::
 
-    python bench/soak.py --start-server MODEL_DIR --duration-s 600 --json docs/benchmarks/soak.json
+    python -m bench.soak --start-server MODEL_DIR --duration-s 600 --json docs/benchmarks/soak.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import re
 import signal
@@ -39,10 +38,11 @@ import sys
 import threading
 import time
 import urllib.request
-from collections import Counter
+from collections import Counter, defaultdict, deque
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench import procs
+
 PROMPTS = ["Say hello.", "Count to ten.", "Name three colours.", "Write one sentence about the sea."]
 
 
@@ -72,7 +72,7 @@ class _Op:
 
 
 def _session_loop(uri: str, args: argparse.Namespace, seed: int, stop: threading.Event, out) -> None:
-    from vllm_nnrp_plugin.client import ProfileClient
+    from vllm_nnrp_plugin.client import ClientError, ProfileClient
 
     rng = random.Random(seed)
 
@@ -94,11 +94,12 @@ def _session_loop(uri: str, args: argparse.Namespace, seed: int, stop: threading
     while not stop.is_set():
         try:
             client = asyncio.run(ProfileClient.connect(uri))
-        except Exception as exc:  # counted: a session the server did not open
+        except ClientError as exc:  # counted: a session the server did not open
             report("open_failed", error=type(exc).__name__)
             time.sleep(0.5)
             continue
         ops: dict[int, _Op] = {}
+        pending: defaultdict[int, deque] = defaultdict(deque)  # events polled, per operation id
         close_now = False
         try:
             while not close_now:
@@ -108,17 +109,18 @@ def _session_loop(uri: str, args: argparse.Namespace, seed: int, stop: threading
                     ops[native.operation_id] = _Op(native, _plan(rng))
                 if not ops:
                     break
-                client._poll(5)
+                for operation_id, polled in client.poll(5):
+                    pending[operation_id].append(polled)
                 now = time.monotonic()
                 for op_id, op in list(ops.items()):
-                    queue = client._pending.get(op_id)
+                    queue = pending.get(op_id)
                     while queue:
                         event = queue.popleft()
                         if not event.terminal:
                             op.events += 1
                             continue
                         del ops[op_id]
-                        client._pending.pop(op_id, None)
+                        pending.pop(op_id, None)
                         kind = event.event.get("type") if event.event else event.frame
                         code = (event.event or {}).get("error", {}).get("code") if kind == "response.error" else None
                         report("terminal", plan=op.plan["kind"], type=kind, code=code,
@@ -135,7 +137,7 @@ def _session_loop(uri: str, args: argparse.Namespace, seed: int, stop: threading
                         op.cancelled_at = now
                         try:
                             client.cancel(op.native)
-                        except Exception:
+                        except ClientError:
                             pass  # finished meanwhile: its terminal is on the way
                     if plan["kind"] == "close_session" and op.events >= plan["after_events"] and not draining:
                         close_now = True
@@ -199,15 +201,14 @@ def vllm_requests(http: str) -> float:
 class _Worker:
     def __init__(self, args: argparse.Namespace, index: int, generation: int, counts: Counter, lock: threading.Lock):
         command = [
-            sys.executable, os.path.abspath(__file__), "--worker",
+            sys.executable, "-m", "bench.soak", "--worker",
             "--nnrp", args.nnrp, "--model-name", args.model_name,
             "--worker-sessions", str(args.sessions // args.workers), "--streams", str(args.streams),
             "--max-tokens", str(args.max_tokens), "--seed", str(args.seed * 100 + index * 10 + generation),
             "--lost-after-s", str(args.lost_after_s), "--drain-s", str(args.drain_s),
             "--deadline-ms", str(args.deadline_ms),
         ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=procs.env(), cwd=procs.ROOT)
         self.done = False
         self._reader = threading.Thread(target=self._read, args=(counts, lock), daemon=True)
         self._reader.start()
@@ -335,19 +336,15 @@ def main() -> None:
         return
     server = None
     if args.start_server:
-        import pathlib
         import tempfile
 
-        sys.path.insert(0, ROOT)
-        os.environ.setdefault("VLLM_NNRP_TEST_MODEL", args.start_server)
-        from tests.e2e.conftest import VLLMServer
-        from tests.support import free_port
+        from compat.launcher import free_port, serve_with_nnrp
 
-        workdir = pathlib.Path(tempfile.mkdtemp(prefix="nnrp-soak-"))
+        workdir = tempfile.mkdtemp(prefix="nnrp-soak-")
         args.nnrp = f"tcp://127.0.0.1:{free_port()},unix://{workdir}/nnrp.sock"
-        server = VLLMServer(workdir, env={"VLLM_PLUGINS": "nnrp", "VLLM_NNRP_LISTEN": args.nnrp})
+        server = serve_with_nnrp(args.start_server, workdir, listen=args.nnrp.split(","))
         server.wait_ready()
-        args.http, args.pid = server.http, server.proc.pid
+        args.http, args.pid = server.http, server.pid
         print(f"vllm serve ready (pid {args.pid}, log {server.log})", file=sys.stderr, flush=True)
     try:
         result = run_soak(args)

@@ -1,6 +1,8 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
-    vllm-nnrp bench [all|mapper|latency|cancel|e2e …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR]
+    python -m bench [all|mapper|latency|cancel|e2e …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR]
+
+(from the checkout's root: the benchmarks are not part of the installed package).
 
 ``--quick`` runs each with tiny sizes (the smoke the tests run: it must run, not meet a number). The e2e
 benchmark needs vLLM installed in this interpreter and a model directory (``--model`` or
@@ -40,7 +42,7 @@ def _e2e():
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vllm-nnrp bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="*", default=["all"], choices=["all", *FULL], help="benchmarks to run (default all)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, numbers mean nothing")
     p.add_argument("--out", default="docs/benchmarks", help="directory for the JSON and markdown (default docs/benchmarks)")
@@ -55,16 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     table = QUICK if args.quick else FULL
     rows: list[Result] = []
     for name in which:
-        print(f"vllm-nnrp bench: running {name} …", file=sys.stderr, flush=True)
+        print(f"bench: running {name} …", file=sys.stderr, flush=True)
         rows += table[name](model=args.model)
     extra = {}
     if "e2e" in which:
         import vllm
 
         extra["vllm"] = vllm.__version__
-    command = "vllm-nnrp bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
     doc = document(rows, command=command.strip(), extra_versions=extra)
     json_path, md_path = write(doc, pathlib.Path(args.out), args.name)
     sys.stdout.write(md_path.read_text())
-    print(f"vllm-nnrp bench: wrote {json_path} and {md_path}", file=sys.stderr)
+    print(f"bench: wrote {json_path} and {md_path}", file=sys.stderr)
     return 0

@@ -1,5 +1,5 @@
-"""A short run of each in-process / loopback benchmark through ``vllm-nnrp bench --quick`` (it must run and
-write its results; the numbers of a smoke run mean nothing)."""
+"""A short run of each in-process / loopback benchmark through ``python -m bench --quick`` from the checkout
+(it must run and write its results; the numbers of a smoke run mean nothing)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.support import ROOT
 
 def test_bench_quick_writes_json_and_markdown_rows(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "vllm_nnrp_plugin.cli", "bench", "mapper", "latency", "cancel", "--quick",
+        [sys.executable, "-m", "bench", "mapper", "latency", "cancel", "--quick",
          "--out", str(tmp_path), "--name", "smoke"],
         capture_output=True, text=True, timeout=240, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip

@@ -5,24 +5,21 @@ streams the answer to stdout as it arrives and prints usage at the end; ``--json
 events, one JSON object per line. Exit status: 0 on ``response.completed``, 1 on ``response.error`` (its
 code is printed to stderr), 2 on a drop or a transport problem, 3 on timeout.
 
-``vllm-nnrp bench [all|mapper|latency|cancel|e2e …] [--quick] [--out DIR]`` runs the benchmarks of a checkout
-(``bench/``, see ``bench/suite.py``) and writes JSON + markdown. Also runnable as
-``python -m vllm_nnrp_plugin.cli``.
-
 ``vllm-nnrp capabilities --endpoint URI [--conformance]`` prints the server's capability document (fetched over
 NNRP with the operation ``nnrp.capabilities``), or with ``--conformance`` the conformance manifest derived from
 it; exit 2 when it cannot be fetched.
 
 ``vllm-nnrp conformance --endpoint URI [--suite DIR] [--recipes DIR] [--out DIR]`` runs the conformance suite
 against the server (:mod:`vllm_nnrp_plugin.conformance.runner`); exit 0 only when every selected case passed.
+
+Also runnable as ``python -m vllm_nnrp_plugin.cli``. (The benchmarks are not part of the package: ``python -m
+bench`` from a checkout.)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
-import pathlib
 import sys
 from typing import Any
 
@@ -34,9 +31,6 @@ from vllm_nnrp_plugin.profile import events as ev
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:
-        return _bench_suite().main(argv[1:])
     parser = argparse.ArgumentParser(prog="vllm-nnrp", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     chat = commands.add_parser("chat", help="send one chat message and stream the answer")
@@ -48,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--no-stream", action="store_true", help="ask for one non-streaming answer")
     chat.add_argument("--json", action="store_true", help="print the raw profile events as JSON lines")
     chat.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the terminal (default 300)")
-    commands.add_parser("bench", help="run the benchmarks of a checkout (vllm-nnrp bench --help)", add_help=False)
     caps = commands.add_parser("capabilities", help="print the server's capability document")
     caps.add_argument("--endpoint", default=DEFAULT_LISTEN, help=f"tcp://HOST:PORT or unix:///PATH (default {DEFAULT_LISTEN})")
     caps.add_argument("--conformance", action="store_true", help="print the derived conformance manifest instead")
@@ -66,29 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(_chat(args))
 
 
-def _bench_suite():
-    """``bench.suite`` from the checkout this package runs from (the benchmarks are not installed)."""
-    checkout = pathlib.Path(__file__).resolve().parent.parent
-    if (checkout / "bench" / "suite.py").exists() and str(checkout) not in sys.path:
-        sys.path.insert(0, str(checkout))
-    try:
-        return importlib.import_module("bench.suite")
-    except ImportError as exc:
-        raise SystemExit(f"vllm-nnrp bench: the benchmarks live in a source checkout (bench/): {exc}") from None
-
-
 async def _connect(endpoint: str) -> Any:
     """A connected :class:`ProfileClient`, or None after saying why on stderr."""
-    from vllm_nnrp_plugin.client import ProfileClient
+    from vllm_nnrp_plugin.client import ClientError, ProfileClient
 
     try:
         return await ProfileClient.connect(endpoint)
-    except Exception as exc:  # nnrp-py raises its own error family, ValueError for bad URIs
+    except ClientError as exc:  # an unusable address, or nnrp-py's transport failure
         print(f"vllm-nnrp: cannot connect to {endpoint}: {exc}", file=sys.stderr)
         return None
 
 
 async def _capabilities(args: argparse.Namespace) -> int:
+    from vllm_nnrp_plugin.client import ClientError
     from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
 
     client = await _connect(args.endpoint)
@@ -96,7 +79,7 @@ async def _capabilities(args: argparse.Namespace) -> int:
         return 2
     try:
         document = client.capabilities(timeout_s=args.timeout)
-    except Exception as exc:  # ClientTimeout, a refused fetch
+    except ClientError as exc:  # ClientTimeout, a refused fetch, the transport failed
         print(f"vllm-nnrp: cannot fetch capabilities from {args.endpoint}: {exc}", file=sys.stderr)
         return 2
     finally:
@@ -119,22 +102,25 @@ def chat_envelope(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _chat(args: argparse.Namespace) -> int:
-    from vllm_nnrp_plugin.client import ClientTimeout
+    from vllm_nnrp_plugin.client import ClientError, ClientTimeout
 
     client = await _connect(args.endpoint)
     if client is None:
         return 2
     try:
-        op = client.submit(chat_envelope(args))
         printer = _Printer(as_json=args.json)
         try:
-            for event in client.events(op, timeout_s=args.timeout):
+            operation = client.submit(chat_envelope(args))
+            for event in client.events(operation, timeout_s=args.timeout):
                 status = printer.show(event)
                 if status is not None:
                     return status
         except ClientTimeout as exc:
             print(f"vllm-nnrp: {exc}", file=sys.stderr)
             return 3
+        except ClientError as exc:  # the transport failed mid-operation
+            print(f"vllm-nnrp: {exc}", file=sys.stderr)
+            return 2
         return 2
     finally:
         client.close()

@@ -12,6 +12,11 @@
 NNRP runtime metadata: ``submit(..., deadline_ms=N)`` sends a DEADLINE control (now + N ms, wall clock) for the
 operation right after its submit; ``trace_context(...)`` sends a TRACE_CONTEXT (session scope, or one
 operation's); ``capabilities()`` fetches the server's capability document (operation ``nnrp.capabilities``).
+
+Errors: every failure is a :class:`ClientError` — :class:`ClientAddressError` (an unusable endpoint URI),
+:class:`ClientTransportError` (nnrp-py's native layer failed a call: connect, open session, submit, control,
+poll), :class:`ClientTimeout` (no terminal in time), :class:`ClientResponseError` (the server answered, but not
+as asked). nnrp-py's own exceptions never leave this module.
 """
 
 from __future__ import annotations
@@ -36,12 +41,17 @@ from nnrp.client import (
     connect_native_client_connection,
 )
 from nnrp.core import MessageType, PayloadKind, TransportPolicy
-from nnrp.native import NativeInvalidStateError, NativeRuntimeError, NativeTransportClientSecurity
+from nnrp.native import (
+    NativeArtifactError,
+    NativeInvalidStateError,
+    NativeRuntimeError,
+    NativeTransportClientSecurity,
+)
 from nnrp.runtime import TraceContextMetadata
 from nnrp.schema import StreamSemantics
 
 from vllm_nnrp_plugin.nnrp_binding import wire
-from vllm_nnrp_plugin.nnrp_binding.endpoints import parse_endpoint
+from vllm_nnrp_plugin.nnrp_binding.endpoints import EndpointError, parse_endpoint
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
 
@@ -53,8 +63,44 @@ _POLICY = {
 }
 
 
-class ClientTimeout(TimeoutError):
+class ClientError(Exception):
+    """An NNRP client call failed; the base of every error :class:`ProfileClient` raises."""
+
+
+class ClientTimeout(ClientError, TimeoutError):
     """No terminal arrived in time (the server is gone, or the operation is slower than the timeout)."""
+
+
+class ClientAddressError(ClientError, ValueError):
+    """The endpoint URI cannot be used: not one of the forms of :mod:`vllm_nnrp_plugin.nnrp_binding.endpoints`,
+    or a TLS URI without ``trusted_cert_der``."""
+
+
+class ClientTransportError(ClientError, NativeRuntimeError):
+    """nnrp-py failed a native call (``nnrp.native.NativeRuntimeError`` and its kinds, or
+    ``NativeArtifactError`` when no native transport loads); the original is the ``__cause__``, its
+    ``status`` (``nnrp.native.NativeStatus``, None for an artifact error) is kept. Also a
+    ``NativeRuntimeError``, so code written against nnrp-py's own errors still catches it."""
+
+    def __init__(self, message: str, status: Any = None) -> None:
+        RuntimeError.__init__(self, message)
+        self.status = status
+
+
+class ClientResponseError(ClientError):
+    """The server answered, but not with what was asked for (e.g. a capability fetch ending in
+    ``response.error``)."""
+
+
+@contextlib.contextmanager
+def _native(action: str) -> Iterator[None]:
+    """Raise nnrp-py's failures of ``action`` as :class:`ClientTransportError`."""
+    try:
+        yield
+    except (NativeRuntimeError, NativeArtifactError) as exc:
+        if isinstance(exc, ClientError):
+            raise
+        raise ClientTransportError(f"{action}: {exc}", getattr(exc, "status", None)) from exc
 
 
 @attrs.frozen
@@ -89,25 +135,32 @@ class ProfileClient:
     @classmethod
     async def connect(cls, uri: str, *, trusted_cert_der: bytes | None = None) -> ProfileClient:
         """Connect to any URI of :mod:`vllm_nnrp_plugin.nnrp_binding.endpoints` and open a session.
-        TLS URIs (``nnrps``, ``wss``, ``quic``) need ``trusted_cert_der``: the server certificate (or its CA), DER."""
-        carrier = parse_endpoint(uri)
+        TLS URIs (``nnrps``, ``wss``, ``quic``) need ``trusted_cert_der``: the server certificate (or its CA), DER.
+        Raises :class:`ClientAddressError`, or :class:`ClientTransportError` when nothing answers or the server
+        refuses the session (e.g. over its ``max_sessions``)."""
+        try:
+            carrier = parse_endpoint(uri)
+        except EndpointError as exc:
+            raise ClientAddressError(str(exc)) from None
         security = None
         if carrier.tls:
             if trusted_cert_der is None:
-                raise ValueError(f"{uri} uses TLS: pass trusted_cert_der")
+                raise ClientAddressError(f"{uri} uses TLS: pass trusted_cert_der")
             security = NativeTransportClientSecurity(server_name=carrier.host, trusted_certificate_der=trusted_cert_der)
         stack = contextlib.ExitStack()
-        connection = stack.enter_context(connect_native_client_connection(
-            NativeClientOptions(
-                endpoint=carrier.endpoint,
-                provider_routes={
-                    carrier.transport: NativeClientProviderRoute(provider_endpoint=carrier.provider_uri, security=security)
-                },
-                transport_policy=_POLICY[carrier.transport],
-            )
-        ))
+        with _native(f"cannot connect to {uri}"):
+            connection = stack.enter_context(connect_native_client_connection(
+                NativeClientOptions(
+                    endpoint=carrier.endpoint,
+                    provider_routes={
+                        carrier.transport: NativeClientProviderRoute(provider_endpoint=carrier.provider_uri, security=security)
+                    },
+                    transport_policy=_POLICY[carrier.transport],
+                )
+            ))
         try:
-            session = await connection.open_session()
+            with _native(f"{uri} did not open a session"):
+                session = await connection.open_session()
         except BaseException:
             stack.close()
             raise
@@ -117,7 +170,8 @@ class ProfileClient:
         """Submit one envelope (a dict, or raw bytes sent as they are); returns the native operation.
 
         ``deadline_ms``: send an NNRP DEADLINE control (``deadline_unix_ms`` = now + ``deadline_ms``) for the
-        operation right after the submit (nnrp-py accepts controls for active operations only)."""
+        operation right after the submit (nnrp-py accepts controls for active operations only). Raises
+        :class:`ClientTransportError`."""
         payload = envelope if isinstance(envelope, bytes) else orjson.dumps(envelope)
         operation_id = next(self._ids)
         deadline_unix_ms = None if deadline_ms is None else time.time_ns() // 1_000_000 + deadline_ms
@@ -135,12 +189,13 @@ class ProfileClient:
                 ),
             )
         )
-        op = self.session.submit_operation(request)
-        if deadline_unix_ms is not None:
-            self.connection.update_runtime_deadline(
-                self.session, operation_id=operation_id, control_sequence=1, deadline_unix_ms=deadline_unix_ms
-            )
-        return op
+        with _native(f"submit of operation {operation_id} failed"):
+            operation = self.session.submit_operation(request)
+            if deadline_unix_ms is not None:
+                self.connection.update_runtime_deadline(
+                    self.session, operation_id=operation_id, control_sequence=1, deadline_unix_ms=deadline_unix_ms
+                )
+        return operation
 
     def trace_context(
         self, trace_id: int, span_id: int, *, parent_span_id: int = 0, stage_code: int = 0, flags: int = 1,
@@ -149,23 +204,28 @@ class ProfileClient:
         """Send a TRACE_CONTEXT: session scope (default for operations dispatched later), or ``op``'s scope
         (only while ``op`` is active). ``flags`` bit 0 = sampled; ``attributes`` is the opaque body."""
         metadata = TraceContextMetadata(trace_id, span_id, parent_span_id, stage_code, flags, len(attributes))
-        self.session.send_trace_context(metadata, attributes, operation_id=None if op is None else op.operation_id)
+        with _native("TRACE_CONTEXT not sent"):
+            self.session.send_trace_context(metadata, attributes, operation_id=None if op is None else op.operation_id)
 
     def capabilities(self, *, timeout_s: float = 30.0) -> dict[str, Any]:
-        """The server's runtime capability document. Raises :class:`ClientTimeout`, or RuntimeError when the
-        server answers with anything but ``response.completed``."""
-        op = self.submit({"schema_version": SCHEMA_VERSION, "operation": CAPABILITIES_OPERATION, "body": {}})
-        terminal = list(self.events(op, timeout_s=timeout_s))[-1]
+        """The server's runtime capability document. Raises :class:`ClientTimeout`,
+        :class:`ClientTransportError`, or :class:`ClientResponseError` when the server answers with anything
+        but ``response.completed``."""
+        operation = self.submit({"schema_version": SCHEMA_VERSION, "operation": CAPABILITIES_OPERATION, "body": {}})
+        terminal = list(self.events(operation, timeout_s=timeout_s))[-1]
         if terminal.event is None or terminal.event.get("type") != "response.completed":
-            raise RuntimeError(f"capability fetch failed: {terminal.event}")
+            raise ClientResponseError(f"capability fetch failed: {terminal.event}")
         return terminal.event["body"]
 
     def cancel(self, op: Any) -> None:
-        """FRAME_CANCEL for ``op``; its terminal is then a PEER_CANCELLED drop."""
-        self.connection.cancel_operation(op)
+        """FRAME_CANCEL for ``op``; its terminal is then a PEER_CANCELLED drop. Raises
+        :class:`ClientTransportError` (e.g. ``op`` already finished)."""
+        with _native(f"cancel of operation {op.operation_id} failed"):
+            self.connection.cancel_operation(op)
 
     def events(self, op: Any, *, timeout_s: float) -> Iterator[ClientEvent]:
-        """Yield ``op``'s events in order, ending with its terminal. Raises :class:`ClientTimeout`."""
+        """Yield ``op``'s events in order, ending with its terminal. Raises :class:`ClientTimeout`,
+        :class:`ClientTransportError`."""
         deadline = time.monotonic() + timeout_s
         queue = self._pending[op.operation_id]
         while True:
@@ -195,7 +255,11 @@ class ProfileClient:
         try:
             polled = self.session.poll_events(max_events=1, timeout_ms=timeout_ms)
         except NativeInvalidStateError:
-            return []  # a partial still in flight after our own FRAME_CANCEL (nnrp-sdk.md addendum 1)
+            # nnrp-py refuses a partial result still in flight after our own FRAME_CANCEL (it reports an
+            # invalid state); the drop follows
+            return []
+        except NativeRuntimeError as exc:  # not _native(): a plain try costs nothing on this hot path
+            raise ClientTransportError(f"poll failed: {exc}", exc.status) from exc
         out = []
         for raw in polled:
             header = getattr(raw, "header", None)

@@ -1,7 +1,9 @@
 """Plugin settings: the ``nnrp`` block of vLLM's ``--additional-config`` plus environment overrides.
 
 ``--additional-config '{"nnrp": {"enabled": true, "listen": ["tcp://127.0.0.1:9400"]}}'`` (or the same
-mapping under ``additional-config:`` in a ``vllm serve --config`` YAML file; vllm-integration.md §7).
+mapping under ``additional-config:`` in a ``vllm serve --config`` YAML file, which vLLM turns into the same JSON).
+vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py``), read in the API server as
+``app.state.vllm_config.additional_config``; the ``nnrp`` key namespaces ours, as vLLM adds keys of its own.
 
 | key | type | default | meaning |
 |---|---|---|---|
@@ -159,8 +161,8 @@ def load_config(additional_config: Mapping[str, Any] | None, environ: Mapping[st
 
 def _check_exposure(config: NNRPConfig) -> None:
     """Every listen URI parses; plain TCP/WebSocket stays on loopback unless ``allow_non_loopback``; TLS
-    carriers have readable certificate and key files; the IPC group exists (issue 6: "never open a door on
-    the network by accident")."""
+    carriers have readable certificate and key files; the IPC group exists: never open a door on the network
+    by accident."""
     needs_tls = False
     for uri in config.listen:
         try:

@@ -31,6 +31,7 @@ import attrs
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
+from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.observation import Observation
 
 # seconds; from sub-millisecond adapter work up to long generations
@@ -145,16 +146,28 @@ class MetricsServer:
         self.thread.join(5)
 
 
+class MetricsListenError(NNRPStartupError):
+    """``nnrp.metrics_listen`` cannot be bound; the message names the address and the fix."""
+
+
 def serve_metrics(listen: str, registry: CollectorRegistry | None = None) -> MetricsServer:
     """Serve ``registry`` over HTTP on ``listen`` (``HOST:PORT``; port 0 picks a free one). Without one: what
     vLLM's ``/metrics`` serves — every process's values aggregated when ``PROMETHEUS_MULTIPROC_DIR`` is set,
-    else ``prometheus_client.REGISTRY``. Raises ``OSError`` when the address cannot be bound."""
+    else ``prometheus_client.REGISTRY``. Raises :class:`MetricsListenError` when the address cannot be bound."""
     if registry is None:
         registry = prometheus_client.REGISTRY
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
     host, _, port = listen.rpartition(":")
-    server, thread = prometheus_client.start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)
+    try:
+        server, thread = prometheus_client.start_http_server(
+            int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry
+        )
+    except OSError as exc:
+        raise MetricsListenError(
+            f"vllm-nnrp-plugin: cannot serve NNRP metrics on {listen} (nnrp.metrics_listen): {exc}. Fix: choose a "
+            "free HOST:PORT, or drop nnrp.metrics_listen (the series are in vLLM's own /metrics too)."
+        ) from exc
     bound_host, bound_port = server.server_address[:2]
     return MetricsServer(server, thread, f"{bound_host}:{bound_port}")

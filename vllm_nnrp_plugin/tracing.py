@@ -1,11 +1,11 @@
 """One OpenTelemetry span per operation, built from its observation record (``opentelemetry-api`` only).
 
 The span ``nnrp chat.completions.create`` (kind SERVER) starts when the submit was received and ends when the
-terminal was sent (wall clock: ``submitted_unix_ns`` plus the record's monotonic durations). Its parent is
-the NNRP trace context the operation was dispatched with (TRACE_CONTEXT, profile-contract.md §6: the 64-bit
-NNRP ``trace_id`` zero-extended to 128 bits, the sender's ``span_id`` as parent, ``flags`` bit 0 =
-sampled); otherwise it is a root span. Without an SDK configured by the host (vLLM configures one only
-with ``--otlp-traces-endpoint``), the API's no-op tracer makes this free.
+terminal was sent (wall clock: ``submitted_unix_ns`` plus the record's monotonic durations). Its parent is the NNRP
+trace context the operation was dispatched with (TRACE_CONTEXT, by the profile's "TRACE_CONTEXT → traceparent" rules
+of :mod:`vllm_nnrp_plugin.profile.trace`: the 64-bit NNRP ``trace_id`` zero-extended to 128 bits, the sender's
+``span_id`` as parent, ``flags`` bit 0 = sampled); otherwise it is a root span. Without an SDK configured by the
+host (vLLM configures one only with ``--otlp-traces-endpoint``), the API's no-op tracer makes this free.
 
 Attributes: ``nnrp.operation_id``, ``nnrp.frame_id``, ``nnrp.session_id``, ``nnrp.transport``,
 ``nnrp.outcome``, ``nnrp.events``, ``nnrp.error.code``, ``nnrp.cancel.source``, ``nnrp.cancel.reason``,

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import LONG, VLLMServer, attach_options
+from tests.e2e.conftest import LONG, VLLMServer, attach_options, model_dir
 from tests.support import envelope, two_free_ports
 from vllm_nnrp_plugin.client import ProfileClient
 
@@ -34,6 +34,7 @@ def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request
     if api_servers == 2:
         addresses += [f"tcp://127.0.0.1:{port + 1}", f"unix://{tmp_path}/nnrp-1.sock"]
     server = VLLMServer(
+        model_dir(),
         tmp_path,
         env={**env, "VLLM_NNRP_LISTEN": listen},
         # --enable-log-requests: vLLM then logs "Aborted request(s) <id>"

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import LONG, SERVED_NAME, VLLMServer, attach_options
+from tests.e2e.conftest import LONG, SERVED_NAME, VLLMServer, attach_options, model_dir
 from tests.support import envelope, free_port, two_free_ports
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body
@@ -199,7 +199,7 @@ def test_enabled_but_unable_to_bind_stops_vllm_serve(tmp_path, vllm_version):
     holder.listen()
     taken = holder.getsockname()[1]
     env, args = attach_options(vllm_version[1])
-    server = VLLMServer(tmp_path, env={**env, "VLLM_NNRP_LISTEN": f"tcp://127.0.0.1:{taken}"}, extra_args=args)
+    server = VLLMServer(model_dir(), tmp_path, env={**env, "VLLM_NNRP_LISTEN": f"tcp://127.0.0.1:{taken}"}, extra_args=args)
     try:
         assert server.wait_exit() != 0
         output = server.output()
@@ -212,7 +212,7 @@ def test_enabled_but_unable_to_bind_stops_vllm_serve(tmp_path, vllm_version):
 def test_installed_but_not_enabled_claims_no_port(tmp_path):
     port = free_port()
     env = {"VLLM_NNRP_LISTEN": f"tcp://127.0.0.1:{port}"}  # VLLM_PLUGINS unset: plugin installed, not asked for
-    server = VLLMServer(tmp_path, env=env)
+    server = VLLMServer(model_dir(), tmp_path, env=env)
     try:
         server.wait_ready()
         assert "NNRP listening" not in server.output()
@@ -247,7 +247,7 @@ def test_every_api_server_process_serves_nnrp_on_its_rank_address(tmp_path, vllm
     if "--middleware" not in args:
         args = (*args, "--middleware", MIDDLEWARE_PATH)
     listen = f"tcp://127.0.0.1:{port},unix://{tmp_path}/nnrp.sock"
-    server = VLLMServer(tmp_path, env={**env, "VLLM_NNRP_LISTEN": listen}, extra_args=(*args, "--api-server-count", "2"))
+    server = VLLMServer(model_dir(), tmp_path, env={**env, "VLLM_NNRP_LISTEN": listen}, extra_args=(*args, "--api-server-count", "2"))
     try:
         server.wait_ready()  # HTTP answers once any rank is up
         deadline = time.monotonic() + 120

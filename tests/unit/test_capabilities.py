@@ -1,4 +1,4 @@
-"""The capability document and the conformance manifest derived from it (profile-contract.md §4)."""
+"""The capability document and the conformance manifest derived from it (the profile's "Capability documents")."""
 
 import json
 

@@ -1,5 +1,5 @@
 """Execution plan and result rules of the conformance harness, on the suite's own recipes and examples
-(profile-contract.md §7). Needs the suite (``$NNRP_CONFORMANCE_ROOT`` or ``../shared/nnrp-conformance``)."""
+(the ``nnrp-conformance`` suite's rules). Needs the suite (``$NNRP_CONFORMANCE_ROOT`` or ``../shared/nnrp-conformance``)."""
 
 import copy
 import pathlib

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_nnrp_plugin.vllm_binding import families, general
+from vllm_nnrp_plugin.vllm_binding import families, gate, general
 from vllm_nnrp_plugin.vllm_binding.families import (
     ENDPOINT_PLUGIN,
     MIDDLEWARE,
@@ -53,6 +53,12 @@ def surface(version="0.26.0", endpoint_plugins=None, build_app=None, chat=True, 
 
 def check(environ=ON, argv=SERVE, **kw):
     return startup_check(environ, list(argv), surface(**kw))
+
+
+@pytest.fixture(autouse=True)
+def no_recorded_decision(monkeypatch):
+    """Each test starts in a process where the gate has not run yet."""
+    monkeypatch.setattr(gate, "_recorded", None)
 
 
 @pytest.fixture
@@ -263,3 +269,23 @@ def test_with_the_middleware_bad_settings_still_stop_start_up_before_the_model_l
 )
 def test_tool_parser_is_found_where_each_line_keeps_it(serving, expected):
     assert families.has_tool_parser(serving) is expected
+
+
+# the decision is made once and handed on
+
+
+def test_the_service_start_takes_the_gates_decision_without_probing_again(fake_vllm, monkeypatch):
+    fake_vllm("0.22.1")
+    serve(monkeypatch, argv=WITH_MIDDLEWARE)
+    monkeypatch.setattr(gate, "read_surface", lambda: pytest.fail("vLLM probed a second time"))
+    decision = gate.decision_for(MIDDLEWARE)
+    assert (decision.vllm_version, decision.binding.name, decision.attach_path) == ("0.22.1", "vllm-0.22", MIDDLEWARE)
+
+
+def test_where_the_gate_did_not_run_the_service_start_decides_with_the_same_refusals(fake_vllm):
+    fake_vllm("0.26.0")
+    decision = gate.decision_for(MIDDLEWARE)
+    assert (decision.vllm_version, decision.binding.name, decision.attach_path) == ("0.26.0", "vllm-0.26", MIDDLEWARE)
+    fake_vllm("0.24.0")
+    with pytest.raises(NNRPStartupError, match="vLLM 0.24.0 is not supported"):
+        gate.decision_for(MIDDLEWARE)

@@ -27,8 +27,8 @@ def calls(monkeypatch):
         calls.append(("stop", state.vllm_state))
 
     for module in (endpoint, middleware):
-        monkeypatch.setattr(module, "start_listener", start)
-        monkeypatch.setattr(module, "stop_listener", stop)
+        monkeypatch.setattr(module, "start_service", start)
+        monkeypatch.setattr(module, "stop_service", stop)
     return calls
 
 
@@ -77,7 +77,7 @@ def test_a_start_up_error_fails_the_lifespan_with_the_message(monkeypatch, calls
     async def refuse(state, attach_path):
         raise NNRPStartupError("vllm-nnrp-plugin: cannot listen. Fix: free the port")
 
-    monkeypatch.setattr(middleware, "start_listener", refuse)
+    monkeypatch.setattr(middleware, "start_service", refuse)
     app = vllm_like_app(calls)
     app.add_middleware(NNRPMiddleware)
     with pytest.raises(NNRPStartupError, match="Fix: free the port"):

@@ -1,4 +1,5 @@
-"""Conformance harness for the ``openai-compatible/1`` suite (profile-contract.md §7), run against a live server.
+"""Conformance harness for the ``openai-compatible/1`` part of the public ``nnrp-conformance`` suite (its
+``profiles/openai-compatible/1`` recipes and ``schemas/api-profile-*.schema.json``), run against a live server.
 
 * :mod:`.suite` finds the suite (``$NNRP_CONFORMANCE_ROOT``, else ``../shared/nnrp-conformance`` from the current
   directory) and loads suite manifests, recipes and schemas;

@@ -10,7 +10,8 @@ on one shared session (so every case also proves the session survived the previo
 
 Terminal mapping: RESULT_PUSH ``response.completed`` -> ``success``, ``response.error`` -> ``error``,
 ``response.cancelled`` -> ``cancelled``; a RESULT_DROP_REASON -> ``cancelled`` with its ``response.cancelled``
-diagnostic as the event (profile-contract.md §5). No terminal within ``timeout_s`` -> a failed ``error`` case.
+diagnostic as the event (the profile's "Wire mapping": a cancellation ends in a drop). No terminal within
+``timeout_s`` -> a failed ``error`` case.
 """
 
 from __future__ import annotations

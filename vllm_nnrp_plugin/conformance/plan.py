@@ -1,4 +1,5 @@
-"""Build an execution plan from recipes and a capabilities manifest (profile-contract.md §4, §7; pure).
+"""Build an execution plan from recipes and a capabilities manifest (pure; the shapes of the suite's
+``api-profile-execution-plan`` and ``api-profile-capabilities`` schemas, selection as the suite's planner does).
 
 Capability tokens: each level N -> ``api.levelN``; each operation -> ``api.<name>``; any operation with
 ``streaming`` / ``non_streaming`` / ``tool_calls`` / ``cancellation`` true -> ``api.<flag>``; each extension ->

@@ -1,4 +1,5 @@
-"""The suite's result validation rules (profile-contract.md §7.2), as pure functions.
+"""The suite's result validation rules (``nnrp-conformance``'s ``validate-api-profile-results`` over the
+``api-profile-case-results`` schema), as pure functions.
 
 For a ``passed`` result: (1) ``terminal`` equals ``expect.terminal``; ``error`` also needs a ``response.error``
 event and ``cancelled`` a ``response.cancelled``; (2) expected entries are walked with a cursor: ``min_count`` is

@@ -18,9 +18,12 @@ import sys
 
 import orjson
 
+from vllm_nnrp_plugin.client import ClientError, ProfileClient
+from vllm_nnrp_plugin.conformance.driver import run_cases, summary_line
+from vllm_nnrp_plugin.conformance.plan import build_plan
+from vllm_nnrp_plugin.conformance.rules import results_problems
+from vllm_nnrp_plugin.conformance.suite import ROOT_ENV, Suite, locate_suite
 from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
-
-ROOT_ENV = "NNRP_CONFORMANCE_ROOT"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,11 +41,6 @@ def run(args: argparse.Namespace) -> int:
     (the ``conformance`` extra)."""
     import jsonschema
 
-    from vllm_nnrp_plugin.conformance.driver import run_cases, summary_line
-    from vllm_nnrp_plugin.conformance.plan import build_plan
-    from vllm_nnrp_plugin.conformance.rules import results_problems
-    from vllm_nnrp_plugin.conformance.suite import Suite, locate_suite
-
     try:
         suite = Suite(locate_suite(args.suite))
         recipes = suite.recipes(suite.profile_manifest())
@@ -53,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         document = asyncio.run(_capabilities(args.endpoint))
-    except Exception as exc:  # nnrp-py's error family, ClientTimeout, a refused fetch
+    except ClientError as exc:  # no server there, ClientTimeout, a refused fetch
         print(f"vllm-nnrp conformance: cannot fetch capabilities from {args.endpoint}: {exc}", file=sys.stderr)
         return 2
     out: pathlib.Path = args.out
@@ -95,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _capabilities(endpoint: str) -> dict:
-    from vllm_nnrp_plugin.client import ProfileClient
-
     client = await ProfileClient.connect(endpoint)
     try:
         return client.capabilities()

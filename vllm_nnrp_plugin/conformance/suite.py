@@ -11,11 +11,9 @@ import os
 import pathlib
 from typing import Any
 
-import jsonschema
 import orjson
 
-from vllm_nnrp_plugin.conformance.runner import ROOT_ENV
-
+ROOT_ENV = "NNRP_CONFORMANCE_ROOT"
 DEFAULT_ROOT = pathlib.Path("..") / "shared" / "nnrp-conformance"
 PROFILE_DIR = pathlib.Path("profiles") / "openai-compatible" / "1"
 
@@ -48,7 +46,10 @@ class Suite:
         }
 
     def validate(self, document: Any, schema: str) -> None:
-        """Raises ``jsonschema.ValidationError`` unless ``document`` matches ``api-profile-<schema>``."""
+        """Raises ``jsonschema.ValidationError`` unless ``document`` matches ``api-profile-<schema>``.
+        (``jsonschema`` is the ``conformance`` extra, imported only here.)"""
+        import jsonschema
+
         jsonschema.validate(document, self.schemas[schema])
 
     def profile_manifest(self) -> pathlib.Path:

@@ -1,8 +1,11 @@
 """The ``openai-compatible/1`` API profile (Level 1): envelopes, events, errors and stream mapping.
 
-Everything here takes plain data (bytes, dicts) and returns plain data. Source of every rule:
-``profile-contract.md`` §2 (envelope), §3 (events), §5 (wire mapping, implemented in
-:mod:`vllm_nnrp_plugin.nnrp_binding.wire`).
+Everything here takes plain data (bytes, dicts) and returns plain data. Source of every rule: the
+``openai-compatible/1`` profile of the NNRP documentation (its profile design page and normative contract file
+``openai-compatible-1.json``) as exercised by the public ``nnrp-conformance`` suite
+(``profiles/openai-compatible/1/``, ``schemas/api-profile-*.schema.json``). Modules cite its sections by name:
+"Request envelope", "Events", "Capability documents", "Wire mapping" (implemented in
+:mod:`vllm_nnrp_plugin.nnrp_binding.wire`), "TRACE_CONTEXT → traceparent".
 """
 
 PROFILE = "openai-compatible"

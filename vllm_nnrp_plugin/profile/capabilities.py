@@ -1,4 +1,4 @@
-"""The capability document: what this server really serves (profile-contract.md §4).
+"""The capability document: what this server really serves (the profile's "Capability documents" section).
 
 Two shapes from one source:
 
@@ -10,11 +10,10 @@ Two shapes from one source:
 
 The operations listed are the only ones accepted; any other gets ``unsupported_operation``.
 
-**Fetching it over NNRP** (the profile leaves this open, §4): submit an ordinary envelope with the reserved
-operation ``nnrp.capabilities`` and an empty body,
-``{"schema_version": "openai-compatible/1", "operation": "nnrp.capabilities", "body": {}}``; the terminal is
-``response.completed`` whose ``body`` is the runtime document. It is not a profile operation and is never
-listed in ``operations``.
+**Fetching it over NNRP** (the profile leaves the transport of the document open): submit an ordinary envelope with
+the reserved operation ``nnrp.capabilities`` and an empty body, ``{"schema_version": "openai-compatible/1",
+"operation": "nnrp.capabilities", "body": {}}``; the terminal is ``response.completed`` whose ``body`` is the
+runtime document. It is not a profile operation and is never listed in ``operations``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Decode one request envelope (profile-contract.md §2).
+"""Decode one request envelope (the profile's "Request envelope" section).
 
 Shape: ``{"schema_version": "openai-compatible/1", "operation": str, "body": {...},
 "request_id"?: str, "nnrp"?: {...}}``. Unknown top-level keys are ignored (forward compatible). The ``nnrp``

@@ -1,4 +1,5 @@
-"""NNRP TRACE_CONTEXT -> one W3C ``traceparent`` for vLLM (profile-contract.md §6, frozen rules).
+"""NNRP TRACE_CONTEXT -> one W3C ``traceparent`` for vLLM (the profile's frozen
+"TRACE_CONTEXT → traceparent" rules).
 
 NNRP trace metadata is ``TraceContextMetadata(trace_id u64, span_id u64, parent_span_id u64, stage_code u16,
 flags u16, body_bytes u32)``; its opaque attribute body is never read, copied or logged here.

@@ -1,8 +1,9 @@
-"""The ``vllm.endpoint_plugins`` entry point ``nnrp`` and the router lifespan that runs the listener.
+"""The ``vllm.endpoint_plugins`` entry point ``nnrp`` and the router lifespan that runs the NNRP service.
 
 :class:`NNRPEndpointPlugin` (vLLM 0.26+, loaded in the API-server process when ``VLLM_PLUGINS`` names
-``nnrp``): ``attach_router`` adds an ``APIRouter`` whose lifespan starts the listener after ``app.state`` is
-complete and stops it before vLLM deletes the state (vllm-integration.md §3.1).
+``nnrp``; ``vllm/plugins/__init__.py``): ``build_app`` in ``vllm/entrypoints/openai/api_server.py`` calls
+``attach_router``, which adds an ``APIRouter`` whose lifespan FastAPI runs nested inside vLLM's own: it starts
+the service after ``app.state`` is complete and stops it before vLLM's lifespan deletes the state.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from vllm_nnrp_plugin.vllm_binding.families import ENDPOINT_PLUGIN
-from vllm_nnrp_plugin.vllm_binding.lifecycle import claim, log_like_vllm, start_listener, stop_listener
+from vllm_nnrp_plugin.vllm_binding.lifecycle import claim, log_like_vllm, start_service, stop_service
 
 
 class NNRPEndpointPlugin:
-    """vLLM 0.26 ``EndpointPlugin``: no HTTP routes, only a lifespan that runs the NNRP listener."""
+    """vLLM 0.26 ``EndpointPlugin``: no HTTP routes, only a lifespan that runs the NNRP service."""
 
     name = "nnrp"
     required_tasks = ("generate",)
@@ -24,7 +25,7 @@ class NNRPEndpointPlugin:
     def attach_router(self, app: Any) -> None:
         from fastapi import APIRouter
 
-        if claim(app.state, ENDPOINT_PLUGIN):  # never attach the listener twice
+        if claim(app.state, ENDPOINT_PLUGIN):  # never attach the service twice
             app.include_router(APIRouter(lifespan=nnrp_lifespan))
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
@@ -37,8 +38,8 @@ async def nnrp_lifespan(app: Any) -> AsyncIterator[None]:
     """Start the NNRP service on this app's state; stop it on the way out. Start-up errors propagate, so
     uvicorn reports "Application startup failed" and ``vllm serve`` exits."""
     log_like_vllm()
-    await start_listener(app.state, ENDPOINT_PLUGIN)
+    await start_service(app.state, ENDPOINT_PLUGIN)
     try:
         yield
     finally:
-        await stop_listener(app.state)
+        await stop_service(app.state)

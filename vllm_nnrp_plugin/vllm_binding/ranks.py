@@ -1,8 +1,9 @@
-"""The NNRP address of each API-server process when vLLM runs several (vllm-integration.md §6).
+"""The NNRP address of each API-server process when vLLM runs several.
 
 ``vllm serve --api-server-count N`` (which data-parallel deployments turn on by themselves) starts N API-server
 processes, ranks ``0 … N-1``, each with its own app, engine client and NNRP listener. Every rank serves NNRP on
-its own addresses, derived from the configured ``listen`` URIs:
+its own addresses, derived from the configured ``listen`` URIs (the rank and count are vLLM's
+``ParallelConfig._api_process_rank`` / ``_api_process_count``, ``vllm/config/parallel.py``; defaults 0 and 1):
 
 | configured | rank 0 | rank r > 0 |
 |---|---|---|
