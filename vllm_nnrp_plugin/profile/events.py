@@ -1,4 +1,4 @@
-"""Profile events (profile-contract.md §3): builders returning plain dicts, and their JSON encoding.
+"""Profile events (the profile's "Events" section of ``openai-compatible-1.json``): builders returning plain dicts, and their JSON encoding.
 
 Non-terminal events (``response.output_text.delta``, ``response.tool_call.*``, ``response.usage``) travel one
 per PARTIAL_RESULT; terminals (``response.completed``, ``response.error``, ``response.cancelled``) end the operation.

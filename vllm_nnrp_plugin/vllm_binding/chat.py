@@ -1,4 +1,5 @@
-"""The chat backend on vLLM's own serving objects (vllm-integration.md §4, identical 0.18 -> 0.26).
+"""The chat backend on vLLM's own serving objects (``vllm/entrypoints/openai/chat_completion/serving.py``,
+``OpenAIServingChat``; the same call on 0.18 -> 0.26).
 
 ``app.state.openai_serving_chat.create_chat_completion(request, raw_request=None)`` — the object behind
 ``/v1/chat/completions`` — returns an ``ErrorResponse``, a ``ChatCompletionResponse``, or an async generator
@@ -8,8 +9,9 @@ of ``"data: <json>\\n\\n"`` strings ending with ``data: [DONE]``; it may also ra
 
 Trace context: vLLM reads a W3C ``traceparent`` only from ``raw_request.headers`` (and on 0.18–0.26 only
 when tracing is on, ``--otlp-traces-endpoint``), so an operation with a trace context is run with a
-synthetic ``starlette.requests.Request`` whose only header is that ``traceparent`` (vllm-integration.md §4);
-vLLM's ``llm_request`` span then has its trace id and parent span id.
+synthetic ``starlette.requests.Request`` whose only header is that ``traceparent`` (vLLM's serving object reads
+it with ``extract_trace_headers``, ``vllm/tracing/utils.py``); vLLM's ``llm_request`` span then has its trace
+id and parent span id.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import typing
 from typing import Any
 
 from vllm_nnrp_plugin.adapter import ChatCall
+from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_body, vllm_chunks
@@ -34,7 +37,7 @@ class VLLMChatBackend:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         if state.openai_serving_chat is None:
-            raise RuntimeError("this vLLM server does not serve chat completions (no 'generate' task)")
+            raise NNRPStartupError("this vLLM server does not serve chat completions (no 'generate' task)")
         self._request_cls = ChatCompletionRequest
         annotation = ChatCompletionRequest.model_fields["stream_options"].annotation
         self._stream_options_cls = next(a for a in typing.get_args(annotation) if a is not type(None))
@@ -102,7 +105,7 @@ class VLLMChatBackend:
         return TokenBudget(min(caps) if caps else None, getattr(model_config, "max_model_len", None))
 
     def engine_request_id(self, request_id: str) -> str:
-        """vLLM's engine request id: ``chatcmpl-`` + ``request_id`` (vllm-integration.md §4, request ids)."""
+        """vLLM's engine request id: ``chatcmpl-`` + ``request_id`` (``OpenAIServingChat.create_chat_completion`` prefixes ``request.request_id``)."""
         return f"chatcmpl-{request_id}"
 
     async def abort(self, request_id: str) -> None:

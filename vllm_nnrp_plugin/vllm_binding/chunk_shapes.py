@@ -1,7 +1,7 @@
 """One shape for vLLM's chat output on every supported line, before the profile mapper sees it.
 
 The 0.18, 0.22 and 0.26 lines emit the same model output in slightly different JSON (recorded from real vLLM
-in ``compat/fixtures/vllm/<anchor>/``; vllm-integration.md §8, fixtures README "Differences"). This module
+in ``compat/fixtures/vllm/<anchor>/``, one folder per anchor with the requests that produced them). This module
 rewrites every stream chunk and every non-streaming body into the *normal form* below, so the profile events
 are identical across anchors for the same model output. Each rule is a no-op on the lines that already have
 the normal form, so the functions are safe on any supported line.
