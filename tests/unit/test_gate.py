@@ -302,6 +302,7 @@ def test_0_32_modes_without_a_python_api_server_stop_at_the_real_entry_point(fak
 
 VLLM = "/venv/bin/vllm"
 SERVE_ARGV = (VLLM, "serve", "/models/m", "--port", "8000")
+REGISTRY = "vllm.model_executor.models.registry"
 
 
 @pytest.mark.parametrize(
@@ -310,7 +311,7 @@ SERVE_ARGV = (VLLM, "serve", "/models/m", "--port", "8000")
         (SERVE_ARGV, None, False, False, True),  # 0.32 `vllm serve` (API server, or parent of N API servers)
         ((*SERVE_ARGV, "--headless"), None, False, False, True),  # refused there when NNRP is enabled
         (SERVE_ARGV, "__mp_main__", True, False, False),  # EngineCore, VllmWorker-0, ApiServer_i (spawned)
-        (("/venv/lib/vllm/model_executor/models/registry.py",), "vllm.model_executor.models.registry", False, False, False),
+        ((REGISTRY.replace(".", "/") + ".py",), REGISTRY, False, False, False),  # model inspection subprocess
         ((VLLM, "bench", "serve"), None, False, False, False),
         ((VLLM, "run-batch", "-i", "x"), None, False, False, False),
         (("-m", "--port", "8000"), "vllm.entrypoints.launchers.api_server.entry", False, False, True),
@@ -321,7 +322,8 @@ SERVE_ARGV = (VLLM, "serve", "/models/m", "--port", "8000")
         (("-c",), None, False, False, False),  # any other Python program
     ],
 )
-def test_the_gate_runs_in_the_process_parsing_vllm_serve_arguments(argv, main_module, spawned, api_server_loaded, expected):
+def test_the_gate_runs_in_the_process_parsing_vllm_serve_arguments(argv, main_module, spawned, api_server_loaded,
+                                                                    expected):
     assert general.is_serve_process(argv, main_module, spawned, api_server_loaded) is expected
 
 
