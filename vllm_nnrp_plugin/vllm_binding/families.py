@@ -51,7 +51,8 @@ class Surface:
     ``version`` / ``version_tuple``: ``vllm.__version__`` / ``vllm.__version_tuple__``;
     ``endpoint_plugins``: ``vllm.plugins.load_endpoint_plugins`` exists; ``build_app_params``: parameter names
     of ``build_app`` (unwrapped; empty when neither layout's module has one); ``chat_protocol``:
-    ``ChatCompletionRequest``'s module is importable; ``relocated_launchers``: the 0.32+ ``vllm.entrypoints.launchers`` layout is present.
+    ``ChatCompletionRequest``'s module is importable; ``relocated_launchers``: the 0.32+
+    ``vllm.entrypoints.launchers`` layout is present.
     """
 
     version: str

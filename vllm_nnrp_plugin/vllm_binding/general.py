@@ -26,12 +26,13 @@ def is_serve_process(argv: Sequence[str], main_module: str | None, spawned: bool
     ``None``; ``spawned``: a multiprocessing child (``multiprocessing.parent_process()`` is not ``None``);
     ``api_server_loaded``: ``vllm.entrypoints.openai.api_server`` is imported.
 
-    Every line loads general plugins while it builds the ``serve`` parser (``AsyncEngineArgs.add_cli_args`` in
-    ``vllm/engine/arg_utils.py``) in the ``vllm serve`` main process. The spawned children (EngineCore, workers,
+    vLLM loads general plugins while it builds the ``serve`` parser (``AsyncEngineArgs.add_cli_args`` in
+    ``vllm/engine/arg_utils.py``), in the ``vllm serve`` main process. Its spawned children (EngineCore, workers,
     ``ApiServer_i``; ``vllm/v1/utils.py``) carry the same argv, so being spawned excludes them; the
     model-inspection subprocess (``python -m vllm.model_executor.models.registry``), ``vllm bench``,
-    ``vllm run-batch`` … have another argv. Up to 0.26 the API-server module is imported in every API-server
-    process (also in spawned ranks, which take the decision again from the same argv); 0.32 never imports it.
+    ``vllm run-batch`` … have another argv. Up to 0.26 vLLM imports the API-server module wherever it serves the
+    API, which is how this was recognised there (kept, so those lines decide exactly as before); 0.32 never
+    imports it.
     """
     if api_server_loaded:
         return True
