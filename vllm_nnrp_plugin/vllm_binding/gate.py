@@ -2,10 +2,10 @@
 
 Made once, in the process that parses ``vllm serve``'s arguments, before any engine or model exists (the
 ``vllm.general_plugins`` entry point, :mod:`.general`), by :func:`startup_check`: a pure function over plain
-data (the probed :class:`~.families.Surface`, argv, environment), so it is testable without vLLM. The general plugin records
-the result (:func:`record`); when the service starts later in the same process, :mod:`.lifecycle` takes it
-from :func:`decision_for` instead of probing again, and derives it there only in a process where the gate
-did not run (``VLLM_PLUGINS`` naming other plugins but not ``nnrp`` while ``--middleware`` names ours, so vLLM
+data (the probed :class:`~.families.Surface`, argv, environment), so it is testable without vLLM. The general
+plugin records the result (:func:`record`); when the service starts later in the same process, :mod:`.lifecycle`
+takes it from :func:`decision_for` instead of probing again, and derives it there only in a process where the
+gate did not run (``VLLM_PLUGINS`` naming other plugins but not ``nnrp`` while ``--middleware`` names ours, so vLLM
 skipped our general plugin; or a spawned API-server process of ``--api-server-count N``, whose module state
 starts empty).
 
