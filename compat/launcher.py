@@ -10,7 +10,7 @@ Every server gets the same flags (``--host 127.0.0.1 --port P --served-model-nam
 log file, a start timeout (default 600 s: ready when ``/v1/models`` answers 200) and a clean stop (SIGTERM, 60 s,
 then SIGKILL). NNRP is enabled through the installed line's first attach path (:func:`attach_options`, from
 :data:`vllm_nnrp_plugin.vllm_binding.families.BINDINGS`): ``VLLM_PLUGINS=nnrp`` loads the endpoint plugin where
-the line has one (0.26), and lines without it (0.18, 0.22) also get ``--middleware`` naming the plugin's ASGI
+the line has one (0.26, 0.32), and lines without it (0.18, 0.22) also get ``--middleware`` naming the plugin's ASGI
 middleware.
 
 From a shell (run from the checkout, or with it on ``PYTHONPATH``)::

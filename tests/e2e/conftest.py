@@ -3,7 +3,7 @@
 Needs the environment built by ``compat/run-vllm-tests.sh`` (vLLM in this interpreter's venv, the model
 directory in ``VLLM_NNRP_TEST_MODEL``); without it these tests are skipped with that reason. Servers are started
 by the checkout's launcher (:mod:`compat.launcher`), enabled through the installed anchor's own attach path
-(:func:`compat.launcher.attach_options`): ``VLLM_PLUGINS=nnrp`` on 0.26, ``VLLM_PLUGINS=nnrp`` plus
+(:func:`compat.launcher.attach_options`): ``VLLM_PLUGINS=nnrp`` on 0.26 and 0.32, ``VLLM_PLUGINS=nnrp`` plus
 ``--middleware`` on 0.18/0.22.
 """
 

@@ -1,6 +1,6 @@
-"""End to end inside a real ``vllm serve`` on CPU (each anchor: 0.18.1, 0.22.1, 0.26.0, through its own attach
-path): the real NNRP client over TCP and IPC against the plugin, with vLLM's own HTTP API on the same server as
-the reference."""
+"""End to end inside a real ``vllm serve`` on CPU (each anchor: 0.18.1, 0.22.1, 0.26.0, 0.32.0, through its own
+attach path): the real NNRP client over TCP and IPC against the plugin, with vLLM's own HTTP API on the same
+server as the reference."""
 
 from __future__ import annotations
 
@@ -223,7 +223,7 @@ def test_installed_but_not_enabled_claims_no_port(tmp_path):
 
 
 def test_enabled_without_an_attach_path_fails_fast_with_the_fix(tmp_path, vllm_version):
-    """0.26: ``--additional-config`` enables NNRP but ``VLLM_PLUGINS`` does not load the endpoint plugin;
+    """0.26/0.32: ``--additional-config`` enables NNRP but ``VLLM_PLUGINS`` does not load the endpoint plugin;
     0.18/0.22: NNRP enabled without the ``--middleware`` flag. Both stop before the model loads."""
     vllm = pathlib.Path(sys.executable).with_name("vllm")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}

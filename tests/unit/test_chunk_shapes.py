@@ -1,5 +1,5 @@
-"""Chunk shapes across the anchors: the outputs recorded from real vLLM 0.18.1, 0.22.1 and 0.26.0 (same model,
-same requests; compat/fixtures/vllm/<anchor>/), through the real SSE parser, the normaliser and the profile
+"""Chunk shapes across the anchors: the outputs recorded from real vLLM 0.18.1, 0.22.1, 0.26.0 and 0.32.0 (same
+model, same requests; compat/fixtures/vllm/<anchor>/), through the real SSE parser, the normaliser and the profile
 mapper, give identical profile events where the model output is identical."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from tests.support import ROOT
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body, normalise_chunk, vllm_chunks
 
-ANCHORS = ("0.18.1", "0.22.1", "0.26.0")
+ANCHORS = ("0.18.1", "0.22.1", "0.26.0", "0.32.0")
+#: seeded sampling (j2, temperature 0.8) is reproducible up to 0.26 only: 0.32.0 sampled other text
+SEEDED_ANCHORS = ("0.18.1", "0.22.1", "0.26.0")
 FIXTURES = ROOT / "compat" / "fixtures" / "vllm"
 VOLATILE = ("id", "created")
 
@@ -67,13 +69,16 @@ def _drop_tool_ids(value):
     return value
 
 
-@pytest.mark.parametrize("case", ["a-stream-text", "b-stream-text-usage", "j2-stream-n2-seeded"])
-def test_text_streams_are_identical_chunk_by_chunk_and_event_by_event(case):
-    normalised = {a: strip_volatile(chunks(a, case)) for a in ANCHORS}
-    assert normalised["0.18.1"] == normalised["0.22.1"] == normalised["0.26.0"]
-    profiles = {a: profile(chunks(a, case)) for a in ANCHORS}
-    assert profiles["0.18.1"] == profiles["0.22.1"] == profiles["0.26.0"]
-    events, completed = profiles["0.26.0"]
+@pytest.mark.parametrize(
+    "case, anchors",
+    [("a-stream-text", ANCHORS), ("b-stream-text-usage", ANCHORS), ("j2-stream-n2-seeded", SEEDED_ANCHORS)],
+)
+def test_text_streams_are_identical_chunk_by_chunk_and_event_by_event(case, anchors):
+    normalised = [strip_volatile(chunks(a, case)) for a in anchors]
+    assert all(n == normalised[0] for n in normalised)
+    profiles = [profile(chunks(a, case)) for a in anchors]
+    assert all(p == profiles[0] for p in profiles)
+    events, completed = profiles[-1]
     assert events and "system_fingerprint" not in completed
 
 
@@ -116,8 +121,8 @@ def test_tool_call_streams_have_the_same_shape_on_every_anchor(case):
     """0.26.0 generated other whitespace inside the arguments, so compare shapes: the name delta alone (no
     arguments, no ``content``), then argument fragments, then the finish chunk; and the same arguments JSON."""
     shapes = {a: delta_shapes(chunks(a, case)) for a in ANCHORS}
-    assert shapes["0.18.1"] == shapes["0.22.1"] == shapes["0.26.0"]
-    name_delta = shapes["0.26.0"][1][1][0]
+    assert shapes["0.18.1"] == shapes["0.22.1"] == shapes["0.26.0"] == shapes["0.32.0"]
+    name_delta = shapes["0.32.0"][1][1][0]
     assert name_delta == (("function", "id", "index", "type"), ("name",))
     for anchor in ANCHORS:
         _, completed = profile(chunks(anchor, case))
@@ -151,6 +156,21 @@ def test_non_streaming_bodies_are_identical(case):
     bodies = {a: _drop_tool_ids({k: v for k, v in body(a, case).items() if k not in VOLATILE}) for a in ANCHORS}
     assert bodies["0.18.1"] == bodies["0.22.1"] == bodies["0.26.0"]
     assert "system_fingerprint" not in bodies["0.26.0"]
+    newest, reference = bodies["0.32.0"], bodies["0.26.0"]
+    if case.startswith("f-"):  # 0.32 renders the tool definitions into 10 more prompt tokens
+        newest, reference = ({k: v for k, v in b.items() if k != "usage"} for b in (newest, reference))
+        assert set(bodies["0.32.0"]["usage"]) == set(bodies["0.26.0"]["usage"])
+    assert newest == reference
+
+
+def test_0_32_non_streaming_usage_loses_its_null_completion_tokens_details():
+    raw = orjson.loads((FIXTURES / "0.32.0" / "c-nonstream-text.json").read_bytes())
+    assert raw["usage"]["completion_tokens_details"] is None
+    normal = normalise_body(raw)
+    assert "completion_tokens_details" not in normal["usage"] and "prompt_tokens_details" in normal["usage"]
+    assert raw["usage"]["completion_tokens_details"] is None  # input untouched
+    details = {**raw, "usage": {**raw["usage"], "completion_tokens_details": {"reasoning_tokens": 3}}}
+    assert normalise_body(details)["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}  # kept when set
 
 
 def test_no_tool_calls_means_no_tool_calls_key():

@@ -1,8 +1,10 @@
 """The support band and the start-up gate.
 
 The refused-line checks run the real ``vllm.general_plugins`` entry point (:func:`general.register`) against a
-fake ``vllm`` package of that version (version attributes, ``vllm.plugins``, ``api_server.build_app`` with the
-line's signature), as vLLM would call it while building ``vllm serve``'s parser.
+fake ``vllm`` package of that version (version attributes, ``vllm.plugins``, ``build_app`` with the line's
+signature in the line's module: ``vllm.entrypoints.openai.api_server`` up to 0.26, imported in the API server;
+``vllm.entrypoints.launchers.app`` from 0.32 on, where the API-server module is never imported), as vLLM would call
+it while building ``vllm serve``'s parser.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from vllm_nnrp_plugin.vllm_binding.gate import startup_check
 ON = {"VLLM_PLUGINS": "nnrp"}
 SERVE = ("vllm", "serve", "m")
 WITH_MIDDLEWARE = (*SERVE, "--middleware", MIDDLEWARE_PATH)
-ANCHORS = "0.18.1, 0.22.1, 0.26.0"
+ANCHORS = "0.18.1, 0.22.1, 0.26.0, 0.32.0"
 
 
 def build_app_018(args, supported_tasks=None): ...
@@ -38,9 +40,10 @@ def build_app_018(args, supported_tasks=None): ...
 def build_app_022(args, supported_tasks=None, model_config=None): ...
 
 
-def surface(version="0.26.0", endpoint_plugins=None, build_app=None, chat=True, relocated=False):
+def surface(version="0.26.0", endpoint_plugins=None, build_app=None, chat=True, relocated=None):
     version_tuple = tuple(int(p) for p in version.split("."))
     newer = version_tuple[:2] >= (0, 22)
+    relocated = version_tuple[:2] >= (0, 32) if relocated is None else relocated
     return Surface(
         version=version,
         version_tuple=version_tuple,
@@ -65,8 +68,10 @@ def no_recorded_decision(monkeypatch):
 def fake_vllm(monkeypatch):
     """Install a fake ``vllm`` of a given version as the API server would have it imported."""
 
-    def install(version, *, endpoint_plugins=None, build_app=None, chat=True):
+    def install(version, *, endpoint_plugins=None, build_app=None, chat=True, relocated=None):
         version_tuple = tuple(int(p) for p in version.split("."))
+        if relocated is None:
+            relocated = version_tuple[:2] >= (0, 32)
         if endpoint_plugins is None:
             endpoint_plugins = version_tuple[:2] >= (0, 26)
         if build_app is None:
@@ -86,9 +91,14 @@ def fake_vllm(monkeypatch):
         package("vllm", __version__=version, __version_tuple__=version_tuple, plugins=plugins)
         package("vllm.entrypoints")
         package("vllm.entrypoints.openai")
-        package("vllm.entrypoints.openai.api_server", build_app=build_app)
         package("vllm.entrypoints.openai.chat_completion")
-        monkeypatch.delitem(sys.modules, "vllm.entrypoints.launchers", raising=False)
+        if relocated:  # 0.32+: vllm serve never imports the (deprecated) API-server module
+            package("vllm.entrypoints.launchers")
+            package("vllm.entrypoints.launchers.app", build_app=build_app)
+            monkeypatch.delitem(sys.modules, "vllm.entrypoints.openai.api_server", raising=False)
+        else:
+            package("vllm.entrypoints.openai.api_server", build_app=build_app)
+            monkeypatch.delitem(sys.modules, "vllm.entrypoints.launchers", raising=False)
         if chat:
             package("vllm.entrypoints.openai.chat_completion.protocol")
         else:
@@ -107,12 +117,14 @@ def serve(monkeypatch, environ=ON, argv=WITH_MIDDLEWARE):
     general.register()
 
 
-# the three bindings
+# the four bindings
 
 
 @pytest.mark.parametrize(
     "version, name, paths",
     [
+        ("0.32.0", "vllm-0.32", (ENDPOINT_PLUGIN, MIDDLEWARE)),
+        ("0.32.3", "vllm-0.32", (ENDPOINT_PLUGIN, MIDDLEWARE)),
         ("0.18.1", "vllm-0.18", (MIDDLEWARE,)),
         ("0.18.0", "vllm-0.18", (MIDDLEWARE,)),
         ("0.22.1", "vllm-0.22", (MIDDLEWARE,)),
@@ -125,25 +137,37 @@ def test_each_family_selects_its_named_binding(version, name, paths):
     assert (binding.name, binding.attach_paths) == (name, paths)
 
 
-@pytest.mark.parametrize("version", ["0.18.1", "0.22.1", "0.26.0"])
+@pytest.mark.parametrize("version", ["0.18.1", "0.22.1", "0.26.0", "0.32.0"])
 def test_the_real_entry_point_accepts_each_anchor_with_the_middleware(fake_vllm, monkeypatch, version):
     fake_vllm(version)
     serve(monkeypatch)  # no exception: vllm serve goes on
+    assert gate.decision_for(MIDDLEWARE).binding.anchor == version  # the gate ran and recorded its decision
 
 
 # refused lines: one diagnostic with the version, the missing feature if any, the anchors
 
 
 @pytest.mark.parametrize(
-    "version", ["0.17.1", "0.19.0", "0.20.2", "0.21.0", "0.23.0", "0.24.1", "0.25.0", "0.27.0", "0.32.0", "1.0.0"]
+    "version",
+    ["0.17.1", "0.19.0", "0.20.2", "0.21.0", "0.23.0", "0.24.1", "0.25.0", "0.27.0", "0.31.0", "0.33.0", "1.0.0"],
 )
 def test_other_lines_stop_vllm_serve_with_version_and_anchors(fake_vllm, monkeypatch, version):
+    """Lines from 0.32 on (and so 0.33+, whatever they keep) lay vLLM out as 0.32 does: the refusal comes from
+    the general plugin at argument parsing there too, not after the model loaded."""
     fake_vllm(version)
     with pytest.raises(NNRPStartupError) as info:
         serve(monkeypatch)
     message = str(info.value)
     assert f"vLLM {version} is not supported" in message and f"tested anchors: {ANCHORS}" in message
-    assert "Fix:" in message
+    assert "0.32.x lines only" in message and "Fix:" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("version", ["0.31.0", "0.33.0"])
+def test_neighbours_of_the_newest_anchor_are_refused_without_the_api_server_module(fake_vllm, monkeypatch, version):
+    fake_vllm(version, relocated=True)
+    assert families.API_SERVER_MODULE not in sys.modules  # as in 0.32's vllm serve
+    with pytest.raises(NNRPStartupError, match=rf"^vllm-nnrp-plugin: vLLM {version} is not supported: "):
+        serve(monkeypatch, argv=SERVE)
 
 
 @pytest.mark.parametrize(
@@ -154,6 +178,9 @@ def test_other_lines_stop_vllm_serve_with_version_and_anchors(fake_vllm, monkeyp
         ("0.18.1", {"build_app": build_app_022}, "without model_config"),
         ("0.22.1", {"endpoint_plugins": True}, "no vllm.plugins.load_endpoint_plugins"),
         ("0.18.1", {"chat": False}, "ChatCompletionRequest"),
+        ("0.32.0", {"relocated": False}, "vllm.entrypoints.launchers.app.build_app"),
+        ("0.32.0", {"endpoint_plugins": False}, "vllm.plugins.load_endpoint_plugins"),
+        ("0.32.0", {"build_app": build_app_018}, "model_config"),
     ],
 )
 def test_a_family_failing_its_probes_stops_vllm_serve_naming_the_feature(
@@ -188,7 +215,15 @@ def test_0_26_attaches_through_the_endpoint_plugin_first():
     assert check(argv=WITH_MIDDLEWARE).attach_path == ENDPOINT_PLUGIN  # both configured: still one listener
 
 
-@pytest.mark.parametrize("version", ["0.18.1", "0.22.1", "0.26.0"])
+def test_0_32_attaches_through_the_endpoint_plugin_first():
+    attachment = check(version="0.32.0")
+    assert (attachment.binding.name, attachment.attach_path) == ("vllm-0.32", ENDPOINT_PLUGIN)
+    assert check(argv=WITH_MIDDLEWARE, version="0.32.0").attach_path == ENDPOINT_PLUGIN
+    with pytest.raises(NNRPStartupError, match="VLLM_PLUGINS=nnrp"):
+        check(environ={}, argv=(*SERVE, '--additional-config={"nnrp": {"enabled": true}}'), version="0.32.0")
+
+
+@pytest.mark.parametrize("version", ["0.18.1", "0.22.1", "0.26.0", "0.32.0"])
 def test_the_middleware_flag_alone_enables_and_attaches(version):
     attachment = check(environ={}, argv=WITH_MIDDLEWARE, version=version)
     assert attachment.attach_path == MIDDLEWARE and attachment.binding.anchor == version
@@ -245,11 +280,51 @@ def test_bad_listen_address_in_the_environment_stops_start_up():
         (ON, (*WITH_MIDDLEWARE, "--grpc"), "0.18.1"),
         ({**ON, "VLLM_USE_RUST_FRONTEND": "1"}, SERVE, "0.26.0"),
         ({**ON, "VLLM_USE_RUST_FRONTEND": "1"}, WITH_MIDDLEWARE, "0.22.1"),
+        (ON, (*SERVE, "--grpc"), "0.32.0"),
+        (ON, (*WITH_MIDDLEWARE, "--headless"), "0.32.0"),
+        ({**ON, "VLLM_USE_RUST_FRONTEND": "1"}, (*SERVE, "--grpc-port", "50051"), "0.32.0"),
     ],
 )
 def test_modes_without_a_python_api_server_stop_start_up(environ, argv, version):
     with pytest.raises(NNRPStartupError, match="no Python API server"):
         check(environ=environ, argv=argv, version=version)
+
+
+def test_0_32_modes_without_a_python_api_server_stop_at_the_real_entry_point(fake_vllm, monkeypatch):
+    fake_vllm("0.32.0")
+    with pytest.raises(NNRPStartupError, match="with --grpc this process runs no Python API server"):
+        serve(monkeypatch, argv=(*SERVE, "--grpc"))
+    with pytest.raises(NNRPStartupError, match="VLLM_USE_RUST_FRONTEND=1"):
+        serve(monkeypatch, environ={**ON, "VLLM_USE_RUST_FRONTEND": "1"}, argv=SERVE)
+
+
+# which process runs the gate: the one parsing vllm serve's arguments (process facts observed on 0.32.0)
+
+VLLM = "/venv/bin/vllm"
+SERVE_ARGV = (VLLM, "serve", "/models/m", "--port", "8000")
+REGISTRY = "vllm.model_executor.models.registry"
+
+
+@pytest.mark.parametrize(
+    "argv, main_module, spawned, api_server_loaded, expected",
+    [
+        (SERVE_ARGV, None, False, False, True),  # 0.32 `vllm serve` (API server, or parent of N API servers)
+        ((*SERVE_ARGV, "--headless"), None, False, False, True),  # refused there when NNRP is enabled
+        (SERVE_ARGV, "__mp_main__", True, False, False),  # EngineCore, VllmWorker-0, ApiServer_i (spawned)
+        ((REGISTRY.replace(".", "/") + ".py",), REGISTRY, False, False, False),  # model inspection subprocess
+        ((VLLM, "bench", "serve"), None, False, False, False),
+        ((VLLM, "run-batch", "-i", "x"), None, False, False, False),
+        (("-m", "--port", "8000"), "vllm.entrypoints.launchers.api_server.entry", False, False, True),
+        (("-m", "--port", "8000"), "vllm.entrypoints.openai.api_server", False, False, True),
+        (("-m", "serve", "m"), "vllm.entrypoints.cli.main", False, False, True),
+        (SERVE_ARGV, None, False, True, True),  # 0.18–0.26 `vllm serve`
+        (SERVE_ARGV, "__mp_main__", True, True, True),  # 0.18–0.26 spawned API-server rank
+        (("-c",), None, False, False, False),  # any other Python program
+    ],
+)
+def test_the_gate_runs_in_the_process_parsing_vllm_serve_arguments(argv, main_module, spawned, api_server_loaded,
+                                                                    expected):
+    assert general.is_serve_process(argv, main_module, spawned, api_server_loaded) is expected
 
 
 def test_with_the_middleware_bad_settings_still_stop_start_up_before_the_model_loads():
@@ -264,7 +339,7 @@ def test_with_the_middleware_bad_settings_still_stop_start_up_before_the_model_l
         (SimpleNamespace(tool_parser=None, parser_cls=None), False),  # 0.22 without
         (SimpleNamespace(parser_cls=SimpleNamespace(tool_parser_cls=object())), True),  # 0.26 with
         (SimpleNamespace(parser_cls=SimpleNamespace(tool_parser_cls=None)), False),  # 0.26, reasoning parser only
-        (SimpleNamespace(parser_cls=None), False),  # 0.26 without
+        (SimpleNamespace(parser_cls=None), False),  # 0.26 / 0.32 without
     ],
 )
 def test_tool_parser_is_found_where_each_line_keeps_it(serving, expected):

@@ -1,12 +1,13 @@
 """One shape for vLLM's chat output on every supported line, before the profile mapper sees it.
 
-The 0.18, 0.22 and 0.26 lines emit the same model output in slightly different JSON (recorded from real vLLM
+The 0.18, 0.22, 0.26 and 0.32 lines emit the same model output in slightly different JSON (recorded from real vLLM
 in ``compat/fixtures/vllm/<anchor>/``, one folder per anchor with the requests that produced them). This module
 rewrites every stream chunk and every non-streaming body into the *normal form* below, so the profile events
 are identical across anchors for the same model output. Each rule is a no-op on the lines that already have
 the normal form, so the functions are safe on any supported line.
 
-Stream chunks (``chat.completion.chunk`` dicts), normal form = the 0.26 shape, minus the build-specific fields:
+Stream chunks (``chat.completion.chunk`` dicts), normal form = the 0.26 shape (0.32 streams the same shapes),
+minus the build-specific fields:
 
 * ``system_fingerprint`` is removed: ``vllm-<version>-<hash>`` from 0.22 on (absent on 0.18); it names the
   build, so it can never be identical across anchors.
@@ -32,7 +33,8 @@ profile mapper, in production and in the tests and benchmarks that replay record
 
 Non-streaming bodies (``chat.completion`` dicts) lose ``system_fingerprint``; the null fields only newer lines
 send (``prompt_text`` and ``choices[i].routed_experts`` from 0.22, ``ec_transfer_params`` and ``metrics`` on
-0.26); and ``message.tool_calls: []`` (0.18/0.22 when there are no calls; 0.26 omits the key).
+0.26); ``usage.completion_tokens_details: null`` (0.32, beside the ``prompt_tokens_details: null`` every line
+sends); and ``message.tool_calls: []`` (0.18/0.22 when there are no calls; 0.26 omits the key).
 """
 
 from __future__ import annotations
@@ -189,6 +191,9 @@ def _normalise_parsed(chunk: Chunk) -> list[Chunk]:
 def normalise_body(body: Chunk) -> Chunk:
     """A non-streaming ``chat.completion`` body in normal form (a new dict; ``body`` is not modified)."""
     body = {k: v for k, v in body.items() if k != "system_fingerprint" and not (k in _NEWER_NULL_FIELDS and v is None)}
+    usage = body.get("usage")
+    if isinstance(usage, dict) and "completion_tokens_details" in usage and usage["completion_tokens_details"] is None:
+        body["usage"] = {k: v for k, v in usage.items() if k != "completion_tokens_details"}
     choices = []
     for choice in body.get("choices") or ():
         choice = {k: v for k, v in choice.items() if not (k == "routed_experts" and v is None)}

@@ -1,7 +1,8 @@
 """The ``vllm.endpoint_plugins`` entry point ``nnrp`` and the router lifespan that runs the NNRP service.
 
-:class:`NNRPEndpointPlugin` (vLLM 0.26+, loaded in the API-server process when ``VLLM_PLUGINS`` names
-``nnrp``; ``vllm/plugins/__init__.py``): ``build_app`` in ``vllm/entrypoints/openai/api_server.py`` calls
+:class:`NNRPEndpointPlugin` (vLLM 0.26 and 0.32, loaded in the API-server process when ``VLLM_PLUGINS`` names
+``nnrp``; ``vllm/plugins/__init__.py``): ``build_app`` (``vllm/entrypoints/openai/api_server.py`` on 0.26,
+``vllm/entrypoints/launchers/app.py`` through ``vllm/plugins/endpoint_plugins/interface.py`` on 0.32) calls
 ``attach_router``, which adds an ``APIRouter`` whose lifespan FastAPI runs nested inside vLLM's own: it starts
 the service after ``app.state`` is complete and stops it before vLLM's lifespan deletes the state.
 """
@@ -17,7 +18,8 @@ from vllm_nnrp_plugin.vllm_binding.lifecycle import claim, log_like_vllm, start_
 
 
 class NNRPEndpointPlugin:
-    """vLLM 0.26 ``EndpointPlugin``: no HTTP routes, only a lifespan that runs the NNRP service."""
+    """vLLM's ``EndpointPlugin`` (the same protocol on 0.26 and 0.32): no HTTP routes, only a lifespan that runs
+    the NNRP service."""
 
     name = "nnrp"
     required_tasks = ("generate",)

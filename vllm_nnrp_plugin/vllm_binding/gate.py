@@ -1,17 +1,19 @@
 """The start-up decision: is NNRP wanted, which family binding serves it, which attach path starts it.
 
-Made once per API-server process, before vLLM parses its arguments (the ``vllm.general_plugins`` entry point,
-:mod:`.general`), by :func:`startup_check`: a pure function over plain data (the probed
-:class:`~.families.Surface`, argv, environment), so it is testable without vLLM. The general plugin records
-the result (:func:`record`); when the service starts later in the same process, :mod:`.lifecycle` takes it
-from :func:`decision_for` instead of probing again, and derives it there only in a process where the gate
-did not run (``VLLM_PLUGINS`` naming other plugins but not ``nnrp`` while ``--middleware`` names ours, so vLLM
-skipped our general plugin; or a spawned API-server process, whose module state starts empty).
+Made once, in the process that parses ``vllm serve``'s arguments, before any engine or model exists (the
+``vllm.general_plugins`` entry point, :mod:`.general`), by :func:`startup_check`: a pure function over plain
+data (the probed :class:`~.families.Surface`, argv, environment), so it is testable without vLLM. The general
+plugin records the result (:func:`record`); when the service starts later in the same process, :mod:`.lifecycle`
+takes it from :func:`decision_for` instead of probing again, and derives it there only in a process where the
+gate did not run (``VLLM_PLUGINS`` naming other plugins but not ``nnrp`` while ``--middleware`` names ours, so vLLM
+skipped our general plugin; or a spawned API-server process of ``--api-server-count N``, whose module state
+starts empty).
 
 vLLM surfaces read: which general plugins run (``vllm/plugins/__init__.py``, filtered by ``VLLM_PLUGINS``,
 split on ``,``), the ``--middleware`` and ``--additional-config`` flags (``vllm/entrypoints/openai/cli_args.py``,
-``vllm/engine/arg_utils.py``), ``--config`` YAML, the API-server-less modes ``--headless`` and ``--grpc``
-(``vllm/entrypoints/cli/serve.py``) and ``VLLM_USE_RUST_FRONTEND``.
+on 0.32 ``vllm/entrypoints/launchers/cli_args.py``; ``vllm/engine/arg_utils.py``), ``--config`` YAML, the
+API-server-less modes ``--headless`` and ``--grpc`` (``vllm/entrypoints/cli/serve.py``) and
+``VLLM_USE_RUST_FRONTEND`` (0.32's ``--grpc-port`` belongs to that Rust frontend).
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surf
     Raises :class:`NNRPStartupError` for a vLLM without a binding or failing its probes
     (:func:`select_binding`), a mode without a Python API server (``--headless``, ``--grpc``,
     ``VLLM_USE_RUST_FRONTEND``), invalid settings or listen addresses, or no attach path (0.18/0.22 without the
-    ``--middleware`` flag; 0.26 with neither ``VLLM_PLUGINS=nnrp`` nor the flag) — each with the exact fix.
+    ``--middleware`` flag; 0.26/0.32 with neither ``VLLM_PLUGINS=nnrp`` nor the flag) — each with the exact fix.
     """
     block = _nnrp_block(argv)
     additional = {} if block is None else {CONFIG_KEY: block}
