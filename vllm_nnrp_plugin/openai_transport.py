@@ -21,15 +21,18 @@ contacted; the transport speaks to the NNRP endpoint given (any URI of
   a FRAME_CANCEL, so the server aborts the vLLM request.
 * The request's read timeout (``extensions["timeout"]``, what the SDK's ``timeout`` sets) becomes
   ``nnrp.timeout_ms``: a bound on the whole operation, not on the gap between chunks as over HTTP.
-* An active valid OpenTelemetry span of the caller is sent as the operation's TRACE_CONTEXT right after the
-  submit (the server applies it until it dispatches the operation to vLLM): NNRP trace ids are 64-bit, so the
+* An active valid OpenTelemetry span of the caller becomes TRACE_CONTEXT: NNRP trace ids are 64-bit, so the
   low 64 bits of the span's 128-bit trace id go, and vLLM's span joins trace ``0…0<low 64 bits>`` (the server
-  zero-extends), not the caller's own trace id.
+  zero-extends, :mod:`vllm_nnrp_plugin.profile.trace`), not the caller's own trace id.
 
-One NNRP connection and session per transport, opened at the first request and reused (a new one after a
-failure). :class:`ProfileClient` is not thread-safe, so one dispatcher thread polls the session with short
-waits and routes each operation's events to its caller, while submits and cancels take one lock: calls from
-many threads (sync) or tasks (async) share the transport safely.
+Connections: traced calls go over their own session, because the server takes an operation's context at
+dispatch (:mod:`vllm_nnrp_plugin.nnrp_binding.session`): a session-scope context before the submit and the
+operation's own right after it, under the submit lock, so the operation dispatches with its caller's context
+whichever the server reads first; a session default cannot be cleared (zero ids are ignored), so calls without
+a span use a second session that never gets one. Each session (one NNRP connection each) is opened at its
+first call and reused, a new one after a failure. :class:`ProfileClient` is not thread-safe, so one dispatcher
+thread per session polls it with short waits and routes each operation's events to its caller, while submits
+and cancels take one lock: calls from many threads (sync) or tasks (async) share the transport safely.
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ class _Dispatcher:
         with self._lock:
             if self.failed:
                 raise ClientError("the NNRP session failed")
+            if traced is not None:
+                self.client.trace_context(traced[0], traced[1], flags=traced[2])
             op = self.client.submit(envelope)
             with self._routes_lock:
                 early = self._early.pop(op.operation_id, [])
@@ -125,9 +130,12 @@ class _Dispatcher:
             sink(exc)
 
     def close(self) -> None:
+        """Stop polling, end every waiting call with a ``ClientError``, close the session and connection."""
         self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(5)
+        self._thread.join(5)
+        with self._lock:
+            self.failed = True
+        self._fail(ClientError("the NNRP transport was closed"))
         self.client.close()
 
 
@@ -233,18 +241,19 @@ class NNRPTransport(httpx.BaseTransport):
     def __init__(self, uri: str, *, trusted_cert_der: bytes | None = None) -> None:
         self._uri, self._cert = uri, trusted_cert_der
         self._lock = threading.Lock()
-        self._dispatcher: _Dispatcher | None = None
+        self._dispatchers: dict[bool, _Dispatcher] = {}  # by "carries trace contexts"
 
-    def _connected(self, request: httpx.Request) -> _Dispatcher:
+    def _connected(self, request: httpx.Request, traced: bool) -> _Dispatcher:
         with self._lock:
-            if self._dispatcher is None or self._dispatcher.failed:
-                if self._dispatcher is not None:
-                    self._dispatcher.close()
+            dispatcher = self._dispatchers.get(traced)
+            if dispatcher is None or dispatcher.failed:
+                if dispatcher is not None:
+                    dispatcher.close()
                 try:
-                    self._dispatcher = _Dispatcher(self._uri, self._cert)
+                    dispatcher = self._dispatchers[traced] = _Dispatcher(self._uri, self._cert)
                 except ClientError as exc:
                     raise httpx.ConnectError(f"NNRP: {exc}", request=request) from exc
-            return self._dispatcher
+            return dispatcher
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         request.read()
@@ -252,10 +261,11 @@ class NNRPTransport(httpx.BaseTransport):
         envelope, reply = call.plan()
         if reply is not None:
             return reply
-        dispatcher = self._connected(request)
+        traced = _trace_of_caller()
+        dispatcher = self._connected(request, traced is not None)
         inbox: queue.SimpleQueue[Item] = queue.SimpleQueue()
         try:
-            call.op = dispatcher.submit(envelope, inbox.put, _trace_of_caller())
+            call.op = dispatcher.submit(envelope, inbox.put, traced)
         except ClientError as exc:
             raise call.failure(exc) from exc
 
@@ -277,9 +287,9 @@ class NNRPTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         with self._lock:
-            if self._dispatcher is not None:
-                self._dispatcher.close()
-                self._dispatcher = None
+            dispatchers, self._dispatchers = list(self._dispatchers.values()), {}
+        for dispatcher in dispatchers:
+            dispatcher.close()
 
 
 class _SyncSSE(httpx.SyncByteStream):
@@ -315,7 +325,8 @@ class AsyncNNRPTransport(httpx.AsyncBaseTransport):
         envelope, reply = call.plan()
         if reply is not None:
             return reply
-        dispatcher = await asyncio.to_thread(self._sync._connected, request)
+        traced = _trace_of_caller()
+        dispatcher = await asyncio.to_thread(self._sync._connected, request, traced is not None)
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[Item] = asyncio.Queue()
 
@@ -323,7 +334,6 @@ class AsyncNNRPTransport(httpx.AsyncBaseTransport):
             with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting
                 loop.call_soon_threadsafe(inbox.put_nowait, item)
 
-        traced = _trace_of_caller()
         try:
             call.op = await asyncio.to_thread(dispatcher.submit, envelope, deliver, traced)
         except ClientError as exc:
