@@ -212,3 +212,20 @@ def test_concurrent_callers_each_get_their_own_span_as_trace_context(served, sdk
     assert len(got) == 8
     for request_id, traceparent in got.items():
         assert traceparent == next(seen[key] for key in seen if key in request_id)
+
+
+def test_a_sync_client_works_inside_a_running_event_loop(served):
+    async def main():  # agent frameworks call sync SDK clients from async code
+        with httpx.Client(transport=NNRPTransport(served.bound[0])) as http:
+            sdk = openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http, max_retries=0)
+            return sdk.chat.completions.create(model="c-nonstream-text", messages=MESSAGES).choices[0].message.content
+
+    assert asyncio.run(main()) == recorded_json("c-nonstream-text")["choices"][0]["message"]["content"]
+
+
+def test_a_stream_the_server_ends_with_an_error_raises_the_sdks_api_error(sdk):
+    stream = sdk.chat.completions.create(model="midstream-error", messages=MESSAGES, stream=True)
+    with pytest.raises(openai.APIError) as caught:
+        for _ in stream:
+            pass
+    assert caught.value.code == "backend_error"

@@ -38,6 +38,7 @@ and cancels take one lock: calls from many threads (sync) or tasks (async) share
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import queue
 import threading
@@ -73,7 +74,10 @@ class _Dispatcher:
     ``sink`` (called on the dispatcher thread, events in order, ending with the terminal or a ``ClientError``)."""
 
     def __init__(self, uri: str, trusted_cert_der: bytes | None) -> None:
-        self.client = asyncio.run(ProfileClient.connect(uri, trusted_cert_der=trusted_cert_der))  # ClientError
+        # on a thread of its own: the caller's thread may be running an event loop (a sync client in async code)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            connecting = pool.submit(asyncio.run, ProfileClient.connect(uri, trusted_cert_der=trusted_cert_der))
+            self.client = connecting.result()  # ClientError
         self.failed = False
         self._lock = threading.Lock()  # submits and cancels
         self._routes_lock = threading.Lock()
@@ -334,10 +338,14 @@ class AsyncNNRPTransport(httpx.AsyncBaseTransport):
             with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting
                 loop.call_soon_threadsafe(inbox.put_nowait, item)
 
+        submit = asyncio.ensure_future(asyncio.to_thread(dispatcher.submit, envelope, deliver, traced))
         try:
-            call.op = await asyncio.to_thread(dispatcher.submit, envelope, deliver, traced)
+            call.op = await asyncio.shield(submit)
         except ClientError as exc:
             raise call.failure(exc) from exc
+        except asyncio.CancelledError:  # the submit goes on in its thread: cancel the operation it makes
+            submit.add_done_callback(lambda done: done.exception() or dispatcher.cancel(done.result()))
+            raise
 
         async def next_item() -> Item:
             try:
