@@ -163,8 +163,23 @@ class _Call:
         self.request = request
         self.stream: openai_sse.ChatChunkStream | None = None
         self.timeout_s: float | None = None
+        self.dispatcher: _Dispatcher | None = None
         self.op: Any = None
         self.ended = False
+
+    def abandon(self) -> None:
+        """The caller stopped listening before the terminal: FRAME_CANCEL (the server aborts the vLLM request)."""
+        if not self.ended and self.op is not None:
+            self.ended = True
+            self.dispatcher.cancel(self.op)
+
+    def respond(self, first: Item, stream: Callable[[Item], Any]) -> httpx.Response | None:
+        """:meth:`answer`, or for a stream the 200 response whose body ``stream(first)`` makes, or None."""
+        response = self.answer(first)
+        if response is None and self.stream is not None:
+            response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream(first),
+                                      request=self.request)  # fmt: skip
+        return response
 
     def plan(self) -> tuple[dict[str, Any] | None, httpx.Response | None]:
         """(envelope to submit, None) or (None, the immediate answer)."""
@@ -266,10 +281,10 @@ class NNRPTransport(httpx.BaseTransport):
         if reply is not None:
             return reply
         traced = _trace_of_caller()
-        dispatcher = self._connected(request, traced is not None)
+        call.dispatcher = self._connected(request, traced is not None)
         inbox: queue.SimpleQueue[Item] = queue.SimpleQueue()
         try:
-            call.op = dispatcher.submit(envelope, inbox.put, traced)
+            call.op = call.dispatcher.submit(envelope, inbox.put, traced)
         except ClientError as exc:
             raise call.failure(exc) from exc
 
@@ -277,17 +292,12 @@ class NNRPTransport(httpx.BaseTransport):
             try:
                 return inbox.get(timeout=call.timeout_s)
             except queue.Empty:
-                dispatcher.cancel(call.op)
+                call.abandon()
                 raise call.failure(None) from None
 
-        while True:
-            first = next_item()
-            response = call.answer(first)
-            if response is not None:
-                return response
-            if call.stream is not None:
-                return httpx.Response(200, headers={"content-type": "text/event-stream"},
-                                      stream=_SyncSSE(call, first, next_item, dispatcher), request=request)  # fmt: skip
+        while (response := call.respond(next_item(), lambda first: _SyncSSE(call, first, next_item))) is None:
+            pass
+        return response
 
     def close(self) -> None:
         with self._lock:
@@ -297,8 +307,8 @@ class NNRPTransport(httpx.BaseTransport):
 
 
 class _SyncSSE(httpx.SyncByteStream):
-    def __init__(self, call: _Call, first: Item, next_item: Callable[[], Item], dispatcher: _Dispatcher) -> None:
-        self._call, self._first, self._next, self._dispatcher = call, first, next_item, dispatcher
+    def __init__(self, call: _Call, first: Item, next_item: Callable[[], Item]) -> None:
+        self._call, self._first, self._next = call, first, next_item
 
     def __iter__(self) -> Iterator[bytes]:
         item = self._first
@@ -311,9 +321,7 @@ class _SyncSSE(httpx.SyncByteStream):
             item = self._next()
 
     def close(self) -> None:
-        if not self._call.ended:
-            self._call.ended = True
-            self._dispatcher.cancel(self._call.op)
+        self._call.abandon()
 
 
 class AsyncNNRPTransport(httpx.AsyncBaseTransport):
@@ -330,7 +338,7 @@ class AsyncNNRPTransport(httpx.AsyncBaseTransport):
         if reply is not None:
             return reply
         traced = _trace_of_caller()
-        dispatcher = await asyncio.to_thread(self._sync._connected, request, traced is not None)
+        call.dispatcher = await asyncio.to_thread(self._sync._connected, request, traced is not None)
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[Item] = asyncio.Queue()
 
@@ -338,34 +346,28 @@ class AsyncNNRPTransport(httpx.AsyncBaseTransport):
             with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting
                 loop.call_soon_threadsafe(inbox.put_nowait, item)
 
-        submit = asyncio.ensure_future(asyncio.to_thread(dispatcher.submit, envelope, deliver, traced))
+        submit = asyncio.ensure_future(asyncio.to_thread(call.dispatcher.submit, envelope, deliver, traced))
         try:
             call.op = await asyncio.shield(submit)
         except ClientError as exc:
             raise call.failure(exc) from exc
         except asyncio.CancelledError:  # the submit goes on in its thread: cancel the operation it makes
-            submit.add_done_callback(lambda done: done.exception() or dispatcher.cancel(done.result()))
+            submit.add_done_callback(lambda done: done.exception() or call.dispatcher.cancel(done.result()))
             raise
 
         async def next_item() -> Item:
             try:
                 return await asyncio.wait_for(inbox.get(), call.timeout_s)
             except TimeoutError:
-                dispatcher.cancel(call.op)
+                call.abandon()
                 raise call.failure(None) from None
 
         try:
-            while True:
-                first = await next_item()
-                response = call.answer(first)
-                if response is not None:
-                    return response
-                if call.stream is not None:
-                    return httpx.Response(200, headers={"content-type": "text/event-stream"},
-                                          stream=_AsyncSSE(call, first, next_item, dispatcher), request=request)  # fmt: skip
+            while (response := call.respond(await next_item(), lambda first: _AsyncSSE(call, first, next_item))) is None:
+                pass
+            return response
         except asyncio.CancelledError:
-            if not call.ended:
-                dispatcher.cancel(call.op)
+            call.abandon()
             raise
 
     async def aclose(self) -> None:
@@ -373,8 +375,8 @@ class AsyncNNRPTransport(httpx.AsyncBaseTransport):
 
 
 class _AsyncSSE(httpx.AsyncByteStream):
-    def __init__(self, call: _Call, first: Item, next_item: Callable[[], Any], dispatcher: _Dispatcher) -> None:
-        self._call, self._first, self._next, self._dispatcher = call, first, next_item, dispatcher
+    def __init__(self, call: _Call, first: Item, next_item: Callable[[], Any]) -> None:
+        self._call, self._first, self._next = call, first, next_item
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         item = self._first
@@ -387,9 +389,7 @@ class _AsyncSSE(httpx.AsyncByteStream):
                     return
                 item = await self._next()
         finally:
-            await self.aclose()
+            self._call.abandon()
 
     async def aclose(self) -> None:
-        if not self._call.ended:
-            self._call.ended = True
-            self._dispatcher.cancel(self._call.op)
+        self._call.abandon()

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import TOOL_TEMPLATE, SERVED_NAME, VLLMServer, attach_options, model_dir
+from tests.e2e.test_vllm_serve import wait_idle
 from tests.support import free_port
 from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
 
@@ -149,15 +150,6 @@ def test_unknown_routes_get_the_same_status(sdks):
     assert nnrp == http and http[1] == 404
 
 
-def idle(server, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.metric("vllm:num_requests_running") == 0 and server.metric("vllm:num_requests_waiting") == 0:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 LONG = {**HELLO, "messages": [{"role": "user", "content": "Write a long story about the sea."}], "max_tokens": 1000}
 
 
@@ -168,7 +160,7 @@ def test_closing_a_stream_after_the_first_chunk_aborts_the_vllm_request(server, 
     assert server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting") == 1
     started = time.monotonic()
     stream.close()
-    assert idle(server, 10.0), "vLLM still runs the request of the closed stream"
+    assert wait_idle(server, 10.0), "vLLM still runs the request of the closed stream"
     assert time.monotonic() - started < 10.0  # 1000 tokens take far longer on CPU
 
 
@@ -204,4 +196,4 @@ def test_sixteen_concurrent_async_streams_on_one_transport_match_http(server, sd
 
     texts = asyncio.run(main())
     assert texts == [reference] * 16
-    assert idle(server, 10.0), "vLLM still runs the request of the cancelled task"
+    assert wait_idle(server, 10.0), "vLLM still runs the request of the cancelled task"
