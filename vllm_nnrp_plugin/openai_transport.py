@@ -95,15 +95,15 @@ class _Dispatcher:
             if traced is not None:
                 self.client.trace_context(traced[0], traced[1], flags=traced[2])
             op = self.client.submit(envelope)
-            with self._routes_lock:
+            with self._routes_lock:  # held while the early events go, so later ones follow them
                 early = self._early.pop(op.operation_id, [])
                 if not (early and early[-1].terminal):
                     self._routes[op.operation_id] = sink
+                for event in early:
+                    sink(event)
             if traced is not None:
                 with contextlib.suppress(ClientError):  # finished already: nothing left to trace
                     self.client.trace_context(traced[0], traced[1], flags=traced[2], op=op)
-        for event in early:
-            sink(event)
         return op
 
     def cancel(self, op: Any) -> None:
@@ -120,7 +120,7 @@ class _Dispatcher:
                 return
             for operation_id, event in polled:
                 with self._routes_lock:
-                    sink = self._routes.pop(operation_id) if event.terminal else self._routes.get(operation_id)
+                    sink = self._routes.pop(operation_id, None) if event.terminal else self._routes.get(operation_id)
                     if sink is None:
                         self._early.setdefault(operation_id, []).append(event)
                 if sink is not None:
