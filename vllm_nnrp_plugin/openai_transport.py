@@ -57,6 +57,7 @@ from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
+from vllm_nnrp_plugin.profile.chat_stream import usage_asked
 
 __all__ = ["AsyncNNRPTransport", "NNRPTransport"]
 
@@ -202,17 +203,17 @@ class _Call:
             envelope["nnrp"] = {"timeout_ms": max(1, int(read_s * 1000))}
             self.timeout_s = read_s + GRACE_S
         if isinstance(body, dict) and body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             self.stream = openai_sse.ChatChunkStream(
                 completion_id=f"chatcmpl-nnrp-{uuid.uuid4().hex}", created=int(time.time()),
-                model=body.get("model"), include_usage=include_usage,
+                model=body.get("model"), include_usage=usage_asked(body),
             )  # fmt: skip
         return envelope, None
 
-    def failure(self, exc: ClientError | None, message: str = "") -> httpx.TransportError:
+    def failure(self, exc: ClientError | None) -> httpx.TransportError:
+        """``httpx.ReadError`` for an NNRP failure, ``httpx.ReadTimeout`` (``exc`` None) when no answer came."""
         self.ended = True
         if exc is None:
-            return httpx.ReadTimeout(message or "no answer from the NNRP server in time", request=self.request)
+            return httpx.ReadTimeout("no answer from the NNRP server in time", request=self.request)
         return httpx.ReadError(f"NNRP: {exc}", request=self.request)
 
     def _event(self, item: Item) -> dict[str, Any]:
