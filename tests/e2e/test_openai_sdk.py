@@ -181,9 +181,8 @@ def test_sixteen_concurrent_async_streams_on_one_transport_match_http(server, sd
 
         try:
             texts = await asyncio.gather(*(one() for _ in range(16)))
+            # create() returns once the first event arrived: vLLM runs the request
             stream = await sdk.chat.completions.create(**LONG, stream=True, extra_body={"ignore_eos": True})
-            task = asyncio.create_task(anext(aiter(stream)))
-            await task
             reader = asyncio.create_task(consume(stream))
             await asyncio.sleep(0.5)
             reader.cancel()
