@@ -9,7 +9,6 @@ import threading
 import httpx
 import openai
 import pytest
-from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from tests.support import FIXTURES, ServedNNRP, free_port, recorded_json, wait_until
