@@ -5,7 +5,7 @@ The server is :mod:`bench.server` (the plugin's real server path before a paced 
 are separate processes (``python -m bench.event_latency --client …``), each with nnrp-py client sessions
 polled by one thread each (``max_events=1``). A sample is ``time.monotonic_ns()`` right after the client's
 poll returned the partial result, minus the timestamp the backend wrote into the chunk (the host's monotonic
-clock is shared by all processes).
+clock is shared by all processes); an event the server merged from several chunks gives one sample per chunk.
 
 * light: 1 stream, one chunk every ``interval_us`` µs (default 2000: 500 events/s); over TCP also with the
   listener's TCP_NODELAY step disabled (nnrp-py alone, Nagle on);
@@ -65,11 +65,12 @@ def client_main(uri: str, sessions: int, streams: int, n: int, interval_us: int,
                 if event.terminal:
                     open_ops.discard(operation_id)
                     continue
-                count = seen[operation_id] = seen.get(operation_id, 0) + 1
-                if count > warmup:
-                    out.append(received - int(event.event["delta"]))
-                    first = first or received
-                    window[i][1] = received
+                for stamp in event.event["delta"].split():  # one per chunk the backend produced
+                    count = seen[operation_id] = seen.get(operation_id, 0) + 1
+                    if count > warmup:
+                        out.append(received - int(stamp))
+                        first = first or received
+                        window[i][1] = received
         window[i][0] = first
         if open_ops:
             raise TimeoutError(f"{len(open_ops)} streams did not finish")

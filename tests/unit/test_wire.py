@@ -41,7 +41,7 @@ def test_submit_bodies_outside_the_mapping_are_invalid_frames(bitmap, count, bod
 
 
 def test_partial_result_metadata_follows_the_frozen_mapping():
-    metadata, body = wire.partial_result(42, PartialResult(3, b'{"type":"x"}'))
+    metadata, body = wire.partial_result(42, PartialResult({"type": "x"}, 3, b'{"type":"x"}'))
     assert (metadata.operation_id, metadata.result_sequence, metadata.object_id) == (42, 3, 0)
     assert (metadata.delta_sequence, metadata.body_bytes, metadata.flags) == (3, len(body), 0)
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import urllib.parse
 
 import attrs
@@ -33,6 +34,7 @@ from nnrp.server import (
 
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import exposure, sdk_sync
+from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
 from vllm_nnrp_plugin.nnrp_binding.endpoints import Carrier, EndpointError, parse_endpoint
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.nodelay import NoDelaySetter
@@ -66,7 +68,8 @@ class Listener:
     handshake straddles an accept deadline (nnrp-py 1.0.0rc4.post20's ``NativeServer.accept`` gives up its
     pending accept ticket at every deadline; :class:`.sdk_sync.Acceptor` keeps it), and bound how long
     :meth:`close` waits.
-    ``idle_poll_ms``: poll timeout of an idle session pump (ms). ``max_sessions``: open sessions over all
+    ``idle_poll_ms``: the shortest poll timeout of an idle session pump (ms; longer when many sessions are open,
+    :class:`.cadence.PollCadence`). ``max_sessions``: open sessions over all
     addresses. ``session_limits``: handed to every session pump; ``hooks``: :class:`ListenerHooks`.
     """
 
@@ -87,7 +90,7 @@ class Listener:
         self._handler = handler
         self._loop = loop
         self._accept_timeout_ms = accept_timeout_ms
-        self._idle_poll_ms = idle_poll_ms
+        self._cadence = PollCadence(idle_poll_ms)
         self._max_sessions = max_sessions
         self._session_limits = session_limits
         self._exposure = exposure
@@ -178,7 +181,7 @@ class Listener:
                 session,
                 self._handler,
                 self._loop,
-                idle_poll_ms=self._idle_poll_ms,
+                cadence=self._cadence,
                 limits=self._session_limits,
                 on_exit=self._forget_pump,
                 probe=self._hooks.send_probe,
@@ -198,17 +201,20 @@ class Listener:
         self._closing.set()
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop accepting, end every session (in-flight operations get ``server_shutdown``), unbind."""
+        """Stop accepting, end every session (in-flight operations get ``server_shutdown``), unbind. Waits for
+        the session pumps up to ``timeout_s`` (s) or, when longer, the idle sessions' poll timeout plus 1 s
+        (a pump ends when its poll returns, :mod:`.cadence`)."""
         self._closing.set()
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(self._accept_timeout_ms / 1000 + 1)
         with self._pumps_lock:
             pumps = list(self._pumps)
+        deadline = time.monotonic() + max(timeout_s, self._cadence.idle_poll_ms() / 1000 + 1)
         for pump in pumps:
             pump.stop()
         for pump in pumps:
-            pump.join(timeout_s)
+            pump.join(max(0.0, deadline - time.monotonic()))
         self._stack.close()
 
 

@@ -6,12 +6,13 @@ Why a thread per session: every native call of nnrp-py 1.0.0rc4.post20 blocks, a
 (``nnrp.native.NativeRuntimeServerSession``) serializes them on one per-session lock: while a poll waits
 inside its timeout, every send on the same session waits for it. A poll with ``max_events > 1`` lingers
 ~2.3 ms before returning. So the pump is the only thread that touches its session: it alternates a
-``max_events=1`` poll with flushing the outbox. An empty poll with nnrp-py's shortest timeout (1 ms) lasts
-~2.2 ms, and events queued meanwhile wait for it; so while operations are active the pump polls on a cadence
-instead of after every send: after an empty poll it only sends, waking on the outbox so a queued event goes
-out within microseconds, for ``ACTIVE_POLL_GAP_S``, then polls again (cancels are seen within ~2–4 ms while
-events flow). While no event goes out the gap doubles up to ``MAX_POLL_GAP_S``, so slow streams wake the pump
-(and take vLLM's GIL) less often. When idle it polls with ``idle_poll_ms`` (a submit wakes that poll at once).
+``max_events=1`` poll with flushing the outbox. Empty polls are what a session costs (:mod:`.cadence`), so
+while operations are active the pump polls on a cadence instead of after every send: after an empty poll it
+only sends, waking on the outbox so a queued event goes out within microseconds, for the listener's current
+gap (:meth:`.cadence.PollCadence.active_gap_s`), then polls again with nnrp-py's shortest timeout (1 ms). While
+no event goes out the gap doubles up to ``MAX_POLL_GAP_S`` (or the current gap when that is longer), so slow
+streams wake the pump (and take vLLM's GIL) less often. When idle it waits in one long poll
+(:meth:`.cadence.PollCadence.idle_poll_ms`) that a submit ends at once.
 
 What comes off the wire goes to the :class:`SessionHandler` on the loop (``loop.call_soon_threadsafe``):
 a submit (its envelope already unwrapped, :class:`.server_operation.ServerOperation`), a peer cancel or the
@@ -32,9 +33,10 @@ nnrp-py's credit is advisory (it enforces no credit window), so the pump enforce
 submit over ``SessionLimits.max_in_flight`` for this session is answered at once with ``response.error``
 ``too_many_requests`` and never reaches the handler (so never vLLM); the session then gets a BACKPRESSURE
 frame (credit window 0) and, once an operation finished, a CREDIT_UPDATE with the free window. The process
-limit is the service's (it queues :data:`.server_operation.PRESSURE` before its refusal). The outbox holds at
-most ``SessionLimits.max_queued_events`` partial results (the operation that overflows it ends with
-``client_too_slow``); terminals are always queued, so it never exceeds that bound plus one per operation.
+limit is the service's (it queues :data:`.server_operation.PRESSURE` before its refusal). At most
+``SessionLimits.max_queued_events`` decided events wait in the outbox, deltas merged into a queued one included
+(the operation that overflows it ends with ``client_too_slow``); terminals are always queued, so the outbox
+never exceeds that bound plus one per operation.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from nnrp.runtime import PressureMetadata
 
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
+from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
 from vllm_nnrp_plugin.nnrp_binding.server_operation import PRESSURE, SendProbe, ServerOperation, SessionLink
 from vllm_nnrp_plugin.operation import DropReason, EarlyDeadlines, PartialResult, ResultDrop, ResultPush, Terminal
 from vllm_nnrp_plugin.profile import errors as E
@@ -62,8 +65,7 @@ from vllm_nnrp_plugin.profile import trace
 logger = logging.getLogger(__name__)
 
 ACTIVE_POLL_MS = 1  # the shortest poll nnrp-py offers; an empty one lasts ~2.2 ms and blocks our sends
-ACTIVE_POLL_GAP_S = 0.002  # while operations are active: sends only, for this long after an empty poll…
-MAX_POLL_GAP_S = 0.016  # …doubling up to this while no event went out (fewer wake-ups competing for the GIL)
+MAX_POLL_GAP_S = 0.016  # the gap after an empty poll doubles up to this while no event went out
 PEER_GONE_AFTER = 3  # consecutive failing polls that mean the client is gone (one can be a stale cancel)
 # BACKPRESSURE frame after a refused submit: this plugin's values (NNRP leaves level/reason to the server)
 PRESSURE_LEVEL_FULL = 1
@@ -107,7 +109,7 @@ class SessionPump:
         handler: SessionHandler,
         loop: asyncio.AbstractEventLoop,
         *,
-        idle_poll_ms: int,
+        cadence: PollCadence,
         limits: SessionLimits,
         on_exit: Callable[[SessionPump], None] | None = None,
         probe: SendProbe | None = None,
@@ -121,7 +123,7 @@ class SessionPump:
         self._pressured = False  # a BACKPRESSURE frame was sent and no CREDIT_UPDATE since
         self._handler = handler
         self._loop = loop
-        self._idle_poll_ms = idle_poll_ms
+        self._cadence = cadence
         self._on_exit = on_exit
         self._ops: dict[int, ServerOperation] = {}
         self._frames: dict[int, int] = {}
@@ -145,10 +147,12 @@ class SessionPump:
 
     def _run(self) -> None:
         failures = 0
+        cadence = self._cadence
+        cadence.opened(1)
         self._handler.on_session(self.transport, True)
         outbox, wakeup = self.link.items, self.link.wakeup
         try:
-            next_poll, gap = 0.0, ACTIVE_POLL_GAP_S
+            next_poll, gap = 0.0, 0.0
             while not self._stopping:
                 self._flush()
                 if self._ops:
@@ -158,12 +162,13 @@ class SessionPump:
                             wakeup.wait(rest)
                             wakeup.clear()
                         continue
-                    # the window that just ended decides the next one: short while events flow
-                    gap = ACTIVE_POLL_GAP_S if self._busy else min(gap * 2, MAX_POLL_GAP_S)
+                    # the window that just ended decides the next one: the listener's gap while events flow
+                    floor = cadence.active_gap_s()
+                    gap = floor if self._busy else min(max(gap * 2, floor), max(MAX_POLL_GAP_S, floor))
                     self._busy = False
                 try:
                     polled = self.session.poll_events(
-                        max_events=1, timeout_ms=ACTIVE_POLL_MS if self._ops else self._idle_poll_ms
+                        max_events=1, timeout_ms=ACTIVE_POLL_MS if self._ops else cadence.idle_poll_ms()
                     )
                 except NativeInvalidStateError as exc:
                     # nnrp-py reports both "peer gone" and "stale cancel for a finished operation" as
@@ -196,6 +201,9 @@ class SessionPump:
                 self.session.close()
             except NativeRuntimeError:
                 pass
+            if self._ops:
+                cadence.activated(-1)
+            cadence.opened(-1)
             self._handler.on_session(self.transport, False)
             if self._on_exit is not None:
                 self._on_exit(self)
@@ -249,6 +257,8 @@ class SessionPump:
             ))  # fmt: skip # the terminal goes out with the next flush; the handler never sees it
             sop.settle()  # no task will run for it
             return
+        if not self._ops:
+            self._cadence.activated(1)
         self._ops[sop.operation_id] = sop
         self._frames[sop.frame_id] = sop.operation_id
         early = self._early_deadlines.take(sop.operation_id)
@@ -306,7 +316,8 @@ class SessionPump:
                 self._signal_pressure()
                 continue
             if isinstance(action, PartialResult) and not sop.rules.admits_partials:
-                continue  # nothing after a terminal or a cancel
+                sop.discard(action)  # nothing after a terminal or a cancel
+                continue
             try:
                 self._send(sop, action)
             except (ValueError, TypeError, OverflowError, struct.error):
@@ -326,7 +337,7 @@ class SessionPump:
 
     def _send(self, sop: ServerOperation, action: PartialResult | Terminal) -> None:
         if isinstance(action, PartialResult):
-            metadata, body = wire.partial_result(sop.operation_id, action)
+            metadata, body = wire.partial_result(sop.operation_id, sop.take(action))
             try:
                 if self._probe is None:
                     sdk_sync.send_partial_result(sop.native, metadata, body)
@@ -365,6 +376,8 @@ class SessionPump:
         """``sop``'s terminal went out (or never can): forget it, free its window, settle its end."""
         if self._ops.pop(sop.operation_id, None) is not None:
             self._frames.pop(sop.frame_id, None)
+            if not self._ops:
+                self._cadence.activated(-1)
             if self._pressured and not self._stopping:
                 self._pressured = False
                 credit = self.limits.max_in_flight - len(self._ops)
