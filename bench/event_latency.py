@@ -104,15 +104,18 @@ def measure(
         server.stop()
     samples = [x / 1000 for out in outputs for x in out["latencies_ns"]]
     window_s = (max(o["last_ns"] for o in outputs) - min(o["first_ns"] for o in outputs)) / 1e9
-    return samples, len(samples) / window_s if window_s > 0 else 0.0, breakdown(server)
+    return samples, len(samples) / window_s if window_s > 0 else 0.0, breakdown(server, chunks=streams * n)
 
 
-def breakdown(server: BenchServer) -> dict[str, float]:
-    """The server's CPU time per event sent (µs, every thread: backend, adapter, pumps) and p50/p95 (µs) of
-    the server-side parts of each event's latency: waiting in the session pump's outbox, and inside nnrp-py's
-    native send."""
+def breakdown(server: BenchServer, chunks: int) -> dict[str, float]:
+    """The server's CPU time (µs, every thread: backend, adapter, pumps, senders) per chunk the backend produced
+    and per event sent (fewer events than chunks when deltas merged while waiting), the events sent, and
+    p50/p95 (µs) of the server-side parts of each event's latency: waiting in the session's outbox, and inside
+    nnrp-py's native send."""
     return {
+        "server_cpu_us_per_chunk": round(server.cpu_s * 1e6 / max(1, chunks), 1),
         "server_cpu_us_per_event": round(server.cpu_s * 1e6 / max(1, len(server.send_us)), 1),
+        "events_sent": len(server.send_us),
         "pump_wait_us_p50": round(percentile(server.pump_wait_us, 0.5), 1),
         "pump_wait_us_p95": round(percentile(server.pump_wait_us, 0.95), 1),
         "sdk_send_us_p50": round(percentile(server.send_us, 0.5), 1),

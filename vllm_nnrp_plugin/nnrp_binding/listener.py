@@ -1,6 +1,7 @@
 """NNRP listeners: one nnrp-py native server per configured address, each with its own accept thread.
 
-Every accepted session gets a :class:`SessionPump`. TCP and WebSocket sessions get TCP_NODELAY (see
+Every accepted session gets a :class:`SessionPump` (its polls); one :class:`.sender.Sender` sends for all of
+them, with the polls' budget shared through one :class:`.cadence.PollCadence`. TCP and WebSocket sessions get TCP_NODELAY (see
 :mod:`.nodelay`). What each address exposes (TLS credentials, socket file mode, the non-loopback warning,
 stale socket files) is :mod:`.exposure`'s; binding problems raise :class:`~.exposure.ListenError` with the
 cause and the fix, so ``vllm serve`` stops at start-up instead of running without a listener. Sessions over
@@ -38,6 +39,7 @@ from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
 from vllm_nnrp_plugin.nnrp_binding.endpoints import Carrier, EndpointError, parse_endpoint
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.nodelay import NoDelaySetter
+from vllm_nnrp_plugin.nnrp_binding.sender import Sender
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.session import SessionHandler, SessionPump
 
@@ -91,6 +93,7 @@ class Listener:
         self._loop = loop
         self._accept_timeout_ms = accept_timeout_ms
         self._cadence = PollCadence(idle_poll_ms)
+        self._sender = Sender()
         self._max_sessions = max_sessions
         self._session_limits = session_limits
         self._exposure = exposure
@@ -115,6 +118,7 @@ class Listener:
         except BaseException:
             self.close()
             raise
+        self._sender.start()
         for thread in self._threads:
             thread.start()
         return self.bound
@@ -182,6 +186,7 @@ class Listener:
                 self._handler,
                 self._loop,
                 cadence=self._cadence,
+                sender=self._sender,
                 limits=self._session_limits,
                 on_exit=self._forget_pump,
                 probe=self._hooks.send_probe,
@@ -215,6 +220,7 @@ class Listener:
             pump.stop()
         for pump in pumps:
             pump.join(max(0.0, deadline - time.monotonic()))
+        self._sender.close()
         self._stack.close()
 
 

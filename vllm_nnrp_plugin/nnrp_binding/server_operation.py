@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from vllm_nnrp_plugin import observation as obs
@@ -48,16 +49,18 @@ class OperationOwner(Protocol):
 
 class SessionLink:
     """What the operations of one session share with its pump: the outbox of decided sends (``items``, a
-    ``deque`` of ``(ServerOperation, Action | PRESSURE)``; appends from any thread never block, only the pump
-    pops; ``wakeup`` is set on every append), the count of decided events not sent yet (``waiting``, bounded by
+    ``deque`` of ``(ServerOperation, Action | PRESSURE)``; appends from any thread never block, only the holder
+    of the session's ``io_lock`` pops; ``notify`` is called after every append), the count of decided events not sent yet (``waiting``, bounded by
     ``max_queued_events``; a delta that joined a queued one counts too) and the session-scoped TRACE_CONTEXT
     (frame 0, written by the pump), the default of operations dispatched later."""
 
-    __slots__ = ("items", "wakeup", "max_queued_events", "waiting", "probe", "session_trace", "_lock")
+    __slots__ = ("items", "notify", "max_queued_events", "waiting", "probe", "session_trace", "_lock")
 
-    def __init__(self, max_queued_events: int, probe: SendProbe | None = None) -> None:
+    def __init__(
+        self, max_queued_events: int, notify: Callable[[], None], probe: SendProbe | None = None
+    ) -> None:
         self.items: collections.deque[tuple[ServerOperation, Any]] = collections.deque()
-        self.wakeup = threading.Event()
+        self.notify = notify
         self.max_queued_events = max_queued_events
         self.waiting = 0
         self.probe = probe
@@ -68,7 +71,7 @@ class SessionLink:
         if self.probe is not None and isinstance(action, PartialResult):
             self.probe.queued(action)
         self.items.append((sop, action))
-        self.wakeup.set()
+        self.notify()
 
     def admit(self) -> bool:
         """One more event may wait (True, counted) or ``max_queued_events`` already do (False)."""

@@ -1,18 +1,18 @@
-"""One pump thread per NNRP server session: the session's wire I/O and per-session bookkeeping. It polls
-incoming frames, posts what came off the wire to vLLM's event loop, and sends what the operations queued;
-it decides nothing about an operation's outcome but the per-session admission.
+"""One pump thread per NNRP server session: it polls the session's incoming frames and posts what came off
+the wire to vLLM's event loop; what the operations queue is sent by the listener's shared
+:class:`.sender.Sender` (or by the pump right after a poll). It decides nothing about an operation's outcome
+but the per-session admission.
 
-Why a thread per session: every native call of nnrp-py 1.0.0rc4.post20 blocks, and its server session
-(``nnrp.native.NativeRuntimeServerSession``) serializes them on one per-session lock: while a poll waits
-inside its timeout, every send on the same session waits for it. A poll with ``max_events > 1`` lingers
-~2.3 ms before returning. So the pump is the only thread that touches its session: it alternates a
-``max_events=1`` poll with flushing the outbox. Empty polls are what a session costs (:mod:`.cadence`), so
-while operations are active the pump polls on a cadence instead of after every send: after an empty poll it
-only sends, waking on the outbox so a queued event goes out within microseconds, for the listener's current
-gap (:meth:`.cadence.PollCadence.active_gap_s`), then polls again with nnrp-py's shortest timeout (1 ms). While
-no event goes out the gap doubles up to ``MAX_POLL_GAP_S`` (or the current gap when that is longer), so slow
-streams wake the pump (and take vLLM's GIL) less often. When idle it waits in one long poll
-(:meth:`.cadence.PollCadence.idle_poll_ms`) that a submit ends at once.
+Why a thread per session: every native call of nnrp-py 1.0.0rc4.post20 blocks, a poll only watches one
+session, and nnrp-py's server session (``nnrp.native.NativeRuntimeServerSession``) serializes its native
+calls: while a poll waits inside its timeout, every send on the same session waits for it. A poll with
+``max_events > 1`` lingers ~2.3 ms before returning, so the pump polls with ``max_events=1``. Whoever touches
+the session holds ``io_lock``: the pump while it polls and handles what came in (then it sends what is
+queued), a sender while it sends. Empty polls are what a session costs (:mod:`.cadence`): while operations
+are active the pump polls with nnrp-py's shortest timeout (1 ms, ~2.2 ms when empty) on a cadence — the
+listener's current gap (:meth:`.cadence.PollCadence.active_gap_s`), doubling up to ``MAX_POLL_GAP_S`` (or
+the current gap when longer) while no event goes out — and sleeps in between without touching the GIL; when
+idle it waits in one long poll (:meth:`.cadence.PollCadence.idle_poll_ms`) that a submit ends at once.
 
 What comes off the wire goes to the :class:`SessionHandler` on the loop (``loop.call_soon_threadsafe``):
 a submit (its envelope already unwrapped, :class:`.server_operation.ServerOperation`), a peer cancel or the
@@ -57,6 +57,7 @@ from nnrp.runtime import PressureMetadata
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
 from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
+from vllm_nnrp_plugin.nnrp_binding.sender import Sender
 from vllm_nnrp_plugin.nnrp_binding.server_operation import PRESSURE, SendProbe, ServerOperation, SessionLink
 from vllm_nnrp_plugin.operation import DropReason, EarlyDeadlines, PartialResult, ResultDrop, ResultPush, Terminal
 from vllm_nnrp_plugin.profile import errors as E
@@ -73,6 +74,10 @@ PRESSURE_REASON_IN_FLIGHT = 1
 RETRY_AFTER_MS = 100
 
 _SESSION_IDS = itertools.count(1)  # the accept counter standing in for a connection id (see Observation)
+
+def _nothing() -> None:
+    """No sender: the pump sends after its polls."""
+
 
 CANCEL_DETAIL = {
     MessageType.FRAME_CANCEL: "client_cancelled",
@@ -100,8 +105,9 @@ class SessionHandler(Protocol):
 
 
 class SessionPump:
-    """Owns one ``NativeRuntimeServerSession`` on a dedicated thread until the client leaves or :meth:`stop`.
-    ``probe`` (benchmarks) is told about every partial result queued and sent."""
+    """Owns one ``NativeRuntimeServerSession`` on a dedicated thread until the client leaves or :meth:`stop`;
+    ``sender`` sends what its operations queue (``None``: only the pump does, after each poll). ``probe``
+    (benchmarks) is told about every partial result queued and sent."""
 
     def __init__(
         self,
@@ -111,6 +117,7 @@ class SessionPump:
         *,
         cadence: PollCadence,
         limits: SessionLimits,
+        sender: Sender | None = None,
         on_exit: Callable[[SessionPump], None] | None = None,
         probe: SendProbe | None = None,
     ) -> None:
@@ -118,7 +125,11 @@ class SessionPump:
         self.limits = limits
         self.transport: str = session.active_transport_name
         self.connection_id = next(_SESSION_IDS)
-        self.link = SessionLink(limits.max_queued_events, probe)
+        #: held by whoever touches the native session (the pump polling, a sender sending)
+        self.io_lock = threading.Lock()
+        self.scheduled = False  # waiting in the sender's queue
+        self._sender = sender
+        self.link = SessionLink(limits.max_queued_events, self._notify if sender is not None else _nothing, probe)
         self._probe = probe
         self._pressured = False  # a BACKPRESSURE frame was sent and no CREDIT_UPDATE since
         self._handler = handler
@@ -129,6 +140,8 @@ class SessionPump:
         self._frames: dict[int, int] = {}
         self._early_deadlines = EarlyDeadlines()
         self._stopping = False
+        self._closed = False  # the native session is closed: nothing more is sent
+        self._wake = threading.Event()  # ends the wait between two polls (stop, the last operation finished)
         self._busy = False  # a frame came in or a partial result went out since the last poll
         self._thread = threading.Thread(target=self._run, name=f"nnrp-session-{self.transport}", daemon=True)
 
@@ -138,7 +151,7 @@ class SessionPump:
     def stop(self) -> None:
         """Ask the pump to end: in-flight operations get a ``server_shutdown`` error terminal."""
         self._stopping = True
-        self.link.wakeup.set()
+        self._wake.set()
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
@@ -150,63 +163,74 @@ class SessionPump:
         cadence = self._cadence
         cadence.opened(1)
         self._handler.on_session(self.transport, True)
-        outbox, wakeup = self.link.items, self.link.wakeup
+        lock = self.io_lock
         try:
-            next_poll, gap = 0.0, 0.0
+            gap = 0.0
             while not self._stopping:
-                self._flush()
-                if self._ops:
-                    rest = next_poll - time.monotonic()
-                    if rest > 0:  # sends only until the next poll is due
-                        if not outbox:
-                            wakeup.wait(rest)
-                            wakeup.clear()
+                with lock:
+                    self.flush()
+                    try:
+                        polled = self.session.poll_events(
+                            max_events=1, timeout_ms=ACTIVE_POLL_MS if self._ops else cadence.idle_poll_ms()
+                        )
+                    except NativeInvalidStateError as exc:
+                        # nnrp-py reports both "peer gone" and "stale cancel for a finished operation" as
+                        # NativeInvalidStateError 3/4/0/105: only repeated failures mean the client is gone.
+                        failures += 1
+                        if failures >= PEER_GONE_AFTER:
+                            logger.info("NNRP session on %s: client gone (%s)", self.transport, exc)
+                            self._lose_all("client_disconnected")
+                            return
                         continue
+                    failures = 0
+                    if polled and not self.handle(polled[0]):
+                        return
+                    self.flush()
+                if self._sender is not None:
+                    self._sender.after(self)  # what was queued while the lock was held
+                if polled:
+                    self._busy = True
+                    continue  # more may be waiting: poll again at once
+                if self._ops:
                     # the window that just ended decides the next one: the listener's gap while events flow
                     floor = cadence.active_gap_s()
                     gap = floor if self._busy else min(max(gap * 2, floor), max(MAX_POLL_GAP_S, floor))
                     self._busy = False
-                try:
-                    polled = self.session.poll_events(
-                        max_events=1, timeout_ms=ACTIVE_POLL_MS if self._ops else cadence.idle_poll_ms()
-                    )
-                except NativeInvalidStateError as exc:
-                    # nnrp-py reports both "peer gone" and "stale cancel for a finished operation" as
-                    # NativeInvalidStateError 3/4/0/105: only repeated failures mean the client is gone.
-                    failures += 1
-                    if failures >= PEER_GONE_AFTER:
-                        logger.info("NNRP session on %s: client gone (%s)", self.transport, exc)
-                        self._lose_all("client_disconnected")
-                        return
-                    continue
-                failures = 0
-                if polled:
-                    next_poll, self._busy = 0.0, True  # more may be waiting: poll again at once
-                    if not self.handle(polled[0]):
-                        return
-                else:
-                    next_poll = time.monotonic() + gap
-            for sop in list(self._ops.values()):
-                sop.shut_down()
-                self._post(self._handler.on_stop, sop)
-            self._flush()
+                    self._wake.wait(gap)
+                    self._wake.clear()
+            with lock:
+                for sop in list(self._ops.values()):
+                    sop.shut_down()
+                    self._post(self._handler.on_stop, sop)
+                self.flush()
         except NativeRuntimeError as exc:
             logger.warning("NNRP session on %s failed: %s", self.transport, exc)
-            self._lose_all("client_disconnected")
+            with lock:
+                self._lose_all("client_disconnected")
         except Exception:
             logger.exception("NNRP session pump on %s crashed; its operations are stopped", self.transport)
-            self._lose_all("server_error")
+            with lock:
+                self._lose_all("server_error")
         finally:
-            try:
-                self.session.close()
-            except NativeRuntimeError:
-                pass
+            with lock:
+                self._closed = True
+                try:
+                    self.session.close()
+                except NativeRuntimeError:
+                    pass
             if self._ops:
                 cadence.activated(-1)
             cadence.opened(-1)
             self._handler.on_session(self.transport, False)
             if self._on_exit is not None:
                 self._on_exit(self)
+
+    def pending(self) -> bool:
+        """Something waits in the outbox (and the session is still open)."""
+        return bool(self.link.items) and not self._closed
+
+    def _notify(self) -> None:
+        self._sender.schedule(self)
 
     def handle(self, event: Any) -> bool:
         """Handle one polled event (pump thread); returns False when the session ended."""
@@ -308,7 +332,10 @@ class SessionPump:
             self._terminal_done(sop)
             self._post(self._handler.on_stop, sop)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Send what the outbox holds, in order (the caller holds ``io_lock``)."""
+        if self._closed:
+            return
         outbox = self.link.items
         while outbox:
             sop, action = outbox.popleft()
@@ -378,6 +405,7 @@ class SessionPump:
             self._frames.pop(sop.frame_id, None)
             if not self._ops:
                 self._cadence.activated(-1)
+                self._wake.set()  # idle now: back to one long poll that the client's next submit ends
             if self._pressured and not self._stopping:
                 self._pressured = False
                 credit = self.limits.max_in_flight - len(self._ops)
