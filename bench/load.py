@@ -4,7 +4,9 @@ The server serves the tiny model of :mod:`bench.tiny_model` (``--load-format dum
 almost nothing), so what is measured is the serving around the model: the API-server process (vLLM's HTTP
 server and OpenAI layer, detokenisation, the plugin's NNRP sessions) and the engine. Started through
 :func:`compat.launcher.serve_with_nnrp` with ``--max-num-seqs 256`` and NNRP on a TCP port and a unix socket
-(``transport`` picks which one the clients use).
+(``transport`` picks which one the clients use; ``python -m bench load --load-transport ipc``), allowing 1024
+NNRP sessions and in-flight operations (:data:`NNRP_CONFIG`) so that sessions of one window still closing on the
+server never refuse the next window's.
 
 Per concurrency level (default 32, 128, 256) the same streamed chat request (``max_tokens`` tokens,
 ``ignore_eos``, ``temperature`` 0, ``include_usage``) runs over HTTP/SSE (``/v1/chat/completions``) and NNRP in
@@ -19,7 +21,9 @@ NNRP session, all opened before the window starts; it ends when the last stream 
 * ``engine_cpu_us_per_token``: the same for the engine side (the API server's ``VLLM::EngineCore`` child and
   its descendants: the worker), µs;
 * ``tokens_per_s``: the window's output tokens / its wall time; one sample per window;
-* ``ttft``: request sent -> first non-empty text delta, ms, per request; ``gap``: between text deltas, ms;
+* ``ttft``: request sent -> first non-empty text delta, ms, per request; ``gap``: between text deltas, ms
+  (vLLM merges the pending tokens of a stream whose consumer lags into one chunk, so a slower path shows fewer,
+  longer gaps: compare ``samples``);
 * ``failed``: failed requests per window (the first error text in the row's note);
 * ``…ratio.nnrp_over_http``: the NNRP row's p50 and p95 over the HTTP row's, with the targets.
 
@@ -58,7 +62,6 @@ from compat.launcher import free_port, serve_with_nnrp
 LEVELS = (32, 128, 256)
 CLIENT_PROCESSES = 4
 PROMPT = "Write a long story about the sea."
-#: sessions from one window may still be closing on the server when the next opens its own
 NNRP_CONFIG = {"nnrp": {"max_sessions": 1024, "max_in_flight": 1024}}
 CPU_RATIO = Target("p50", "<=", 0.8)
 TPS_RATIO = Target("p50", ">=", 1.0)

@@ -1,6 +1,7 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
-    python -m bench [all|mapper|latency|cancel|e2e|load …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR]
+    python -m bench [all|mapper|latency|cancel|e2e|load …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
+        [--load-transport tcp|ipc]
 
 (from the checkout's root: the benchmarks are not part of the installed package).
 
@@ -24,7 +25,7 @@ FULL: dict[str, Callable[..., list[Result]]] = {
     "latency": lambda **_: event_latency.run(),
     "cancel": lambda **_: cancel_latency.run(),
     "e2e": lambda model=None, **_: _e2e().run(model=model),
-    "load": lambda model=None, **_: _load().run(model=model),
+    "load": lambda model=None, load_transport="tcp", **_: _load().run(model=model, transport=load_transport),
 }
 QUICK: dict[str, Callable[..., list[Result]]] = {
     "mapper": lambda **_: mapper.run(repetitions=3, rounds=5),
@@ -33,8 +34,9 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
     ),
     "cancel": lambda **_: cancel_latency.run(operations=5),
     "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
-    "load": lambda model=None, **_: _load().run(
-        model=model, levels=(4,), rounds=1, max_tokens=16, burst_clients=8, idle_sessions=8, idle_seconds=2, stream_interval=None
+    "load": lambda model=None, load_transport="tcp", **_: _load().run(
+        model=model, levels=(4,), rounds=1, max_tokens=16, burst_clients=8, idle_sessions=8, idle_seconds=2,
+        stream_interval=None, transport=load_transport,
     ),
 }
 
@@ -58,6 +60,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="docs/benchmarks", help="directory for the JSON and markdown (default docs/benchmarks)")
     p.add_argument("--name", default="results", help="file name without extension (default results)")
     p.add_argument("--model", help="model directory for e2e and load (default $VLLM_NNRP_TEST_MODEL)")
+    p.add_argument("--load-transport", choices=["tcp", "ipc"], default="tcp", help="NNRP transport of load (default tcp)")
     return p
 
 
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Result] = []
     for name in which:
         print(f"bench: running {name} …", file=sys.stderr, flush=True)
-        rows += table[name](model=args.model)
+        rows += table[name](model=args.model, load_transport=args.load_transport)
     extra = {}
     if "e2e" in which or "load" in which:
         import vllm
