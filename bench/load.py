@@ -184,11 +184,12 @@ def window(server: Any, engine: Sequence[int], mode: str, protocol: str, count: 
 
 
 def _ratio(id: str, nnrp: Result, http: Result, target: Target | None, parameters: dict[str, Any]) -> Result:
+    """``nnrp`` over ``http`` (p50 and p95 ratios; NaN where the HTTP row is 0) as a row of its own."""
     nnrp.versus(http)
-    nan = float("nan")
+    p50, p95 = (float("nan") if r is None else r for r in (nnrp.compare["p50_ratio"], nnrp.compare["p95_ratio"]))
     return Result(
-        id=id, unit="ratio", samples=nnrp.samples, p50=nnrp.compare["p50_ratio"] or nan,
-        p95=nnrp.compare["p95_ratio"] or nan, targets=(target,) if target else (), parameters=parameters,
+        id=id, unit="ratio", samples=nnrp.samples, p50=p50, p95=p95, targets=(target,) if target else (),
+        parameters=parameters,
     )  # fmt: skip
 
 
@@ -325,19 +326,17 @@ def _serve(model: str, workdir: str, extra_args: Sequence[str], **kw: Any) -> li
 def run(
     *, model: str | None = None, levels: Sequence[int] = LEVELS, rounds: int = 2, max_tokens: int = 256,
     burst_clients: int = 256, idle_sessions: int = 256, idle_seconds: float = 10.0, stream_interval: int | None = 8,
-    transport: str = "tcp", server: Any = None,
+    transport: str = "tcp",
 ) -> list[Result]:
     """Serve the tiny model made from ``model`` (default ``$VLLM_NNRP_TEST_MODEL``) and measure (module
     docstring); then the levels again with ``--stream-interval stream_interval`` unless it is ``None`` or the
-    installed vLLM lacks the flag. With ``server`` (a running server, see :func:`measure`) only measure on it."""
+    installed vLLM lacks the flag. Raises ``SystemExit`` without a model, ``compat.launcher.ServeError`` when
+    ``vllm serve`` does not start, ``RuntimeError`` when a client process fails."""
     kw = {"levels": levels, "rounds": rounds, "max_tokens": max_tokens, "transport": transport}
+    model = model or os.environ.get("VLLM_NNRP_TEST_MODEL")
+    if not model:
+        raise SystemExit("load benchmark: give --model or set VLLM_NNRP_TEST_MODEL")
     with tempfile.TemporaryDirectory() as workdir:
-        if server is not None:
-            return measure(server, burst_clients=burst_clients, idle_sessions=idle_sessions, idle_seconds=idle_seconds,
-                           workdir=workdir, **kw)  # fmt: skip
-        model = model or os.environ.get("VLLM_NNRP_TEST_MODEL")
-        if not model:
-            raise SystemExit("load benchmark: give --model or set VLLM_NNRP_TEST_MODEL")
         tiny = str(tiny_model.build(model))
         rows = _serve(tiny, workdir, (), burst_clients=burst_clients, idle_sessions=idle_sessions,
                       idle_seconds=idle_seconds, **kw)  # fmt: skip
