@@ -20,6 +20,8 @@ NNRP session, all opened before the window starts; it ends when the last stream 
   tokens), µs; one sample per window;
 * ``engine_cpu_us_per_token``: the same for the engine side (the API server's ``VLLM::EngineCore`` child and
   its descendants: the worker), µs;
+* ``client_cpu_us_per_token``: the same for the client processes (they share the machine's CPUs with the
+  server: a client that costs more leaves less to the server), µs;
 * ``tokens_per_s``: the window's output tokens / its wall time; one sample per window;
 * ``ttft``: request sent -> first non-empty text delta, ms, per request; ``gap``: between text deltas, ms
   (vLLM merges the pending tokens of a stream whose consumer lags into one chunk, so a slower path shows fewer,
@@ -146,12 +148,13 @@ class Clients:
 @attrs.define
 class Window:
     """One timed window: the requests' records (see :mod:`bench.load_client`), wall time (s) and the CPU time
-    (s) of the API server and of the engine side in it."""
+    (s) of the API server, of the engine side and of the client processes in it."""
 
     requests: list[dict[str, Any]]
     wall_s: float
     api_cpu_s: float
     engine_cpu_s: float
+    client_cpu_s: float
 
     @property
     def tokens(self) -> int:
@@ -174,13 +177,14 @@ def window(server: Any, engine: Sequence[int], mode: str, protocol: str, count: 
     argument_lists = [[mode, protocol, target, str(n), orjson.dumps(body).decode()] for n in shares(count)]
     with Clients(argument_lists, workdir) as clients:
         clients.read()  # ready
-        api, eng, start = cpu_s([server.pid]), cpu_s(engine), time.perf_counter()
+        sides = ([server.pid], engine, [p.pid for p in clients.procs])
+        before, start = [cpu_s(pids) for pids in sides], time.perf_counter()
         clients.tell()
         outputs = [orjson.loads(line) for line in clients.read()]
         wall = time.perf_counter() - start
-        api, eng = cpu_s([server.pid]) - api, cpu_s(engine) - eng
+        used = [cpu_s(pids) - b for pids, b in zip(sides, before, strict=True)]
         clients.tell()  # close
-    return Window([r for out in outputs for r in out["requests"]], wall, api, eng)
+    return Window([r for out in outputs for r in out["requests"]], wall, *used)
 
 
 def _ratio(id: str, nnrp: Result, http: Result, target: Target | None, parameters: dict[str, Any]) -> Result:
@@ -221,11 +225,13 @@ def levels_rows(server: Any, engine: Sequence[int], prefix: str, *, levels: Sequ
                                               [w.api_cpu_s * 1e6 / max(1, w.tokens) for w in windows], parameters=params)  # fmt: skip
             made["engine", protocol] = Result.of(name.format("engine_cpu_us_per_token"), "us",
                                                  [w.engine_cpu_s * 1e6 / max(1, w.tokens) for w in windows], parameters=params)  # fmt: skip
+            made["client", protocol] = Result.of(name.format("client_cpu_us_per_token"), "us",
+                                                 [w.client_cpu_s * 1e6 / max(1, w.tokens) for w in windows], parameters=params)  # fmt: skip
             made["tps", protocol] = Result.of(name.format("tokens_per_s"), "tokens/s", [w.tokens / w.wall_s for w in windows], parameters=params)
             made["ttft", protocol] = Result.of(name.format("ttft"), "ms", [r["ttft_ms"] for r in ok] or [0.0], parameters=params)
             made["gap", protocol] = Result.of(name.format("gap"), "ms", [g for r in ok for g in r["gaps_ms"]] or [0.0], parameters=params)
             made["failed", protocol] = _failed(name.format("failed"), windows, params)
-        for metric, target in (("api", CPU_RATIO), ("engine", None), ("tps", TPS_RATIO), ("ttft", TTFT_RATIO), ("gap", GAP_RATIO)):
+        for metric, target in (("api", CPU_RATIO), ("engine", None), ("client", None), ("tps", TPS_RATIO), ("ttft", TTFT_RATIO), ("gap", GAP_RATIO)):
             http, nnrp = made[metric, "http"], made[metric, "nnrp"]
             rows += [http, nnrp, _ratio(nnrp.id.removesuffix(".nnrp") + "_ratio.nnrp_over_http", nnrp, http, target, params)]
         rows += [made["failed", "http"], made["failed", "nnrp"]]

@@ -33,7 +33,8 @@ def test_quick_load_benchmark_runs_both_protocols_without_failures():
     from bench.suite import QUICK
 
     rows = {r.id: r for r in QUICK["load"](model=model_dir())}
-    for metric in ("api_server_cpu_us_per_token", "engine_cpu_us_per_token", "tokens_per_s", "ttft", "gap"):
+    cpu = ("api_server_cpu_us_per_token", "engine_cpu_us_per_token", "client_cpu_us_per_token")
+    for metric in (*cpu, "tokens_per_s", "ttft", "gap"):
         http, nnrp = rows[f"load.c4.{metric}.http"], rows[f"load.c4.{metric}.nnrp"]
         assert http.samples and nnrp.samples and nnrp.compare["against"] == http.id
         assert f"load.c4.{metric}_ratio.nnrp_over_http" in rows
