@@ -129,12 +129,19 @@ class Listener:
         return len(self._pumps)
 
     async def evaluate(self, _open: object) -> NativeServerSessionPolicyDecision:
-        """nnrp-py session admission (runs on the SDK's policy thread): refuse over ``max_sessions``."""
+        """nnrp-py's session policy interface (``application_policy``); replaced by :meth:`decide` once bound
+        (:func:`.sdk_sync.direct_policy`), so that an open does not cost a new event loop."""
+        accepted, code, diagnostic = self.decide(_open)
+        if accepted:
+            return NativeServerSessionPolicyDecision.accept()
+        return NativeServerSessionPolicyDecision.reject(code, diagnostic)
+
+    def decide(self, _open: object) -> tuple[bool, int, str | None]:
+        """Session admission (on nnrp-py's policy threads): refuse over ``max_sessions`` with
+        ``SESSION_ERROR_LIMIT_REACHED``."""
         if len(self._pumps) >= self._max_sessions:
-            return NativeServerSessionPolicyDecision.reject(
-                SESSION_ERROR_LIMIT_REACHED, f"{self._max_sessions} NNRP sessions are open (nnrp.max_sessions)"
-            )
-        return NativeServerSessionPolicyDecision.accept()
+            return False, SESSION_ERROR_LIMIT_REACHED, f"{self._max_sessions} NNRP sessions are open (nnrp.max_sessions)"
+        return True, 0, None
 
     def _bind(self, carrier: Carrier) -> None:
         security = exposure.before_bind(carrier, self._exposure)
@@ -155,6 +162,7 @@ class Listener:
                 f"cannot listen for NNRP on {carrier.uri}: {exc}. Fix: free that address (is another server "
                 "using it?) or choose another one with nnrp.listen / VLLM_NNRP_LISTEN."
             ) from exc
+        sdk_sync.direct_policy(server, self.decide)
         bound = server.bound_provider_endpoints[carrier.transport].uri
         exposure.after_bind(carrier, self._exposure)
         self.bound.append(_public_uri(carrier, bound))

@@ -10,11 +10,15 @@ terminal. They touch private SDK members, which is why the SDK version is pinned
 
 :class:`Acceptor` replaces ``NativeServer.accept``, which (a) releases its accept ticket at every deadline,
 losing a session whose handshake straddles it, and (b) closes the whole server on any accept error, so one
-bad handshake would take the listener down. All of them raise nnrp-py's ``NativeRuntimeError`` subclasses
+bad handshake would take the listener down. :func:`direct_policy` lets the session-open decision run as a
+plain function: nnrp-py runs the public ``application_policy.evaluate`` coroutine in a fresh
+``asyncio.run()`` event loop per session open (``nnrp.server.native``), which made a burst of opens queue. All of them raise nnrp-py's ``NativeRuntimeError`` subclasses
 unchanged (``NativeInvalidStateError`` 3/4/0/105 when the operation was cancelled or the peer is gone).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from nnrp.core import MessageType, ResultPushMetadata
 from nnrp.native import NativeRuntimeError, NativeWouldBlockError
@@ -52,6 +56,13 @@ class Acceptor:
         except NativeRuntimeError:
             pass
         self._handle_id = _allocate_native_handle_id()
+
+
+def direct_policy(server: NativeServer, decide: Callable[[object], tuple[bool, int, str | None]]) -> None:
+    """Every carrier of ``server`` (listened with an ``application_policy``) decides session opens with
+    ``decide(open_metadata) -> (accepted, session_error_code, diagnostic)``, called on nnrp-py's policy threads."""
+    for _name, runtime in server._servers:
+        runtime._policy_dispatcher._application_policy = decide
 
 
 def send_partial_result(native: NativeRuntimeServerOperation, metadata: PartialResultMetadata, body: bytes) -> None:
