@@ -1,7 +1,8 @@
 """NNRP listeners: one nnrp-py native server per configured address, each with its own accept thread.
 
-Every accepted session gets a :class:`SessionPump` (its polls); one :class:`.sender.Sender` sends for all of
-them, with the polls' budget shared through one :class:`.cadence.PollCadence`. TCP and WebSocket sessions get TCP_NODELAY (see
+Every accepted session gets a :class:`SessionPump` (its polls), started by one starter thread so that the
+accept threads only accept; one :class:`.sender.Sender` sends for all of them, with the polls' budget shared
+through one :class:`.cadence.PollCadence`. TCP and WebSocket sessions get TCP_NODELAY (see
 :mod:`.nodelay`). What each address exposes (TLS credentials, socket file mode, the non-loopback warning,
 stale socket files) is :mod:`.exposure`'s; binding problems raise :class:`~.exposure.ListenError` with the
 cause and the fix, so ``vllm serve`` stops at start-up instead of running without a listener. Sessions over
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
 import time
 import urllib.parse
@@ -94,6 +96,9 @@ class Listener:
         self._accept_timeout_ms = accept_timeout_ms
         self._cadence = PollCadence(idle_poll_ms)
         self._sender = Sender()
+        #: accepted sessions' pumps waiting to be started (``None``: the listener is closing)
+        self._starting: queue.SimpleQueue[tuple[SessionPump | None, NoDelaySetter | None]] = queue.SimpleQueue()
+        self._starter = threading.Thread(target=self._start_loop, name="nnrp-start", daemon=True)
         self._max_sessions = max_sessions
         self._session_limits = session_limits
         self._exposure = exposure
@@ -119,6 +124,7 @@ class Listener:
             self.close()
             raise
         self._sender.start()
+        self._starter.start()
         for thread in self._threads:
             thread.start()
         return self.bound
@@ -187,8 +193,6 @@ class Listener:
                 logger.warning("NNRP session handshake failed: %s", exc)
                 self._closing.wait(0.01)
                 continue
-            if nodelay is not None:
-                nodelay.apply()
             pump = SessionPump(
                 session,
                 self._handler,
@@ -203,7 +207,22 @@ class Listener:
                 if self._closing.is_set():
                     pump.stop()
                 self._pumps.add(pump)
-            pump.start()
+            self._starting.put((pump, nodelay))
+
+    def _start_loop(self) -> None:
+        """Start the pumps of accepted sessions, so that the accept loops only accept (starting a thread
+        waits for it to run, and a burst of connects must not queue behind that). TCP_NODELAY is set once per
+        batch of sessions accepted meanwhile (one scan of the process's sockets covers them all)."""
+        while True:
+            batch = [self._starting.get()]
+            while not self._starting.empty():
+                batch.append(self._starting.get())
+            for nodelay in {id(n): n for _, n in batch if n is not None}.values():
+                nodelay.apply()
+            for pump, _ in batch:
+                if pump is None:
+                    return
+                pump.start()
 
     def _forget_pump(self, pump: SessionPump) -> None:
         with self._pumps_lock:
@@ -221,6 +240,9 @@ class Listener:
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(self._accept_timeout_ms / 1000 + 1)
+        if self._starter.is_alive():
+            self._starting.put((None, None))
+            self._starter.join()
         with self._pumps_lock:
             pumps = list(self._pumps)
         deadline = time.monotonic() + max(timeout_s, self._cadence.idle_poll_ms() / 1000 + 1)

@@ -154,7 +154,8 @@ class SessionPump:
         self._wake.set()
 
     def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout)
 
     # -- pump thread --------------------------------------------------------------------------------------
 
