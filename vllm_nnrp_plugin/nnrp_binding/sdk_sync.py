@@ -18,14 +18,25 @@ unchanged (``NativeInvalidStateError`` 3/4/0/105 when the operation was cancelle
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 
 from nnrp.core import MessageType, ResultPushMetadata
 from nnrp.native import NativeRuntimeError, NativeWouldBlockError
 from nnrp.native import NativeRuntimeServerOperation, NativeRuntimeServerSession
-from nnrp.native import _allocate_native_handle_id, _buffer_view_from_payload, _NnrpServerSendResultRequest
-from nnrp.runtime import PartialResultMetadata, ResultDropReasonMetadata
+from nnrp.native import (
+    _allocate_native_handle_id,
+    _buffer_view_from_payload,
+    _NnrpBufferView,
+    _NnrpRuntimeFrameSendRequest,
+    _NnrpServerSendResultRequest,
+    raise_for_native_status,
+)
+from nnrp.runtime import ResultDropReasonMetadata
 from nnrp.server import NativeServer
+
+
+_PARTIAL_RESULT = int(MessageType.PARTIAL_RESULT)
 
 
 class Acceptor:
@@ -65,12 +76,18 @@ def direct_policy(server: NativeServer, decide: Callable[[object], tuple[bool, i
         runtime._policy_dispatcher._application_policy = decide
 
 
-def send_partial_result(native: NativeRuntimeServerOperation, metadata: PartialResultMetadata, body: bytes) -> None:
-    """One PARTIAL_RESULT (non-terminal)."""
+def send_partial_result(native: NativeRuntimeServerOperation, payload: bytes) -> None:
+    """One PARTIAL_RESULT (non-terminal); ``payload`` is its packed metadata followed by the body
+    (:func:`.wire.partial_result`). One native call and nothing else: what nnrp-py's
+    ``_send_operation_runtime_frame`` does after it validated and packed the metadata (one event per token
+    makes each µs count)."""
     native._begin_reply(terminal=False)
-    native._owner._send_operation_runtime_frame(
-        native._handle, native.frame_id, MessageType.PARTIAL_RESULT, metadata, body
+    view = _NnrpBufferView(ctypes.cast(ctypes.c_char_p(payload), ctypes.c_void_p), len(payload))
+    status = native._owner.entrypoints.runtime_frame_send(
+        _NnrpRuntimeFrameSendRequest(native._handle.to_ffi(), _PARTIAL_RESULT, native.frame_id, view)
     )
+    if status.status_code != 0:
+        raise_for_native_status(status)
 
 
 def send_result(native: NativeRuntimeServerOperation, metadata: ResultPushMetadata, body: bytes) -> None:

@@ -365,13 +365,13 @@ class SessionPump:
 
     def _send(self, sop: ServerOperation, action: PartialResult | Terminal) -> None:
         if isinstance(action, PartialResult):
-            metadata, body = wire.partial_result(sop.operation_id, sop.take(action))
+            payload = wire.partial_result(sop.operation_id, sop.take(action))
             try:
                 if self._probe is None:
-                    sdk_sync.send_partial_result(sop.native, metadata, body)
+                    sdk_sync.send_partial_result(sop.native, payload)
                 else:
                     started = time.monotonic_ns()
-                    sdk_sync.send_partial_result(sop.native, metadata, body)
+                    sdk_sync.send_partial_result(sop.native, payload)
                     self._probe.sent(action, started, time.monotonic_ns())
             except NativeRuntimeError as exc:
                 logger.debug("NNRP send for operation %d not delivered: %s", sop.operation_id, exc)
