@@ -3,17 +3,18 @@
 nnrp-py's public ``NativeRuntimeServerOperation.send_partial_result`` / ``send_result`` / ``send_result_drop``
 are coroutines that hop to a worker thread per call; on a pump thread that already owns the session that hop
 is pure cost (measured with nnrp-py 1.0.0rc4.post20 on loopback: 4–5.6k events/s through it versus 17–22k
-with a direct synchronous send). These three functions do what
-the public methods do, in the same order, without the hop: mark the reply (so a second terminal or a partial
-after a terminal is refused exactly as the SDK refuses it), send, and release the frame correlation after a
-terminal. They touch private SDK members, which is why the SDK version is pinned exactly.
+with a direct synchronous send). These three functions do what the public methods do, in the same order,
+without the hop: mark the reply (so a second terminal or a partial after a terminal is refused exactly as
+the SDK refuses it), send, and release the frame correlation after a terminal. They touch private SDK
+members, which is why the SDK version is pinned exactly.
 
 :class:`Acceptor` replaces ``NativeServer.accept``, which (a) releases its accept ticket at every deadline,
 losing a session whose handshake straddles it, and (b) closes the whole server on any accept error, so one
 bad handshake would take the listener down. :func:`direct_policy` lets the session-open decision run as a
 plain function: nnrp-py runs the public ``application_policy.evaluate`` coroutine in a fresh
-``asyncio.run()`` event loop per session open (``nnrp.server.native``), which made a burst of opens queue. All of them raise nnrp-py's ``NativeRuntimeError`` subclasses
-unchanged (``NativeInvalidStateError`` 3/4/0/105 when the operation was cancelled or the peer is gone).
+``asyncio.run()`` event loop per session open (``nnrp.server.native``), which made a burst of opens queue.
+All of them raise nnrp-py's ``NativeRuntimeError`` subclasses unchanged (``NativeInvalidStateError``
+3/4/0/105 when the operation was cancelled or the peer is gone).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import ctypes
 from collections.abc import Callable
 
 from nnrp.core import MessageType, ResultPushMetadata
-from nnrp.native import NativeRuntimeError, NativeWouldBlockError
-from nnrp.native import NativeRuntimeServerOperation, NativeRuntimeServerSession
 from nnrp.native import (
+    NativeRuntimeError,
+    NativeRuntimeServerOperation,
+    NativeRuntimeServerSession,
+    NativeWouldBlockError,
     _allocate_native_handle_id,
     _buffer_view_from_payload,
     _NnrpBufferView,
@@ -34,7 +37,6 @@ from nnrp.native import (
 )
 from nnrp.runtime import ResultDropReasonMetadata
 from nnrp.server import NativeServer
-
 
 _PARTIAL_RESULT = int(MessageType.PARTIAL_RESULT)
 

@@ -75,6 +75,7 @@ RETRY_AFTER_MS = 100
 
 _SESSION_IDS = itertools.count(1)  # the accept counter standing in for a connection id (see Observation)
 
+
 def _nothing() -> None:
     """No sender: the pump sends after its polls."""
 
