@@ -50,15 +50,14 @@ class OperationOwner(Protocol):
 class SessionLink:
     """What the operations of one session share with its pump: the outbox of decided sends (``items``, a
     ``deque`` of ``(ServerOperation, Action | PRESSURE)``; appends from any thread never block, only the holder
-    of the session's ``io_lock`` pops; ``notify`` is called after every append), the count of decided events not sent yet (``waiting``, bounded by
-    ``max_queued_events``; a delta that joined a queued one counts too) and the session-scoped TRACE_CONTEXT
-    (frame 0, written by the pump), the default of operations dispatched later."""
+    of the session's ``io_lock`` pops; ``notify`` is called after every append), the count of decided events
+    not sent yet (``waiting``, bounded by ``max_queued_events``; a delta that joined a queued one counts too)
+    and the session-scoped TRACE_CONTEXT (frame 0, written by the pump), the default of operations dispatched
+    later."""
 
     __slots__ = ("items", "notify", "max_queued_events", "waiting", "probe", "session_trace", "_lock")
 
-    def __init__(
-        self, max_queued_events: int, notify: Callable[[], None], probe: SendProbe | None = None
-    ) -> None:
+    def __init__(self, max_queued_events: int, notify: Callable[[], None], probe: SendProbe | None = None) -> None:
         self.items: collections.deque[tuple[ServerOperation, Any]] = collections.deque()
         self.notify = notify
         self.max_queued_events = max_queued_events
