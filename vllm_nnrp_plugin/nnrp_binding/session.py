@@ -285,6 +285,7 @@ class SessionPump:
             return
         if not self._ops:
             self._cadence.activated(1)
+            self._wake.clear()  # set when the last operation finished: not a reason to skip the next sleep
         self._ops[sop.operation_id] = sop
         self._frames[sop.frame_id] = sop.operation_id
         early = self._early_deadlines.take(sop.operation_id)
