@@ -63,7 +63,10 @@ def chat_body(prompt: str, max_tokens: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class _Clock:
+class Clock:
+    """Times one request from its construction (the request is sent): :meth:`text` at each non-empty text
+    delta, :meth:`done` at its end with the usage's output tokens."""
+
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.last: float | None = None
@@ -91,7 +94,7 @@ def http_worker(base: str, body: dict[str, Any], count: int, ready: threading.Ba
         if ready is not None:
             ready.wait()
         for _ in range(count):
-            clock, tokens = _Clock(), 0
+            clock, tokens = Clock(), 0
             with http.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
                 response.raise_for_status()
                 for line in response.iter_lines():
@@ -120,7 +123,7 @@ def nnrp_worker(uri: str, body: dict[str, Any], count: int, ready: threading.Bar
         if ready is not None:
             ready.wait()
         for _ in range(count):
-            clock, tokens, first_chunk = _Clock(), 0, None
+            clock, tokens, first_chunk = Clock(), 0, None
             for event in client.events(client.submit(envelope), timeout_s=600):
                 kind = event.event["type"] if event.event else None
                 if kind == "response.output_text.delta" and event.event["delta"]:

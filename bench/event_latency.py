@@ -5,7 +5,7 @@ The server is :mod:`bench.server` (the plugin's real server path before a paced 
 are separate processes (``python -m bench.event_latency --client …``), each with nnrp-py client sessions
 polled by one thread each (``max_events=1``). A sample is ``time.monotonic_ns()`` right after the client's
 poll returned the partial result, minus the timestamp the backend wrote into the chunk (the host's monotonic
-clock is shared by all processes).
+clock is shared by all processes); an event the server merged from several chunks gives one sample per chunk.
 
 * light: 1 stream, one chunk every ``interval_us`` µs (default 2000: 500 events/s); over TCP also with the
   listener's TCP_NODELAY step disabled (nnrp-py alone, Nagle on);
@@ -65,11 +65,12 @@ def client_main(uri: str, sessions: int, streams: int, n: int, interval_us: int,
                 if event.terminal:
                     open_ops.discard(operation_id)
                     continue
-                count = seen[operation_id] = seen.get(operation_id, 0) + 1
-                if count > warmup:
-                    out.append(received - int(event.event["delta"]))
-                    first = first or received
-                    window[i][1] = received
+                for stamp in event.event["delta"].split():  # one per chunk the backend produced
+                    count = seen[operation_id] = seen.get(operation_id, 0) + 1
+                    if count > warmup:
+                        out.append(received - int(stamp))
+                        first = first or received
+                        window[i][1] = received
         window[i][0] = first
         if open_ops:
             raise TimeoutError(f"{len(open_ops)} streams did not finish")
@@ -103,15 +104,18 @@ def measure(
         server.stop()
     samples = [x / 1000 for out in outputs for x in out["latencies_ns"]]
     window_s = (max(o["last_ns"] for o in outputs) - min(o["first_ns"] for o in outputs)) / 1e9
-    return samples, len(samples) / window_s if window_s > 0 else 0.0, breakdown(server)
+    return samples, len(samples) / window_s if window_s > 0 else 0.0, breakdown(server, chunks=streams * n)
 
 
-def breakdown(server: BenchServer) -> dict[str, float]:
-    """The server's CPU time per event sent (µs, every thread: backend, adapter, pumps) and p50/p95 (µs) of
-    the server-side parts of each event's latency: waiting in the session pump's outbox, and inside nnrp-py's
-    native send."""
+def breakdown(server: BenchServer, chunks: int) -> dict[str, float]:
+    """The server's CPU time (µs, every thread: backend, adapter, pumps, senders) per chunk the backend produced
+    and per event sent (fewer events than chunks when deltas merged while waiting), the events sent, and
+    p50/p95 (µs) of the server-side parts of each event's latency: waiting in the session's outbox, and inside
+    nnrp-py's native send."""
     return {
+        "server_cpu_us_per_chunk": round(server.cpu_s * 1e6 / max(1, chunks), 1),
         "server_cpu_us_per_event": round(server.cpu_s * 1e6 / max(1, len(server.send_us)), 1),
+        "events_sent": len(server.send_us),
         "pump_wait_us_p50": round(percentile(server.pump_wait_us, 0.5), 1),
         "pump_wait_us_p95": round(percentile(server.pump_wait_us, 0.95), 1),
         "sdk_send_us_p50": round(percentile(server.send_us, 0.5), 1),

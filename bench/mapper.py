@@ -64,7 +64,7 @@ async def _sse_to_partial_async(streams: list[list[str]], rounds: int) -> int:
             machine = OperationMachine()
             async for chunk in vllm_chunks(_replay(stream)):
                 for event in mapper.feed(chunk):
-                    machine.partial(event)
+                    machine.number(machine.partial(event))  # queued, then taken and encoded for sending
             machine.complete(mapper.completed_body())
             events += machine.events_sent
     return events

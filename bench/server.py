@@ -8,7 +8,8 @@ then one line ``{"pump_wait_ns": […], "send_ns": […], "cpu_s": …}`` and ex
 it waited in the session pump's outbox (queued -> send started) and the time spent inside nnrp-py's send
 call; and the CPU time (s, all threads) the process used while serving. Requests choose the stream in their body: ``n`` chunks, one every ``interval_us`` µs. Each chunk is the
 SSE string vLLM would yield, ``data: {chat.completion.chunk}``, whose delta text is the
-``time.monotonic_ns()`` at which the backend produced it; the clock is shared by every process of the host,
+``time.monotonic_ns()`` at which the backend produced it followed by a space (deltas the server merged carry
+several); the clock is shared by every process of the host,
 so a client in another process measures backend chunk produced -> event received. ``--no-nodelay`` skips the
 listener's TCP_NODELAY step (what nnrp-py does alone: Nagle on). Both the send timings and ``--no-nodelay`` go
 through the listener's explicit hooks (:class:`~vllm_nnrp_plugin.nnrp_binding.listener.ListenerHooks`).
@@ -62,7 +63,7 @@ class PacedBackend:
             delay = start + i * interval_ns - time.monotonic_ns()
             if delay > 0:
                 await asyncio.sleep(delay / 1e9)
-            yield (head + str(time.monotonic_ns()).encode() + tail).decode()
+            yield (head + str(time.monotonic_ns()).encode() + b" " + tail).decode()
         yield (head + b'"},"logprobs":null,"finish_reason":"length"}]}\n\n').decode()  # vLLM ends every choice
         yield "data: [DONE]\n\n"
 

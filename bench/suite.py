@@ -1,12 +1,13 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
-    python -m bench [all|mapper|latency|cancel|e2e …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR]
+    python -m bench [all|mapper|latency|cancel|e2e|load …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
+        [--load-transport tcp|ipc]
 
 (from the checkout's root: the benchmarks are not part of the installed package).
 
-``--quick`` runs each with tiny sizes (the smoke the tests run: it must run, not meet a number). The e2e
-benchmark needs vLLM installed in this interpreter and a model directory (``--model`` or
-``VLLM_NNRP_TEST_MODEL``).
+``--quick`` runs each with tiny sizes (the smoke the tests run: it must run, not meet a number). The e2e and
+load benchmarks need vLLM installed in this interpreter and a model directory (``--model`` or
+``VLLM_NNRP_TEST_MODEL``; load serves a tiny model made from it, :mod:`bench.tiny_model`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ FULL: dict[str, Callable[..., list[Result]]] = {
     "latency": lambda **_: event_latency.run(),
     "cancel": lambda **_: cancel_latency.run(),
     "e2e": lambda model=None, **_: _e2e().run(model=model),
+    "load": lambda model=None, load_transport="tcp", **_: _load().run(model=model, transport=load_transport),
 }
 QUICK: dict[str, Callable[..., list[Result]]] = {
     "mapper": lambda **_: mapper.run(repetitions=3, rounds=5),
@@ -32,6 +34,10 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
     ),
     "cancel": lambda **_: cancel_latency.run(operations=5),
     "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
+    "load": lambda model=None, load_transport="tcp", **_: _load().run(
+        model=model, levels=(4,), rounds=1, max_tokens=16, burst_clients=8, idle_sessions=8, idle_seconds=2,
+        stream_interval=None, transport=load_transport,
+    ),
 }
 
 
@@ -41,13 +47,20 @@ def _e2e():
     return e2e
 
 
+def _load():
+    from bench import load  # needs vLLM's environment (aiohttp, a vllm executable)
+
+    return load
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="*", default=["all"], choices=["all", *FULL], help="benchmarks to run (default all)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, numbers mean nothing")
     p.add_argument("--out", default="docs/benchmarks", help="directory for the JSON and markdown (default docs/benchmarks)")
     p.add_argument("--name", default="results", help="file name without extension (default results)")
-    p.add_argument("--model", help="model directory for e2e (default $VLLM_NNRP_TEST_MODEL)")
+    p.add_argument("--model", help="model directory for e2e and load (default $VLLM_NNRP_TEST_MODEL)")
+    p.add_argument("--load-transport", choices=["tcp", "ipc"], default="tcp", help="NNRP transport of load (default tcp)")
     return p
 
 
@@ -58,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Result] = []
     for name in which:
         print(f"bench: running {name} …", file=sys.stderr, flush=True)
-        rows += table[name](model=args.model)
+        rows += table[name](model=args.model, load_transport=args.load_transport)
     extra = {}
-    if "e2e" in which:
+    if "e2e" in which or "load" in which:
         import vllm
 
         extra["vllm"] = vllm.__version__

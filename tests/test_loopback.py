@@ -84,10 +84,12 @@ def test_streamed_text_arrives_in_order_then_completed(client):
     events = collect(client, envelope({"model": "b-stream-text-usage", "messages": [], "stream": True,
                                       "stream_options": {"include_usage": True}}))
     *partials, terminal = events
-    assert [e.frame for e in partials] == ["partial_result"] * 17
+    assert [e.frame for e in partials] == ["partial_result"] * len(partials)
     expected = [c["choices"][0]["delta"]["content"] for c in recorded_chunks("b-stream-text-usage")[1:-2]]
     expected.append(recorded_chunks("b-stream-text-usage")[-2]["choices"][0]["delta"]["content"])
-    assert [e.event["delta"] for e in partials[:-1]] == [d for d in expected if d]
+    # 16 deltas, or fewer carrying the same text in order when some were merged while waiting to be sent
+    assert 1 <= len(partials[:-1]) <= 16 and all(e.event["type"] == "response.output_text.delta" for e in partials[:-1])
+    assert "".join(e.event["delta"] for e in partials[:-1]) == "".join(expected)
     assert partials[-1].event == {
         "type": "response.usage",
         "usage": {"input_tokens": 33, "output_tokens": 16, "total_tokens": 49},

@@ -14,7 +14,11 @@ after it. :class:`Operation` wraps it with every other rule of one submitted ope
 * the TRACE_CONTEXT an operation runs in is frozen when it is dispatched to vLLM (the ``openai-compatible/1``
   profile's trace-context section): later overrides never change in-flight work;
 * the terminal event is encoded once, when it is sent (:meth:`Operation.seal`), with the ``diagnostics`` the
-  envelope asked for (``nnrp.diagnostics: true``).
+  envelope asked for (``nnrp.diagnostics: true``);
+* a delta decided while the previous one still waits to be sent joins it (:func:`.profile.events.merge`): a
+  client that reads slower than vLLM produces (a busy server, a slow link) gets fewer, larger events instead of
+  a growing queue, and nothing waits that would not have waited anyway. Partial results are numbered when they
+  are taken for sending (:meth:`Operation.take`), so sequences stay contiguous.
 
 Frames follow the frozen wire mapping of the ``openai-compatible/1`` profile: ``response.completed`` /
 ``response.error`` as a RESULT_PUSH; a cancellation as a RESULT_DROP_REASON. The NNRP binding
@@ -51,12 +55,17 @@ class DropReason(enum.Enum):
 CANCEL_SOURCE = {DropReason.PEER_CANCELLED: obs.CLIENT, DropReason.TRANSPORT_CLOSED: obs.TRANSPORT}
 
 
-@attrs.frozen
+@attrs.define(slots=True)
 class PartialResult:
-    """One non-terminal event: ``sequence`` starts at 1; ``body`` is the raw UTF-8 JSON event."""
+    """One non-terminal event: ``event`` the profile event (a delta may still grow, :meth:`Operation.partial`);
+    once taken for sending (:meth:`Operation.take`), ``sequence`` (from 1) and ``body`` (the raw UTF-8 JSON
+    event) are set."""
 
-    sequence: int
-    body: bytes
+    event: dict[str, Any]
+    sequence: int = 0
+    body: bytes = b""
+    #: how many decided events it carries (more than 1 once deltas joined it)
+    events: int = 1
 
 
 @attrs.frozen
@@ -104,15 +113,20 @@ class OperationMachine:
 
     @property
     def events_sent(self) -> int:
-        """Partial results emitted so far."""
+        """Partial results numbered so far."""
         return self._sequence
 
     def partial(self, event: dict[str, Any]) -> PartialResult | None:
-        """A non-terminal event (``response.output_text.delta``, ``response.usage`` …), encoded now."""
+        """A non-terminal event (``response.output_text.delta``, ``response.usage`` …), not numbered yet."""
         if self.finished:
             return None
+        return PartialResult(event)
+
+    def number(self, partial: PartialResult) -> PartialResult:
+        """``partial`` goes out now: the next sequence number and its encoding."""
         self._sequence += 1
-        return PartialResult(self._sequence, events.encode(event))
+        partial.sequence, partial.body = self._sequence, events.encode(partial.event)
+        return partial
 
     def complete(self, body: dict[str, Any]) -> Terminal | None:
         """Terminal ``response.completed {body}``, status 200."""
@@ -149,8 +163,8 @@ class Operation:
     """
 
     __slots__ = (
-        "observation", "submitted_unix_ms", "expires_unix_ms", "admits_partials", "partial",
-        "_machine", "_cancel_detail", "_terminal_sent", "_trace", "_dispatched", "_unsettled",
+        "observation", "submitted_unix_ms", "expires_unix_ms", "admits_partials",
+        "_machine", "_tail", "_cancel_detail", "_terminal_sent", "_trace", "_dispatched", "_unsettled",
     )  # fmt: skip
 
     def __init__(self, observation: obs.Observation) -> None:
@@ -159,8 +173,7 @@ class Operation:
         #: wall-clock ms after which the operation ends with ``request_timeout`` (None: unbounded)
         self.expires_unix_ms: int | None = None
         self._machine = OperationMachine()
-        #: ``partial(event) -> PartialResult | None``: one non-terminal event; ``None`` once a terminal was decided
-        self.partial = self._machine.partial
+        self._tail: PartialResult | None = None  # the newest partial result decided and not taken yet
         #: whether a queued partial result may still go out: not after a terminal was sent or a cancel (a plain
         #: flag: the sending side reads it once per partial result)
         self.admits_partials = True
@@ -176,6 +189,28 @@ class Operation:
         return self._machine.finished
 
     # -- decisions -----------------------------------------------------------------------------------------
+
+    def partial(self, event: dict[str, Any]) -> PartialResult | None:
+        """One non-terminal event: the partial result to queue, or ``None`` when there is nothing new to queue
+        (a terminal was decided, or ``event`` joined the delta still waiting to be sent)."""
+        if self._machine.finished:
+            return None
+        tail = self._tail
+        if tail is not None:
+            merged = events.merge(tail.event, event)
+            if merged is not None:
+                tail.event = merged
+                tail.events += 1
+                return None
+        self._tail = self._machine.partial(event)
+        return self._tail
+
+    def take(self, partial: PartialResult) -> PartialResult:
+        """The sending side takes ``partial`` (queued by :meth:`partial`) to send it now: numbered and encoded;
+        nothing joins it any more."""
+        if partial is self._tail:
+            self._tail = None
+        return self._machine.number(partial)
 
     def overflow(self, max_queued_events: int) -> Terminal | None:
         """The session outbox already holds ``max_queued_events`` events: terminal ``response.error``

@@ -16,7 +16,9 @@ from vllm_nnrp_plugin.profile.errors import ProfileError
 def test_partials_are_numbered_from_one_and_the_terminal_is_unique():
     m = OperationMachine()
     first, second = m.partial({"type": "a"}), m.partial({"type": "b"})
-    assert isinstance(first, PartialResult) and (first.sequence, second.sequence) == (1, 2)
+    assert isinstance(first, PartialResult) and (first.sequence, second.sequence) == (0, 0)  # numbered when taken
+    assert (m.number(second).sequence, m.number(first).sequence) == (1, 2)
+    assert first.body == b'{"type":"a"}' and m.events_sent == 2
     done = m.complete({"id": "x"})
     assert isinstance(done, Terminal) and done.status == 200 and done.drop is None
     assert done.event == {"type": "response.completed", "body": {"id": "x"}}
@@ -64,7 +66,7 @@ def test_a_sealed_push_is_the_encoded_terminal_and_a_drop_is_numbered_after_the_
     assert orjson.loads(push.event) == {"type": "response.completed", "body": {"id": "x"}}
     assert op.seal(Terminal(200, {}), now_ns=4_000_000) is None  # one terminal goes out, never two
     cancelled = operation()
-    cancelled.partial({"type": "a"})
+    cancelled.take(cancelled.partial({"type": "a"}))
     drop = cancelled.seal(cancelled.cancel(DropReason.PEER_CANCELLED, "client_cancelled", 2_000_000), 2_000_000)
     assert isinstance(drop, ResultDrop) and drop.sequence == 2
     assert orjson.loads(drop.diagnostic) == {"type": "response.cancelled", "reason": "client_cancelled"}

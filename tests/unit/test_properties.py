@@ -144,8 +144,9 @@ class RecordingSink:
         else:
             self.actions.append(action)
 
-    def partial(self, event):
-        self._record(self.machine.partial(event))
+    def partial(self, event):  # taken at once, as by a pump that keeps up: nothing merges
+        action = self.machine.partial(event)
+        self._record(None if action is None else self.machine.take(action))
 
     def complete(self, body):
         self._record(self.machine.complete(body))
@@ -274,7 +275,7 @@ def flush(op: Operation, queue: list, sent: list) -> None:
     for action in queue:
         if isinstance(action, PartialResult):
             if op.admits_partials:
-                sent.append(action)
+                sent.append(op.take(action))
         elif action is not None:
             sealed = op.seal(action, 1)
             if sealed is not None:
@@ -290,6 +291,7 @@ def test_the_rules_give_one_terminal_numbered_partials_and_nothing_after_it(sequ
     cancel no partial goes out and the terminal is a drop; the earliest bound wins; the trace context is the
     one the operation was dispatched with."""
     op, queue, sent, bounds = new_operation(), [], [], []
+    made: list[PartialResult] = []  # partial results queued (each carries one or more decided deltas)
     decided = 0  # partial results decided
     cancelled = lost_first = dispatched = False  # cancelled: a peer cancel before any terminal went out
     frozen = None
@@ -297,9 +299,14 @@ def test_the_rules_give_one_terminal_numbered_partials_and_nothing_after_it(sequ
         name, value = step if isinstance(step, tuple) else (step, None)
         if name == "partial":
             finished = op.finished
+            waiting = next((a for a in reversed(queue) if isinstance(a, PartialResult)), None)
             action = op.partial(DELTA)
-            assert (action is None) == finished  # nothing after a terminal was decided
-            decided += action is not None
+            if finished:
+                assert action is None  # nothing after a terminal was decided
+            elif action is None:  # it joined the delta still waiting to be sent
+                assert waiting is not None and waiting.event["delta"].endswith("xx")
+            decided += not finished
+            made += [action] if action is not None else []
             queue.append(action)
         elif name == "complete":
             queue.append(op.complete({"object": "chat.completion"}))
@@ -344,7 +351,8 @@ def test_the_rules_give_one_terminal_numbered_partials_and_nothing_after_it(sequ
         assert isinstance(terminals[0], ResultDrop)
     if terminals and isinstance(terminals[0], ResultDrop):
         assert orjson.loads(terminals[0].diagnostic)["type"] == "response.cancelled"
-        assert terminals[0].sequence == decided + 1
+        assert terminals[0].sequence == len(partials) + 1  # right after the last partial result sent
+    assert sum(p.events for p in made) == decided  # every decided delta went into exactly one partial result
     assert op.expires_unix_ms == (min(bounds) if bounds else None)
     if dispatched:
         assert op.dispatch(None) == frozen  # later overrides never change in-flight work

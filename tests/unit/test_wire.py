@@ -1,5 +1,6 @@
 import pytest
-from nnrp.core import PayloadKind, build_typed_payload_frame, pack_body, pack_typed_payload_frames
+from nnrp.core import MessageType, PayloadKind, build_typed_payload_frame, pack_body, pack_typed_payload_frames
+from nnrp.runtime import PartialResultMetadata, decode_runtime_control_metadata
 from nnrp.schema import StreamSemantics
 
 from vllm_nnrp_plugin.nnrp_binding import wire
@@ -41,9 +42,10 @@ def test_submit_bodies_outside_the_mapping_are_invalid_frames(bitmap, count, bod
 
 
 def test_partial_result_metadata_follows_the_frozen_mapping():
-    metadata, body = wire.partial_result(42, PartialResult(3, b'{"type":"x"}'))
-    assert (metadata.operation_id, metadata.result_sequence, metadata.object_id) == (42, 3, 0)
-    assert (metadata.delta_sequence, metadata.body_bytes, metadata.flags) == (3, len(body), 0)
+    payload = wire.partial_result(42, PartialResult({"type": "x"}, 3, b'{"type":"x"}'))
+    decoded = decode_runtime_control_metadata(MessageType.PARTIAL_RESULT, payload)  # nnrp-py's own decoder
+    assert decoded.metadata == PartialResultMetadata(42, 3, 0, 3, len(b'{"type":"x"}'), 0)
+    assert decoded.tail == b'{"type":"x"}'
 
 
 def test_result_push_metadata_matches_its_typed_body():

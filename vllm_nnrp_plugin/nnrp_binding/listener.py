@@ -1,6 +1,8 @@
 """NNRP listeners: one nnrp-py native server per configured address, each with its own accept thread.
 
-Every accepted session gets a :class:`SessionPump`. TCP and WebSocket sessions get TCP_NODELAY (see
+Every accepted session gets a :class:`SessionPump` (its polls), started by one starter thread so that the
+accept threads only accept; one :class:`.sender.Sender` sends for all of them, with the polls' budget shared
+through one :class:`.cadence.PollCadence`. TCP and WebSocket sessions get TCP_NODELAY (see
 :mod:`.nodelay`). What each address exposes (TLS credentials, socket file mode, the non-loopback warning,
 stale socket files) is :mod:`.exposure`'s; binding problems raise :class:`~.exposure.ListenError` with the
 cause and the fix, so ``vllm serve`` stops at start-up instead of running without a listener. Sessions over
@@ -12,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
+import time
 import urllib.parse
 
 import attrs
@@ -33,9 +37,11 @@ from nnrp.server import (
 
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import exposure, sdk_sync
+from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
 from vllm_nnrp_plugin.nnrp_binding.endpoints import Carrier, EndpointError, parse_endpoint
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.nodelay import NoDelaySetter
+from vllm_nnrp_plugin.nnrp_binding.sender import Sender
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.session import SessionHandler, SessionPump
 
@@ -66,7 +72,8 @@ class Listener:
     handshake straddles an accept deadline (nnrp-py 1.0.0rc4.post20's ``NativeServer.accept`` gives up its
     pending accept ticket at every deadline; :class:`.sdk_sync.Acceptor` keeps it), and bound how long
     :meth:`close` waits.
-    ``idle_poll_ms``: poll timeout of an idle session pump (ms). ``max_sessions``: open sessions over all
+    ``idle_poll_ms``: the shortest poll timeout of an idle session pump (ms; longer when many sessions are open,
+    :class:`.cadence.PollCadence`). ``max_sessions``: open sessions over all
     addresses. ``session_limits``: handed to every session pump; ``hooks``: :class:`ListenerHooks`.
     """
 
@@ -87,7 +94,11 @@ class Listener:
         self._handler = handler
         self._loop = loop
         self._accept_timeout_ms = accept_timeout_ms
-        self._idle_poll_ms = idle_poll_ms
+        self._cadence = PollCadence(idle_poll_ms)
+        self._sender = Sender()
+        #: accepted sessions' pumps waiting to be started (``None``: the listener is closing)
+        self._starting: queue.SimpleQueue[tuple[SessionPump | None, NoDelaySetter | None]] = queue.SimpleQueue()
+        self._starter = threading.Thread(target=self._start_loop, name="nnrp-start", daemon=True)
         self._max_sessions = max_sessions
         self._session_limits = session_limits
         self._exposure = exposure
@@ -112,6 +123,8 @@ class Listener:
         except BaseException:
             self.close()
             raise
+        self._sender.start()
+        self._starter.start()
         for thread in self._threads:
             thread.start()
         return self.bound
@@ -122,12 +135,19 @@ class Listener:
         return len(self._pumps)
 
     async def evaluate(self, _open: object) -> NativeServerSessionPolicyDecision:
-        """nnrp-py session admission (runs on the SDK's policy thread): refuse over ``max_sessions``."""
+        """nnrp-py's session policy interface (``application_policy``); replaced by :meth:`decide` once bound
+        (:func:`.sdk_sync.direct_policy`), so that an open does not cost a new event loop."""
+        accepted, code, diagnostic = self.decide(_open)
+        if accepted:
+            return NativeServerSessionPolicyDecision.accept()
+        return NativeServerSessionPolicyDecision.reject(code, diagnostic)
+
+    def decide(self, _open: object) -> tuple[bool, int, str | None]:
+        """Session admission (on nnrp-py's policy threads): refuse over ``max_sessions`` with
+        ``SESSION_ERROR_LIMIT_REACHED``."""
         if len(self._pumps) >= self._max_sessions:
-            return NativeServerSessionPolicyDecision.reject(
-                SESSION_ERROR_LIMIT_REACHED, f"{self._max_sessions} NNRP sessions are open (nnrp.max_sessions)"
-            )
-        return NativeServerSessionPolicyDecision.accept()
+            return False, SESSION_ERROR_LIMIT_REACHED, f"{self._max_sessions} NNRP sessions are open (nnrp.max_sessions)"
+        return True, 0, None
 
     def _bind(self, carrier: Carrier) -> None:
         security = exposure.before_bind(carrier, self._exposure)
@@ -148,6 +168,7 @@ class Listener:
                 f"cannot listen for NNRP on {carrier.uri}: {exc}. Fix: free that address (is another server "
                 "using it?) or choose another one with nnrp.listen / VLLM_NNRP_LISTEN."
             ) from exc
+        sdk_sync.direct_policy(server, self.decide)
         bound = server.bound_provider_endpoints[carrier.transport].uri
         exposure.after_bind(carrier, self._exposure)
         self.bound.append(_public_uri(carrier, bound))
@@ -172,13 +193,12 @@ class Listener:
                 logger.warning("NNRP session handshake failed: %s", exc)
                 self._closing.wait(0.01)
                 continue
-            if nodelay is not None:
-                nodelay.apply()
             pump = SessionPump(
                 session,
                 self._handler,
                 self._loop,
-                idle_poll_ms=self._idle_poll_ms,
+                cadence=self._cadence,
+                sender=self._sender,
                 limits=self._session_limits,
                 on_exit=self._forget_pump,
                 probe=self._hooks.send_probe,
@@ -187,7 +207,22 @@ class Listener:
                 if self._closing.is_set():
                     pump.stop()
                 self._pumps.add(pump)
-            pump.start()
+            self._starting.put((pump, nodelay))
+
+    def _start_loop(self) -> None:
+        """Start the pumps of accepted sessions, so that the accept loops only accept (starting a thread
+        waits for it to run, and a burst of connects must not queue behind that). TCP_NODELAY is set once per
+        batch of sessions accepted meanwhile (one scan of the process's sockets covers them all)."""
+        while True:
+            batch = [self._starting.get()]
+            while not self._starting.empty():
+                batch.append(self._starting.get())
+            for nodelay in {id(n): n for _, n in batch if n is not None}.values():
+                nodelay.apply()
+            for pump, _ in batch:
+                if pump is None:
+                    return
+                pump.start()
 
     def _forget_pump(self, pump: SessionPump) -> None:
         with self._pumps_lock:
@@ -198,17 +233,24 @@ class Listener:
         self._closing.set()
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop accepting, end every session (in-flight operations get ``server_shutdown``), unbind."""
+        """Stop accepting, end every session (in-flight operations get ``server_shutdown``), unbind. Waits for
+        the session pumps up to ``timeout_s`` (s) or, when longer, the idle sessions' poll timeout plus 1 s
+        (a pump ends when its poll returns, :mod:`.cadence`)."""
         self._closing.set()
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(self._accept_timeout_ms / 1000 + 1)
+        if self._starter.is_alive():
+            self._starting.put((None, None))
+            self._starter.join()
         with self._pumps_lock:
             pumps = list(self._pumps)
+        deadline = time.monotonic() + max(timeout_s, self._cadence.idle_poll_ms() / 1000 + 1)
         for pump in pumps:
             pump.stop()
         for pump in pumps:
-            pump.join(timeout_s)
+            pump.join(max(0.0, deadline - time.monotonic()))
+        self._sender.close()
         self._stack.close()
 
 

@@ -3,25 +3,42 @@
 nnrp-py's public ``NativeRuntimeServerOperation.send_partial_result`` / ``send_result`` / ``send_result_drop``
 are coroutines that hop to a worker thread per call; on a pump thread that already owns the session that hop
 is pure cost (measured with nnrp-py 1.0.0rc4.post20 on loopback: 4–5.6k events/s through it versus 17–22k
-with a direct synchronous send). These three functions do what
-the public methods do, in the same order, without the hop: mark the reply (so a second terminal or a partial
-after a terminal is refused exactly as the SDK refuses it), send, and release the frame correlation after a
-terminal. They touch private SDK members, which is why the SDK version is pinned exactly.
+with a direct synchronous send). These three functions do what the public methods do, in the same order,
+without the hop: mark the reply (so a second terminal or a partial after a terminal is refused exactly as
+the SDK refuses it), send, and release the frame correlation after a terminal. They touch private SDK
+members, which is why the SDK version is pinned exactly.
 
 :class:`Acceptor` replaces ``NativeServer.accept``, which (a) releases its accept ticket at every deadline,
 losing a session whose handshake straddles it, and (b) closes the whole server on any accept error, so one
-bad handshake would take the listener down. All of them raise nnrp-py's ``NativeRuntimeError`` subclasses
-unchanged (``NativeInvalidStateError`` 3/4/0/105 when the operation was cancelled or the peer is gone).
+bad handshake would take the listener down. :func:`direct_policy` lets the session-open decision run as a
+plain function: nnrp-py runs the public ``application_policy.evaluate`` coroutine in a fresh
+``asyncio.run()`` event loop per session open (``nnrp.server.native``), which made a burst of opens queue.
+All of them raise nnrp-py's ``NativeRuntimeError`` subclasses unchanged (``NativeInvalidStateError``
+3/4/0/105 when the operation was cancelled or the peer is gone).
 """
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Callable
+
 from nnrp.core import MessageType, ResultPushMetadata
-from nnrp.native import NativeRuntimeError, NativeWouldBlockError
-from nnrp.native import NativeRuntimeServerOperation, NativeRuntimeServerSession
-from nnrp.native import _allocate_native_handle_id, _buffer_view_from_payload, _NnrpServerSendResultRequest
-from nnrp.runtime import PartialResultMetadata, ResultDropReasonMetadata
+from nnrp.native import (
+    NativeRuntimeError,
+    NativeRuntimeServerOperation,
+    NativeRuntimeServerSession,
+    NativeWouldBlockError,
+    _allocate_native_handle_id,
+    _buffer_view_from_payload,
+    _NnrpBufferView,
+    _NnrpRuntimeFrameSendRequest,
+    _NnrpServerSendResultRequest,
+    raise_for_native_status,
+)
+from nnrp.runtime import ResultDropReasonMetadata
 from nnrp.server import NativeServer
+
+_PARTIAL_RESULT = int(MessageType.PARTIAL_RESULT)
 
 
 class Acceptor:
@@ -54,12 +71,25 @@ class Acceptor:
         self._handle_id = _allocate_native_handle_id()
 
 
-def send_partial_result(native: NativeRuntimeServerOperation, metadata: PartialResultMetadata, body: bytes) -> None:
-    """One PARTIAL_RESULT (non-terminal)."""
+def direct_policy(server: NativeServer, decide: Callable[[object], tuple[bool, int, str | None]]) -> None:
+    """Every carrier of ``server`` (listened with an ``application_policy``) decides session opens with
+    ``decide(open_metadata) -> (accepted, session_error_code, diagnostic)``, called on nnrp-py's policy threads."""
+    for _name, runtime in server._servers:
+        runtime._policy_dispatcher._application_policy = decide
+
+
+def send_partial_result(native: NativeRuntimeServerOperation, payload: bytes) -> None:
+    """One PARTIAL_RESULT (non-terminal); ``payload`` is its packed metadata followed by the body
+    (:func:`.wire.partial_result`). One native call and nothing else: what nnrp-py's
+    ``_send_operation_runtime_frame`` does after it validated and packed the metadata (one event per token
+    makes each µs count)."""
     native._begin_reply(terminal=False)
-    native._owner._send_operation_runtime_frame(
-        native._handle, native.frame_id, MessageType.PARTIAL_RESULT, metadata, body
+    view = _NnrpBufferView(ctypes.cast(ctypes.c_char_p(payload), ctypes.c_void_p), len(payload))
+    status = native._owner.entrypoints.runtime_frame_send(
+        _NnrpRuntimeFrameSendRequest(native._handle.to_ffi(), _PARTIAL_RESULT, native.frame_id, view)
     )
+    if status.status_code != 0:
+        raise_for_native_status(status)
 
 
 def send_result(native: NativeRuntimeServerOperation, metadata: ResultPushMetadata, body: bytes) -> None:

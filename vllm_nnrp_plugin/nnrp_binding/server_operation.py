@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from vllm_nnrp_plugin import observation as obs
@@ -48,24 +49,41 @@ class OperationOwner(Protocol):
 
 class SessionLink:
     """What the operations of one session share with its pump: the outbox of decided sends (``items``, a
-    ``deque`` of ``(ServerOperation, Action | PRESSURE)``, bounded by ``max_queued_events`` partial results;
-    appends from any thread never block, only the pump pops; ``wakeup`` is set on every append) and the
-    session-scoped TRACE_CONTEXT (frame 0, written by the pump), the default of operations dispatched later."""
+    ``deque`` of ``(ServerOperation, Action | PRESSURE)``; appends from any thread never block, only the holder
+    of the session's ``io_lock`` pops; ``notify`` is called after every append), the count of decided events
+    not sent yet (``waiting``, bounded by ``max_queued_events``; a delta that joined a queued one counts too)
+    and the session-scoped TRACE_CONTEXT (frame 0, written by the pump), the default of operations dispatched
+    later."""
 
-    __slots__ = ("items", "wakeup", "max_queued_events", "probe", "session_trace")
+    __slots__ = ("items", "notify", "max_queued_events", "waiting", "probe", "session_trace", "_lock")
 
-    def __init__(self, max_queued_events: int, probe: SendProbe | None = None) -> None:
+    def __init__(self, max_queued_events: int, notify: Callable[[], None], probe: SendProbe | None = None) -> None:
         self.items: collections.deque[tuple[ServerOperation, Any]] = collections.deque()
-        self.wakeup = threading.Event()
+        self.notify = notify
         self.max_queued_events = max_queued_events
+        self.waiting = 0
         self.probe = probe
         self.session_trace: trace.TraceContext | None = None
+        self._lock = threading.Lock()
 
     def put(self, sop: ServerOperation, action: Any) -> None:
         if self.probe is not None and isinstance(action, PartialResult):
             self.probe.queued(action)
         self.items.append((sop, action))
-        self.wakeup.set()
+        self.notify()
+
+    def admit(self) -> bool:
+        """One more event may wait (True, counted) or ``max_queued_events`` already do (False)."""
+        with self._lock:
+            if self.waiting >= self.max_queued_events:
+                return False
+            self.waiting += 1
+            return True
+
+    def left(self, events: int) -> None:
+        """``events`` waiting events left the outbox (sent or discarded)."""
+        with self._lock:
+            self.waiting -= events
 
 
 class ServerOperation:
@@ -113,15 +131,18 @@ class ServerOperation:
     # -- the adapter (vLLM's loop) --------------------------------------------------------------------------
 
     def partial(self, event: dict[str, Any]) -> None:
-        """Queue one non-terminal event; ignored once a terminal was decided. When the session's outbox is
-        full the operation ends with ``client_too_slow`` instead and its owner stops it."""
+        """Queue one non-terminal event (or let it join the delta still queued); ignored once a terminal was
+        decided. When the session's outbox is full the operation ends with ``client_too_slow`` instead and its
+        owner stops it."""
         outbox = self._link
         with self._lock:
-            if len(outbox.items) >= outbox.max_queued_events:
+            if self.rules.finished:
+                return
+            overflow = not outbox.admit()
+            if overflow:
                 action: Action | None = self.rules.overflow(outbox.max_queued_events)
-                overflow = action is not None
             else:
-                action, overflow = self.rules.partial(event), False
+                action = self.rules.partial(event)  # None when it joined the delta still queued
         if action is not None:
             outbox.put(self, action)
         if overflow and self.owner is not None:
@@ -181,6 +202,19 @@ class ServerOperation:
             return self.rules.settle()
 
     # -- the session pump ---------------------------------------------------------------------------------------
+
+    def take(self, partial: PartialResult) -> PartialResult:
+        """``partial`` goes out now: numbered and encoded (:meth:`Operation.take`)."""
+        with self._lock:
+            taken = self.rules.take(partial)
+        self._link.left(taken.events)
+        return taken
+
+    def discard(self, partial: PartialResult) -> None:
+        """``partial`` will never go out (a terminal or a cancel came first)."""
+        with self._lock:
+            events = partial.events
+        self._link.left(events)
 
     def override_trace(self, context: trace.TraceContext) -> None:
         """An operation-scoped TRACE_CONTEXT came in; ignored once dispatched."""

@@ -1,17 +1,18 @@
-"""One pump thread per NNRP server session: the session's wire I/O and per-session bookkeeping. It polls
-incoming frames, posts what came off the wire to vLLM's event loop, and sends what the operations queued;
-it decides nothing about an operation's outcome but the per-session admission.
+"""One pump thread per NNRP server session: it polls the session's incoming frames and posts what came off
+the wire to vLLM's event loop; what the operations queue is sent by the listener's shared
+:class:`.sender.Sender` (or by the pump right after a poll). It decides nothing about an operation's outcome
+but the per-session admission.
 
-Why a thread per session: every native call of nnrp-py 1.0.0rc4.post20 blocks, and its server session
-(``nnrp.native.NativeRuntimeServerSession``) serializes them on one per-session lock: while a poll waits
-inside its timeout, every send on the same session waits for it. A poll with ``max_events > 1`` lingers
-~2.3 ms before returning. So the pump is the only thread that touches its session: it alternates a
-``max_events=1`` poll with flushing the outbox. An empty poll with nnrp-py's shortest timeout (1 ms) lasts
-~2.2 ms, and events queued meanwhile wait for it; so while operations are active the pump polls on a cadence
-instead of after every send: after an empty poll it only sends, waking on the outbox so a queued event goes
-out within microseconds, for ``ACTIVE_POLL_GAP_S``, then polls again (cancels are seen within ~2–4 ms while
-events flow). While no event goes out the gap doubles up to ``MAX_POLL_GAP_S``, so slow streams wake the pump
-(and take vLLM's GIL) less often. When idle it polls with ``idle_poll_ms`` (a submit wakes that poll at once).
+Why a thread per session: every native call of nnrp-py 1.0.0rc4.post20 blocks, a poll only watches one
+session, and nnrp-py's server session (``nnrp.native.NativeRuntimeServerSession``) serializes its native
+calls: while a poll waits inside its timeout, every send on the same session waits for it. A poll with
+``max_events > 1`` lingers ~2.3 ms before returning, so the pump polls with ``max_events=1``. Whoever touches
+the session holds ``io_lock``: the pump while it polls and handles what came in (then it sends what is
+queued), a sender while it sends. Empty polls are what a session costs (:mod:`.cadence`): while operations
+are active the pump polls with nnrp-py's shortest timeout (1 ms, ~2.2 ms when empty) on a cadence — the
+listener's current gap (:meth:`.cadence.PollCadence.active_gap_s`), doubling up to ``MAX_POLL_GAP_S`` (or
+the current gap when longer) while no event goes out — and sleeps in between without touching the GIL; when
+idle it waits in one long poll (:meth:`.cadence.PollCadence.idle_poll_ms`) that a submit ends at once.
 
 What comes off the wire goes to the :class:`SessionHandler` on the loop (``loop.call_soon_threadsafe``):
 a submit (its envelope already unwrapped, :class:`.server_operation.ServerOperation`), a peer cancel or the
@@ -32,9 +33,10 @@ nnrp-py's credit is advisory (it enforces no credit window), so the pump enforce
 submit over ``SessionLimits.max_in_flight`` for this session is answered at once with ``response.error``
 ``too_many_requests`` and never reaches the handler (so never vLLM); the session then gets a BACKPRESSURE
 frame (credit window 0) and, once an operation finished, a CREDIT_UPDATE with the free window. The process
-limit is the service's (it queues :data:`.server_operation.PRESSURE` before its refusal). The outbox holds at
-most ``SessionLimits.max_queued_events`` partial results (the operation that overflows it ends with
-``client_too_slow``); terminals are always queued, so it never exceeds that bound plus one per operation.
+limit is the service's (it queues :data:`.server_operation.PRESSURE` before its refusal). At most
+``SessionLimits.max_queued_events`` decided events wait in the outbox, deltas merged into a queued one included
+(the operation that overflows it ends with ``client_too_slow``); terminals are always queued, so the outbox
+never exceeds that bound plus one per operation.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ from nnrp.runtime import PressureMetadata
 
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
+from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
+from vllm_nnrp_plugin.nnrp_binding.sender import Sender
 from vllm_nnrp_plugin.nnrp_binding.server_operation import PRESSURE, SendProbe, ServerOperation, SessionLink
 from vllm_nnrp_plugin.operation import DropReason, EarlyDeadlines, PartialResult, ResultDrop, ResultPush, Terminal
 from vllm_nnrp_plugin.profile import errors as E
@@ -62,8 +66,7 @@ from vllm_nnrp_plugin.profile import trace
 logger = logging.getLogger(__name__)
 
 ACTIVE_POLL_MS = 1  # the shortest poll nnrp-py offers; an empty one lasts ~2.2 ms and blocks our sends
-ACTIVE_POLL_GAP_S = 0.002  # while operations are active: sends only, for this long after an empty poll…
-MAX_POLL_GAP_S = 0.016  # …doubling up to this while no event went out (fewer wake-ups competing for the GIL)
+MAX_POLL_GAP_S = 0.016  # the gap after an empty poll doubles up to this while no event went out
 PEER_GONE_AFTER = 3  # consecutive failing polls that mean the client is gone (one can be a stale cancel)
 # BACKPRESSURE frame after a refused submit: this plugin's values (NNRP leaves level/reason to the server)
 PRESSURE_LEVEL_FULL = 1
@@ -71,6 +74,11 @@ PRESSURE_REASON_IN_FLIGHT = 1
 RETRY_AFTER_MS = 100
 
 _SESSION_IDS = itertools.count(1)  # the accept counter standing in for a connection id (see Observation)
+
+
+def _nothing() -> None:
+    """No sender: the pump sends after its polls."""
+
 
 CANCEL_DETAIL = {
     MessageType.FRAME_CANCEL: "client_cancelled",
@@ -98,8 +106,9 @@ class SessionHandler(Protocol):
 
 
 class SessionPump:
-    """Owns one ``NativeRuntimeServerSession`` on a dedicated thread until the client leaves or :meth:`stop`.
-    ``probe`` (benchmarks) is told about every partial result queued and sent."""
+    """Owns one ``NativeRuntimeServerSession`` on a dedicated thread until the client leaves or :meth:`stop`;
+    ``sender`` sends what its operations queue (``None``: only the pump does, after each poll). ``probe``
+    (benchmarks) is told about every partial result queued and sent."""
 
     def __init__(
         self,
@@ -107,8 +116,9 @@ class SessionPump:
         handler: SessionHandler,
         loop: asyncio.AbstractEventLoop,
         *,
-        idle_poll_ms: int,
+        cadence: PollCadence,
         limits: SessionLimits,
+        sender: Sender | None = None,
         on_exit: Callable[[SessionPump], None] | None = None,
         probe: SendProbe | None = None,
     ) -> None:
@@ -116,17 +126,23 @@ class SessionPump:
         self.limits = limits
         self.transport: str = session.active_transport_name
         self.connection_id = next(_SESSION_IDS)
-        self.link = SessionLink(limits.max_queued_events, probe)
+        #: held by whoever touches the native session (the pump polling, a sender sending)
+        self.io_lock = threading.Lock()
+        self.scheduled = False  # waiting in the sender's queue
+        self._sender = sender
+        self.link = SessionLink(limits.max_queued_events, self._notify if sender is not None else _nothing, probe)
         self._probe = probe
         self._pressured = False  # a BACKPRESSURE frame was sent and no CREDIT_UPDATE since
         self._handler = handler
         self._loop = loop
-        self._idle_poll_ms = idle_poll_ms
+        self._cadence = cadence
         self._on_exit = on_exit
         self._ops: dict[int, ServerOperation] = {}
         self._frames: dict[int, int] = {}
         self._early_deadlines = EarlyDeadlines()
         self._stopping = False
+        self._closed = False  # the native session is closed: nothing more is sent
+        self._wake = threading.Event()  # ends the wait between two polls (stop, the last operation finished)
         self._busy = False  # a frame came in or a partial result went out since the last poll
         self._thread = threading.Thread(target=self._run, name=f"nnrp-session-{self.transport}", daemon=True)
 
@@ -136,69 +152,87 @@ class SessionPump:
     def stop(self) -> None:
         """Ask the pump to end: in-flight operations get a ``server_shutdown`` error terminal."""
         self._stopping = True
-        self.link.wakeup.set()
+        self._wake.set()
 
     def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout)
 
     # -- pump thread --------------------------------------------------------------------------------------
 
     def _run(self) -> None:
         failures = 0
+        cadence = self._cadence
+        cadence.opened(1)
         self._handler.on_session(self.transport, True)
-        outbox, wakeup = self.link.items, self.link.wakeup
+        lock = self.io_lock
         try:
-            next_poll, gap = 0.0, ACTIVE_POLL_GAP_S
+            gap = 0.0
             while not self._stopping:
-                self._flush()
-                if self._ops:
-                    rest = next_poll - time.monotonic()
-                    if rest > 0:  # sends only until the next poll is due
-                        if not outbox:
-                            wakeup.wait(rest)
-                            wakeup.clear()
+                with lock:
+                    self.flush()
+                    try:
+                        polled = self.session.poll_events(
+                            max_events=1, timeout_ms=ACTIVE_POLL_MS if self._ops else cadence.idle_poll_ms()
+                        )
+                    except NativeInvalidStateError as exc:
+                        # nnrp-py reports both "peer gone" and "stale cancel for a finished operation" as
+                        # NativeInvalidStateError 3/4/0/105: only repeated failures mean the client is gone.
+                        failures += 1
+                        if failures >= PEER_GONE_AFTER:
+                            logger.info("NNRP session on %s: client gone (%s)", self.transport, exc)
+                            self._lose_all("client_disconnected")
+                            return
                         continue
-                    # the window that just ended decides the next one: short while events flow
-                    gap = ACTIVE_POLL_GAP_S if self._busy else min(gap * 2, MAX_POLL_GAP_S)
-                    self._busy = False
-                try:
-                    polled = self.session.poll_events(
-                        max_events=1, timeout_ms=ACTIVE_POLL_MS if self._ops else self._idle_poll_ms
-                    )
-                except NativeInvalidStateError as exc:
-                    # nnrp-py reports both "peer gone" and "stale cancel for a finished operation" as
-                    # NativeInvalidStateError 3/4/0/105: only repeated failures mean the client is gone.
-                    failures += 1
-                    if failures >= PEER_GONE_AFTER:
-                        logger.info("NNRP session on %s: client gone (%s)", self.transport, exc)
-                        self._lose_all("client_disconnected")
+                    failures = 0
+                    if polled and not self.handle(polled[0]):
                         return
-                    continue
-                failures = 0
+                    self.flush()
+                if self._sender is not None:
+                    self._sender.after(self)  # what was queued while the lock was held
                 if polled:
-                    next_poll, self._busy = 0.0, True  # more may be waiting: poll again at once
-                    if not self.handle(polled[0]):
-                        return
-                else:
-                    next_poll = time.monotonic() + gap
-            for sop in list(self._ops.values()):
-                sop.shut_down()
-                self._post(self._handler.on_stop, sop)
-            self._flush()
+                    self._busy = True
+                    continue  # more may be waiting: poll again at once
+                if self._ops:
+                    # the window that just ended decides the next one: the listener's gap while events flow
+                    floor = cadence.active_gap_s()
+                    gap = floor if self._busy else min(max(gap * 2, floor), max(MAX_POLL_GAP_S, floor))
+                    self._busy = False
+                    self._wake.wait(gap)
+                    self._wake.clear()
+            with lock:
+                for sop in list(self._ops.values()):
+                    sop.shut_down()
+                    self._post(self._handler.on_stop, sop)
+                self.flush()
         except NativeRuntimeError as exc:
             logger.warning("NNRP session on %s failed: %s", self.transport, exc)
-            self._lose_all("client_disconnected")
+            with lock:
+                self._lose_all("client_disconnected")
         except Exception:
             logger.exception("NNRP session pump on %s crashed; its operations are stopped", self.transport)
-            self._lose_all("server_error")
+            with lock:
+                self._lose_all("server_error")
         finally:
-            try:
-                self.session.close()
-            except NativeRuntimeError:
-                pass
+            with lock:
+                self._closed = True
+                try:
+                    self.session.close()
+                except NativeRuntimeError:
+                    pass
+            if self._ops:
+                cadence.activated(-1)
+            cadence.opened(-1)
             self._handler.on_session(self.transport, False)
             if self._on_exit is not None:
                 self._on_exit(self)
+
+    def pending(self) -> bool:
+        """Something waits in the outbox (and the session is still open)."""
+        return bool(self.link.items) and not self._closed
+
+    def _notify(self) -> None:
+        self._sender.schedule(self)
 
     def handle(self, event: Any) -> bool:
         """Handle one polled event (pump thread); returns False when the session ended."""
@@ -249,6 +283,9 @@ class SessionPump:
             ))  # fmt: skip # the terminal goes out with the next flush; the handler never sees it
             sop.settle()  # no task will run for it
             return
+        if not self._ops:
+            self._cadence.activated(1)
+            self._wake.clear()  # set when the last operation finished: not a reason to skip the next sleep
         self._ops[sop.operation_id] = sop
         self._frames[sop.frame_id] = sop.operation_id
         early = self._early_deadlines.take(sop.operation_id)
@@ -298,7 +335,10 @@ class SessionPump:
             self._terminal_done(sop)
             self._post(self._handler.on_stop, sop)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Send what the outbox holds, in order (the caller holds ``io_lock``)."""
+        if self._closed:
+            return
         outbox = self.link.items
         while outbox:
             sop, action = outbox.popleft()
@@ -306,7 +346,8 @@ class SessionPump:
                 self._signal_pressure()
                 continue
             if isinstance(action, PartialResult) and not sop.rules.admits_partials:
-                continue  # nothing after a terminal or a cancel
+                sop.discard(action)  # nothing after a terminal or a cancel
+                continue
             try:
                 self._send(sop, action)
             except (ValueError, TypeError, OverflowError, struct.error):
@@ -326,13 +367,13 @@ class SessionPump:
 
     def _send(self, sop: ServerOperation, action: PartialResult | Terminal) -> None:
         if isinstance(action, PartialResult):
-            metadata, body = wire.partial_result(sop.operation_id, action)
+            payload = wire.partial_result(sop.operation_id, sop.take(action))
             try:
                 if self._probe is None:
-                    sdk_sync.send_partial_result(sop.native, metadata, body)
+                    sdk_sync.send_partial_result(sop.native, payload)
                 else:
                     started = time.monotonic_ns()
-                    sdk_sync.send_partial_result(sop.native, metadata, body)
+                    sdk_sync.send_partial_result(sop.native, payload)
                     self._probe.sent(action, started, time.monotonic_ns())
             except NativeRuntimeError as exc:
                 logger.debug("NNRP send for operation %d not delivered: %s", sop.operation_id, exc)
@@ -365,6 +406,9 @@ class SessionPump:
         """``sop``'s terminal went out (or never can): forget it, free its window, settle its end."""
         if self._ops.pop(sop.operation_id, None) is not None:
             self._frames.pop(sop.frame_id, None)
+            if not self._ops:
+                self._cadence.activated(-1)
+                self._wake.set()  # idle now: back to one long poll that the client's next submit ends
             if self._pressured and not self._stopping:
                 self._pressured = False
                 credit = self.limits.max_in_flight - len(self._ops)

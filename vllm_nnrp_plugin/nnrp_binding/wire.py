@@ -83,10 +83,14 @@ def unwrap_typed_body(payload_kind_bitmap: int, payload_frame_count: int, body: 
     return bytes(frame.payload)
 
 
-def partial_result(operation_id: int, action: PartialResult) -> tuple[PartialResultMetadata, bytes]:
-    """PARTIAL_RESULT metadata + body for one non-terminal event (``PartialResultMetadata(op, seq, 0, seq, len, 0)``)."""
+_PARTIAL_RESULT_METADATA = PartialResultMetadata.STRUCT
+
+
+def partial_result(operation_id: int, action: PartialResult) -> bytes:
+    """The PARTIAL_RESULT payload for one non-terminal event: nnrp-py's packed
+    ``PartialResultMetadata(op, seq, 0, seq, len(body), 0)`` followed by the body (the raw JSON event)."""
     body = action.body
-    return PartialResultMetadata(operation_id, action.sequence, 0, action.sequence, len(body), 0), body
+    return _PARTIAL_RESULT_METADATA.pack(operation_id, action.sequence, 0, action.sequence, len(body), 0) + body
 
 
 def result_push(action: ResultPush, server_total_ms: int = 0) -> tuple[ResultPushMetadata, bytes]:

@@ -2,6 +2,9 @@
 
 Non-terminal events (``response.output_text.delta``, ``response.tool_call.*``, ``response.usage``) travel one
 per PARTIAL_RESULT; terminals (``response.completed``, ``response.error``, ``response.cancelled``) end the operation.
+A delta is a fragment of its output (the profile's "Events" section: ``delta`` is text, ``arguments_delta`` a piece
+of the call's JSON arguments, both concatenated in order by the client), so two consecutive deltas of the same
+output may travel as one event carrying both fragments (:func:`merge`).
 """
 
 from __future__ import annotations
@@ -80,6 +83,27 @@ def error(err: ProfileError) -> dict[str, Any]:
 def cancelled(reason: str) -> dict[str, Any]:
     """``{"type": "response.cancelled", "reason": <reason>}``."""
     return {"type": CANCELLED, "reason": reason}
+
+
+def merge(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
+    """One event equal to ``first`` immediately followed by ``then``, or ``None`` when they do not merge.
+
+    Only deltas of the same output merge: two ``response.output_text.delta`` of the same choice ``index``
+    (texts concatenated), or two ``response.tool_call.delta`` of the same call (``index``, ``item_id``,
+    ``call_id``; ``arguments_delta`` concatenated). Events with any other key never merge. Neither input is
+    changed.
+    """
+    kind = first["type"]
+    if kind != then["type"] or len(first) != len(then):
+        return None
+    if kind == OUTPUT_TEXT_DELTA and len(first) == 3 and first["index"] == then["index"]:
+        return {"type": kind, "index": first["index"], "delta": first["delta"] + then["delta"]}
+    if (
+        kind == TOOL_CALL_DELTA and len(first) == 5 and first["index"] == then["index"]
+        and first["item_id"] == then["item_id"] and first["call_id"] == then["call_id"]
+    ):  # fmt: skip
+        return {**first, "arguments_delta": first["arguments_delta"] + then["arguments_delta"]}
+    return None
 
 
 def encode(event: dict[str, Any]) -> bytes:

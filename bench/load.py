@@ -1,0 +1,356 @@
+"""5. Load: many concurrent streams through one real ``vllm serve``, NNRP against vLLM's own HTTP/SSE.
+
+The server serves the tiny model of :mod:`bench.tiny_model` (``--load-format dummy``: a forward pass that costs
+almost nothing), so what is measured is the serving around the model: the API-server process (vLLM's HTTP
+server and OpenAI layer, detokenisation, the plugin's NNRP sessions) and the engine. Started through
+:func:`compat.launcher.serve_with_nnrp` with ``--max-num-seqs 256`` and NNRP on a TCP port and a unix socket
+(``transport`` picks which one the clients use; ``python -m bench load --load-transport ipc``), allowing 1024
+NNRP sessions and in-flight operations (:data:`NNRP_CONFIG`) so that sessions of one window still closing on the
+server never refuse the next window's.
+
+Per concurrency level (default 32, 128, 256) the same streamed chat request (``max_tokens`` tokens,
+``ignore_eos``, ``temperature`` 0, ``include_usage``) runs over HTTP/SSE (``/v1/chat/completions``) and NNRP in
+``rounds`` windows each, alternating A/B/B/A. A window is ``concurrency`` streams from
+:data:`CLIENT_PROCESSES` client processes (:mod:`bench.load_client`), every stream on its own connection or
+NNRP session, all opened before the window starts; it ends when the last stream ended. Rows (id
+``load.c<N>.<metric>.<http|nnrp>``):
+
+* ``api_server_cpu_us_per_token``: utime + stime of the API-server process (all its threads, from
+  ``/proc/<pid>/stat``) over the window, divided by the window's output tokens (the usages' completion
+  tokens), µs; one sample per window;
+* ``engine_cpu_us_per_token``: the same for the engine side (the API server's ``VLLM::EngineCore`` child and
+  its descendants: the worker), µs;
+* ``client_cpu_us_per_token``: the same for the client processes (they share the machine's CPUs with the
+  server: a client that costs more leaves less to the server), µs;
+* ``tokens_per_s``: the window's output tokens / its wall time; one sample per window;
+* ``ttft``: request sent -> first non-empty text delta, ms, per request; ``gap``: between text deltas, ms
+  (vLLM merges the pending tokens of a stream whose consumer lags into one chunk, so a slower path shows fewer,
+  longer gaps: compare ``samples``);
+* ``failed``: failed requests per window (the first error text in the row's note);
+* ``…ratio.nnrp_over_http``: the NNRP row's p50 and p95 over the HTTP row's, with the targets.
+
+The same levels run again on a second server started with ``--stream-interval 8`` (vLLM then sends a chunk
+every 8 tokens) where the installed vLLM has that flag (``load.stream_interval_8.c<N>.…``).
+
+Connect burst (``load.burst.*``): ``burst_clients`` clients from the client processes released at once, each
+connecting (NNRP: connect + open session) and sending one 8-token request; open and served times (ms) and
+failures (not served within 10 s), over NNRP and, for comparison, HTTP.
+
+Idle sessions (``load.idle.*``): the API server's CPU (% of one core, one sample per second) with no client
+connected, then with ``idle_sessions`` NNRP sessions open and idle; the difference of the means is the cost
+of holding idle sessions.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import orjson
+
+from bench import tiny_model
+from bench.e2e import START_TIMEOUT_S, chat_body
+from bench.procs import ROOT, env
+from bench.results import Result, Target
+from compat.launcher import free_port, serve_with_nnrp
+
+LEVELS = (32, 128, 256)
+CLIENT_PROCESSES = 4
+PROMPT = "Write a long story about the sea."
+NNRP_CONFIG = {"nnrp": {"max_sessions": 1024, "max_in_flight": 1024}}
+CPU_RATIO = Target("p50", "<=", 0.8)
+TPS_RATIO = Target("p50", ">=", 1.0)
+TTFT_RATIO = Target("p50", "<=", 1.0)
+GAP_RATIO = Target("p95", "<=", 1.0)
+NO_FAILURE = Target("max", "<=", 0)
+SLOWEST_OPEN = Target("max", "<=", 2000)
+IDLE_COST = Target("p50", "<=", 2.0)
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pids: Sequence[int]) -> float:
+    """utime + stime of ``pids`` (every thread of each), s, from ``/proc/<pid>/stat``."""
+    total = 0
+    for pid in pids:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5): utime, stime
+    return total * _TICK_S
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for task in pathlib.Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+def engine_pids(api_pid: int) -> list[int]:
+    """The engine side of a ``vllm serve`` API server: its children named ``VLLM::…`` (``VLLM::EngineCore``,
+    set by vLLM with setproctitle) and all their descendants (``VLLM::Worker``). Raises ``RuntimeError``
+    when there is none."""
+    found = [c for c in _children(api_pid) if pathlib.Path(f"/proc/{c}/cmdline").read_bytes().startswith(b"VLLM::")]
+    if not found:
+        raise RuntimeError(f"no VLLM::EngineCore child of the API server {api_pid}")
+    for pid in found:
+        found += [c for c in _children(pid) if c not in found]
+    return found
+
+
+class Clients:
+    """``python -m bench.load_client ARGS`` once per argument list, driven through its stdin/stdout handshake."""
+
+    def __init__(self, argument_lists: Sequence[Sequence[str]], workdir: str) -> None:
+        self.procs = []
+        for args in argument_lists:
+            err = tempfile.TemporaryFile(dir=workdir)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.load_client", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=err, env=env(), cwd=ROOT,
+            )  # fmt: skip
+            proc.err = err
+            self.procs.append(proc)
+
+    def read(self) -> list[bytes]:
+        """Each client's next line. Raises ``RuntimeError`` with a client's stderr when it ended instead."""
+        lines = []
+        for proc in self.procs:
+            line = proc.stdout.readline()
+            if not line:
+                proc.wait(30)
+                proc.err.seek(0)
+                raise RuntimeError(f"load client failed ({proc.returncode}): {proc.err.read().decode()[-2000:]}")
+            lines.append(line)
+        return lines
+
+    def tell(self) -> None:
+        for proc in self.procs:
+            proc.stdin.write(b"\n")
+            proc.stdin.flush()
+
+    def __enter__(self) -> Clients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            try:
+                proc.stdin.close()
+                proc.wait(60)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait(10)
+            proc.err.close()
+
+
+@attrs.define
+class Window:
+    """One timed window: the requests' records (see :mod:`bench.load_client`), wall time (s) and the CPU time
+    (s) of the API server, of the engine side and of the client processes in it."""
+
+    requests: list[dict[str, Any]]
+    wall_s: float
+    api_cpu_s: float
+    engine_cpu_s: float
+    client_cpu_s: float
+
+    @property
+    def tokens(self) -> int:
+        return sum(r["tokens"] for r in self.requests)
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["error"] is not None]
+
+
+def shares(total: int, parts: int = CLIENT_PROCESSES) -> list[int]:
+    """``total`` split over at most ``parts`` client processes (no empty share)."""
+    return [n for n in (total // parts + (i < total % parts) for i in range(parts)) if n]
+
+
+def window(server: Any, engine: Sequence[int], mode: str, protocol: str, count: int, body: dict[str, Any], *,
+           transport: str, workdir: str) -> Window:  # fmt: skip
+    """Open the clients' connections, then time one window of ``mode`` (``stream`` or ``burst``)."""
+    target = server.http if protocol == "http" else server.nnrp[transport]
+    argument_lists = [[mode, protocol, target, str(n), orjson.dumps(body).decode()] for n in shares(count)]
+    with Clients(argument_lists, workdir) as clients:
+        clients.read()  # ready
+        sides = ([server.pid], engine, [p.pid for p in clients.procs])
+        before, start = [cpu_s(pids) for pids in sides], time.perf_counter()
+        clients.tell()
+        outputs = [orjson.loads(line) for line in clients.read()]
+        wall = time.perf_counter() - start
+        used = [cpu_s(pids) - b for pids, b in zip(sides, before, strict=True)]
+        clients.tell()  # close
+    return Window([r for out in outputs for r in out["requests"]], wall, *used)
+
+
+def _ratio(id: str, nnrp: Result, http: Result, target: Target | None, parameters: dict[str, Any]) -> Result:
+    """``nnrp`` over ``http`` (p50 and p95 ratios; NaN where the HTTP row is 0) as a row of its own."""
+    nnrp.versus(http)
+    p50, p95 = (float("nan") if r is None else r for r in (nnrp.compare["p50_ratio"], nnrp.compare["p95_ratio"]))
+    return Result(
+        id=id, unit="ratio", samples=nnrp.samples, p50=p50, p95=p95, targets=(target,) if target else (),
+        parameters=parameters,
+    )  # fmt: skip
+
+
+def _failed(id: str, windows: Sequence[Window], parameters: dict[str, Any]) -> Result:
+    failed = [r for w in windows for r in w.failed]
+    return Result.of(
+        id, "requests", [len(w.failed) for w in windows], targets=(NO_FAILURE,), parameters=parameters,
+        note=f"first error: {failed[0]['error']}" if failed else None,
+    )  # fmt: skip
+
+
+def levels_rows(server: Any, engine: Sequence[int], prefix: str, *, levels: Sequence[int], rounds: int,
+                max_tokens: int, transport: str, workdir: str, parameters: dict[str, Any]) -> list[Result]:  # fmt: skip
+    """The per-level rows (module docstring), NNRP and HTTP windows alternating A/B/B/A."""
+    body = chat_body(PROMPT, max_tokens)
+    rows: list[Result] = []
+    for c in levels:
+        got: dict[str, list[Window]] = {"http": [], "nnrp": []}
+        for r in range(rounds):
+            for protocol in ("http", "nnrp") if r % 2 == 0 else ("nnrp", "http"):
+                got[protocol].append(window(server, engine, "stream", protocol, c, body, transport=transport, workdir=workdir))
+        params = {**parameters, "concurrency": c, "client_processes": len(shares(c)), "rounds": rounds,
+                  "max_tokens": max_tokens, "nnrp_transport": transport}  # fmt: skip
+        made: dict[tuple[str, str], Result] = {}
+        for protocol, windows in got.items():
+            ok = [r for w in windows for r in w.requests if r["error"] is None and r["ttft_ms"] > 0]
+            name = f"{prefix}.c{c}.{{}}.{protocol}"
+            made["api", protocol] = Result.of(name.format("api_server_cpu_us_per_token"), "us",
+                                              [w.api_cpu_s * 1e6 / max(1, w.tokens) for w in windows], parameters=params)  # fmt: skip
+            made["engine", protocol] = Result.of(name.format("engine_cpu_us_per_token"), "us",
+                                                 [w.engine_cpu_s * 1e6 / max(1, w.tokens) for w in windows], parameters=params)  # fmt: skip
+            made["client", protocol] = Result.of(name.format("client_cpu_us_per_token"), "us",
+                                                 [w.client_cpu_s * 1e6 / max(1, w.tokens) for w in windows], parameters=params)  # fmt: skip
+            made["tps", protocol] = Result.of(name.format("tokens_per_s"), "tokens/s", [w.tokens / w.wall_s for w in windows], parameters=params)
+            made["ttft", protocol] = Result.of(name.format("ttft"), "ms", [r["ttft_ms"] for r in ok] or [0.0], parameters=params)
+            made["gap", protocol] = Result.of(name.format("gap"), "ms", [g for r in ok for g in r["gaps_ms"]] or [0.0], parameters=params)
+            made["failed", protocol] = _failed(name.format("failed"), windows, params)
+        for metric, target in (("api", CPU_RATIO), ("engine", None), ("client", None), ("tps", TPS_RATIO), ("ttft", TTFT_RATIO), ("gap", GAP_RATIO)):
+            http, nnrp = made[metric, "http"], made[metric, "nnrp"]
+            rows += [http, nnrp, _ratio(nnrp.id.removesuffix(".nnrp") + "_ratio.nnrp_over_http", nnrp, http, target, params)]
+        rows += [made["failed", "http"], made["failed", "nnrp"]]
+    return rows
+
+
+def burst_rows(server: Any, engine: Sequence[int], *, clients: int, transport: str, workdir: str) -> list[Result]:
+    """``clients`` connecting at once, one 8-token request each, over NNRP then HTTP."""
+    body = chat_body(PROMPT, 8)
+    rows: list[Result] = []
+    for protocol in ("nnrp", "http"):
+        w = window(server, engine, "burst", protocol, clients, body, transport=transport, workdir=workdir)
+        params = {"clients": clients, "client_processes": len(shares(clients)), "nnrp_transport": transport}
+        opened = [r["open_ms"] for r in w.requests if r.get("open_ms") is not None]
+        served = [r["served_ms"] for r in w.requests if r["error"] is None]
+        what = "connect + open session" if protocol == "nnrp" else "TCP connect"
+        rows += [
+            Result.of(f"load.burst.open_ms.{protocol}", "ms", opened or [0.0], parameters=params, note=f"release -> {what}",
+                      targets=(SLOWEST_OPEN,) if protocol == "nnrp" else ()),
+            Result.of(f"load.burst.served_ms.{protocol}", "ms", served or [0.0], parameters=params),
+            _failed(f"load.burst.failed.{protocol}", [w], params),
+        ]  # fmt: skip
+    rows[0].versus(rows[3])
+    rows[1].versus(rows[4])
+    return rows
+
+
+def _cpu_pct(pid: int, seconds: float) -> list[float]:
+    """``pid``'s CPU, % of one core, one sample per second for ``seconds`` s."""
+    samples = []
+    for _ in range(max(1, round(seconds))):
+        cpu, start = cpu_s([pid]), time.perf_counter()
+        time.sleep(1.0)
+        samples.append((cpu_s([pid]) - cpu) / (time.perf_counter() - start) * 100)
+    return samples
+
+
+def idle_rows(server: Any, *, sessions: int, seconds: float, transport: str, workdir: str) -> list[Result]:
+    """The API server's CPU with no client, then with ``sessions`` idle NNRP sessions open."""
+    params = {"sessions": sessions, "seconds": seconds, "nnrp_transport": transport}
+    quiet = Result.of("load.idle.api_server_cpu_pct.no_sessions", "%", _cpu_pct(server.pid, seconds), parameters=params)
+    argument_lists = [["idle", "nnrp", server.nnrp[transport], str(n)] for n in shares(sessions)]
+    with Clients(argument_lists, workdir) as clients:
+        clients.read()
+        time.sleep(1.0)  # the sessions' opening settles
+        held = Result.of("load.idle.api_server_cpu_pct.sessions_open", "%", _cpu_pct(server.pid, seconds), parameters=params)
+        clients.tell()
+        clients.read()
+        clients.tell()
+    cost = Result.of(
+        "load.idle.api_server_cpu_pct.sessions_minus_no_sessions", "%", [held.mean - quiet.mean],
+        targets=(IDLE_COST,), parameters=params, note="mean CPU with the idle sessions open minus without",
+    )  # fmt: skip
+    return [quiet, held, cost]
+
+
+def stream_interval_supported() -> bool:
+    """Whether the installed vLLM's ``vllm serve`` has ``--stream-interval`` (asked in a subprocess)."""
+    code = "import dataclasses\nfrom vllm.engine.arg_utils import EngineArgs\n" \
+           "print('stream_interval' in {f.name for f in dataclasses.fields(EngineArgs)})"  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    return done.stdout.strip().endswith("True")
+
+
+def measure(server: Any, *, prefix: str = "load", levels: Sequence[int], rounds: int, max_tokens: int,
+            burst_clients: int, idle_sessions: int, idle_seconds: float, transport: str, workdir: str,
+            parameters: dict[str, Any] | None = None) -> list[Result]:  # fmt: skip
+    """All rows on a ready ``server`` (an object with ``http``, ``nnrp`` {transport: URI} and ``pid``): a
+    warm-up window per protocol, the idle rows (skipped when ``idle_sessions`` is 0), the levels, the burst
+    (skipped when ``burst_clients`` is 0)."""
+    engine = engine_pids(server.pid)
+    for protocol in ("http", "nnrp"):
+        window(server, engine, "stream", protocol, 4, chat_body(PROMPT, 16), transport=transport, workdir=workdir)
+    rows = idle_rows(server, sessions=idle_sessions, seconds=idle_seconds, transport=transport, workdir=workdir) if idle_sessions else []
+    rows += levels_rows(server, engine, prefix, levels=levels, rounds=rounds, max_tokens=max_tokens, transport=transport,
+                        workdir=workdir, parameters=parameters or {})  # fmt: skip
+    if burst_clients:
+        rows += burst_rows(server, engine, clients=burst_clients, transport=transport, workdir=workdir)
+    return rows
+
+
+def _serve(model: str, workdir: str, extra_args: Sequence[str], **kw: Any) -> list[Result]:
+    nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/load-{free_port()}.sock"}
+    seqs = max(256, *kw["levels"], kw["burst_clients"])
+    server = serve_with_nnrp(
+        model, workdir, listen=(nnrp["tcp"], nnrp["ipc"]), log=f"{workdir}/vllm-{free_port()}.log",
+        extra_args=("--load-format", "dummy", "--max-num-seqs", str(seqs), "--additional-config",
+                    orjson.dumps(NNRP_CONFIG).decode(), *extra_args),
+    )  # fmt: skip
+    server.nnrp = nnrp
+    try:
+        server.wait_ready(START_TIMEOUT_S)
+        return measure(server, workdir=workdir, **kw)
+    finally:
+        server.stop()
+
+
+def run(
+    *, model: str | None = None, levels: Sequence[int] = LEVELS, rounds: int = 2, max_tokens: int = 256,
+    burst_clients: int = 256, idle_sessions: int = 256, idle_seconds: float = 10.0, stream_interval: int | None = 8,
+    transport: str = "tcp",
+) -> list[Result]:
+    """Serve the tiny model made from ``model`` (default ``$VLLM_NNRP_TEST_MODEL``) and measure (module
+    docstring); then the levels again with ``--stream-interval stream_interval`` unless it is ``None`` or the
+    installed vLLM lacks the flag. Raises ``SystemExit`` without a model, ``compat.launcher.ServeError`` when
+    ``vllm serve`` does not start, ``RuntimeError`` when a client process fails."""
+    kw = {"levels": levels, "rounds": rounds, "max_tokens": max_tokens, "transport": transport}
+    model = model or os.environ.get("VLLM_NNRP_TEST_MODEL")
+    if not model:
+        raise SystemExit("load benchmark: give --model or set VLLM_NNRP_TEST_MODEL")
+    with tempfile.TemporaryDirectory() as workdir:
+        tiny = str(tiny_model.build(model))
+        rows = _serve(tiny, workdir, (), burst_clients=burst_clients, idle_sessions=idle_sessions,
+                      idle_seconds=idle_seconds, **kw)  # fmt: skip
+        if stream_interval is None:
+            return rows
+        if not stream_interval_supported():
+            print("bench load: this vLLM has no --stream-interval; its rows are skipped", file=sys.stderr)
+            return rows
+        rows += _serve(tiny, workdir, ("--stream-interval", str(stream_interval)), prefix=f"load.stream_interval_{stream_interval}",
+                       burst_clients=0, idle_sessions=0, idle_seconds=0, parameters={"stream_interval": stream_interval}, **kw)  # fmt: skip
+    return rows

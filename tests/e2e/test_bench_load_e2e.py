@@ -1,0 +1,48 @@
+"""The quick load benchmark (``python -m bench load --quick``): its own real ``vllm serve`` of the tiny model
+(``--load-format dummy``), HTTP/SSE and NNRP windows, the burst and the idle sessions. It must run and fail no
+request; the numbers of a smoke run mean nothing."""
+
+from __future__ import annotations
+
+import pathlib
+
+import orjson
+import pytest
+
+from tests.e2e.conftest import model_dir
+
+pytestmark = pytest.mark.vllm
+
+
+def test_tiny_model_keeps_the_real_tokenizer_and_has_no_weights(tmp_path, monkeypatch):
+    from bench import tiny_model
+
+    monkeypatch.setenv("VLLM_NNRP_CACHE", str(tmp_path))
+    tiny = tiny_model.build(model_dir())
+    assert tiny == tiny_model.build(model_dir()) and (tiny / ".complete").is_file()  # built once, then reused
+    config = orjson.loads((tiny / "config.json").read_bytes())
+    assert {k: config[k] for k in tiny_model.TINY} == tiny_model.TINY
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    source = {p.name for p in pathlib.Path(model_dir()).iterdir()}
+    copied = {p.name for p in tiny.iterdir()}
+    assert {"tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= copied <= source | {".complete"}
+    assert not [name for name in copied if name.endswith(tiny_model.SKIPPED_SUFFIXES)]
+
+
+def test_quick_load_benchmark_runs_both_protocols_without_failures():
+    from bench.suite import QUICK
+
+    rows = {r.id: r for r in QUICK["load"](model=model_dir())}
+    cpu = ("api_server_cpu_us_per_token", "engine_cpu_us_per_token", "client_cpu_us_per_token")
+    for metric in (*cpu, "tokens_per_s", "ttft", "gap"):
+        http, nnrp = rows[f"load.c4.{metric}.http"], rows[f"load.c4.{metric}.nnrp"]
+        assert http.samples and nnrp.samples and nnrp.compare["against"] == http.id
+        assert f"load.c4.{metric}_ratio.nnrp_over_http" in rows
+    for protocol in ("http", "nnrp"):
+        assert rows[f"load.c4.failed.{protocol}"].max == 0, rows[f"load.c4.failed.{protocol}"].note
+        assert rows[f"load.burst.failed.{protocol}"].max == 0, rows[f"load.burst.failed.{protocol}"].note
+        assert rows[f"load.c4.ttft.{protocol}"].samples == 4 and rows[f"load.c4.tokens_per_s.{protocol}"].p50 > 0
+        assert rows[f"load.burst.served_ms.{protocol}"].samples == 8
+    assert rows["load.burst.open_ms.nnrp"].samples == 8
+    assert rows["load.idle.api_server_cpu_pct.sessions_open"].samples == 2
+    assert "load.idle.api_server_cpu_pct.sessions_minus_no_sessions" in rows
