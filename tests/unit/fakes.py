@@ -11,6 +11,7 @@ from nnrp.core import MessageType
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
+from vllm_nnrp_plugin.nnrp_binding.sender import Sender
 from vllm_nnrp_plugin.nnrp_binding.session import SessionPump
 
 
@@ -30,7 +31,8 @@ def pump(max_in_flight: int = 16, max_queued_events: int = 1024) -> tuple[Sessio
     """A pump on a fake session; ``loop.run_until_complete(asyncio.sleep(0))`` delivers what it posted."""
     loop, handler = asyncio.new_event_loop(), Handler()
     session = types.SimpleNamespace(active_transport_name="tcp")
-    return SessionPump(session, handler, loop, cadence=PollCadence(100),
+    # a sender that is never started: what the pump queues stays in ``pump.link.items`` for the test to read
+    return SessionPump(session, handler, loop, cadence=PollCadence(100), sender=Sender(),
                        limits=SessionLimits(max_in_flight, max_queued_events)), handler, loop  # fmt: skip
 
 

@@ -1,11 +1,11 @@
-"""A few shared threads that send what the operations of every session queued.
+"""The shared thread(s) that send what the operations of every session queued.
 
 Why not each session's own pump thread: with one thread per session woken for every event, a hundred busy
 sessions mean a hundred threads taking vLLM's GIL in turn for each token; here an event wakes a sender only
 when its session was not already waiting for one, and a sender sends for session after session. The GIL is
 released during each native send (nnrp-py's ctypes call), so several senders could overlap their sends; one
-measured as well as two (128 streams in a real ``vllm serve``: 127–129 against 131–133 µs of API-server CPU per
-token, 3.8k against 3.5–3.6k tokens/s), so there is one.
+is enough: a native send takes ~45 µs (nnrp-py 1.0.0rc4.post20 on loopback), so one thread sends ~20k events/s,
+more than a 2-CPU API server produced in the load benchmark (``bench/load.py``, ≤ 6k tokens/s).
 
 nnrp-py's server session (``nnrp.native.NativeRuntimeServerSession``) blocks a send while a poll of the same
 session waits, so whoever touches a session holds its ``io_lock``: a sender only tries it

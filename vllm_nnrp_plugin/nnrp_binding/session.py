@@ -76,10 +76,6 @@ RETRY_AFTER_MS = 100
 _SESSION_IDS = itertools.count(1)  # the accept counter standing in for a connection id (see Observation)
 
 
-def _nothing() -> None:
-    """No sender: the pump sends after its polls."""
-
-
 CANCEL_DETAIL = {
     MessageType.FRAME_CANCEL: "client_cancelled",
     MessageType.CANCEL: "client_cancelled",
@@ -107,7 +103,7 @@ class SessionHandler(Protocol):
 
 class SessionPump:
     """Owns one ``NativeRuntimeServerSession`` on a dedicated thread until the client leaves or :meth:`stop`;
-    ``sender`` sends what its operations queue (``None``: only the pump does, after each poll). ``probe``
+    ``sender`` (the listener's) sends what its operations queue; the pump also sends right after each poll. ``probe``
     (benchmarks) is told about every partial result queued and sent."""
 
     def __init__(
@@ -118,7 +114,7 @@ class SessionPump:
         *,
         cadence: PollCadence,
         limits: SessionLimits,
-        sender: Sender | None = None,
+        sender: Sender,
         on_exit: Callable[[SessionPump], None] | None = None,
         probe: SendProbe | None = None,
     ) -> None:
@@ -130,7 +126,7 @@ class SessionPump:
         self.io_lock = threading.Lock()
         self.scheduled = False  # waiting in the sender's queue
         self._sender = sender
-        self.link = SessionLink(limits.max_queued_events, self._notify if sender is not None else _nothing, probe)
+        self.link = SessionLink(limits.max_queued_events, self._notify, probe)
         self._probe = probe
         self._pressured = False  # a BACKPRESSURE frame was sent and no CREDIT_UPDATE since
         self._handler = handler
@@ -188,8 +184,7 @@ class SessionPump:
                     if polled and not self.handle(polled[0]):
                         return
                     self.flush()
-                if self._sender is not None:
-                    self._sender.after(self)  # what was queued while the lock was held
+                self._sender.after(self)  # what was queued while the lock was held
                 if polled:
                     self._busy = True
                     continue  # more may be waiting: poll again at once
