@@ -12,7 +12,7 @@ from vllm_nnrp_plugin.conformance.driver import submission  # noqa: E402
 from vllm_nnrp_plugin.conformance.plan import build_plan, capability_tokens  # noqa: E402
 from vllm_nnrp_plugin.conformance.rules import case_problems, matches, results_problems  # noqa: E402
 from vllm_nnrp_plugin.conformance.suite import Suite, locate_suite, read_json  # noqa: E402
-from vllm_nnrp_plugin.profile.capabilities import conformance_manifest, runtime_document  # noqa: E402
+from vllm_nnrp_plugin.profile.capabilities import conformance_manifest, chat_operation, runtime_document  # noqa: E402
 
 RECIPES = pathlib.Path(__file__).resolve().parents[2] / "recipes"
 
@@ -26,7 +26,7 @@ def suite():
 
 
 def manifest(**flags):
-    document = runtime_document(models=["example-model"], owned_by="vllm", tool_calls=flags.pop("tool_calls", True))
+    document = runtime_document(models=["example-model"], owned_by="vllm", operations=[chat_operation(tool_calls=flags.pop("tool_calls", True))])
     document["operations"][0].update(flags)
     return conformance_manifest(document)
 
