@@ -58,6 +58,10 @@ GENERATE=(
 
 free_port() { "$PY" -c 'from compat.launcher import free_port; print(free_port())'; }
 
+SKIPPED=" "
+# skipped NAME: NAME has no recipes to run (said, and remembered for the summary)
+skipped() { echo "run-conformance: [$1] no recipes: skipped" >&2; SKIPPED+="$1 "; }
+
 # recipe_options DIR…: "--recipes DIR" (one word a line) for each DIR with a manifest.json; says which it skips
 recipe_options() {
   local dir
@@ -94,14 +98,14 @@ level1_deployment() {
 all_operations_deployment() {
   local recipes
   mapfile -t recipes < <(recipe_options "$ROOT/recipes/responses" "$ROOT/recipes/level3")
-  if [ ${#recipes[@]} -eq 0 ]; then echo "run-conformance: [all-operations] no recipes: skipped" >&2; return 0; fi
+  if [ ${#recipes[@]} -eq 0 ]; then skipped all-operations; return 0; fi
   serve_and_run all-operations "${GENERATE[@]}" -- --no-suite-recipes "${recipes[@]}"
 }
 
 pooling_deployment() {
   local recipes
   mapfile -t recipes < <(recipe_options "$ROOT/recipes/level3")
-  if [ ${#recipes[@]} -eq 0 ]; then echo "run-conformance: [pooling] no recipes: skipped" >&2; return 0; fi
+  if [ ${#recipes[@]} -eq 0 ]; then skipped pooling; return 0; fi
   serve_and_run pooling --convert embed -- --no-suite-recipes "${recipes[@]}"
 }
 
@@ -110,8 +114,12 @@ SUMMARY=()
 for deployment in level1 all_operations pooling; do
   status=0
   "${deployment}_deployment" || status=$?
-  SUMMARY+=("${deployment//_/-}: $([ "$status" -eq 0 ] && echo ok || echo "FAILED (status $status)")")
+  name=${deployment//_/-}
+  if [ "$status" -ne 0 ]; then SUMMARY+=("$name: FAILED (status $status)")
+  elif [[ $SKIPPED == *" $name "* ]]; then SUMMARY+=("$name: skipped")
+  else SUMMARY+=("$name: passed"); fi
   [ "$status" -le "$STATUS" ] || STATUS=$status
 done
-echo "run-conformance: ${SUMMARY[*]}; results in $OUT" >&2
+LINE=$(printf '%s, ' "${SUMMARY[@]}")
+echo "run-conformance: ${LINE%, }; results in $OUT" >&2
 exit "$STATUS"
