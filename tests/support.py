@@ -141,16 +141,16 @@ def two_free_ports() -> int:
 
 
 class ServedNNRP:
-    """An NNRPService with a :class:`RecordedBackend` on its own event-loop thread (standing in for vLLM's
-    loop); ``config`` keys are :class:`NNRPConfig` fields."""
+    """An NNRPService with ``backend`` (default a :class:`RecordedBackend`) on its own event-loop thread
+    (standing in for vLLM's loop); ``config`` keys are :class:`NNRPConfig` fields."""
 
-    def __init__(self, listen: tuple[str, ...], **config: Any) -> None:
+    def __init__(self, listen: tuple[str, ...], backend: Any = None, **config: Any) -> None:
         import threading
 
         from vllm_nnrp_plugin.config import NNRPConfig
         from vllm_nnrp_plugin.service import NNRPService
 
-        self.backend = RecordedBackend()
+        self.backend = backend if backend is not None else RecordedBackend()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()

@@ -130,3 +130,22 @@ def test_harness_controls_are_consumed_not_sent():
     assert raw == b"{bad"
     override, _ = submission({"operation": "x", "request": {"body": {}, "nnrp": {"envelope_override": {"schema_version": "v0"}}}})
     assert override["schema_version"] == "v0" and "nnrp" not in override
+
+
+def test_no_suite_recipes_runs_only_the_given_directories(suite):
+    from vllm_nnrp_plugin.conformance.runner import load_recipes
+
+    both = load_recipes(suite, [RECIPES])
+    ours = load_recipes(suite, [RECIPES], suite_recipes=False)
+    assert [r["id"] for r in ours] == [r["id"] for r in suite.recipes(RECIPES / "manifest.json")]
+    assert all(r["id"].startswith("vllm-nnrp.") for r in ours)
+    assert [r["id"] for r in both] == [r["id"] for r in suite.recipes(suite.profile_manifest())] + [r["id"] for r in ours]
+    plan = plan_for(suite, manifest(), ours)  # the suite's schemas still validate the plan
+    assert "openai-compatible.chat.unsupported-operation" not in [c["id"] for c in plan["cases"]]
+
+
+def test_no_suite_recipes_without_recipe_directories_is_unusable(suite, capsys):
+    from vllm_nnrp_plugin.conformance.runner import main
+
+    assert main(["--endpoint", "tcp://127.0.0.1:1", "--suite", str(suite.root), "--no-suite-recipes"]) == 2
+    assert "no recipes to run" in capsys.readouterr().err

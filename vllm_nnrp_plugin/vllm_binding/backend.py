@@ -3,7 +3,8 @@
 Which operations a server serves follows from ``app.state`` (filled by vLLM's ``init_app_state`` from the
 tasks the model supports): ``openai_serving_chat`` (``generate`` task) -> ``chat.completions.create``. The
 capability document lists exactly these (:func:`vllm_nnrp_plugin.profile.capabilities.runtime_document`);
-a server whose serving objects make up no whole profile level is refused at start-up.
+a server whose serving objects make up no whole profile level is refused at start-up. The setting
+``nnrp.operations`` (:mod:`vllm_nnrp_plugin.config`) narrows them to the operations it lists.
 
 Every binding has ``name`` (the profile operation), ``operation()`` (its capability entry), ``async
 create(body, request_id, traceparent) -> Call`` and ``engine_request_id(request_id)``; aborting is the same
@@ -22,12 +23,23 @@ from vllm_nnrp_plugin.vllm_binding.chat import ChatBinding
 
 class VLLMBackend:
     """:class:`vllm_nnrp_plugin.adapter.Backend` over ``app.state`` (its serving objects, ``engine_client``,
-    ``openai_serving_models``). Raises ``NNRPStartupError`` when the server serves no whole profile level."""
+    ``openai_serving_models``), serving ``operations`` (profile operation names; None: every operation the
+    serving objects offer). Raises ``NNRPStartupError`` when ``operations`` names one this server does not
+    serve, or what is served makes up no whole profile level."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: Any, operations: tuple[str, ...] | None = None) -> None:
         self._engine = state.engine_client
         self._models = state.openai_serving_models
         self._bindings = {binding.name: binding for binding in _bindings(state)}
+        if operations is not None:
+            missing = [name for name in operations if name not in self._bindings]
+            if missing:
+                raise NNRPStartupError(
+                    f"nnrp.operations names {', '.join(missing)}, which this vLLM server does not serve (it serves: "
+                    f"{', '.join(self._bindings) or 'nothing'}). Fix: drop {', '.join(missing)} from nnrp.operations, "
+                    "or serve a model whose task offers it."
+                )
+            self._bindings = {name: binding for name, binding in self._bindings.items() if name in operations}
         try:
             self._capabilities = runtime_document(
                 models=self.model_ids(),

@@ -67,7 +67,7 @@ async def start_service(state: Any, attach_path: str) -> None:
     config = attrs.evolve(
         config, listen=rank_listen(config.listen, rank, count), metrics_listen=config.metrics_listen if rank == 0 else None
     )
-    backend = VLLMBackend(state)
+    backend = VLLMBackend(state, config.operations)
     service = NNRPService(config, backend, asyncio.get_running_loop())
     bound = await asyncio.to_thread(service.start)  # binding is a native call: keep it off vLLM's loop
     setattr(state, _SERVICE, service)
