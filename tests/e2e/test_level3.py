@@ -5,7 +5,6 @@ refusal of a server whose operations make up no whole level."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import struct
 
@@ -13,17 +12,13 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import SERVED_NAME, VLLMServer, attach_options, model_dir
+from tests.e2e.test_level1 import connect, plain_client  # noqa: F401 (plain_client: a fixture)
 from tests.e2e.test_vllm_serve import wait_idle
-from vllm_nnrp_plugin.client import ProfileClient
 
 pytestmark = pytest.mark.vllm
 
 TWO_INPUTS = {"model": SERVED_NAME, "input": ["The quick brown fox", "jumps over the lazy dog"]}
 TOLERANCE = 1e-3  # absolute, per component: the same engine computes both, batching may round differently
-
-
-def connect(uri):
-    return asyncio.run(ProfileClient.connect(uri))
 
 
 def call(client, operation, body, timeout_s=120, **nnrp):
@@ -49,13 +44,6 @@ def error_code(client, operation, body):
 @pytest.fixture
 def pooling_client(vllm_pooling_server):
     client = connect(vllm_pooling_server.nnrp["tcp"])
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def plain_client(vllm_server):
-    client = connect(vllm_server.nnrp["tcp"])
     yield client
     client.close()
 

@@ -58,9 +58,7 @@ class Engine:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_models_list_answers_with_vllms_model_list(version):
-    models = ScriptedModels(version) if (FIXTURES.parent / version / "models-a-list.json").exists() else None
-    if models is None:
-        pytest.skip(f"no models.list recording for vLLM {version}")
+    models = ScriptedModels(version)
     call = run(ModelsBinding(models).create(request_of("models-a-list", version), "nnrp-1"))
     assert call.stream is None and call.body == models.model_list
     assert call.body["object"] == "list" and call.body["data"][0]["max_model_len"] == 2048
@@ -79,7 +77,8 @@ def test_models_list_refuses_a_body_with_parameters_and_has_nothing_to_abort():
 def test_a_server_with_only_models_list_is_refused_at_start_up():
     """A classify/score server: ``openai_serving_models`` but neither chat nor embeddings."""
     state = types.SimpleNamespace(engine_client=Engine(), openai_serving_models=ScriptedModels(),
-                                  openai_serving_chat=None, serving_embedding=None, serving_classification=object())  # fmt: skip
+                                  openai_serving_chat=None, serving_embedding=None,
+                                  serving_classification=object())  # fmt: skip
     with pytest.raises(NNRPStartupError, match=r"the operations served \(models.list\) make up no whole"):
         VLLMBackend(state)
 
@@ -132,11 +131,12 @@ def pooling_state(serving):
 
 
 @pytest.mark.parametrize("case", ["embeddings-a-float", "embeddings-b-base64"])
-@pytest.mark.parametrize("version", ["0.26.0", "0.32.0"])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_embeddings_answer_with_vllms_body_under_the_embd_engine_id(vllm_embed, version, case):
     serving = ScriptedServingEmbedding(answer=recorded(case, version))
     backend = VLLMBackend(pooling_state(serving))
-    call = run(backend.create("embeddings.create", request_of(case, version), "nnrp-7", "00-" + "a" * 32 + "-" + "b" * 16 + "-01"))
+    traceparent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    call = run(backend.create("embeddings.create", request_of(case, version), "nnrp-7", traceparent))
     assert call.body == recorded(case, version) and len(call.body["data"]) == 2
     assert call.body["usage"]["prompt_tokens"] == call.body["usage"]["total_tokens"] > 0
     (request, raw_request), = serving.calls
@@ -212,7 +212,8 @@ def test_bodies_vllm_cannot_answer_in_json_are_refused_before_vllm_is_called(vll
 
 LEVEL3_RECIPES = FIXTURES.parents[3] / "recipes" / "level3" / "manifest.json"
 MODELS_ENTRY = {"name": "models.list", "streaming": False, "non_streaming": True, "cancellation": False}
-EMBEDDINGS_ENTRY = {"name": "embeddings.create", "streaming": False, "non_streaming": True, "encoding_formats": ["float"]}
+EMBEDDINGS_ENTRY = {"name": "embeddings.create", "streaming": False, "non_streaming": True,
+                    "encoding_formats": ["float", "base64"], "dimensions": False}  # fmt: skip
 
 
 def level3_plan(operations):
@@ -242,7 +243,7 @@ def test_level3_recipes_are_planned_where_their_operations_are_served():
     assert generate == {"models-list", "models-list-invalid-body", "embeddings-unsupported-on-generate-server"}
 
 
-@pytest.mark.parametrize("version", ["0.26.0", "0.32.0"])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_recorded_vllm_bodies_pass_the_success_recipes(version):
     from vllm_nnrp_plugin.conformance.plan import substitute
     from vllm_nnrp_plugin.conformance.rules import case_problems

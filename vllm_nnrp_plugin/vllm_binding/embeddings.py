@@ -94,7 +94,8 @@ class EmbeddingsBinding:
         return Call(body=answer)
 
     def engine_request_id(self, request_id: str) -> str:
-        """``embd-`` + ``request_id``, the prefix of every input's engine id (``ServingEmbedding.request_id_prefix``)."""
+        """``embd-`` + ``request_id``: the prefix of every input's engine id and vLLM's response ``id``
+        (``ServingEmbedding.request_id_prefix``)."""
         return f"embd-{request_id}"
 
     def engine_request_ids(self, request_id: str) -> list[str]:
