@@ -8,9 +8,12 @@ the profile's errors.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 from vllm_nnrp_plugin.profile import errors as E
+
+_FIELD = re.compile(r"\w+")  # a field name or a list index
 
 
 def validate(request_cls: Any, body: dict[str, Any], operation: str) -> Any:
@@ -35,11 +38,13 @@ def error_from_response(response: Any) -> E.ProfileError:
     return E.backend_error(message, status)
 
 
-def trace_request(traceparent: str | None, path: str) -> Any:
-    """None without a trace context, else a synthetic HTTP request for ``path`` carrying only ``traceparent``
-    (vLLM reads a W3C ``traceparent`` only from ``raw_request.headers``, with ``extract_trace_headers``,
-    ``vllm/tracing/utils.py``); its ``receive`` never reports a disconnect (the NNRP side handles cancellation)."""
-    if traceparent is None:
+def trace_request(traceparent: str | None, path: str, request_id: str | None = None) -> Any:
+    """None without a trace context or ``request_id``, else a synthetic HTTP request for ``path`` carrying only
+    ``traceparent`` (vLLM reads a W3C ``traceparent`` only from ``raw_request.headers``, with
+    ``extract_trace_headers``, ``vllm/tracing/utils.py``) and ``X-Request-Id: request_id`` (the id vLLM's pooling
+    serving objects build their engine request ids from, ``_base_request_id``); its ``receive`` never reports a
+    disconnect (the NNRP side handles cancellation)."""
+    if traceparent is None and request_id is None:
         return None
     from starlette.requests import Request
 
@@ -47,20 +52,22 @@ def trace_request(traceparent: str | None, path: str) -> Any:
         await asyncio.Event().wait()
         return {}
 
-    scope = {
-        "type": "http", "method": "POST", "path": path, "query_string": b"",
-        "headers": [(b"traceparent", traceparent.encode("latin-1"))], "state": {},
-    }  # fmt: skip
+    headers = [(b"traceparent", traceparent.encode("latin-1"))] if traceparent is not None else []
+    if request_id is not None:
+        headers.append((b"x-request-id", request_id.encode("latin-1")))
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"", "headers": headers, "state": {}}
     return Request(scope, receive=_never)
 
 
 def validation_message(exc: ValueError, operation: str) -> str:
-    """``invalid <operation> body: <field>: <problem>; …`` from a pydantic ``ValidationError``."""
+    """``invalid <operation> body: <field>: <problem>; …`` from a pydantic ``ValidationError``, each problem once.
+    Location parts that are not field names or indexes (the union members and validators pydantic names for a
+    union request model such as vLLM's ``EmbeddingRequest``: ``list[int]``, ``function-wrap[…]``) are left out."""
     errors = getattr(exc, "errors", None)
     if errors is None:
         return str(exc)
-    parts = []
+    parts: dict[str, None] = {}
     for err in errors():
-        location = ".".join(str(p) for p in err.get("loc", ())) or "body"
-        parts.append(f"{location}: {err.get('msg')}")
+        location = ".".join(str(p) for p in err.get("loc", ()) if _FIELD.fullmatch(str(p))) or "body"
+        parts[f"{location}: {err.get('msg')}"] = None
     return f"invalid {operation} body: " + "; ".join(parts)
