@@ -1,7 +1,8 @@
 """The backend on a vLLM API server: one binding per operation the server's own serving objects offer.
 
 Which operations a server serves follows from ``app.state`` (filled by vLLM's ``init_app_state`` from the
-tasks the model supports): ``openai_serving_chat`` (``generate`` task) -> ``chat.completions.create``. The
+tasks the model supports): ``openai_serving_chat`` (``generate`` task) -> ``chat.completions.create``;
+``openai_serving_responses`` (``generate`` task) -> ``responses.create``. The
 capability document lists exactly these (:func:`vllm_nnrp_plugin.profile.capabilities.runtime_document`);
 a server whose serving objects make up no whole profile level is refused at start-up. The setting
 ``nnrp.operations`` (:mod:`vllm_nnrp_plugin.config`) narrows them to the operations it lists.
@@ -19,6 +20,7 @@ from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.vllm_binding.chat import ChatBinding
+from vllm_nnrp_plugin.vllm_binding.responses import ResponsesBinding
 
 
 class VLLMBackend:
@@ -76,4 +78,6 @@ def _bindings(state: Any) -> list[Any]:
     bindings: list[Any] = []
     if getattr(state, "openai_serving_chat", None) is not None:
         bindings.append(ChatBinding(state.openai_serving_chat))
+    if getattr(state, "openai_serving_responses", None) is not None:
+        bindings.append(ResponsesBinding(state.openai_serving_responses))
     return bindings
