@@ -243,3 +243,33 @@ def test_the_adapter_returns_the_non_streaming_response_object():
     assert sink.events == [{"type": "response.completed", "body": reference}]
     assert (sink.observation.input_tokens, sink.observation.output_tokens) == (35, 32)
 
+
+
+# -- the project's responses.create recipes (recipes/responses) -----------------------------------------------
+
+
+@pytest.mark.parametrize("tool_calls", [True, False])
+def test_responses_recipes_validate_and_are_planned_only_for_a_level_2_server(tool_calls):
+    from vllm_nnrp_plugin.conformance.plan import build_plan
+    from vllm_nnrp_plugin.conformance.suite import Suite, locate_suite
+    from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
+
+    try:
+        suite = Suite(locate_suite())
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    recipes = suite.recipes(FIXTURES.parents[3] / "recipes" / "responses" / "manifest.json")
+    assert all(r["operation"] == RESPONSES_CREATE and "api.level2" in r["required_capabilities"] for r in recipes)
+    level1 = runtime_document(models=["example-model"], owned_by="vllm", operations=[chat_operation(tool_calls=True)])
+    level2 = runtime_document(models=["example-model"], owned_by="vllm", operations=[
+        chat_operation(tool_calls=tool_calls),
+        operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=tool_calls),
+    ])  # fmt: skip
+    planned = {}
+    for name, document in (("level1", level1), ("level2", level2)):
+        plan = build_plan(recipes, conformance_manifest(document), results_path="r.json", evidence_dir="e")
+        suite.validate(plan, "execution-plan")
+        planned[name] = {case["id"] for case in plan["cases"]}
+    assert planned["level1"] == set()
+    tool_case = "vllm-nnrp.responses.tool-call-required"
+    assert planned["level2"] == {r["id"] for r in recipes} - (set() if tool_calls else {tool_case})

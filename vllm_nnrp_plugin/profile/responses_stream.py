@@ -29,11 +29,11 @@ items again, so the ids in the completed body may differ from the events' (vLLM'
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events
+from vllm_nnrp_plugin.profile.chat_stream import _is_one_json_value
 
 
 class ResponsesStreamMapper:
@@ -139,14 +139,6 @@ def _invalid_arguments(call: _Call, cut: bool) -> E.ProfileError:
                               E.SERVER_ERROR)  # fmt: skip
     return E.ProfileError(E.TOOL_CALL_INVALID, f"tool call {call.call_id} has arguments that are not one complete "
                           "JSON value", E.SERVER_ERROR)  # fmt: skip
-
-
-def _is_one_json_value(text: str) -> bool:
-    try:
-        json.loads(text)
-    except (ValueError, RecursionError):  # json.JSONDecodeError (also "" and whitespace), absurd nesting
-        return False
-    return True
 
 
 def _stream_error(item: dict[str, Any]) -> E.ProfileError:

@@ -1,5 +1,5 @@
 """``responses.create`` on vLLM's own Responses serving object (``vllm/entrypoints/openai/responses/serving.py``,
-``OpenAIServingResponses``; the same call on 0.22 -> 0.32).
+``OpenAIServingResponses``; the same call on 0.18 -> 0.32).
 
 ``app.state.openai_serving_responses.create_responses(request, raw_request)`` — the object behind
 ``/v1/responses`` — returns an ``ErrorResponse``, a ``ResponsesResponse``, or an async generator of Responses
@@ -12,8 +12,8 @@ a non-streaming call returns the Response object as ``/v1/responses`` does.
 Request ids: the request is run with ``request_id = "resp_" + <the adapter's id>`` (the ``resp_`` prefix of
 vLLM's own default, ``ResponsesRequest.request_id``), which is also the Response's ``id``; the engine knows it
 as ``<request_id>_0`` (``OpenAIServingResponses._generate_with_builtin_tools`` numbers its sub-requests
-``f"{request_id}_{n}"``; without a ``--tool-server`` there is only sub-request 0; 0.22.1, 0.26.0 and 0.32.0
-alike).
+``f"{request_id}_{n}"``; without a ``--tool-server`` there is only sub-request 0; the same on 0.22.1, 0.26.0 and
+0.32.0, and on 0.18.1 where that method lives in ``vllm/entrypoints/openai/engine/serving.py``).
 
 Refused with ``invalid_request``: ``background: true`` (vLLM would run the request as a background task that
 outlives the NNRP operation, beyond its cancellation and timeout).
