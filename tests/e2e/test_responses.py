@@ -15,6 +15,7 @@ import pytest
 from tests.e2e.conftest import SERVED_NAME
 from tests.e2e.test_vllm_serve import wait_idle
 from tests.support import envelope
+from tests.unit.test_responses_stream import one_lookup_call
 from vllm_nnrp_plugin.client import ProfileClient
 
 pytestmark = pytest.mark.vllm
@@ -125,12 +126,8 @@ def test_non_streaming_returns_vllms_response_object(vllm_server, client):
 def test_a_required_function_call_streams_as_tool_call_events_like_vllms_http_stream(vllm_tools_server, tools_client):
     body = {**TOOL, "stream": True}
     events, terminal = over_nnrp(tools_client, body)
-    started, *deltas, completed, usage = events
-    ids = {"index": 0, "item_id": started["item_id"], "call_id": started["call_id"]}
-    assert started == {"type": "response.tool_call.started", **ids, "name": "lookup"}
-    assert deltas and all(e["type"] == "response.tool_call.delta" and e.items() >= ids.items() for e in deltas)
-    arguments = "".join(e["arguments_delta"] for e in deltas)
-    assert completed == {"type": "response.tool_call.completed", **ids, "name": "lookup", "arguments": arguments}
+    ids, arguments, usage = one_lookup_call(events)
+    assert ids["index"] == 0
     http = over_http(vllm_tools_server, body)
     (http_done,) = [e["item"] for e in http if e["type"] == "response.output_item.done"]
     assert (http_done["type"], http_done["name"], http_done["arguments"]) == ("function_call", "lookup", arguments)

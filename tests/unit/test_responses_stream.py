@@ -74,20 +74,29 @@ def test_function_call_stream_is_started_deltas_completed_with_vllms_ids(version
     items = recorded_events("responses-d-stream-tool-required", version)
     events, body = run(items)
     added = next(i["item"] for i in items if i["type"] == "response.output_item.added")
-    started, *deltas, completed, usage = events
-    ids = {"index": 0, "item_id": added["id"], "call_id": added["call_id"]}
-    assert started == {"type": "response.tool_call.started", **ids, "name": "lookup"}
-    assert deltas and all(e["type"] == "response.tool_call.delta" and e.items() >= ids.items() for e in deltas)
-    arguments = "".join(e["arguments_delta"] for e in deltas)
-    assert completed == {"type": "response.tool_call.completed", **ids, "name": "lookup", "arguments": arguments}
+    ids, arguments, usage = one_lookup_call(events)
+    assert ids == {"index": 0, "item_id": added["id"], "call_id": added["call_id"]}
     assert json.loads(arguments) == {"city": "Paris"}
     assert usage["type"] == "response.usage"
-    (call,) = body["output"]  # vLLM's final Response: its own ids for the same call
+    (call,) = body["output"]  # vLLM's final Response: on 0.32 the streamed ids, before it new ones
+    assert ((call["id"], call["call_id"]) == (ids["item_id"], ids["call_id"])) is (version >= "0.32")
     assert call["type"] == "function_call" and call["name"] == "lookup" and json.loads(call["arguments"]) == json.loads(arguments)
     reference = recorded("responses-f-nonstream-tool-required", version)
     assert [(o["type"], o["name"], json.loads(o["arguments"])) for o in reference["output"]] == [
         ("function_call", "lookup", {"city": "Paris"})
     ]
+
+
+def one_lookup_call(events: list[dict]) -> tuple[dict, str, dict]:
+    """(ids, arguments, the event after) of a stream that is exactly one ``lookup`` call in the profile's order
+    (started, deltas of the same ids, completed with their concatenation) and one more event."""
+    started, *deltas, completed, after = events
+    ids = {"index": started["index"], "item_id": started["item_id"], "call_id": started["call_id"]}
+    assert started == {"type": "response.tool_call.started", **ids, "name": "lookup"}
+    assert deltas and all(e["type"] == "response.tool_call.delta" and e.items() >= ids.items() for e in deltas)
+    arguments = "".join(e["arguments_delta"] for e in deltas)
+    assert completed == {"type": "response.tool_call.completed", **ids, "name": "lookup", "arguments": arguments}
+    return ids, arguments, after
 
 
 def _with_done_arguments(items: list[dict], arguments: str, status: str) -> list[dict]:

@@ -23,8 +23,10 @@ item in the Response's ``output``; it is the profile event's ``index``.
   gives nothing: its content reaches the client through the events above or the completed body.
 
 Per ``call_id``: started first, once; deltas; one completed/error last (the profile's tool-call ordering rule).
-Note: vLLM makes the streamed items' ``id``/``call_id`` when it streams them and the completed Response's
-items again, so the ids in the completed body may differ from the events' (vLLM's HTTP stream does the same).
+The ids are vLLM's, passed through as its HTTP stream has them. On 0.32.x the streamed function call carries
+its tool parser's ids, the same as the completed Response's item; on 0.22.x and 0.26.x vLLM's streaming
+processor makes new ones (``call_<hex>``, ``streaming_events.emit_simple_tool_call_open``), so there the ids in
+the completed body differ from the events'.
 """
 
 from __future__ import annotations
