@@ -145,6 +145,18 @@ def test_a_non_streaming_function_call_is_vllms_response(vllm_tools_server, tool
     assert calls_of(terminal["body"]) == [("lookup", {"city": "Paris"})]
 
 
+def test_without_a_tool_parser_a_required_call_is_answered_as_vllm_answers_it_with_no_tool_events(vllm_server, client):
+    """``tool_calls: false`` tells the truth: vLLM's Responses object has no parser to find calls with, so what it
+    generates is text on both APIs."""
+    body = {**TOOL, "stream": True}
+    events, terminal = over_nnrp(client, body)
+    assert not [e for e in events if e["type"].startswith("response.tool_call.")]
+    http = over_http(vllm_server, body)
+    assert not [e for e in http if e["type"].startswith("response.function_call")]
+    http_text = "".join(e["delta"] for e in http if e["type"] == "response.output_text.delta")
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == http_text
+    assert calls_of(terminal["body"]) == calls_of(http[-1]["response"]) == []
+
 def test_cancelling_a_streamed_response_aborts_vllms_request(vllm_server, client):
     assert wait_idle(vllm_server)
     tokens_before = vllm_server.metric("vllm:generation_tokens_total")
