@@ -1,7 +1,8 @@
 """``responses.create`` (Level 2) inside a real ``vllm serve`` on CPU over the real NNRP client, with vLLM's own
 HTTP ``/v1/responses`` on the same server as the reference: the same greedy request gives the same text, the same
-function calls and the same usage; a non-streaming call returns vLLM's Response object; a cancelled stream aborts
-vLLM's request; bad bodies get typed errors and the session keeps serving."""
+function calls and the same usage; a non-streaming call returns vLLM's Response object; a cancelled or timed-out
+stream aborts vLLM's request; the trace context is the parent of vLLM's span; bad bodies get typed errors and the
+session keeps serving; the capability document claims Level 2, with tool calls only where vLLM parses them."""
 
 from __future__ import annotations
 
@@ -186,12 +187,14 @@ def test_a_timed_out_response_aborts_vllms_request(vllm_server, client):
 
 
 def test_trace_context_is_the_parent_of_vllms_span_for_the_engine_request(vllm_tools_server, tools_client):
-    """vLLM's ``llm_request`` span names the engine request (``gen_ai.request.id``): ``<Response id>_0``, the id
-    the plugin aborts."""
+    """vLLM's ``llm_request`` span names the engine request (``gen_ai.request.id``): the id the plugin records
+    and aborts (diagnostics ``request_id``), ``<Response id>_0``."""
     trace_id, span_id = 0x5EED_0000_0000_0093, 0x0000_0000_0000_0094
     tools_client.trace_context(trace_id, span_id, parent_span_id=0x90, stage_code=5, flags=1)
-    _, terminal = over_nnrp(tools_client, {**TEXT, "max_output_tokens": 4})
-    engine_request_id = terminal["body"]["id"] + "_0"
+    op = tools_client.submit(responses({**TEXT, "max_output_tokens": 4}, nnrp={"diagnostics": True}))
+    (terminal,) = [e.event for e in tools_client.events(op, timeout_s=120)]
+    engine_request_id = terminal["diagnostics"]["request_id"]
+    assert engine_request_id == terminal["body"]["id"] + "_0"
     span = vllm_tools_server.collector.wait_for(
         lambda s: s.name == "llm_request" and any(
             a.key == "gen_ai.request.id" and a.value.string_value == engine_request_id for a in s.attributes)
