@@ -31,11 +31,12 @@ from typing import Any, Protocol
 import attrs
 
 from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
+from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operation_names
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
+from vllm_nnrp_plugin.profile.responses_stream import ResponsesStreamMapper
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class StreamMapper(Protocol):
 #: operation -> the stream mapper of one streamed request of it, made from the request's ``body``
 STREAM_MAPPERS: dict[str, Callable[[dict[str, Any]], StreamMapper]] = {
     CHAT_COMPLETIONS_CREATE: lambda body: ChatStreamMapper(usage_events=usage_asked(body)),
+    RESPONSES_CREATE: lambda body: ResponsesStreamMapper(),
 }
 
 

@@ -2,16 +2,18 @@
 
 Which operations a server serves follows from ``app.state`` (filled by vLLM's ``init_app_state`` from the
 tasks the model supports): ``openai_serving_chat`` (``generate`` task) -> ``chat.completions.create``;
-``openai_serving_models`` (every server) -> ``models.list``; ``serving_embedding`` (the ``embed`` pooling task,
-``--convert embed``) -> ``embeddings.create``. The capability document lists exactly these
+``openai_serving_responses`` (``generate`` task) -> ``responses.create``; ``openai_serving_models`` (every
+server) -> ``models.list``; ``serving_embedding`` (the ``embed`` pooling task, ``--convert embed``) ->
+``embeddings.create``. The capability document lists exactly these
 (:func:`vllm_nnrp_plugin.profile.capabilities.runtime_document`); a server whose serving objects make up no
 whole profile level (e.g. a ``classify``-only server: ``models.list`` alone) is refused at start-up. The setting
 ``nnrp.operations`` (:mod:`vllm_nnrp_plugin.config`) narrows them to the operations it lists.
 
 Every binding has ``name`` (the profile operation), ``operation()`` (its capability entry), ``async
-create(body, request_id, traceparent) -> Call`` and ``engine_request_id(request_id)``; aborting is the same
-for all: ``engine_client.abort(<engine request ids>)``, the binding's ``engine_request_ids(request_id)`` when it has
-them (several engine requests, or none), else its one ``engine_request_id``.
+create(body, request_id, traceparent) -> Call``, ``engine_request_id(request_id)`` (the id recorded in the
+observation) and ``engine_request_ids(request_id)`` (what an unfinished operation aborts: one engine request, one
+per input of an embedding, none for ``models.list``); aborting is the same for all:
+``engine_client.abort(<engine request ids>)``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.vllm_binding.chat import ChatBinding
 from vllm_nnrp_plugin.vllm_binding.embeddings import EmbeddingsBinding
 from vllm_nnrp_plugin.vllm_binding.models import ModelsBinding
+from vllm_nnrp_plugin.vllm_binding.responses import ResponsesBinding
 
 
 class VLLMBackend:
@@ -73,9 +76,7 @@ class VLLMBackend:
 
     async def abort(self, operation: str, request_id: str) -> None:
         """Abort the engine request(s) (no-op if they already finished)."""
-        binding = self._bindings[operation]
-        several = getattr(binding, "engine_request_ids", None)
-        targets = several(request_id) if several is not None else binding.engine_request_id(request_id)
+        targets = self._bindings[operation].engine_request_ids(request_id)
         if targets:
             await self._engine.abort(targets)
 
@@ -85,6 +86,8 @@ def _bindings(state: Any) -> list[Any]:
     bindings: list[Any] = []
     if getattr(state, "openai_serving_chat", None) is not None:
         bindings.append(ChatBinding(state.openai_serving_chat))
+    if getattr(state, "openai_serving_responses", None) is not None:
+        bindings.append(ResponsesBinding(state.openai_serving_responses))
     bindings.append(ModelsBinding(state.openai_serving_models))
     if getattr(state, "serving_embedding", None) is not None:
         bindings.append(EmbeddingsBinding(state.serving_embedding))

@@ -24,7 +24,7 @@ from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile.capabilities import chat_operation
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_body, vllm_chunks
 from vllm_nnrp_plugin.vllm_binding.families import has_tool_parser
-from vllm_nnrp_plugin.vllm_binding.serving import error_from_response, trace_request, validate
+from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate
 
 
 class ChatBinding:
@@ -66,11 +66,7 @@ class ChatBinding:
                 include_usage=True,
                 continuous_usage_stats=bool(asked and asked.continuous_usage_stats) or (request.n or 1) > 1,
             )
-        try:
-            raw_request = trace_request(traceparent, "/v1/chat/completions")
-            result = await self._serving.create_chat_completion(request, raw_request=raw_request)
-        except Exception as exc:  # vLLM raises for some invalid requests and for engine death
-            result = self._serving.create_error_response(exc)
+        result = await call_serving(self._serving, "create_chat_completion", request, traceparent, "/v1/chat/completions")
         if inspect.isasyncgen(result):
             return Call(stream=vllm_chunks(result, self._token_budget(request)))
         if hasattr(result, "choices"):
@@ -90,3 +86,7 @@ class ChatBinding:
     def engine_request_id(self, request_id: str) -> str:
         """``chatcmpl-`` + ``request_id`` (``OpenAIServingChat.create_chat_completion`` prefixes ``request.request_id``)."""
         return f"chatcmpl-{request_id}"
+
+    def engine_request_ids(self, request_id: str) -> list[str]:
+        """What an unfinished operation aborts: its one engine request."""
+        return [self.engine_request_id(request_id)]

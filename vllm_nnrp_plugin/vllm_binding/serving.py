@@ -59,6 +59,16 @@ def trace_request(traceparent: str | None, path: str, request_id: str | None = N
     return Request(scope, receive=_never)
 
 
+async def call_serving(serving: Any, method: str, request: Any, traceparent: str | None, path: str) -> Any:
+    """``await serving.<method>(request, raw_request=<trace_request(traceparent, path)>)`` — what vLLM's HTTP route
+    for ``path`` does —, with what it raises (some invalid requests, engine death) turned into its
+    ``ErrorResponse`` by ``serving.create_error_response``, as that route's exception handler does."""
+    try:
+        return await getattr(serving, method)(request, raw_request=trace_request(traceparent, path))
+    except Exception as exc:
+        return serving.create_error_response(exc)
+
+
 def validation_message(exc: ValueError, operation: str) -> str:
     """``invalid <operation> body: <field>: <problem>; …`` from a pydantic ``ValidationError``, each problem once.
     Location parts that are not field names or indexes (the union members and validators pydantic names for a
