@@ -90,8 +90,8 @@ def test_capability_documents_list_what_each_server_serves(pooling_client, plain
          "cancellation": True, "encoding_formats": ["float", "base64"], "dimensions": False},  # not Matryoshka
     ]  # fmt: skip
     generate = plain_client.capabilities()
-    assert generate["compatibility_levels"] == [1]  # models.list alone is not level 3
-    assert [op["name"] for op in generate["operations"]] == ["chat.completions.create", "models.list"]
+    assert generate["compatibility_levels"] == [1, 2]  # models.list without embeddings is not level 3
+    assert [op["name"] for op in generate["operations"]] == ["chat.completions.create", "responses.create", "models.list"]
 
 
 # -- embeddings.create ---------------------------------------------------------------------------------------

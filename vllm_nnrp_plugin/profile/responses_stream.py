@@ -35,7 +35,7 @@ from typing import Any
 
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events
-from vllm_nnrp_plugin.profile.chat_stream import _is_one_json_value
+from vllm_nnrp_plugin.profile.chat_stream import is_one_json_value
 
 
 class ResponsesStreamMapper:
@@ -71,7 +71,7 @@ class ResponsesStreamMapper:
                 return []
             call.done = True
             call.arguments = item["item"]["arguments"]
-            if _is_one_json_value(call.arguments):
+            if is_one_json_value(call.arguments):
                 return [events.tool_call_completed(call.index, call.item_id, call.call_id, call.name, call.arguments)]
             self._pending.append(call)
             return []
