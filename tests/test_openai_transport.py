@@ -16,13 +16,13 @@ import openai
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
+from tests.test_cli_loopback import ScriptedBackend
 from tests.support import FIXTURES, RecordedBackend, ServedNNRP, error_response, free_port, recorded_json, wait_until
 from tests.unit.test_openai_sse import accumulate, items
 from tests.unit.test_responses_stream import recorded_events
 from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
-from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
-from vllm_nnrp_plugin.profile.capabilities import chat_operation, operation, runtime_document
+from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, MODELS_LIST
 from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -35,34 +35,26 @@ def served():
     server.stop()
 
 
-class EveryOperationBackend(RecordedBackend):
-    """Every profile operation: chat from :class:`RecordedBackend`; ``models.list`` the recorded ``models-a-list``;
-    ``embeddings.create`` and ``responses.create`` the recording named by ``body["model"]`` (a ``.sse`` one
-    replayed as vLLM's event objects, ``body["pace_s"]`` seconds apart; a ``.json`` one the body or the error
-    it holds)."""
-
-    def capabilities(self):
-        return runtime_document(models=["example-model"], owned_by="recorded", operations=[
-            chat_operation(tool_calls=True),
-            operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=True),
-            operation(MODELS_LIST, streaming=False, non_streaming=True, cancellation=False),
-            operation(EMBEDDINGS_CREATE, streaming=False, non_streaming=True, encoding_formats=["float", "base64"]),
-        ])  # fmt: skip
+class EveryOperationBackend(ScriptedBackend):
+    """Every profile operation (:class:`ScriptedBackend`'s capability document): chat from
+    :class:`RecordedBackend`; ``models.list`` the recorded ``models-a-list``; ``embeddings.create`` and
+    ``responses.create`` the recording named by ``body["model"]`` (a ``.sse`` one replayed as vLLM's event
+    objects, ``body["pace_s"]`` seconds apart; a ``.json`` one the body or the error it holds)."""
 
     async def create(self, operation, body, request_id, traceparent=None):
         if operation == CHAT_COMPLETIONS_CREATE:
-            return await super().create(operation, body, request_id, traceparent)
+            return await RecordedBackend.create(self, operation, body, request_id, traceparent)
         self.started.append(request_id)
         if operation == MODELS_LIST:
             return Call(body=recorded_json("models-a-list"))
         case = body["model"]
         if (FIXTURES / f"{case}.sse").exists():
-            return Call(stream=self._events(recorded_events(case), float(body.get("pace_s", 0.0))))
+            return Call(stream=self._recorded_events(recorded_events(case), float(body.get("pace_s", 0.0))))
         if "error" in recorded_json(case):
             raise error_from_response(error_response(case))
         return Call(body=recorded_json(case))
 
-    async def _events(self, events, pace_s):
+    async def _recorded_events(self, events, pace_s):
         self.open_streams += 1
         try:
             for event in events:
