@@ -16,8 +16,8 @@ import openai
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from tests.test_cli_loopback import ScriptedBackend
 from tests.support import FIXTURES, RecordedBackend, ServedNNRP, error_response, free_port, recorded_json, wait_until
+from tests.test_cli_loopback import ScriptedBackend
 from tests.unit.test_openai_sse import accumulate, items
 from tests.unit.test_responses_stream import recorded_events
 from vllm_nnrp_plugin.adapter import Call

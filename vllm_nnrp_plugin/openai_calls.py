@@ -33,9 +33,8 @@ from vllm_nnrp_plugin import openai_sse
 from vllm_nnrp_plugin.client import ClientError, ClientEvent
 from vllm_nnrp_plugin.openai_responses_sse import ResponsesEventStream
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
-from vllm_nnrp_plugin.profile import SCHEMA_VERSION
+from vllm_nnrp_plugin.profile import SCHEMA_VERSION, events
 from vllm_nnrp_plugin.profile import errors as E
-from vllm_nnrp_plugin.profile import events
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
 from vllm_nnrp_plugin.profile.chat_stream import usage_asked
 

@@ -83,7 +83,8 @@ class ResponsesEventStream:
     def _close_texts(self) -> bytes:
         out = b""
         for index, text in sorted(self._texts.items()):
-            item_id, part = self._message_id(index), {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            item_id = self._message_id(index)
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
             where = {"item_id": item_id, "output_index": index, "content_index": 0}
             out += self._event("response.output_text.done", **where, text=text, logprobs=[])
             out += self._event("response.content_part.done", **where, part=part)
@@ -101,7 +102,8 @@ class ResponsesEventStream:
         item = {"type": "message", "id": item_id, "role": "assistant", "status": "in_progress", "content": []}
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         out += self._event("response.output_item.added", output_index=index, item=item)
-        return out + self._event("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=part)
+        return out + self._event("response.content_part.added", item_id=item_id, output_index=index, content_index=0,
+                                 part=part)  # fmt: skip
 
     def _end_call(self, event: dict[str, Any], status: str) -> bytes:
         item = self._calls.pop(event["item_id"], None)
@@ -127,8 +129,10 @@ class ResponsesEventStream:
                                content_index=0, delta=event["delta"], logprobs=[])  # fmt: skip
         elif kind == events.TOOL_CALL_STARTED:
             out += self._close_texts()
-            item = self._calls[event["item_id"]] = {"type": "function_call", "id": event["item_id"],
-                "call_id": event["call_id"], "name": event["name"], "arguments": "", "status": "in_progress"}  # fmt: skip
+            item = self._calls[event["item_id"]] = {
+                "type": "function_call", "id": event["item_id"], "call_id": event["call_id"], "name": event["name"],
+                "arguments": "", "status": "in_progress",
+            }  # fmt: skip
             out += self._event("response.output_item.added", output_index=event["index"], item=dict(item))
         elif kind == events.TOOL_CALL_DELTA and event["item_id"] in self._calls:
             self._calls[event["item_id"]]["arguments"] += event["arguments_delta"]
@@ -143,7 +147,8 @@ class ResponsesEventStream:
     def finish(self, body: dict[str, Any]) -> bytes:
         """The end of the stream: open text items done, then ``response.completed`` with ``body`` (vLLM's
         Response) under the stream's id."""
-        return self._start() + self._close_texts() + self._event("response.completed", response={**body, "id": self._id})
+        out = self._start() + self._close_texts()
+        return out + self._event("response.completed", response={**body, "id": self._id})
 
     def fail(self, error_event: dict[str, Any], status: int | None) -> bytes:
         """A ``response.error`` after the stream began: ``event: error`` with vLLM's error body."""
