@@ -15,8 +15,8 @@ Used by :mod:`vllm_nnrp_plugin.openai_transport`, which feeds it the events of o
   ``unsupported_operation`` (an operation the server does not serve, e.g. ``embeddings.create`` on a
   ``generate`` server) is 404, as vLLM's HTTP server answers a route it does not have.
 * :func:`model_list` answers ``GET /v1/models`` from the capability document of a server without
-  ``models.list``; :func:`route_reply` is FastAPI's
-  answer to a path or method vLLM does not serve (``{"detail": "Not Found"}``, 404; ``Method Not Allowed``, 405).
+  ``models.list``; :func:`route_reply` is FastAPI's answer to a path or method vLLM does not serve
+  (``{"detail": "Not Found"}``, 404; ``Method Not Allowed``, 405).
 
 What the profile does not carry is not invented: streamed chunks get one locally made ``id`` and the request's
 ``model`` (the events have neither), no ``logprobs``, no ``delta.reasoning``, and error bodies carry
@@ -38,8 +38,8 @@ CHAT_PATH = "/chat/completions"
 MODELS_PATH = "/models"
 RESPONSES_PATH = "/responses"
 EMBEDDINGS_PATH = "/embeddings"
-#: the paths vLLM serves that the transport maps to profile operations, with the method each takes
-SERVED = {CHAT_PATH: "POST", RESPONSES_PATH: "POST", EMBEDDINGS_PATH: "POST", MODELS_PATH: "GET"}
+#: the paths of vLLM's that the transport maps to profile operations
+SERVED_PATHS = (CHAT_PATH, RESPONSES_PATH, EMBEDDINGS_PATH, MODELS_PATH)
 #: the status of a terminal ``response.error`` whose RESULT_PUSH status is not an HTTP error status
 _STATUS_BY_CODE = {
     E.MODEL_NOT_FOUND: 404, E.ENVELOPE_TOO_LARGE: 413, E.TOO_MANY_REQUESTS: 429, E.CLIENT_TOO_SLOW: 429,
@@ -86,7 +86,7 @@ def error_reply(error_event: dict[str, Any], status: int | None) -> tuple[int, d
 
 def route_reply(path: str, method: str) -> tuple[int, dict[str, Any]]:
     """FastAPI's answer to a request vLLM has no route for: 405 for a served path with another method, else 404."""
-    if any(path.endswith(served) for served in SERVED):
+    if path.endswith(SERVED_PATHS):
         return 405, {"detail": "Method Not Allowed"}
     return 404, {"detail": "Not Found"}
 
