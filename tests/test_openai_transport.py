@@ -39,7 +39,8 @@ class EveryOperationBackend(ScriptedBackend):
     """Every profile operation (:class:`ScriptedBackend`'s capability document): chat from
     :class:`RecordedBackend`; ``models.list`` the recorded ``models-a-list``; ``embeddings.create`` and
     ``responses.create`` the recording named by ``body["model"]`` (a ``.sse`` one replayed as vLLM's event
-    objects, ``body["pace_s"]`` seconds apart; a ``.json`` one the body or the error it holds)."""
+    objects, ``body["pace_s"]`` seconds apart; a ``.json`` one the body or the error it holds); Responses model
+    ``midstream-error``: a recorded start, then vLLM's mid-stream error."""
 
     async def create(self, operation, body, request_id, traceparent=None):
         if operation == CHAT_COMPLETIONS_CREATE:
@@ -48,6 +49,9 @@ class EveryOperationBackend(ScriptedBackend):
         if operation == MODELS_LIST:
             return Call(body=recorded_json("models-a-list"))
         case = body["model"]
+        if case == "midstream-error":  # six recorded events, then vLLM's mid-stream error object
+            died = {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}
+            return Call(stream=self._recorded_events([*recorded_events("responses-a-stream-text")[:6], died], 0.0))
         if (FIXTURES / f"{case}.sse").exists():
             return Call(stream=self._recorded_events(recorded_events(case), float(body.get("pace_s", 0.0))))
         if "error" in recorded_json(case):
@@ -336,6 +340,15 @@ def test_responses_refusal_is_the_sdks_not_found_error(sdk_all, stream):
         sdk_all.responses.create(model="responses-g-unknown-model-nonstream", input="x", stream=stream)
     assert caught.value.code == "model_not_found"
     assert caught.value.body["message"] == recorded_json("responses-g-unknown-model-nonstream")["error"]["message"]
+
+
+def test_a_responses_stream_the_server_ends_with_an_error_raises_the_sdks_api_error(sdk_all):
+    stream = sdk_all.responses.create(model="midstream-error", input="x", stream=True)
+    seen = []
+    with pytest.raises(openai.APIError) as caught:
+        for event in stream:
+            seen.append(event.type)
+    assert caught.value.code == "backend_error" and "response.output_text.delta" in seen
 
 
 def test_closing_a_responses_stream_cancels_the_operation(every_operation, sdk_all):
