@@ -46,7 +46,8 @@ logger = logging.getLogger(__name__)
 class Call:
     """What the backend returned: ``body`` (the operation's OpenAI object, e.g. a ``chat.completion``) when not
     streaming, else ``stream`` (an async iterator of the operation's stream items as dicts: ``chat.completion.chunk``
-    for chat; an ``{"error": …}`` dict reports a mid-stream error)."""
+    for chat, vLLM's Responses streaming events for ``responses.create``; an error item reports a mid-stream
+    error)."""
 
     body: dict[str, Any] | None = None
     stream: AsyncIterator[dict[str, Any]] | None = None
