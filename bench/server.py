@@ -26,31 +26,30 @@ import attrs
 import orjson
 from prometheus_client import CollectorRegistry
 
-from vllm_nnrp_plugin.adapter import ChatCall
+from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.nnrp_binding.listener import ListenerHooks
 from vllm_nnrp_plugin.operation import PartialResult
 from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.profile.capabilities import runtime_document
+from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
 from vllm_nnrp_plugin.service import NNRPService
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
 
 
 class PacedBackend:
-    """A :class:`~vllm_nnrp_plugin.adapter.ChatBackend` producing ``n`` timestamped chunks at a fixed pace."""
+    """A :class:`~vllm_nnrp_plugin.adapter.Backend` producing ``n`` timestamped chunks at a fixed pace."""
 
     def capabilities(self) -> dict[str, Any]:
-        return runtime_document(models=["paced"], owned_by="bench", tool_calls=False)
+        return runtime_document(models=["paced"], owned_by="bench", operations=[chat_operation(tool_calls=False)])
 
-    async def create_chat_completion(
-        self, body: dict[str, Any], request_id: str, traceparent: str | None = None
-    ) -> ChatCall:
-        return ChatCall(stream=vllm_chunks(self._sse(request_id, int(body["n"]), int(body["interval_us"]) * 1000)))
+    async def create(self, operation, body: dict[str, Any], request_id: str, traceparent: str | None = None
+    ) -> Call:
+        return Call(stream=vllm_chunks(self._sse(request_id, int(body["n"]), int(body["interval_us"]) * 1000)))
 
-    def engine_request_id(self, request_id: str) -> str:
+    def engine_request_id(self, operation, request_id: str) -> str:
         return request_id
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, operation, request_id: str) -> None:
         """Nothing to stop: the stream generator is closed by the adapter (the record has the abort time)."""
 
     @staticmethod

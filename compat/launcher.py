@@ -54,6 +54,9 @@ BASE_ENV = {
     "DO_NOT_TRACK": "1",
 }
 DECIDED_ENV = ("VLLM_PLUGINS", "VLLM_NNRP_LISTEN")
+#: ``vllm serve`` flags that serve the small (causal) model as an embedding model: vLLM's ``embed`` pooling task,
+#: so ``app.state.serving_embedding`` and no chat (``ModelConfig.convert``; the same flag on every anchor)
+POOLING_ARGS = ("--convert", "embed")
 
 
 class ServeError(RuntimeError):

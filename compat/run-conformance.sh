@@ -1,27 +1,39 @@
 #!/usr/bin/env bash
-# tox -e conformance: the conformance suite against a real CPU `vllm serve` with this plugin.
+# tox -e conformance: the conformance suite against real CPU `vllm serve` deployments with this plugin.
 #
 #   compat/run-conformance.sh 0.26.0 [extra `vllm-nnrp conformance` args…]
 #
-# Builds or reuses the anchor's venv (build-vllm-env.sh) and the small model (build-model.sh), serves the model
-# as `example-model` with NNRP on a free TCP port through the checkout's launcher (python -m compat.launcher,
-# the anchor's attach path), then runs `python -m vllm_nnrp_plugin.conformance` with the suite's
-# openai-compatible/1 recipes (from $NNRP_CONFORMANCE_ROOT, default ../shared/nnrp-conformance next to this
-# checkout) and this project's recipes/. Exits with the runner's status: non-zero unless every selected case
-# passed (2 when vllm serve did not start). The server is stopped on exit; the end of its log is printed when
-# something fails.
+# Builds or reuses the anchor's venv (build-vllm-env.sh) and the small model (build-model.sh), then runs three
+# deployments in sequence, each its own `vllm serve` of the model as `example-model` with NNRP on a free TCP
+# port through the checkout's launcher (python -m compat.launcher, the anchor's attach path), each followed by
+# `python -m vllm_nnrp_plugin.conformance` with the suite from $NNRP_CONFORMANCE_ROOT (default
+# ../shared/nnrp-conformance next to this checkout):
 #
-# The deployment under test (what its capability document advertises follows from it):
+#   level1          generate server restricted to Level 1 (nnrp.operations ["chat.completions.create"]): the
+#                   suite's openai-compatible/1 recipes and recipes/ (the suite's mandatory unsupported-operation
+#                   case expects responses.create to be refused, as by a Level-1-only adapter);
+#   all-operations  the same generate server serving every operation it offers: recipes/responses and
+#                   recipes/level3 only (--no-suite-recipes);
+#   pooling         a pooling server (--convert embed, the same model): recipes/level3 only.
+#
+# A recipe directory without a manifest.json is skipped with a message, and so is a deployment left without
+# recipes. Each deployment's capabilities.json, plan.json and results.json go to $CONFORMANCE_OUT/<deployment>
+# (default a new temporary directory), its vLLM log to <deployment>.log next to them. Exit status: 0 when every
+# deployment run passed, else the highest status of the failed ones (the runner's: 1 a failed case, 2 the suite,
+# the server or a document unusable; 2 also when vllm serve did not start, whose log end is then printed).
+#
+# The generate deployments (what their capability documents advertise follows from these flags):
 #   --enable-auto-tool-choice --tool-call-parser hermes --chat-template compat/tool_chat_template_hermes_oneshot.jinja
 #       tool calls on (the suite's tool-call case uses implicit tool_choice "auto": the template's one-shot
 #       example makes the 135M model call the tool; see the template's header);
 #   --override-generation-config '{"temperature": 0, "max_new_tokens": 64}'
 #       greedy by default, and requests without max_tokens (the suite's) stop after 64 tokens;
-#   --additional-config '{"nnrp": {"fault_injection_backend_error_model": "backend-error"}}'
+#   "fault_injection_backend_error_model": "backend-error" in level1's nnrp settings
 #       the suite's backend-error case (test-only setting, off by default).
 set -euo pipefail
 VERSION=${1:?usage: run-conformance.sh VLLM_VERSION [conformance args]}
 shift
+RUNNER_ARGS=("$@")
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 SUITE=$(cd "${NNRP_CONFORMANCE_ROOT:-$ROOT/../shared/nnrp-conformance}" 2>/dev/null && pwd) || SUITE=""
@@ -36,14 +48,78 @@ PY="$VENV/bin/python"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one did the editable install
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vllm-nnrp-conformance.XXXXXX")
 OUT=${CONFORMANCE_OUT:-$WORK/results}
-free_port() { "$PY" -c 'from compat.launcher import free_port; print(free_port())'; }
-NNRP="tcp://127.0.0.1:$(free_port)"
 # shellcheck source=/dev/null
 [ ! -f "$HERE/vllm-$VERSION/runtime.sh" ] || . "$HERE/vllm-$VERSION/runtime.sh"  # e.g. 0.18.1's LD_PRELOAD
 
-echo "run-conformance: vllm serve $VERSION (log $WORK/vllm.log), NNRP $NNRP" >&2
-exec "$PY" -m compat.launcher --listen "$NNRP" --log "$WORK/vllm.log" "$MODEL" \
-  --enable-auto-tool-choice --tool-call-parser hermes --chat-template "$HERE/tool_chat_template_hermes_oneshot.jinja" \
-  --override-generation-config '{"temperature": 0, "max_new_tokens": 64}' \
-  --additional-config '{"nnrp": {"fault_injection_backend_error_model": "backend-error"}}' \
-  -- "$PY" -m vllm_nnrp_plugin.conformance --endpoint "$NNRP" --suite "$SUITE" --recipes "$ROOT/recipes" --out "$OUT" "$@"
+GENERATE=(
+  --enable-auto-tool-choice --tool-call-parser hermes --chat-template "$HERE/tool_chat_template_hermes_oneshot.jinja"
+  --override-generation-config '{"temperature": 0, "max_new_tokens": 64}'
+)
+
+free_port() { "$PY" -c 'from compat.launcher import free_port; print(free_port())'; }
+
+SKIPPED=" "
+# skipped NAME: NAME has no recipes to run (said, and remembered for the summary)
+skipped() { echo "run-conformance: [$1] no recipes: skipped" >&2; SKIPPED+="$1 "; }
+
+# recipe_options DIR…: "--recipes DIR" (one word a line) for each DIR with a manifest.json; says which it skips
+recipe_options() {
+  local dir
+  for dir in "$@"; do
+    if [ -f "$dir/manifest.json" ]; then
+      printf '%s\n' --recipes "$dir"
+    else
+      echo "run-conformance: no recipes at ${dir#"$ROOT/"} (no manifest.json): skipped" >&2
+    fi
+  done
+}
+
+# serve_and_run NAME [vllm serve args…] -- [runner args…]: one `vllm serve` with NNRP on a free port, the
+# runner against it (results in $OUT/NAME); returns the runner's status (2 when vllm serve did not start)
+serve_and_run() {
+  local name=$1 serve=() nnrp
+  shift
+  while [ "$1" != "--" ]; do serve+=("$1"); shift; done
+  shift
+  nnrp="tcp://127.0.0.1:$(free_port)"
+  mkdir -p "$OUT/$name"
+  echo "run-conformance: [$name] vllm serve $VERSION (log $OUT/$name.log), NNRP $nnrp" >&2
+  "$PY" -m compat.launcher --listen "$nnrp" --log "$OUT/$name.log" "$MODEL" "${serve[@]}" \
+    -- "$PY" -m vllm_nnrp_plugin.conformance --endpoint "$nnrp" --suite "$SUITE" --out "$OUT/$name" \
+    "$@" ${RUNNER_ARGS[@]+"${RUNNER_ARGS[@]}"}
+}
+
+level1_deployment() {
+  serve_and_run level1 "${GENERATE[@]}" \
+    --additional-config '{"nnrp": {"operations": ["chat.completions.create"], "fault_injection_backend_error_model": "backend-error"}}' \
+    -- --recipes "$ROOT/recipes"
+}
+
+all_operations_deployment() {
+  local recipes
+  mapfile -t recipes < <(recipe_options "$ROOT/recipes/responses" "$ROOT/recipes/level3")
+  if [ ${#recipes[@]} -eq 0 ]; then skipped all-operations; return 0; fi
+  serve_and_run all-operations "${GENERATE[@]}" -- --no-suite-recipes "${recipes[@]}"
+}
+
+pooling_deployment() {
+  local recipes
+  mapfile -t recipes < <(recipe_options "$ROOT/recipes/level3")
+  if [ ${#recipes[@]} -eq 0 ]; then skipped pooling; return 0; fi
+  serve_and_run pooling --convert embed -- --no-suite-recipes "${recipes[@]}"
+}
+
+STATUS=0
+SUMMARY=()
+for deployment in level1 all_operations pooling; do
+  status=0
+  "${deployment}_deployment" || status=$?
+  name=${deployment//_/-}
+  if [ "$status" -ne 0 ]; then SUMMARY+=("$name: FAILED (status $status)")
+  elif [[ $SKIPPED == *" $name "* ]]; then SUMMARY+=("$name: skipped")
+  else SUMMARY+=("$name: passed"); fi
+  [ "$status" -le "$STATUS" ] || STATUS=$status
+done
+LINE=$(printf '%s, ' "${SUMMARY[@]}")
+echo "run-conformance: ${LINE%, }; results in $OUT" >&2
+exit "$STATUS"

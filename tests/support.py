@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin.adapter import ChatCall
-from vllm_nnrp_plugin.profile.capabilities import runtime_document
-from vllm_nnrp_plugin.vllm_binding.chat import error_from_response
+from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
+from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, VLLMStream, vllm_chunks
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def error_response(case: str) -> Any:
 
 
 class RecordedBackend:
-    """A :class:`ChatBackend` whose answers are recorded vLLM outputs, chosen by ``body["model"]``:
+    """A :class:`Backend` whose answers are recorded vLLM outputs, chosen by ``body["model"]``:
 
     * ``<case>`` with a ``.sse`` recording: replay the stream (``body["pace_s"]`` seconds between items,
       ``body["repeat"]`` times over);
@@ -77,9 +77,9 @@ class RecordedBackend:
         self._tool_calls = tool_calls
 
     def capabilities(self) -> dict[str, Any]:
-        return runtime_document(models=["example-model"], owned_by="recorded", tool_calls=self._tool_calls)
+        return runtime_document(models=["example-model"], owned_by="recorded", operations=[chat_operation(tool_calls=self._tool_calls)])
 
-    async def create_chat_completion(self, body: dict[str, Any], request_id: str, traceparent: str | None = None) -> ChatCall:
+    async def create(self, operation, body: dict[str, Any], request_id: str, traceparent: str | None = None) -> Call:
         self.started.append(request_id)
         self.traceparents[request_id] = traceparent
         case = body.get("model", "a-stream-text")
@@ -87,20 +87,20 @@ class RecordedBackend:
             raise RuntimeError("engine exploded")
         if case == "midstream-error":
             items = sse_items("a-stream-text")[:2] + ['data: {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}\n\n']
-            return ChatCall(stream=self._replay(items, 0.0))
+            return Call(stream=self._replay(items, 0.0))
         if (FIXTURES / f"{case}.sse").exists():
             items = sse_items(case)
             items = items[:-1] * int(body.get("repeat", 1)) + items[-1:]
-            return ChatCall(stream=self._replay(items, float(body.get("pace_s", 0.0)), recorded_budget(case)))
+            return Call(stream=self._replay(items, float(body.get("pace_s", 0.0)), recorded_budget(case)))
         recorded = recorded_json(case)
         if "error" in recorded:
             raise error_from_response(error_response(case))
-        return ChatCall(body=recorded)
+        return Call(body=recorded)
 
-    def engine_request_id(self, request_id: str) -> str:
+    def engine_request_id(self, operation, request_id: str) -> str:
         return f"chatcmpl-{request_id}"  # as vLLM, whose outputs this replays
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, operation, request_id: str) -> None:
         self.aborted.append(request_id)
 
     def _replay(self, items: list[str], pace_s: float, budget: TokenBudget | None = None):
@@ -141,16 +141,16 @@ def two_free_ports() -> int:
 
 
 class ServedNNRP:
-    """An NNRPService with a :class:`RecordedBackend` on its own event-loop thread (standing in for vLLM's
-    loop); ``config`` keys are :class:`NNRPConfig` fields."""
+    """An NNRPService with ``backend`` (default a :class:`RecordedBackend`) on its own event-loop thread
+    (standing in for vLLM's loop); ``config`` keys are :class:`NNRPConfig` fields."""
 
-    def __init__(self, listen: tuple[str, ...], **config: Any) -> None:
+    def __init__(self, listen: tuple[str, ...], backend: Any = None, **config: Any) -> None:
         import threading
 
         from vllm_nnrp_plugin.config import NNRPConfig
         from vllm_nnrp_plugin.service import NNRPService
 
-        self.backend = RecordedBackend()
+        self.backend = backend if backend is not None else RecordedBackend()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()

@@ -1,9 +1,14 @@
 """The openai SDK over NNRPTransport / AsyncNNRPTransport against the real NNRP path (nnrp-py native server and
-client on loopback) around the adapter, with a backend replaying streams recorded from real vLLM 0.26.0."""
+client on loopback) around the adapter, with a backend replaying streams recorded from real vLLM 0.26.0: chat
+(:class:`tests.support.RecordedBackend`), and ``responses.create``, ``models.list``, ``embeddings.create``
+(:class:`EveryOperationBackend`, vLLM's recorded ``/v1/responses`` events and bodies, ``/v1/models`` list and
+``/v1/embeddings`` bodies)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import struct
 import threading
 
 import httpx
@@ -11,9 +16,14 @@ import openai
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from tests.support import FIXTURES, ServedNNRP, free_port, recorded_json, wait_until
+from tests.support import FIXTURES, RecordedBackend, ServedNNRP, error_response, free_port, recorded_json, wait_until
+from tests.test_cli_loopback import ScriptedBackend
 from tests.unit.test_openai_sse import accumulate, items
+from tests.unit.test_responses_stream import recorded_events
+from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, MODELS_LIST
+from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -23,6 +33,52 @@ def served():
     server = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), fault_injection_backend_error_model="backend-error")
     yield server
     server.stop()
+
+
+class EveryOperationBackend(ScriptedBackend):
+    """Every profile operation (:class:`ScriptedBackend`'s capability document): chat from
+    :class:`RecordedBackend`; ``models.list`` the recorded ``models-a-list``; ``embeddings.create`` and
+    ``responses.create`` the recording named by ``body["model"]`` (a ``.sse`` one replayed as vLLM's event
+    objects, ``body["pace_s"]`` seconds apart; a ``.json`` one the body or the error it holds); Responses model
+    ``midstream-error``: a recorded start, then vLLM's mid-stream error."""
+
+    async def create(self, operation, body, request_id, traceparent=None):
+        if operation == CHAT_COMPLETIONS_CREATE:
+            return await RecordedBackend.create(self, operation, body, request_id, traceparent)
+        self.started.append(request_id)
+        if operation == MODELS_LIST:
+            return Call(body=recorded_json("models-a-list"))
+        case = body["model"]
+        if case == "midstream-error":  # six recorded events, then vLLM's mid-stream error object
+            died = {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}
+            return Call(stream=self._recorded_events([*recorded_events("responses-a-stream-text")[:6], died], 0.0))
+        if (FIXTURES / f"{case}.sse").exists():
+            return Call(stream=self._recorded_events(recorded_events(case), float(body.get("pace_s", 0.0))))
+        if "error" in recorded_json(case):
+            raise error_from_response(error_response(case))
+        return Call(body=recorded_json(case))
+
+    async def _recorded_events(self, events, pace_s):
+        self.open_streams += 1
+        try:
+            for event in events:
+                await asyncio.sleep(pace_s)
+                yield event
+        finally:
+            self.open_streams -= 1
+
+
+@pytest.fixture(scope="module")
+def every_operation():
+    server = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), backend=EveryOperationBackend())
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def sdk_all(every_operation):
+    with httpx.Client(transport=NNRPTransport(every_operation.bound[0])) as http:
+        yield openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http, max_retries=0)
 
 
 @pytest.fixture
@@ -228,3 +284,125 @@ def test_a_stream_the_server_ends_with_an_error_raises_the_sdks_api_error(sdk):
         for _ in stream:
             pass
     assert caught.value.code == "backend_error"
+
+
+def recorded_response(case: str) -> dict:
+    return recorded_events(case)[-1]["response"]
+
+
+def test_non_streaming_responses_create_is_vllms_response(sdk_all):
+    answer = sdk_all.responses.create(model="responses-c-nonstream-text", input="Tell me about Paris.")
+    assert answer.to_dict() == recorded_json("responses-c-nonstream-text")
+    assert answer.output_text
+
+
+def test_streamed_responses_create_events_and_the_sdks_accumulator_give_vllms_text(sdk_all):
+    streamed = list(sdk_all.responses.create(model="responses-a-stream-text", input="x", stream=True))
+    kinds, recorded_kinds = [e.type for e in streamed], [e["type"] for e in recorded_events("responses-a-stream-text")]
+    # the same sequence; the adapter may merge adjacent deltas (output cadence), so there may be fewer of them
+    assert kinds[:5] == recorded_kinds[:5] and kinds[-4:] == recorded_kinds[-4:]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in streamed] == list(range(len(streamed)))
+    expected = recorded_response("responses-a-stream-text")
+    text = "".join(e.delta for e in streamed if e.type == "response.output_text.delta")
+    assert text == expected["output"][0]["content"][0]["text"]
+    with sdk_all.responses.stream(model="responses-a-stream-text", input="x") as stream:
+        final = stream.get_final_response()
+    assert final.output_text == text and final.usage.total_tokens == expected["usage"]["total_tokens"]
+    assert final.status == expected["status"] == "incomplete"
+
+
+def test_streamed_responses_tool_call_assembles_with_the_sdks_helper(sdk_all):
+    with sdk_all.responses.stream(model="responses-d-stream-tool-required", input="x") as stream:
+        seen = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert "response.function_call_arguments.delta" in seen
+    (call,) = [item for item in final.output if item.type == "function_call"]
+    expected = recorded_response("responses-d-stream-tool-required")["output"][0]
+    assert (call.name, call.arguments, call.call_id) == (expected["name"], expected["arguments"], expected["call_id"])
+
+
+def test_async_streamed_responses_create(every_operation):
+    async def main():
+        sdk = async_sdk(every_operation.bound[0])
+        try:
+            stream = await sdk.responses.create(model="responses-a-stream-text", input="x", stream=True)
+            return "".join([e.delta async for e in stream if e.type == "response.output_text.delta"])
+        finally:
+            await sdk.close()
+
+    assert asyncio.run(main()) == recorded_response("responses-a-stream-text")["output"][0]["content"][0]["text"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_refusal_is_the_sdks_not_found_error(sdk_all, stream):
+    with pytest.raises(openai.NotFoundError) as caught:
+        sdk_all.responses.create(model="responses-g-unknown-model-nonstream", input="x", stream=stream)
+    assert caught.value.code == "model_not_found"
+    assert caught.value.body["message"] == recorded_json("responses-g-unknown-model-nonstream")["error"]["message"]
+
+
+def test_a_responses_stream_the_server_ends_with_an_error_raises_the_sdks_api_error(sdk_all):
+    stream = sdk_all.responses.create(model="midstream-error", input="x", stream=True)
+    seen = []
+    with pytest.raises(openai.APIError) as caught:
+        for event in stream:
+            seen.append(event.type)
+    assert caught.value.code == "backend_error" and "response.output_text.delta" in seen
+
+
+def test_closing_a_responses_stream_cancels_the_operation(every_operation, sdk_all):
+    stream = sdk_all.responses.create(model="responses-a-stream-text", input="x", stream=True, extra_body={"pace_s": 0.2})
+    assert next(iter(stream)).type == "response.created"
+    request_id = every_operation.backend.started[-1]
+    stream.close()
+    assert wait_until(lambda: request_id in every_operation.backend.aborted)
+    assert wait_until(lambda: every_operation.backend.open_streams == 0)
+
+
+@pytest.mark.parametrize("encoding_format", ["float", "base64", None])
+def test_embeddings_are_vllms_vectors(sdk_all, encoding_format):
+    # the SDK asks for base64 when no format is given and decodes it itself
+    case = "embeddings-a-float" if encoding_format == "float" else "embeddings-b-base64"
+    extra = {"encoding_format": encoding_format} if encoding_format else {}
+    answer = sdk_all.embeddings.create(model=case, input=["The quick brown fox", "jumps over the lazy dog"], **extra)
+    expected = recorded_json("embeddings-a-float")
+    assert [d.index for d in answer.data] == [0, 1] and answer.usage.to_dict() == expected["usage"]
+    for got, want in zip(answer.data, expected["data"]):
+        vector = got.embedding
+        if encoding_format == "base64":  # asked for by the caller: the SDK leaves it encoded
+            raw = base64.b64decode(vector)
+            vector = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+        assert vector == pytest.approx(want["embedding"], rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.parametrize("case, error, status, code", [
+    ("embeddings-c-unknown-model", openai.NotFoundError, 404, "model_not_found"),
+    ("embeddings-f-empty-input", openai.BadRequestError, 400, "invalid_request"),
+])
+def test_embeddings_refusals_are_the_sdks_typed_exceptions(sdk_all, case, error, status, code):
+    with pytest.raises(error) as caught:
+        sdk_all.embeddings.create(model=case, input="x", encoding_format="float")
+    assert caught.value.status_code == status and caught.value.code == code
+    assert caught.value.body["message"] == recorded_json(case)["error"]["message"]
+
+
+def test_an_operation_the_server_does_not_serve_is_a_not_found_error(sdk):
+    with pytest.raises(openai.NotFoundError) as caught:
+        sdk.embeddings.create(model="example-model", input="x")
+    assert caught.value.code == "unsupported_operation"
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.create(model="example-model", input="x")
+
+
+def test_models_list_is_vllms_own_list_where_served(sdk_all):
+    page = sdk_all.models.list()
+    assert [m.to_dict() for m in page] == recorded_json("models-a-list")["data"]
+    assert page.data[0].max_model_len == 2048  # vLLM's own field, kept
+
+
+def test_other_methods_on_served_paths_are_fastapis_405(sdk_all):
+    for path in ("/responses", "/embeddings", "/chat/completions"):
+        with pytest.raises(openai.APIStatusError) as caught:
+            sdk_all.get(path, cast_to=object)
+        assert caught.value.status_code == 405

@@ -1,7 +1,7 @@
 """The adapter: one submitted operation -> one backend call -> ordered profile events -> one terminal.
 
-It joins the profile (envelope, stream mapping) to a :class:`ChatBackend` (vLLM's serving object in
-production, a scripted backend fed with recorded vLLM chunks in unit tests) and to an
+It joins the profile (envelope, stream mapping) to a :class:`Backend` (vLLM's serving objects in
+production, a scripted backend fed with recorded vLLM outputs in unit tests) and to an
 :class:`OperationSink` (the NNRP operation in production, a list in unit tests). It owns the rule that a
 backend request is always aborted unless it finished: on cancel, client loss, error, timeout or shutdown.
 
@@ -12,6 +12,10 @@ context at the moment of dispatch (the ``openai-compatible/1`` profile's TRACE_C
 an operation runs in is fixed when it is dispatched).
 It records the request, backend timing, token usage and the abort into the sink's
 :class:`~vllm_nnrp_plugin.observation.Observation`.
+
+Every operation runs the same way; what differs per operation is only the stream mapper that turns the
+backend's stream items into profile events (:data:`STREAM_MAPPERS`). An operation the backend answers with a
+body (non-streaming, ``models.list``, ``embeddings.create``) ends with ``response.completed {body}``.
 """
 
 from __future__ import annotations
@@ -21,49 +25,75 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol
 
 import attrs
 
 from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operation_names
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
+from vllm_nnrp_plugin.profile.responses_stream import ResponsesStreamMapper
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
 logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
-class ChatCall:
-    """What the backend returned: ``body`` (a ``chat.completion`` dict) when not streaming, else ``stream``
-    (an async iterator of ``chat.completion.chunk`` dicts; an ``{"error": …}`` dict reports a mid-stream
+class Call:
+    """What the backend returned: ``body`` (the operation's OpenAI object, e.g. a ``chat.completion``) when not
+    streaming, else ``stream`` (an async iterator of the operation's stream items as dicts: ``chat.completion.chunk``
+    for chat, vLLM's Responses streaming events for ``responses.create``; an error item reports a mid-stream
     error)."""
 
     body: dict[str, Any] | None = None
     stream: AsyncIterator[dict[str, Any]] | None = None
 
 
-class ChatBackend(Protocol):
-    """The backend surface the adapter needs (implemented by :mod:`vllm_nnrp_plugin.vllm_binding.chat`)."""
+class Backend(Protocol):
+    """The backend surface the adapter needs (implemented by :mod:`vllm_nnrp_plugin.vllm_binding.backend`)."""
 
     def capabilities(self) -> dict[str, Any]:
         """The runtime capability document of what this backend serves
         (:func:`vllm_nnrp_plugin.profile.capabilities.runtime_document`)."""
 
-    async def create_chat_completion(
-        self, body: dict[str, Any], request_id: str, traceparent: str | None = None
-    ) -> ChatCall:
-        """Start one chat completion under ``request_id``, in the W3C trace ``traceparent`` when given;
-        raises :class:`ProfileError` when refused."""
+    async def create(
+        self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None
+    ) -> Call:
+        """Start ``operation`` (one the capability document lists) with ``body`` under ``request_id``, in the W3C
+        trace ``traceparent`` when given; raises :class:`ProfileError` when refused."""
 
-    def engine_request_id(self, request_id: str) -> str:
+    def engine_request_id(self, operation: str, request_id: str) -> str:
         """The id the engine knows the request started under ``request_id`` by (recorded in the observation)."""
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, operation: str, request_id: str) -> None:
         """Abort the engine request started under ``request_id`` (unknown ids are a no-op)."""
+
+
+class StreamMapper(Protocol):
+    """Turns one operation's backend stream items into profile events (:mod:`vllm_nnrp_plugin.profile`)."""
+
+    def feed(self, item: dict[str, Any]) -> Iterable[dict[str, Any]]:
+        """The events one stream item gives; raises :class:`ProfileError` for an error item."""
+
+    def finish(self) -> Iterable[dict[str, Any]]:
+        """The events due when the stream ended normally (e.g. ``response.tool_call.completed``)."""
+
+    def completed_body(self) -> dict[str, Any]:
+        """The ``body`` of the terminal ``response.completed`` of a streamed operation."""
+
+    def fail_open_calls(self, err: E.ProfileError) -> Iterable[dict[str, Any]]:
+        """``response.tool_call.error`` for every call still open when the operation fails with ``err``."""
+
+
+#: operation -> the stream mapper of one streamed request of it, made from the request's ``body``
+STREAM_MAPPERS: dict[str, Callable[[dict[str, Any]], StreamMapper]] = {
+    CHAT_COMPLETIONS_CREATE: lambda body: ChatStreamMapper(usage_events=usage_asked(body)),
+    RESPONSES_CREATE: lambda body: ResponsesStreamMapper(),
+}
 
 
 class OperationSink(Protocol):
@@ -96,7 +126,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]+")
 
 def new_request_id(envelope_request_id: str | None) -> str:
     """A new, unique request id for the backend, ``nnrp-[<envelope request_id>-]<12 hex>`` (the envelope's
-    id made safe and cut to 64 characters); the engine's own id is :meth:`ChatBackend.engine_request_id` of
+    id made safe and cut to 64 characters); the engine's own id is :meth:`Backend.engine_request_id` of
     it."""
     suffix = uuid.uuid4().hex[:12]
     if envelope_request_id:
@@ -107,7 +137,7 @@ def new_request_id(envelope_request_id: str | None) -> str:
 async def run_operation(
     sink: OperationSink,
     envelope_payload: bytes | E.ProfileError,
-    backend: ChatBackend,
+    backend: Backend,
     limits: AdapterLimits,
     capabilities: dict[str, Any],
 ) -> None:
@@ -138,7 +168,7 @@ async def run_operation(
         time.monotonic_ns(),
         operation=envelope.operation,
         model=None if capabilities_fetch else envelope.body.get("model"),
-        request_id=None if capabilities_fetch else backend.engine_request_id(request_id),
+        request_id=None if capabilities_fetch else backend.engine_request_id(envelope.operation, request_id),
         diagnostics=envelope.nnrp.get("diagnostics") is True,
     )
     if envelope.timeout_ms is not None:
@@ -148,11 +178,11 @@ async def run_operation(
         return
     finished = False
     stream: AsyncIterator[dict[str, Any]] | None = None
-    mapper = ChatStreamMapper(usage_events=usage_asked(envelope.body))
+    mapper: StreamMapper | None = None
     try:
         trace = sink.dispatch()
-        call = await backend.create_chat_completion(
-            envelope.body, request_id, trace.traceparent() if trace is not None else None
+        call = await backend.create(
+            envelope.operation, envelope.body, request_id, trace.traceparent() if trace is not None else None
         )
         if call.stream is None:
             finished = True
@@ -161,6 +191,7 @@ async def run_operation(
             sink.complete(call.body)
             return
         stream = call.stream
+        mapper = STREAM_MAPPERS[envelope.operation](envelope.body)
         async for chunk in stream:
             if record.backend_first_chunk_ns is None:
                 record.backend_chunk(time.monotonic_ns())
@@ -182,26 +213,32 @@ async def run_operation(
         if stream is not None:
             await _close(stream)
         if not finished:
-            await asyncio.shield(_abort(backend, request_id, record))
+            await asyncio.shield(_abort(backend, envelope.operation, request_id, record))
 
 
 def _record_usage(record: Observation, body: dict[str, Any]) -> None:
+    """Tokens of OpenAI's ``usage``: ``prompt_tokens``/``completion_tokens`` (chat, embeddings) or
+    ``input_tokens``/``output_tokens`` (a Responses ``response`` object)."""
     usage = body.get("usage")
     if usage:
-        record.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        record.usage(
+            usage.get("prompt_tokens", usage.get("input_tokens")),
+            usage.get("completion_tokens", usage.get("output_tokens")),
+        )
 
 
-def _fail(sink: OperationSink, mapper: ChatStreamMapper, err: E.ProfileError) -> None:
+def _fail(sink: OperationSink, mapper: StreamMapper | None, err: E.ProfileError) -> None:
     """End open tool calls with ``response.tool_call.error``, then the operation with ``response.error``."""
-    for event in mapper.fail_open_calls(err):
-        sink.partial(event)
+    if mapper is not None:
+        for event in mapper.fail_open_calls(err):
+            sink.partial(event)
     sink.fail(err)
 
 
-async def _abort(backend: ChatBackend, request_id: str, record: Observation) -> None:
+async def _abort(backend: Backend, operation: str, request_id: str, record: Observation) -> None:
     issued = time.monotonic_ns()
     try:
-        await backend.abort(request_id)
+        await backend.abort(operation, request_id)
     except Exception:  # the engine may already be gone (shutdown); nothing is left to stop then
         logger.warning("aborting backend request %s failed", request_id, exc_info=True)
         record.aborted(issued, accepted=False)

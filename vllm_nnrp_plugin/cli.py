@@ -1,16 +1,27 @@
 """``vllm-nnrp``: command-line client for a ``vllm serve`` running the NNRP plugin.
 
 ``vllm-nnrp chat --endpoint tcp://127.0.0.1:9400 [--model M] [--no-stream] [--json] "Say hello."``
-streams the answer to stdout as it arrives and prints usage at the end; ``--json`` prints the raw profile
-events, one JSON object per line. Exit status: 0 on ``response.completed``, 1 on ``response.error`` (its
-code is printed to stderr), 2 on a drop or a transport problem, 3 on timeout.
+streams the answer to stdout as it arrives, then the tool calls and usage; ``--json`` prints the raw profile
+events, one JSON object per line. ``vllm-nnrp respond [--model M] [--instructions I] [--max-output-tokens N]
+[--no-stream] [--json] PROMPT`` does the same with ``responses.create``.
+
+``vllm-nnrp models [--json]`` prints the served models (``models.list``): one line per model with its id and
+``max_model_len`` (tokens), or the raw ``list`` body. ``vllm-nnrp embed [--model M] [--encoding-format
+float|base64] [--dimensions N] [--json] TEXT [TEXT …]`` prints, per input, its index, dimension count and first
+values (``embeddings.create``; ``base64`` vectors are decoded as little-endian float32, vLLM's default
+``embed_dtype``), then usage; or the raw body.
+
+Exit status of these four: 0 on ``response.completed``, 1 on ``response.error`` (its code is printed to stderr;
+``unsupported_operation`` when the server does not serve the operation), 2 on a drop or a transport problem,
+3 on timeout.
 
 ``vllm-nnrp capabilities --endpoint URI [--conformance]`` prints the server's capability document (fetched over
 NNRP with the operation ``nnrp.capabilities``), or with ``--conformance`` the conformance manifest derived from
 it; exit 2 when it cannot be fetched.
 
-``vllm-nnrp conformance --endpoint URI [--suite DIR] [--recipes DIR] [--out DIR]`` runs the conformance suite
-against the server (:mod:`vllm_nnrp_plugin.conformance.runner`); exit 0 only when every selected case passed.
+``vllm-nnrp conformance --endpoint URI [--suite DIR] [--recipes DIR] [--no-suite-recipes] [--out DIR]`` runs the
+conformance suite against the server (:mod:`vllm_nnrp_plugin.conformance.runner`); exit 0 only when every
+selected case passed.
 
 Also runnable as ``python -m vllm_nnrp_plugin.cli``. (The benchmarks are not part of the package: ``python -m
 bench`` from a checkout.)
@@ -20,43 +31,87 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import struct
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from vllm_nnrp_plugin.nnrp_binding.endpoints import DEFAULT_LISTEN
-from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
+from vllm_nnrp_plugin.profile import (
+    CHAT_COMPLETIONS_CREATE,
+    EMBEDDINGS_CREATE,
+    MODELS_LIST,
+    RESPONSES_CREATE,
+    SCHEMA_VERSION,
+)
 from vllm_nnrp_plugin.profile import events as ev
+
+#: values of each embedding ``vllm-nnrp embed`` prints
+SHOWN_VALUES = 4
+#: what ``--json`` prints, per command
+EVENTS, BODY = "the raw profile events as JSON lines", "the raw body as JSON"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vllm-nnrp", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    chat = commands.add_parser("chat", help="send one chat message and stream the answer")
-    chat.add_argument("message", help="the user message")
-    chat.add_argument("--endpoint", default=DEFAULT_LISTEN, help=f"tcp://HOST:PORT or unix:///PATH (default {DEFAULT_LISTEN})")
-    chat.add_argument("--model", help="served model name (default: the server's first model)")
-    chat.add_argument("--max-tokens", type=int, help="max_tokens of the request")
-    chat.add_argument("--temperature", type=float, help="sampling temperature")
-    chat.add_argument("--no-stream", action="store_true", help="ask for one non-streaming answer")
-    chat.add_argument("--json", action="store_true", help="print the raw profile events as JSON lines")
-    chat.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the terminal (default 300)")
-    caps = commands.add_parser("capabilities", help="print the server's capability document")
-    caps.add_argument("--endpoint", default=DEFAULT_LISTEN, help=f"tcp://HOST:PORT or unix:///PATH (default {DEFAULT_LISTEN})")
-    caps.add_argument("--conformance", action="store_true", help="print the derived conformance manifest instead")
-    caps.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
-    from vllm_nnrp_plugin.conformance.runner import add_arguments
-
-    add_arguments(commands.add_parser("conformance", help="run the conformance suite against the server"))
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "capabilities":
         return asyncio.run(_capabilities(args))
     if args.command == "conformance":
         from vllm_nnrp_plugin.conformance.runner import run
 
         return run(args)
-    return asyncio.run(_chat(args))
+    envelope, printer = COMMANDS[args.command](args)
+    return asyncio.run(_run(args, envelope, printer))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``vllm-nnrp`` argument parser (one subcommand each)."""
+    parser = argparse.ArgumentParser(prog="vllm-nnrp", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    chat = _operation_parser(commands, "chat", "send one chat message and stream the answer", timeout=300.0, raw=EVENTS)
+    chat.add_argument("message", help="the user message")
+    chat.add_argument("--model", help="served model name (default: the server's first model)")
+    chat.add_argument("--max-tokens", type=int, help="max_tokens of the request")
+    chat.add_argument("--temperature", type=float, help="sampling temperature")
+    chat.add_argument("--no-stream", action="store_true", help="ask for one non-streaming answer")
+    respond = _operation_parser(
+        commands, "respond", "send one prompt to responses.create and stream the answer", timeout=300.0, raw=EVENTS
+    )
+    respond.add_argument("prompt", help="the input")
+    respond.add_argument("--model", help="served model name (default: the server's first model)")
+    respond.add_argument("--instructions", help="instructions of the request (a system message)")
+    respond.add_argument("--max-output-tokens", type=int, help="max_output_tokens of the request")
+    respond.add_argument("--no-stream", action="store_true", help="ask for one non-streaming answer")
+    _operation_parser(commands, "models", "list the served models (models.list)", timeout=30.0, raw=BODY)
+    embed = _operation_parser(commands, "embed", "embed texts (embeddings.create)", timeout=60.0, raw=BODY)
+    embed.add_argument("texts", nargs="+", metavar="TEXT", help="the inputs, one embedding each")
+    embed.add_argument("--model", help="served model name (default: the server's first model)")
+    embed.add_argument("--encoding-format", choices=("float", "base64"), help="encoding_format of the request")
+    embed.add_argument("--dimensions", type=int, help="dimensions of the request (models that support it)")
+    caps = commands.add_parser("capabilities", help="print the server's capability document")
+    _endpoint_option(caps)
+    caps.add_argument("--conformance", action="store_true", help="print the derived conformance manifest instead")
+    caps.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
+    from vllm_nnrp_plugin.conformance.runner import add_arguments
+
+    add_arguments(commands.add_parser("conformance", help="run the conformance suite against the server"))
+    return parser
+
+
+def _endpoint_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoint", default=DEFAULT_LISTEN, help=f"tcp://HOST:PORT or unix:///PATH (default {DEFAULT_LISTEN})")
+
+
+def _operation_parser(commands: Any, name: str, help_text: str, *, timeout: float, raw: str) -> argparse.ArgumentParser:
+    """A subcommand that runs one profile operation: ``--endpoint``, ``--json`` (prints ``raw``), ``--timeout``."""
+    parser = commands.add_parser(name, help=help_text)
+    _endpoint_option(parser)
+    parser.add_argument("--json", action="store_true", help=f"print {raw}")
+    parser.add_argument("--timeout", type=float, default=timeout, help=f"seconds to wait for the terminal (default {timeout:g})")
+    return parser
 
 
 async def _connect(endpoint: str) -> Any:
@@ -90,47 +145,109 @@ async def _capabilities(args: argparse.Namespace) -> int:
     return 0
 
 
+def _envelope(operation: str, body: dict[str, Any], args: argparse.Namespace, *fields: str) -> dict[str, Any]:
+    """The envelope of ``operation``: ``body`` plus each request field of ``fields`` (named as the argument)
+    that was given on the command line."""
+    body.update({name: getattr(args, name) for name in fields if getattr(args, name) is not None})
+    return {"schema_version": SCHEMA_VERSION, "operation": operation, "body": body}
+
+
 def chat_envelope(args: argparse.Namespace) -> dict[str, Any]:
     """The ``chat.completions.create`` envelope for the command-line arguments."""
     body: dict[str, Any] = {"messages": [{"role": "user", "content": args.message}], "stream": not args.no_stream}
     if not args.no_stream:
         body["stream_options"] = {"include_usage": True}
-    for key, value in (("model", args.model), ("max_tokens", args.max_tokens), ("temperature", args.temperature)):
-        if value is not None:
-            body[key] = value
-    return {"schema_version": SCHEMA_VERSION, "operation": CHAT_COMPLETIONS_CREATE, "body": body}
+    return _envelope(CHAT_COMPLETIONS_CREATE, body, args, "model", "max_tokens", "temperature")
 
 
-async def _chat(args: argparse.Namespace) -> int:
+def respond_envelope(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``responses.create`` envelope for the command-line arguments (OpenAI's Responses request: ``input``,
+    ``instructions``, ``max_output_tokens``, ``stream``)."""
+    body: dict[str, Any] = {"input": args.prompt, "stream": not args.no_stream}
+    return _envelope(RESPONSES_CREATE, body, args, "model", "instructions", "max_output_tokens")
+
+
+def models_envelope(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``models.list`` envelope (an empty body)."""
+    return _envelope(MODELS_LIST, {}, args)
+
+
+def embed_envelope(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``embeddings.create`` envelope: every text in one request (``input`` a list, in order)."""
+    return _envelope(EMBEDDINGS_CREATE, {"input": list(args.texts)}, args, "model", "encoding_format", "dimensions")
+
+
+async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any) -> int:
+    """Submit ``envelope`` and show its events with ``printer`` until the terminal; the exit status."""
     from vllm_nnrp_plugin.client import ClientError, ClientTimeout
 
     client = await _connect(args.endpoint)
     if client is None:
         return 2
     try:
-        printer = _Printer(as_json=args.json)
-        try:
-            operation = client.submit(chat_envelope(args))
-            for event in client.events(operation, timeout_s=args.timeout):
-                status = printer.show(event)
-                if status is not None:
-                    return status
-        except ClientTimeout as exc:
-            print(f"vllm-nnrp: {exc}", file=sys.stderr)
-            return 3
-        except ClientError as exc:  # the transport failed mid-operation
-            print(f"vllm-nnrp: {exc}", file=sys.stderr)
-            return 2
+        operation = client.submit(envelope)
+        for event in client.events(operation, timeout_s=args.timeout):
+            status = printer.show(event)
+            if status is not None:
+                return status
+    except ClientTimeout as exc:
+        print(f"vllm-nnrp: {exc}", file=sys.stderr)
+        return 3
+    except ClientError as exc:  # the transport failed mid-operation
+        print(f"vllm-nnrp: {exc}", file=sys.stderr)
         return 2
     finally:
         client.close()
+    return 2
 
 
-class _Printer:
+def terminal_status(event: Any) -> int:
+    """The exit status of a terminal event (0 completed, 1 ``response.error``, 2 a drop); says why on stderr."""
+    data = event.event
+    kind = data["type"] if data is not None else None
+    if kind == ev.COMPLETED:
+        return 0
+    if kind == ev.ERROR:
+        error = data["error"]
+        print(f"vllm-nnrp: error {error['code']}: {error['message']}", file=sys.stderr)
+        return 1
+    print(f"vllm-nnrp: operation dropped (NNRP drop reason {event.drop_reason}): {data}", file=sys.stderr)
+    return 2
+
+
+def answer_of(body: dict[str, Any]) -> tuple[str, list[tuple[str, str, str]], dict[str, Any] | None]:
+    """``(text, [(call_id, name, arguments)], profile usage or None)`` of a completed body: a ``chat.completion``
+    (its first choice's ``message``; OpenAI's ``prompt_tokens``/``completion_tokens`` usage) or a Responses
+    ``response`` object (its ``output`` items: ``message`` with ``output_text`` parts, ``function_call``;
+    ``input_tokens``/``output_tokens`` usage)."""
+    text, calls = "", []
+    if "choices" in body:
+        message = body["choices"][0]["message"] if body["choices"] else {}
+        text = message.get("content") or ""
+        calls = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or ()]
+        usage = ev.usage(body["usage"])["usage"] if body.get("usage") else None
+        return text, calls, usage
+    for item in body.get("output") or ():
+        if item.get("type") == "message":
+            text += "".join(part.get("text", "") for part in item.get("content") or () if part.get("type") == "output_text")
+        elif item.get("type") == "function_call":
+            calls.append((item["call_id"], item["name"], item["arguments"]))
+    usage = body.get("usage")
+    if usage:
+        usage = {key: usage.get(key) or 0 for key in ("input_tokens", "output_tokens", "total_tokens")}
+    return text, calls, usage or None
+
+
+class AnswerPrinter:
+    """Prints a ``chat.completions.create`` or ``responses.create`` operation: text deltas as they arrive,
+    each completed tool call as ``[tool call CALL_ID] NAME(ARGUMENTS)``, usage; for a non-streamed answer the
+    same from the completed body (:func:`answer_of`). With ``as_json`` the raw events, one per line."""
+
     def __init__(self, *, as_json: bool) -> None:
         self._json = as_json
         self._usage_shown = False
         self._text_shown = False
+        self._calls_shown = False
 
     def show(self, event: Any) -> int | None:
         """Print one event; return the exit status once the terminal arrived."""
@@ -141,26 +258,32 @@ class _Printer:
         elif kind == ev.OUTPUT_TEXT_DELTA:
             self._text_shown = True
             _out(data["delta"])
+        elif kind == ev.TOOL_CALL_COMPLETED:
+            self._print_call(data["call_id"], data["name"], data["arguments"])
+        elif kind == ev.TOOL_CALL_ERROR:
+            self._calls_shown = True
+            print(f"vllm-nnrp: tool call {data['call_id']} failed: {data['error']['code']}", file=sys.stderr)
         elif kind == ev.USAGE:
             self._print_usage(data["usage"])
         elif kind == ev.COMPLETED:
-            body = data["body"]
-            if not self._text_shown and body.get("choices"):
-                _out(body["choices"][0]["message"].get("content") or "")
-            if not self._usage_shown and body.get("usage"):
-                self._print_usage(ev.usage(body["usage"])["usage"])
-            elif not self._usage_shown:
-                _out("\n")
-        if not event.terminal:
-            return None
-        if kind == ev.COMPLETED:
-            return 0
-        if kind == ev.ERROR:
-            error = data["error"]
-            print(f"vllm-nnrp: error {error['code']}: {error['message']}", file=sys.stderr)
-            return 1
-        print(f"vllm-nnrp: operation dropped (NNRP drop reason {event.drop_reason}): {data}", file=sys.stderr)
-        return 2
+            self._print_body(data["body"])
+        return terminal_status(event) if event.terminal else None
+
+    def _print_body(self, body: dict[str, Any]) -> None:
+        text, calls, usage = answer_of(body)
+        if not self._text_shown:
+            _out(text)
+        if not self._calls_shown:
+            for call in calls:
+                self._print_call(*call)
+        if not self._usage_shown and usage is not None:
+            self._print_usage(usage)
+        elif not self._usage_shown:
+            _out("\n")
+
+    def _print_call(self, call_id: str, name: str, arguments: str) -> None:
+        self._calls_shown = True
+        _out(f"\n[tool call {call_id}] {name}({arguments})")
 
     def _print_usage(self, usage: dict[str, Any]) -> None:
         self._usage_shown = True
@@ -168,6 +291,72 @@ class _Printer:
             f"\n[usage] input {usage['input_tokens']} · output {usage['output_tokens']} · "
             f"total {usage['total_tokens']} tokens\n"
         )
+
+
+class BodyPrinter:
+    """Prints the body of an operation answered with one body (``models.list``, ``embeddings.create``) with
+    ``render``, or as indented JSON with ``as_json``."""
+
+    def __init__(self, render: Callable[[dict[str, Any]], str], *, as_json: bool) -> None:
+        self._render = render
+        self._json = as_json
+
+    def show(self, event: Any) -> int | None:
+        if not event.terminal:
+            return None
+        status = terminal_status(event)
+        if status == 0:
+            body = event.event["body"]
+            _out(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() + "\n" if self._json else self._render(body))
+        return status
+
+
+def render_models(body: dict[str, Any]) -> str:
+    """One line per model of an OpenAI ``list`` of ``model`` objects: its id and vLLM's ``max_model_len``
+    (tokens; ``-`` when absent)."""
+    rows = [(model["id"], str(model.get("max_model_len", "-"))) for model in body.get("data") or ()]
+    width = max((len(model_id) for model_id, _ in rows), default=0)
+    return "".join(f"{model_id:<{width}}  max_model_len {length}\n" for model_id, length in rows)
+
+
+def embedding_values(embedding: list[float] | str) -> list[float]:
+    """The vector of one ``embedding``: a list of floats (``encoding_format: "float"``), or the base64 string of
+    little-endian float32 values (``"base64"``; OpenAI's encoding and vLLM's default ``embed_dtype``/native
+    endianness on little-endian hosts). Raises ValueError for a string that is not that."""
+    if isinstance(embedding, list):
+        return embedding
+    raw = base64.b64decode(embedding, validate=True)
+    if len(raw) % 4:
+        raise ValueError(f"a base64 embedding of {len(raw)} bytes is not float32 values")
+    return [value for (value,) in struct.iter_unpack("<f", raw)]
+
+
+def render_embeddings(body: dict[str, Any]) -> str:
+    """Per embedding of an OpenAI ``list`` of ``embedding`` objects: ``[INDEX] N dimensions: v0, v1, … ``
+    (the first :data:`SHOWN_VALUES` values), then ``[usage] input N · total N tokens``."""
+    lines = []
+    for item in body.get("data") or ():
+        try:
+            values = embedding_values(item["embedding"])
+        except ValueError as exc:
+            lines.append(f"[{item['index']}] undecodable embedding: {exc}")
+            continue
+        shown = ", ".join(f"{value:.4f}" for value in values[:SHOWN_VALUES])
+        more = ", …" if len(values) > SHOWN_VALUES else ""
+        lines.append(f"[{item['index']}] {len(values)} dimensions: {shown}{more}")
+    usage = body.get("usage")
+    if usage:
+        lines.append(f"[usage] input {usage.get('prompt_tokens', 0)} · total {usage.get('total_tokens', 0)} tokens")
+    return "".join(line + "\n" for line in lines)
+
+
+#: command -> (envelope, printer) for the command-line arguments
+COMMANDS: dict[str, Callable[[argparse.Namespace], tuple[dict[str, Any], Any]]] = {
+    "chat": lambda args: (chat_envelope(args), AnswerPrinter(as_json=args.json)),
+    "respond": lambda args: (respond_envelope(args), AnswerPrinter(as_json=args.json)),
+    "models": lambda args: (models_envelope(args), BodyPrinter(render_models, as_json=args.json)),
+    "embed": lambda args: (embed_envelope(args), BodyPrinter(render_embeddings, as_json=args.json)),
+}
 
 
 def _out(text: str) -> None:

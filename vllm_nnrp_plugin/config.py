@@ -23,12 +23,15 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``fault_injection_backend_error_model`` | str or null | null | **test only**: requests for this model id end
   with ``backend_error`` without reaching vLLM (the conformance suite's ``backend-error`` case) |
 | ``metrics_listen`` | ``HOST:PORT`` or null | null | also serve the NNRP metrics on their own ``/metrics`` server there; by default they are only in vLLM's ``/metrics`` |
+| ``operations`` | list of operation names or null | null: every operation the server's vLLM serving objects offer | serve only these ``openai-compatible/1`` operations over NNRP (e.g. ``["chat.completions.create"]``: a Level-1-only deployment; any other operation gets ``unsupported_operation``) |
 
 Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys, wrong types and
 listen URIs outside the forms of :mod:`vllm_nnrp_plugin.nnrp_binding.endpoints` are errors
 (:class:`ConfigError`), never ignored; so are a non-loopback address without TLS unless ``allow_non_loopback``
-is true, a TLS address without ``tls_cert_file`` / ``tls_key_file``, unreadable certificate or key files and
-an unknown ``ipc_socket_group``.
+is true, a TLS address without ``tls_cert_file`` / ``tls_key_file``, unreadable certificate or key files, an
+unknown ``ipc_socket_group`` and an ``operations`` entry that is not an operation of the profile
+(:data:`vllm_nnrp_plugin.profile.LEVELS`). Whether the vLLM server serves the listed operations is known only
+once it runs: :class:`vllm_nnrp_plugin.vllm_binding.backend.VLLMBackend` refuses to start otherwise.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ from vllm_nnrp_plugin.nnrp_binding.endpoints import (
     is_loopback,
     parse_endpoint,
 )
+from vllm_nnrp_plugin.profile import LEVELS
+
+#: every operation of the ``openai-compatible/1`` profile, by level
+PROFILE_OPERATIONS = tuple(name for names in LEVELS.values() for name in names)
 
 CONFIG_KEY = "nnrp"
 LISTEN_ENV = "VLLM_NNRP_LISTEN"
@@ -69,6 +76,16 @@ def _host_port(_inst: object, attribute: attrs.Attribute, value: str) -> None:
         raise ValueError(f"nnrp.{attribute.name} must be HOST:PORT, got {value!r}")
 
 
+def _profile_operations(_inst: object, attribute: attrs.Attribute, value: tuple[str, ...] | None) -> None:
+    unknown = [name for name in value or () if name not in PROFILE_OPERATIONS]
+    if unknown:
+        raise ValueError(
+            f"nnrp.{attribute.name} names {', '.join(map(repr, unknown))}, not an openai-compatible/1 operation. "
+            f"Fix: list some of {', '.join(PROFILE_OPERATIONS)}, or drop the key to serve every operation the "
+            "server offers."
+        )
+
+
 @attrs.frozen
 class NNRPConfig:
     """Validated settings (see the module table for units and defaults)."""
@@ -88,6 +105,7 @@ class NNRPConfig:
     ipc_socket_group: str | None = None
     fault_injection_backend_error_model: str | None = None
     metrics_listen: str | None = attrs.field(default=None, validator=attrs.validators.optional(_host_port))
+    operations: tuple[str, ...] | None = attrs.field(default=None, validator=_profile_operations)
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
@@ -105,11 +123,12 @@ def _strict_bool(value: Any, _type: type) -> bool:
     return value
 
 
-def _listen(value: Any, _type: type) -> tuple[str, ...]:
+def _strings(value: Any, _type: type) -> tuple[str, ...]:
+    """``listen`` (URIs) and ``operations`` (names): a non-empty list of non-empty strings, or one string."""
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list | tuple) or not value or not all(isinstance(v, str) and v for v in value):
-        raise TypeError(f"expected a non-empty list of URIs, got {value!r}")
+        raise TypeError(f"expected a non-empty list of strings, got {value!r}")
     return tuple(value)
 
 
@@ -122,7 +141,7 @@ def _strict_str(value: Any, _type: type) -> str:
 _converter.register_structure_hook(int, _strict_int)
 _converter.register_structure_hook(str, _strict_str)
 _converter.register_structure_hook(bool, _strict_bool)
-_converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _listen)
+_converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _strings)
 
 
 def plugins_named(environ: Mapping[str, str]) -> bool:

@@ -12,39 +12,39 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vllm_nnrp_plugin.adapter import ChatBackend, ChatCall
+from vllm_nnrp_plugin.adapter import Backend, Call
 from vllm_nnrp_plugin.profile import errors as E
 
 logger = logging.getLogger(__name__)
 
 
 class BackendErrorInjector:
-    """A :class:`ChatBackend` around ``backend``; ``model`` is the model id that fails."""
+    """A :class:`Backend` around ``backend``; ``model`` is the model id that fails (for every operation)."""
 
-    def __init__(self, backend: ChatBackend, model: str) -> None:
+    def __init__(self, backend: Backend, model: str) -> None:
         self._backend = backend
         self.model = model
 
     def capabilities(self) -> dict[str, Any]:
         return self._backend.capabilities()
 
-    async def create_chat_completion(
-        self, body: dict[str, Any], request_id: str, traceparent: str | None = None
-    ) -> ChatCall:
+    async def create(
+        self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None
+    ) -> Call:
         """Raises :class:`ProfileError` ``backend_error`` for :attr:`model`, else delegates."""
         if body.get("model") == self.model:
             raise E.backend_error(f"injected backend failure for model {self.model!r} "
                                   "(nnrp.fault_injection_backend_error_model, test only)")
-        return await self._backend.create_chat_completion(body, request_id, traceparent)
+        return await self._backend.create(operation, body, request_id, traceparent)
 
-    def engine_request_id(self, request_id: str) -> str:
-        return self._backend.engine_request_id(request_id)
+    def engine_request_id(self, operation: str, request_id: str) -> str:
+        return self._backend.engine_request_id(operation, request_id)
 
-    async def abort(self, request_id: str) -> None:
-        await self._backend.abort(request_id)
+    async def abort(self, operation: str, request_id: str) -> None:
+        await self._backend.abort(operation, request_id)
 
 
-def with_fault_injection(backend: ChatBackend, model: str | None) -> ChatBackend:
+def with_fault_injection(backend: Backend, model: str | None) -> Backend:
     """``backend`` itself when ``model`` is None (the default), else wrapped (with a warning in the log)."""
     if model is None:
         return backend

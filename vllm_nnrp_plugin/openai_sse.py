@@ -11,9 +11,12 @@ Used by :mod:`vllm_nnrp_plugin.openai_transport`, which feeds it the events of o
   the stream began becomes vLLM's in-stream error item (``data: {"error": {...}}``) and ``data: [DONE]``.
 * :func:`error_reply` turns a terminal ``response.error`` into (HTTP status, body) in the shape of vLLM's
   ``ErrorResponse`` (``{"error": {"message", "type", "param", "code"}}``, ``vllm/entrypoints/openai/engine/
-  protocol.py``), keeping the profile's ``code`` (``model_not_found``, ``invalid_request``, …) as ``code``.
-* :func:`model_list` answers ``GET /v1/models`` from the capability document; :func:`route_reply` is FastAPI's
-  answer to a path or method vLLM does not serve (``{"detail": "Not Found"}``, 404; ``Method Not Allowed``, 405).
+  protocol.py``), keeping the profile's ``code`` (``model_not_found``, ``invalid_request``, …) as ``code``;
+  ``unsupported_operation`` (an operation the server does not serve, e.g. ``embeddings.create`` on a
+  ``generate`` server) is 404, as vLLM's HTTP server answers a route it does not have.
+* :func:`model_list` answers ``GET /v1/models`` from the capability document of a server without
+  ``models.list``; :func:`route_reply` is FastAPI's answer to a path or method vLLM does not serve
+  (``{"detail": "Not Found"}``, 404; ``Method Not Allowed``, 405).
 
 What the profile does not carry is not invented: streamed chunks get one locally made ``id`` and the request's
 ``model`` (the events have neither), no ``logprobs``, no ``delta.reasoning``, and error bodies carry
@@ -33,6 +36,10 @@ from vllm_nnrp_plugin.profile import events
 DONE = b"data: [DONE]\n\n"
 CHAT_PATH = "/chat/completions"
 MODELS_PATH = "/models"
+RESPONSES_PATH = "/responses"
+EMBEDDINGS_PATH = "/embeddings"
+#: the paths of vLLM's that the transport maps to profile operations
+SERVED_PATHS = (CHAT_PATH, RESPONSES_PATH, EMBEDDINGS_PATH, MODELS_PATH)
 #: the status of a terminal ``response.error`` whose RESULT_PUSH status is not an HTTP error status
 _STATUS_BY_CODE = {
     E.MODEL_NOT_FOUND: 404, E.ENVELOPE_TOO_LARGE: 413, E.TOO_MANY_REQUESTS: 429, E.CLIENT_TOO_SLOW: 429,
@@ -46,8 +53,11 @@ def sse(item: dict[str, Any]) -> bytes:
 
 
 def error_status(error_event: dict[str, Any], status: int | None) -> int:
-    """The HTTP status of a ``response.error``: its RESULT_PUSH status when that is 400–599, else by ``code``
-    (the table of :mod:`vllm_nnrp_plugin.profile.errors`), else 400."""
+    """The HTTP status of a ``response.error``: 404 for ``unsupported_operation`` (the server does not serve the
+    operation: vLLM's HTTP server has no such route then), else its RESULT_PUSH status when that is 400–599, else
+    by ``code`` (the table of :mod:`vllm_nnrp_plugin.profile.errors`), else 400."""
+    if (error_event.get("error") or {}).get("code") == E.UNSUPPORTED_OPERATION:
+        return 404
     if status is not None and 400 <= status <= 599:
         return status
     return _STATUS_BY_CODE.get((error_event.get("error") or {}).get("code"), 400)
@@ -76,7 +86,7 @@ def error_reply(error_event: dict[str, Any], status: int | None) -> tuple[int, d
 
 def route_reply(path: str, method: str) -> tuple[int, dict[str, Any]]:
     """FastAPI's answer to a request vLLM has no route for: 405 for a served path with another method, else 404."""
-    if path.endswith(CHAT_PATH) or path.endswith(MODELS_PATH):
+    if path.endswith(SERVED_PATHS):
         return 405, {"detail": "Method Not Allowed"}
     return 404, {"detail": "Not Found"}
 

@@ -9,9 +9,12 @@
 contacted; the transport speaks to the NNRP endpoint given (any URI of
 :mod:`vllm_nnrp_plugin.nnrp_binding.endpoints`; TLS ones need ``trusted_cert_der``).
 
-* ``POST …/chat/completions`` → one ``chat.completions.create`` submit; streamed answers flow as the events
-  arrive (:mod:`vllm_nnrp_plugin.openai_sse` makes the bytes), non-streamed ones are the ``response.completed``
-  body. ``GET …/models`` → the capability document. Anything else → FastAPI's 404/405.
+* ``POST …/chat/completions``, ``POST …/responses``, ``POST …/embeddings`` → one ``chat.completions.create``,
+  ``responses.create``, ``embeddings.create`` submit; streamed answers flow as the events arrive
+  (:mod:`vllm_nnrp_plugin.openai_sse` and :mod:`vllm_nnrp_plugin.openai_responses_sse` make the bytes),
+  non-streamed ones are the ``response.completed`` body. ``GET …/models`` → ``models.list`` (the capability
+  document on a server without it). Anything else → FastAPI's 404/405. The routing and the answers are
+  :mod:`vllm_nnrp_plugin.openai_calls`; this module does the I/O.
 * ``response.error`` → its HTTP status and vLLM's error body (so the SDK raises ``NotFoundError``,
   ``BadRequestError``, ``RateLimitError``, ``InternalServerError``, …), except ``request_timeout``, which is
   ``httpx.ReadTimeout`` (the SDK's ``APITimeoutError``), as when the SDK's own timeout fires over HTTP.
@@ -42,32 +45,21 @@ import concurrent.futures
 import contextlib
 import queue
 import threading
-import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
-import orjson
 from opentelemetry import trace as otel_trace
 
-from vllm_nnrp_plugin import openai_sse
 from vllm_nnrp_plugin.client import ClientError, ClientEvent, ProfileClient
-from vllm_nnrp_plugin.profile import SCHEMA_VERSION
-from vllm_nnrp_plugin.profile import errors as E
-from vllm_nnrp_plugin.profile import events
-from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
-from vllm_nnrp_plugin.profile.chat_stream import usage_asked
+from vllm_nnrp_plugin.openai_calls import RESUBMIT, Call, Item
 
 __all__ = ["AsyncNNRPTransport", "NNRPTransport"]
 
 #: the dispatcher's poll wait, ms: nnrp-py holds the session while a poll waits, so submits and cancels wait
 #: at most this long
 POLL_MS = 5
-#: how much longer than ``nnrp.timeout_ms`` the caller waits for the server's terminal before giving up itself
-GRACE_S = 5.0
 _LOW_64 = (1 << 64) - 1
-Item = ClientEvent | ClientError  # what a dispatcher delivers: an event, or the failure that ended the session
 
 
 class _Dispatcher:
@@ -152,108 +144,6 @@ def _trace_of_caller() -> tuple[int, int, int] | None:
     return context.trace_id & _LOW_64, context.span_id, int(context.trace_flags) & 1
 
 
-def _json(status: int, body: Any, request: httpx.Request) -> httpx.Response:
-    return httpx.Response(status, headers={"content-type": "application/json"}, content=orjson.dumps(body),
-                          request=request)  # fmt: skip
-
-
-class _Call:
-    """One SDK request: what to submit, and how its events become bytes or an ``httpx`` error."""
-
-    def __init__(self, request: httpx.Request) -> None:
-        self.request = request
-        self.stream: openai_sse.ChatChunkStream | None = None
-        self.timeout_s: float | None = None
-        self.dispatcher: _Dispatcher | None = None
-        self.op: Any = None
-        self.ended = False
-
-    def abandon(self) -> None:
-        """The caller stopped listening before the terminal: FRAME_CANCEL (the server aborts the vLLM request)."""
-        if not self.ended and self.op is not None:
-            self.ended = True
-            self.dispatcher.cancel(self.op)
-
-    def respond(self, first: Item, stream: Callable[[Item], Any]) -> httpx.Response | None:
-        """:meth:`answer`, or for a stream the 200 response whose body ``stream(first)`` makes, or None."""
-        response = self.answer(first)
-        if response is None and self.stream is not None:
-            response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream(first),
-                                      request=self.request)  # fmt: skip
-        return response
-
-    def plan(self) -> tuple[dict[str, Any] | None, httpx.Response | None]:
-        """(envelope to submit, None) or (None, the immediate answer)."""
-        path, method = self.request.url.path, self.request.method
-        if path.endswith(openai_sse.MODELS_PATH) and method == "GET":
-            return {"schema_version": SCHEMA_VERSION, "operation": CAPABILITIES_OPERATION, "body": {}}, None
-        if not (path.endswith(openai_sse.CHAT_PATH) and method == "POST"):
-            return None, _json(*openai_sse.route_reply(path, method), self.request)
-        try:
-            body = orjson.loads(self.request.content)
-        except orjson.JSONDecodeError as exc:
-            return None, _json(400, {"error": {"message": f"invalid JSON body: {exc}", "type": "BadRequestError",
-                                               "param": None, "code": E.INVALID_JSON}}, self.request)  # fmt: skip
-        envelope: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "operation": "chat.completions.create",
-                                    "body": body}  # fmt: skip
-        if "x-request-id" in self.request.headers:
-            envelope["request_id"] = self.request.headers["x-request-id"]
-        read_s = (self.request.extensions.get("timeout") or {}).get("read")
-        if read_s:
-            envelope["nnrp"] = {"timeout_ms": max(1, int(read_s * 1000))}
-            self.timeout_s = read_s + GRACE_S
-        if isinstance(body, dict) and body.get("stream"):
-            self.stream = openai_sse.ChatChunkStream(
-                completion_id=f"chatcmpl-nnrp-{uuid.uuid4().hex}", created=int(time.time()),
-                model=body.get("model"), include_usage=usage_asked(body),
-            )  # fmt: skip
-        return envelope, None
-
-    def failure(self, exc: ClientError | None) -> httpx.TransportError:
-        """``httpx.ReadError`` for an NNRP failure, ``httpx.ReadTimeout`` (``exc`` None) when no answer came."""
-        self.ended = True
-        if exc is None:
-            return httpx.ReadTimeout("no answer from the NNRP server in time", request=self.request)
-        return httpx.ReadError(f"NNRP: {exc}", request=self.request)
-
-    def _event(self, item: Item) -> dict[str, Any]:
-        """The profile event of ``item``; raises an ``httpx`` transport error for a failure, a drop or a
-        ``request_timeout``."""
-        if isinstance(item, ClientError):
-            raise self.failure(item)
-        event = item.event or {}
-        if item.terminal:
-            self.ended = True
-        if item.frame == "result_drop":
-            raise httpx.ReadError(f"NNRP operation dropped (reason {item.drop_reason}): {event}", request=self.request)
-        if event.get("type") == events.ERROR and (event.get("error") or {}).get("code") == E.REQUEST_TIMEOUT:
-            raise httpx.ReadTimeout(event["error"].get("message") or E.REQUEST_TIMEOUT, request=self.request)
-        return event
-
-    def answer(self, item: Item) -> httpx.Response | None:
-        """The response once ``item`` decides it, or None (a non-streamed call's partial; a stream, which then
-        starts with ``item``). Raises an ``httpx`` transport error."""
-        event = self._event(item)
-        if not item.terminal:
-            return None
-        if event.get("type") == events.ERROR:
-            return _json(*openai_sse.error_reply(event, item.status), self.request)
-        body = event.get("body") or {}
-        if self.request.url.path.endswith(openai_sse.MODELS_PATH):
-            return _json(200, openai_sse.model_list(body, int(time.time())), self.request)
-        return None if self.stream is not None else _json(200, body, self.request)
-
-    def render(self, item: Item) -> bytes:
-        """The SSE bytes of one streamed item. Raises an ``httpx`` transport error for a failure or a drop."""
-        assert self.stream is not None
-        event = self._event(item)
-        if not item.terminal:
-            return self.stream.feed(event)
-        if event.get("type") == events.ERROR:
-            return self.stream.fail(event, item.status)
-        return self.stream.finish(event.get("body") or {})
-
-
 class NNRPTransport(httpx.BaseTransport):
     """A sync ``httpx`` transport to an NNRP endpoint (see the module docstring). ``trusted_cert_der``: the
     server certificate (or its CA), DER, for TLS URIs. Thread-safe."""
@@ -277,15 +167,19 @@ class NNRPTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         request.read()
-        call = _Call(request)
-        envelope, reply = call.plan()
-        if reply is not None:
-            return reply
+        call = Call(request)
+        response = call.plan()
         traced = _trace_of_caller()
-        call.dispatcher = self._connected(request, traced is not None)
+        while response is None or response is RESUBMIT:
+            response = self._exchange(call, traced)
+        return response
+
+    def _exchange(self, call: Call, traced: tuple[int, int, int] | None) -> httpx.Response:
+        """Submit ``call.envelope`` and wait for the answer (a stream's: its first event)."""
+        call.dispatcher = self._connected(call.request, traced is not None)
         inbox: queue.SimpleQueue[Item] = queue.SimpleQueue()
         try:
-            call.op = call.dispatcher.submit(envelope, inbox.put, traced)
+            call.op = call.dispatcher.submit(call.envelope, inbox.put, traced)
         except ClientError as exc:
             raise call.failure(exc) from exc
 
@@ -308,7 +202,7 @@ class NNRPTransport(httpx.BaseTransport):
 
 
 class _SyncSSE(httpx.SyncByteStream):
-    def __init__(self, call: _Call, first: Item, next_item: Callable[[], Item]) -> None:
+    def __init__(self, call: Call, first: Item, next_item: Callable[[], Item]) -> None:
         self._call, self._first, self._next = call, first, next_item
 
     def __iter__(self) -> Iterator[bytes]:
@@ -334,12 +228,16 @@ class AsyncNNRPTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await request.aread()
-        call = _Call(request)
-        envelope, reply = call.plan()
-        if reply is not None:
-            return reply
+        call = Call(request)
+        response = call.plan()
         traced = _trace_of_caller()
-        call.dispatcher = await asyncio.to_thread(self._sync._connected, request, traced is not None)
+        while response is None or response is RESUBMIT:
+            response = await self._exchange(call, traced)
+        return response
+
+    async def _exchange(self, call: Call, traced: tuple[int, int, int] | None) -> httpx.Response:
+        """Submit ``call.envelope`` and wait for the answer (a stream's: its first event)."""
+        call.dispatcher = await asyncio.to_thread(self._sync._connected, call.request, traced is not None)
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[Item] = asyncio.Queue()
 
@@ -347,7 +245,7 @@ class AsyncNNRPTransport(httpx.AsyncBaseTransport):
             with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting
                 loop.call_soon_threadsafe(inbox.put_nowait, item)
 
-        submit = asyncio.ensure_future(asyncio.to_thread(call.dispatcher.submit, envelope, deliver, traced))
+        submit = asyncio.ensure_future(asyncio.to_thread(call.dispatcher.submit, call.envelope, deliver, traced))
         try:
             call.op = await asyncio.shield(submit)
         except ClientError as exc:
@@ -376,7 +274,7 @@ class AsyncNNRPTransport(httpx.AsyncBaseTransport):
 
 
 class _AsyncSSE(httpx.AsyncByteStream):
-    def __init__(self, call: _Call, first: Item, next_item: Callable[[], Any]) -> None:
+    def __init__(self, call: Call, first: Item, next_item: Callable[[], Any]) -> None:
         self._call, self._first, self._next = call, first, next_item
 
     async def __aiter__(self) -> AsyncIterator[bytes]:

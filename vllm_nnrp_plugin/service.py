@@ -1,4 +1,4 @@
-"""The NNRP service: listeners (NNRP side) + the adapter + a chat backend (vLLM side), on one event loop.
+"""The NNRP service: listeners (NNRP side) + the adapter + a backend (vLLM side), on one event loop.
 
 Runs on vLLM's API-server event loop: operations are asyncio tasks there; every native NNRP call runs on
 the listener's and session pumps' own threads, never on the loop. The pumps post only what came off the wire
@@ -30,7 +30,7 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
 from vllm_nnrp_plugin import metrics, tracing
-from vllm_nnrp_plugin.adapter import AdapterLimits, ChatBackend, run_operation
+from vllm_nnrp_plugin.adapter import AdapterLimits, Backend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.fault_injection import with_fault_injection
 from vllm_nnrp_plugin.limits import SessionLimits, Slots
@@ -58,7 +58,7 @@ class NNRPService:
     def __init__(
         self,
         config: NNRPConfig,
-        backend: ChatBackend,
+        backend: Backend,
         loop: asyncio.AbstractEventLoop,
         *,
         registry: CollectorRegistry | None = None,

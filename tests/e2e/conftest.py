@@ -14,7 +14,7 @@ import pathlib
 
 import pytest
 
-from compat.launcher import SERVED_NAME, VLLMServer, attach_options, installed_vllm
+from compat.launcher import POOLING_ARGS, SERVED_NAME, VLLMServer, attach_options, installed_vllm
 from tests.support import free_port
 
 __all__ = ["LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir"]
@@ -91,3 +91,19 @@ def vllm_tools_server(tmp_path_factory, vllm_version):
     finally:
         server.stop()
         collector.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_pooling_server(tmp_path_factory, vllm_version):
+    """The same model served as an embedding model (:data:`compat.launcher.POOLING_ARGS`: vLLM's ``embed``
+    pooling task, no chat), the plugin enabled through the anchor's attach path, listening on a TCP port."""
+    workdir = tmp_path_factory.mktemp("vllm-pooling")
+    tcp = f"tcp://127.0.0.1:{free_port()}"
+    env, args = attach_options(vllm_version[1])
+    server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": tcp}, extra_args=(*args, *POOLING_ARGS))
+    server.nnrp = {"tcp": tcp}
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

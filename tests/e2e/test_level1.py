@@ -111,7 +111,10 @@ def test_capability_document_says_what_each_server_supports(plain_client, tools_
     for client, tool_calls in ((plain_client, False), (tools_client, True)):
         document = client.capabilities()
         assert document["models"] == [{"id": SERVED_NAME, "owned_by": "vllm"}]
-        (operation,) = document["operations"]
+        names = [op["name"] for op in document["operations"]]
+        assert names == ["chat.completions.create", "responses.create", "models.list"]
+        assert document["compatibility_levels"] == [1, 2]  # models.list alone is not Level 3 (needs embeddings)
+        operation = document["operations"][0]
         assert operation == {"name": "chat.completions.create", "streaming": True, "non_streaming": True,
                              "tool_calls": tool_calls, "cancellation": True}
 

@@ -1,6 +1,8 @@
 """The official ``openai`` SDK against a real ``vllm serve``: the same temperature-0 requests once over HTTP and
 once over NNRP (``NNRPTransport`` / ``AsyncNNRPTransport``) give the same answers, usage, tool calls and
-exceptions; closing a stream aborts the vLLM request."""
+exceptions — ``chat.completions``, ``responses`` (streamed through the SDK's own ``responses.stream()``
+accumulator too), ``models.list`` and, on a pooling server, ``embeddings``; closing a stream aborts the vLLM
+request."""
 
 from __future__ import annotations
 
@@ -139,9 +141,13 @@ def test_backend_error_is_an_internal_server_error(sdks):
     assert caught.value.status_code == 500 and caught.value.code == "backend_error"
 
 
-def test_models_are_the_served_models(sdks):
-    http, nnrp = both(sdks, lambda sdk: [(m.id, m.object, m.owned_by) for m in sdk.models.list()])
-    assert nnrp == http == [(SERVED_NAME, "model", "vllm")]
+def test_models_are_vllms_model_list(sdks):
+    def models(sdk):  # all of vLLM's fields but those made anew per call (clock, permission ids)
+        return [{k: v for k, v in m.to_dict().items() if k not in ("created", "permission")} for m in sdk.models.list()]
+
+    http, nnrp = both(sdks, models)
+    assert nnrp == http and [(m["id"], m["object"], m["owned_by"]) for m in http] == [(SERVED_NAME, "model", "vllm")]
+    assert http[0]["max_model_len"]
 
 
 def test_unknown_routes_get_the_same_status(sdks):
@@ -200,3 +206,119 @@ def test_sixteen_concurrent_async_streams_on_one_transport_match_http(server, sd
     texts = asyncio.run(main())
     assert texts == [reference] * 16
     assert wait_idle(server, 10.0), "vLLM still runs the request of the cancelled task"
+
+
+# -- responses ----------------------------------------------------------------------------------------------
+
+RTEXT = {"model": SERVED_NAME, "input": "Tell me about Paris.", "temperature": 0, "max_output_tokens": 24}
+RLOOKUP = {"type": "function", "name": "lookup", "description": "Look up current information about a city.",
+           "parameters": LOOKUP["function"]["parameters"], "strict": True}  # fmt: skip
+RTOOL = {**RTEXT, "max_output_tokens": 64, "tools": [RLOOKUP], "tool_choice": "required"}
+
+
+def summary(response) -> tuple:
+    """What a caller reads from a Response: status, text, function calls, usage (ids are made per request)."""
+    calls = [(i.name, json.loads(i.arguments)) for i in response.output if i.type == "function_call"]
+    usage = (response.usage.input_tokens, response.usage.output_tokens, response.usage.total_tokens)
+    return response.status, response.output_text, calls, usage
+
+
+@pytest.mark.parametrize("body", [RTEXT, RTOOL], ids=["text", "tool"])
+def test_responses_are_the_same(sdks, body):
+    http, nnrp = both(sdks, lambda sdk: summary(sdk.responses.create(**body)))
+    assert nnrp == http and (http[1] or http[2])
+
+
+@pytest.mark.parametrize("body", [RTEXT, RTOOL], ids=["text", "tool"])
+def test_streamed_responses_assemble_the_same_with_the_sdks_helper(sdks, body):
+    def streamed(sdk):
+        with sdk.responses.stream(**body) as stream:
+            kinds = [event.type for event in stream]
+            final = stream.get_final_response()
+        return summary(final), kinds[:3], kinds[-1]
+
+    http, nnrp = both(sdks, streamed)
+    assert nnrp == http
+    if body is RTOOL:
+        assert http[0][2] == [("lookup", {"city": "Paris"})]
+
+
+def test_streamed_responses_deltas_are_the_same(sdks):
+    def deltas(sdk):
+        events = list(sdk.responses.create(**RTEXT, stream=True))
+        return "".join(e.delta for e in events if e.type == "response.output_text.delta"), events[-1].response.usage.total_tokens
+
+    http, nnrp = both(sdks, deltas)
+    assert nnrp == http and http[0]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_refusals_raise_the_same_exception(sdks, stream):
+    def refused(sdk):
+        with pytest.raises(openai.APIStatusError) as caught:
+            sdk.responses.create(**{**RTEXT, "model": "nope"}, stream=stream)
+        return caught.value
+
+    http, nnrp = both(sdks, refused)
+    assert type(nnrp) is type(http) is openai.NotFoundError and nnrp.body["message"] == http.body["message"]
+
+
+def test_closing_a_responses_stream_aborts_the_vllm_request(server, sdks):
+    stream = sdks["nnrp"].responses.create(model=SERVED_NAME, input="Write a long story about the sea.",
+                                           max_output_tokens=1000, stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+    assert next(iter(stream)).type == "response.created"
+    assert server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting") == 1
+    stream.close()
+    assert wait_idle(server, 10.0), "vLLM still runs the request of the closed Responses stream"
+
+
+def test_embeddings_on_a_generate_server_are_not_found(sdks):
+    def refused(sdk):
+        with pytest.raises(openai.APIStatusError) as caught:
+            sdk.embeddings.create(model=SERVED_NAME, input="x")
+        return caught.value
+
+    http, nnrp = both(sdks, refused)
+    assert type(nnrp) is type(http) is openai.NotFoundError and nnrp.code == "unsupported_operation"
+
+
+# -- embeddings (pooling server) ----------------------------------------------------------------------------
+
+INPUTS = ["The quick brown fox", "jumps over the lazy dog"]
+
+
+@pytest.fixture(scope="module")
+def pooling_sdks(vllm_pooling_server):
+    over_http = httpx.Client(timeout=120)
+    over_nnrp = httpx.Client(transport=NNRPTransport(vllm_pooling_server.nnrp["tcp"]), timeout=120)
+    yield {
+        "http": openai.OpenAI(base_url=f"{vllm_pooling_server.http}/v1", api_key="unused", http_client=over_http,
+                              max_retries=0),
+        "nnrp": openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=over_nnrp,
+                              max_retries=0),
+    }  # fmt: skip
+    over_http.close()
+    over_nnrp.close()
+
+
+@pytest.mark.parametrize("encoding_format", [None, "float"])  # None: the SDK asks for base64 and decodes it
+def test_embeddings_are_the_same_vectors(pooling_sdks, encoding_format):
+    extra = {"encoding_format": encoding_format} if encoding_format else {}
+    http, nnrp = both(pooling_sdks, lambda sdk: sdk.embeddings.create(model=SERVED_NAME, input=INPUTS, **extra))
+    assert [d.index for d in nnrp.data] == [d.index for d in http.data] == [0, 1]
+    for ours, theirs in zip(nnrp.data, http.data):
+        assert len(ours.embedding) == len(theirs.embedding) > 1
+        assert ours.embedding == pytest.approx(theirs.embedding, rel=1e-4, abs=1e-5)
+    assert nnrp.usage == http.usage and nnrp.model == http.model
+
+
+def test_embeddings_refusals_and_models_match_http(pooling_sdks):
+    def refused(sdk):
+        with pytest.raises(openai.APIStatusError) as caught:
+            sdk.embeddings.create(model="nope", input=INPUTS)
+        return caught.value
+
+    http, nnrp = both(pooling_sdks, refused)
+    assert type(nnrp) is type(http) is openai.NotFoundError and nnrp.body["message"] == http.body["message"]
+    http, nnrp = both(pooling_sdks, lambda sdk: [(m.id, m.max_model_len) for m in sdk.models.list()])
+    assert nnrp == http == [(SERVED_NAME, http[0][1])]

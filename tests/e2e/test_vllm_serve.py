@@ -115,7 +115,7 @@ def test_non_streaming_body_is_vllms_chat_completion(vllm_server, client):
         (envelope({**HELLO, "n": 2, "stream": True}), "invalid_request"),
         (envelope({**HELLO, "messages": "not a list"}), "invalid_request"),
         (envelope({"model": SERVED_NAME}), "missing_messages"),
-        ({**envelope(HELLO), "operation": "responses.create"}, "unsupported_operation"),
+        ({**envelope(HELLO), "operation": "embeddings.create"}, "unsupported_operation"),
         ({**envelope(HELLO), "schema_version": "openai-compatible/0"}, "unsupported_schema_version"),
         ({**envelope(HELLO), "body": "text"}, "invalid_envelope"),
         (b"\x00not json", "invalid_json"),

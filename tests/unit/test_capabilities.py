@@ -6,11 +6,13 @@ import pytest
 
 from vllm_nnrp_plugin.conformance.suite import locate_suite
 from vllm_nnrp_plugin.config import load_config
-from vllm_nnrp_plugin.profile.capabilities import conformance_manifest, operation_names, runtime_document
+from vllm_nnrp_plugin.profile.capabilities import (
+    chat_operation, conformance_manifest, operation, operation_names, runtime_document,
+)
 
 
 def test_runtime_document_has_the_profile_shape():
-    document = runtime_document(models=["example-model", "alias"], owned_by="vllm", tool_calls=False)
+    document = runtime_document(models=["example-model", "alias"], owned_by="vllm", operations=[chat_operation(tool_calls=False)])
     assert document["profile"] == "openai-compatible" and document["compatibility_levels"] == [1]
     assert document["operations"] == [
         {"name": "chat.completions.create", "streaming": True, "non_streaming": True, "tool_calls": False,
@@ -31,12 +33,47 @@ def test_conformance_manifest_validates_against_the_suite_schema(tool_calls):
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     schema = json.loads((suite / "schemas" / "api-profile-capabilities.schema.json").read_text())
-    document = runtime_document(models=["example-model"], owned_by="vllm", tool_calls=tool_calls)
+    document = runtime_document(models=["example-model"], owned_by="vllm", operations=[chat_operation(tool_calls=tool_calls)])
     manifest = conformance_manifest(document)
     jsonschema.validate(manifest, schema)
     assert manifest["adapter"] == "vllm-nnrp-plugin" and "models" not in manifest
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(document, schema)  # the runtime document is a different shape (it has models)
+
+
+MODELS = operation("models.list", streaming=False, non_streaming=True, cancellation=False)
+EMBEDDINGS = operation("embeddings.create", streaming=False, non_streaming=True, encoding_formats=["float"])
+RESPONSES = operation("responses.create", streaming=True, non_streaming=True)
+
+
+@pytest.mark.parametrize(
+    ("operations", "levels"),
+    [
+        ([chat_operation(tool_calls=True), MODELS], [1]),  # models.list alone is not level 3
+        ([chat_operation(tool_calls=True), RESPONSES, MODELS], [1, 2]),
+        ([MODELS, EMBEDDINGS], [3]),  # a pooling server: no chat
+        ([RESPONSES], [2]),
+    ],
+)
+def test_a_level_is_claimed_only_when_all_its_operations_are_served(operations, levels):
+    document = runtime_document(models=["m"], owned_by="vllm", operations=operations)
+    assert document["compatibility_levels"] == levels
+    assert operation_names(document) == {op["name"] for op in operations}
+
+
+def test_operations_that_make_up_no_level_are_refused():
+    with pytest.raises(ValueError, match="models.list"):
+        runtime_document(models=["m"], owned_by="vllm", operations=[MODELS])
+
+
+def test_the_manifest_drops_operation_options_the_suite_schema_forbids():
+    document = runtime_document(models=["m"], owned_by="vllm", operations=[MODELS, EMBEDDINGS])
+    assert document["operations"][1]["encoding_formats"] == ["float"]
+    manifest = conformance_manifest(document)
+    assert manifest["operations"][1] == {
+        "name": "embeddings.create", "streaming": False, "non_streaming": True, "tool_calls": False, "cancellation": True
+    }  # fmt: skip
+    assert manifest["compatibility_levels"] == [3]
 
 
 def test_fault_injection_is_off_unless_configured():

@@ -1,6 +1,11 @@
+import types
+
 import pytest
 
 from vllm_nnrp_plugin.config import ConfigError, load_config
+from vllm_nnrp_plugin.errors import NNRPStartupError
+from vllm_nnrp_plugin.profile import capabilities
+from vllm_nnrp_plugin.vllm_binding import backend as backend_module
 from vllm_nnrp_plugin.nnrp_binding.endpoints import EndpointError, parse_endpoint
 
 
@@ -115,3 +120,69 @@ def test_the_environment_listen_is_checked_like_the_config():
 def test_metrics_listen_is_off_unless_configured():
     assert load_config({}, {}).metrics_listen is None
     assert load_config({"nnrp": {"metrics_listen": "127.0.0.1:9401"}}, {}).metrics_listen == "127.0.0.1:9401"
+
+
+def test_operations_default_to_everything_the_server_offers():
+    assert load_config({}, {}).operations is None
+    block = {"operations": ["chat.completions.create", "models.list", "embeddings.create"]}
+    assert load_config({"nnrp": block}, {}).operations == ("chat.completions.create", "models.list", "embeddings.create")
+
+
+@pytest.mark.parametrize(
+    "operations, fragment",
+    [
+        (["chat.completions.create", "chat.completion.create"], "'chat.completion.create', not an openai-compatible/1 operation"),
+        (["nnrp.capabilities"], "'nnrp.capabilities', not an openai-compatible/1 operation"),
+        ([], "nnrp.operations"),
+        ([1], "nnrp.operations"),
+        ({"chat.completions.create": True}, "nnrp.operations"),
+    ],
+)
+def test_operations_outside_the_profile_are_a_config_error(operations, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_config({"nnrp": {"operations": operations}}, {})
+    assert fragment in str(info.value)
+
+
+class _Binding:
+    def __init__(self, name):
+        self.name = name
+
+    def operation(self):
+        return capabilities.operation(self.name, streaming=self.name != "models.list", non_streaming=True)
+
+
+def _backend(monkeypatch, served, operations):
+    """A VLLMBackend over a state whose serving objects offer ``served`` (bindings stand in for vLLM's)."""
+    monkeypatch.setattr(backend_module, "_bindings", lambda state: [_Binding(name) for name in served])
+    state = types.SimpleNamespace(
+        engine_client=None, openai_serving_models=types.SimpleNamespace(base_model_paths=[types.SimpleNamespace(name="m")])
+    )
+    return backend_module.VLLMBackend(state, operations)
+
+
+ALL = ("chat.completions.create", "responses.create", "models.list", "embeddings.create")
+
+
+def test_the_backend_serves_only_the_listed_operations(monkeypatch):
+    document = _backend(monkeypatch, ALL, None).capabilities()
+    assert [op["name"] for op in document["operations"]] == list(ALL) and document["compatibility_levels"] == [1, 2, 3]
+    document = _backend(monkeypatch, ALL, ("chat.completions.create",)).capabilities()
+    assert [op["name"] for op in document["operations"]] == ["chat.completions.create"]
+    assert document["compatibility_levels"] == [1]
+    # the listed order does not matter: the document keeps the serving objects' order
+    document = _backend(monkeypatch, ALL, ("embeddings.create", "models.list", "responses.create")).capabilities()
+    assert [op["name"] for op in document["operations"]] == list(ALL[1:]) and document["compatibility_levels"] == [2, 3]
+
+
+def test_listing_an_operation_the_server_does_not_serve_refuses_to_start(monkeypatch):
+    with pytest.raises(NNRPStartupError) as info:
+        _backend(monkeypatch, ("models.list", "embeddings.create"), ("chat.completions.create", "models.list"))
+    message = str(info.value)
+    assert "chat.completions.create, which this vLLM server does not serve" in message
+    assert "it serves: models.list, embeddings.create" in message
+
+
+def test_listing_no_whole_level_refuses_to_start(monkeypatch):
+    with pytest.raises(NNRPStartupError, match=r"\(models.list\) make up no whole openai-compatible/1 level"):
+        _backend(monkeypatch, ALL, ("models.list",))

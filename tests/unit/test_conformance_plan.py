@@ -12,7 +12,7 @@ from vllm_nnrp_plugin.conformance.driver import submission  # noqa: E402
 from vllm_nnrp_plugin.conformance.plan import build_plan, capability_tokens  # noqa: E402
 from vllm_nnrp_plugin.conformance.rules import case_problems, matches, results_problems  # noqa: E402
 from vllm_nnrp_plugin.conformance.suite import Suite, locate_suite, read_json  # noqa: E402
-from vllm_nnrp_plugin.profile.capabilities import conformance_manifest, runtime_document  # noqa: E402
+from vllm_nnrp_plugin.profile.capabilities import conformance_manifest, chat_operation, runtime_document  # noqa: E402
 
 RECIPES = pathlib.Path(__file__).resolve().parents[2] / "recipes"
 
@@ -26,7 +26,7 @@ def suite():
 
 
 def manifest(**flags):
-    document = runtime_document(models=["example-model"], owned_by="vllm", tool_calls=flags.pop("tool_calls", True))
+    document = runtime_document(models=["example-model"], owned_by="vllm", operations=[chat_operation(tool_calls=flags.pop("tool_calls", True))])
     document["operations"][0].update(flags)
     return conformance_manifest(document)
 
@@ -130,3 +130,22 @@ def test_harness_controls_are_consumed_not_sent():
     assert raw == b"{bad"
     override, _ = submission({"operation": "x", "request": {"body": {}, "nnrp": {"envelope_override": {"schema_version": "v0"}}}})
     assert override["schema_version"] == "v0" and "nnrp" not in override
+
+
+def test_no_suite_recipes_runs_only_the_given_directories(suite):
+    from vllm_nnrp_plugin.conformance.runner import load_recipes
+
+    both = load_recipes(suite, [RECIPES])
+    ours = load_recipes(suite, [RECIPES], suite_recipes=False)
+    assert [r["id"] for r in ours] == [r["id"] for r in suite.recipes(RECIPES / "manifest.json")]
+    assert all(r["id"].startswith("vllm-nnrp.") for r in ours)
+    assert [r["id"] for r in both] == [r["id"] for r in suite.recipes(suite.profile_manifest())] + [r["id"] for r in ours]
+    plan = plan_for(suite, manifest(), ours)  # the suite's schemas still validate the plan
+    assert "openai-compatible.chat.unsupported-operation" not in [c["id"] for c in plan["cases"]]
+
+
+def test_no_suite_recipes_without_recipe_directories_is_unusable(suite, capsys):
+    from vllm_nnrp_plugin.conformance.runner import main
+
+    assert main(["--endpoint", "tcp://127.0.0.1:1", "--suite", str(suite.root), "--no-suite-recipes"]) == 2
+    assert "no recipes to run" in capsys.readouterr().err

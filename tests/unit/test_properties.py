@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.support import envelope  # noqa: E402
-from vllm_nnrp_plugin.adapter import AdapterLimits, ChatCall, run_operation
-from vllm_nnrp_plugin.profile.capabilities import operation_names, runtime_document
+from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.profile.capabilities import operation_names, chat_operation, runtime_document
 from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.operation import DropReason, Operation, PartialResult, ResultDrop, ResultPush, Terminal
@@ -44,7 +44,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 
-CAPABILITIES = runtime_document(models=["example-model"], owned_by="vllm", tool_calls=True)
+CAPABILITIES = runtime_document(models=["example-model"], owned_by="vllm", operations=[chat_operation(tool_calls=True)])
 OPERATIONS = operation_names(CAPABILITIES)
 
 
@@ -170,10 +170,10 @@ class ScriptedBackend:
     def __init__(self, chunks, body=None) -> None:
         self.chunks, self.body, self.aborted, self.started = chunks, body, [], []
 
-    async def create_chat_completion(self, body, request_id, traceparent=None):
+    async def create(self, operation, body, request_id, traceparent=None):
         self.started.append(request_id)
         if self.body is not None:
-            return ChatCall(body=self.body)
+            return Call(body=self.body)
 
         async def stream():
             for chunk in self.chunks:
@@ -181,12 +181,12 @@ class ScriptedBackend:
                 yield f"data: {orjson.dumps(chunk).decode()}\n\n"
             yield "data: [DONE]\n\n"
 
-        return ChatCall(stream=vllm_chunks(stream()))
+        return Call(stream=vllm_chunks(stream()))
 
-    def engine_request_id(self, request_id):
+    def engine_request_id(self, operation, request_id):
         return request_id
 
-    async def abort(self, request_id):
+    async def abort(self, operation, request_id):
         self.aborted.append(request_id)
 
 

@@ -2,7 +2,9 @@
 
 Steps: fetch the server's capability document over NNRP (``nnrp.capabilities``), derive the conformance
 manifest and validate it against ``api-profile-capabilities``; build and validate the execution plan from the
-suite's ``openai-compatible/1`` manifest plus each ``--recipes DIR/manifest.json``; drive every selected case;
+suite's ``openai-compatible/1`` manifest (unless ``--no-suite-recipes``: then only the ``--recipes``
+directories; the suite's schemas still validate everything) plus each ``--recipes DIR/manifest.json``; drive
+every selected case;
 write ``capabilities.json``, ``plan.json`` and ``results.json`` into ``--out``; validate the results against
 ``api-profile-case-results`` and the suite's rules. Exit status: 0 only when every selected case passed and
 nothing was structurally wrong; 1 when a case failed; 2 when the suite, the server or a document is unusable.
@@ -31,9 +33,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", help=f"nnrp-conformance directory (default ${ROOT_ENV}, else ../shared/nnrp-conformance)")
     parser.add_argument("--recipes", action="append", default=[], type=pathlib.Path,
                         help="extra recipe directory with a manifest.json (repeatable)")
+    parser.add_argument("--no-suite-recipes", action="store_true",
+                        help="run only the --recipes directories, not the suite's openai-compatible/1 recipes "
+                        "(e.g. against a deployment that serves more than Level 1, where the suite's Level-1 "
+                        "cases do not apply)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("conformance-results"),
                         help="where capabilities.json, plan.json and results.json go (default ./conformance-results)")
     parser.add_argument("--case-timeout", type=float, default=120.0, help="seconds per case (default 120)")
+
+
+def load_recipes(suite: Suite, directories: list[pathlib.Path], *, suite_recipes: bool = True) -> list[dict]:
+    """The suite's ``openai-compatible/1`` recipes (when ``suite_recipes``), then those of each directory's
+    ``manifest.json``, in order, each validated against the suite's recipe schema. Raises FileNotFoundError,
+    ``jsonschema.ValidationError``, ``orjson.JSONDecodeError``."""
+    recipes = suite.recipes(suite.profile_manifest()) if suite_recipes else []
+    for directory in directories:
+        recipes += suite.recipes(directory / "manifest.json")
+    return recipes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,11 +59,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         suite = Suite(locate_suite(args.suite))
-        recipes = suite.recipes(suite.profile_manifest())
-        for directory in args.recipes:
-            recipes += suite.recipes(directory / "manifest.json")
+        recipes = load_recipes(suite, args.recipes, suite_recipes=not args.no_suite_recipes)
     except (FileNotFoundError, jsonschema.ValidationError, orjson.JSONDecodeError) as exc:
         print(f"vllm-nnrp conformance: unusable suite or recipes: {exc}", file=sys.stderr)
+        return 2
+    if not recipes:
+        print("vllm-nnrp conformance: no recipes to run (--no-suite-recipes without --recipes)", file=sys.stderr)
         return 2
     try:
         document = asyncio.run(_capabilities(args.endpoint))

@@ -3,12 +3,13 @@
 Two shapes from one source:
 
 * the **runtime capability document** (the profile's shape, fetched by clients):
-  ``{profile, schema_version, compatibility_levels: [1], operations: [{name, streaming, non_streaming,
-  tool_calls, cancellation}], models: [{id, owned_by}], extensions: [{name, critical, description}]}``;
+  ``{profile, schema_version, compatibility_levels: [1, …], operations: [{name, streaming, non_streaming,
+  tool_calls, cancellation, …options}], models: [{id, owned_by}], extensions: [{name, critical, description}]}``;
 * the **conformance capabilities manifest** (the suite's ``api-profile-capabilities`` schema, which forbids
   ``models``): ``{adapter, profile, schema_version, compatibility_levels, operations, extensions}``.
 
-The operations listed are the only ones accepted; any other gets ``unsupported_operation``.
+The operations listed are the only ones accepted; any other gets ``unsupported_operation``. A level is claimed
+only when every operation of it is listed.
 
 **Fetching it over NNRP** (the profile leaves the transport of the document open): submit an ordinary envelope with
 the reserved operation ``nnrp.capabilities`` and an empty body, ``{"schema_version": "openai-compatible/1",
@@ -20,10 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, PROFILE, SCHEMA_VERSION
+from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, LEVELS, PROFILE, SCHEMA_VERSION
 
 ADAPTER = "vllm-nnrp-plugin"
 CAPABILITIES_OPERATION = "nnrp.capabilities"
+_MANIFEST_KEYS = ("name", "streaming", "non_streaming", "tool_calls", "cancellation")
 DIAGNOSTICS_EXTENSION = {
     "name": "vllm.diagnostics",
     "critical": False,
@@ -33,22 +35,44 @@ DIAGNOSTICS_EXTENSION = {
 }
 
 
-def runtime_document(*, models: list[str], owned_by: str, tool_calls: bool) -> dict[str, Any]:
-    """The runtime document for ``models`` (vLLM's served model names, in order). ``tool_calls`` is true only
-    when vLLM has a tool-call parser configured (``--enable-auto-tool-choice --tool-call-parser``)."""
+def operation(
+    name: str, *, streaming: bool, non_streaming: bool, tool_calls: bool = False, cancellation: bool = True, **options: Any
+) -> dict[str, Any]:
+    """One entry of the document's ``operations``: ``{name, streaming, non_streaming, tool_calls, cancellation}``
+    plus operation-specific ``options`` (e.g. ``encoding_formats`` of ``embeddings.create``), which only the
+    runtime document carries (:func:`conformance_manifest` drops them: the suite's schema forbids them)."""
+    return {
+        "name": name, "streaming": streaming, "non_streaming": non_streaming, "tool_calls": tool_calls,
+        "cancellation": cancellation, **options,
+    }  # fmt: skip
+
+
+def chat_operation(*, tool_calls: bool) -> dict[str, Any]:
+    """``chat.completions.create``; ``tool_calls`` is true only when vLLM has a tool-call parser configured
+    (``--enable-auto-tool-choice --tool-call-parser``)."""
+    return operation(CHAT_COMPLETIONS_CREATE, streaming=True, non_streaming=True, tool_calls=tool_calls)
+
+
+def compatibility_levels(operations: list[dict[str, Any]]) -> list[int]:
+    """The levels whose every operation is served (:data:`~vllm_nnrp_plugin.profile.LEVELS`), ascending: a
+    server that serves ``models.list`` but not ``embeddings.create`` does not claim level 3."""
+    served = {op["name"] for op in operations}
+    return [level for level, names in sorted(LEVELS.items()) if served.issuperset(names)]
+
+
+def runtime_document(*, models: list[str], owned_by: str, operations: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runtime document for ``models`` (vLLM's served model names, in order) serving ``operations``
+    (entries of :func:`operation`, in the order given). Raises ValueError when ``operations`` make up no whole
+    compatibility level (the suite's manifest needs at least one)."""
+    levels = compatibility_levels(operations)
+    if not levels:
+        names = ", ".join(op["name"] for op in operations) or "none"
+        raise ValueError(f"the operations served ({names}) make up no whole openai-compatible/1 level")
     return {
         "profile": PROFILE,
         "schema_version": SCHEMA_VERSION,
-        "compatibility_levels": [1],
-        "operations": [
-            {
-                "name": CHAT_COMPLETIONS_CREATE,
-                "streaming": True,
-                "non_streaming": True,
-                "tool_calls": tool_calls,
-                "cancellation": True,
-            }
-        ],
+        "compatibility_levels": levels,
+        "operations": [dict(op) for op in operations],
         "models": [{"id": model, "owned_by": owned_by} for model in models],
         "extensions": [dict(DIAGNOSTICS_EXTENSION)],
     }
@@ -66,6 +90,6 @@ def conformance_manifest(document: dict[str, Any], adapter: str = ADAPTER) -> di
         "profile": document["profile"],
         "schema_version": document["schema_version"],
         "compatibility_levels": list(document["compatibility_levels"]),
-        "operations": [dict(op) for op in document["operations"]],
+        "operations": [{key: op[key] for key in _MANIFEST_KEYS if key in op} for op in document["operations"]],
         "extensions": [dict(ext) for ext in document.get("extensions", ())],
     }

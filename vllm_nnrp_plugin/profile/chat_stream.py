@@ -175,7 +175,7 @@ class _ToolCall:
         """``completed`` if named and the arguments are one JSON value, else ``error`` (``cut``: the budget or a
         stop condition ended generation)."""
         arguments = "".join(self.arguments)
-        if self.name and _is_one_json_value(arguments):
+        if self.name and is_one_json_value(arguments):
             self.done = self.completed = True
             return [events.tool_call_completed(self.index, self.item_id, self.call_id, self.name, arguments)]
         problem = "has no function name" if not self.name else "has arguments that are not one complete JSON value"
@@ -248,7 +248,9 @@ class _Choice:
                 "stop_reason": self.stop_reason}
 
 
-def _is_one_json_value(text: str) -> bool:
+def is_one_json_value(text: str) -> bool:
+    """True when ``text`` is exactly one JSON value (Python's ``json.loads``, as vLLM's tool parsers read
+    arguments): what a tool call's arguments must be for ``response.tool_call.completed``."""
     try:
         json.loads(text)
     except (ValueError, RecursionError):  # json.JSONDecodeError (also "" and whitespace), absurd nesting

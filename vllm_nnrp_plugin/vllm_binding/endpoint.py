@@ -5,6 +5,13 @@
 ``vllm/entrypoints/launchers/app.py`` through ``vllm/plugins/endpoint_plugins/interface.py`` on 0.32) calls
 ``attach_router``, which adds an ``APIRouter`` whose lifespan FastAPI runs nested inside vLLM's own: it starts
 the service after ``app.state`` is complete and stops it before vLLM's lifespan deletes the state.
+
+vLLM loads an endpoint plugin only when its ``required_tasks`` is ``None`` or meets the server's supported tasks
+(``load_endpoint_plugins``), logging a skip at INFO otherwise. NNRP serves generate servers (chat, models) and
+pooling servers (models, embeddings) alike, so it requires no task: it attaches to every server and the backend
+decides what it serves — a server whose operations make up no whole profile level stops ``vllm serve`` at
+start-up with ``NNRPStartupError`` (:class:`~vllm_nnrp_plugin.vllm_binding.backend.VLLMBackend`), never a silent
+server without a listener.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ class NNRPEndpointPlugin:
     the NNRP service."""
 
     name = "nnrp"
-    required_tasks = ("generate",)
+    required_tasks = None  # every server: the backend decides what it serves (or refuses it at start-up)
 
     def attach_router(self, app: Any) -> None:
         from fastapi import APIRouter

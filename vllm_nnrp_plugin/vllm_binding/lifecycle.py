@@ -17,7 +17,7 @@ import attrs
 
 from vllm_nnrp_plugin.config import load_config
 from vllm_nnrp_plugin.service import NNRPService
-from vllm_nnrp_plugin.vllm_binding.chat import VLLMChatBackend
+from vllm_nnrp_plugin.vllm_binding.backend import VLLMBackend
 from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE
 from vllm_nnrp_plugin.vllm_binding.gate import decision_for, middleware_enables
 from vllm_nnrp_plugin.vllm_binding.ranks import rank_listen
@@ -40,7 +40,7 @@ def claim(state: Any, attach_path: str) -> bool:
 
 
 async def start_service(state: Any, attach_path: str) -> None:
-    """Start the NNRP service (listeners, sessions, the chat backend) on ``state`` (vLLM's complete
+    """Start the NNRP service (listeners, sessions, the backend of every operation the server serves) on ``state`` (vLLM's complete
     ``app.state``) and keep it there.
 
     Settings: ``state.vllm_config.additional_config["nnrp"]`` plus the environment (:func:`load_config`); the
@@ -67,7 +67,7 @@ async def start_service(state: Any, attach_path: str) -> None:
     config = attrs.evolve(
         config, listen=rank_listen(config.listen, rank, count), metrics_listen=config.metrics_listen if rank == 0 else None
     )
-    backend = VLLMChatBackend(state)
+    backend = VLLMBackend(state, config.operations)
     service = NNRPService(config, backend, asyncio.get_running_loop())
     bound = await asyncio.to_thread(service.start)  # binding is a native call: keep it off vLLM's loop
     setattr(state, _SERVICE, service)

@@ -1,0 +1,168 @@
+"""One ``openai`` SDK request over NNRP: which operation it is, what to submit, and how that operation's events
+become the ``httpx`` answer vLLM's HTTP server would give (used by :mod:`vllm_nnrp_plugin.openai_transport`,
+which does the I/O).
+
+Routes (vLLM's paths, ``vllm/entrypoints/openai/*/api_router.py``, ``vllm/entrypoints/pooling/embed/``):
+
+* ``POST …/chat/completions`` → ``chat.completions.create``; streamed as ``chat.completion.chunk`` events
+  (:class:`vllm_nnrp_plugin.openai_sse.ChatChunkStream`);
+* ``POST …/responses`` → ``responses.create``; streamed as Responses events
+  (:class:`vllm_nnrp_plugin.openai_responses_sse.ResponsesEventStream`);
+* ``POST …/embeddings`` → ``embeddings.create`` (non-streaming);
+* ``GET …/models`` → ``models.list`` (vLLM's own model list); a server that does not serve it refuses with
+  ``unsupported_operation`` and the call is resubmitted as ``nnrp.capabilities``, whose document's ``models``
+  make the list (:func:`vllm_nnrp_plugin.openai_sse.model_list`);
+* anything else → FastAPI's 404 / 405 (:func:`vllm_nnrp_plugin.openai_sse.route_reply`).
+
+A non-streamed answer is the ``response.completed`` body as JSON (200); a terminal ``response.error`` is its HTTP
+status and vLLM's error body (:func:`vllm_nnrp_plugin.openai_sse.error_reply`), except ``request_timeout``
+(``httpx.ReadTimeout``); a drop or an NNRP failure is ``httpx.ReadError``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import orjson
+
+from vllm_nnrp_plugin import openai_sse
+from vllm_nnrp_plugin.client import ClientError, ClientEvent
+from vllm_nnrp_plugin.openai_responses_sse import ResponsesEventStream
+from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
+from vllm_nnrp_plugin.profile import SCHEMA_VERSION, events
+from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
+from vllm_nnrp_plugin.profile.chat_stream import usage_asked
+
+#: how much longer than ``nnrp.timeout_ms`` the caller waits for the server's terminal before giving up itself
+GRACE_S = 5.0
+#: the operation of each POST path
+_POST_OPERATIONS = {
+    openai_sse.CHAT_PATH: CHAT_COMPLETIONS_CREATE, openai_sse.RESPONSES_PATH: RESPONSES_CREATE,
+    openai_sse.EMBEDDINGS_PATH: EMBEDDINGS_CREATE,
+}  # fmt: skip
+#: :meth:`Call.answer`'s "submit :attr:`Call.envelope` again" (``models.list`` refused: fetch the capabilities)
+RESUBMIT = httpx.Response(204)
+Item = ClientEvent | ClientError  # what a dispatcher delivers: an event, or the failure that ended the session
+
+
+def _json(status: int, body: Any, request: httpx.Request) -> httpx.Response:
+    return httpx.Response(status, headers={"content-type": "application/json"}, content=orjson.dumps(body),
+                          request=request)  # fmt: skip
+
+
+def _envelope(operation: str, body: dict[str, Any]) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "operation": operation, "body": body}
+
+
+class Call:
+    """One SDK request: what to submit (:meth:`plan`), and how its events become bytes or an ``httpx`` error."""
+
+    def __init__(self, request: httpx.Request) -> None:
+        self.request = request
+        self.operation: str | None = None
+        self.envelope: dict[str, Any] | None = None
+        self.stream: openai_sse.ChatChunkStream | ResponsesEventStream | None = None
+        self.timeout_s: float | None = None
+        self.dispatcher: Any = None
+        self.op: Any = None
+        self.ended = False
+
+    def abandon(self) -> None:
+        """The caller stopped listening before the terminal: FRAME_CANCEL (the server aborts the vLLM request)."""
+        if not self.ended and self.op is not None:
+            self.ended = True
+            self.dispatcher.cancel(self.op)
+
+    def respond(self, first: Item, stream: Callable[[Item], Any]) -> httpx.Response | None:
+        """:meth:`answer`, or for a stream the 200 response whose body ``stream(first)`` makes, or None."""
+        response = self.answer(first)
+        if response is None and self.stream is not None:
+            response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream(first),
+                                      request=self.request)  # fmt: skip
+        return response
+
+    def plan(self) -> httpx.Response | None:
+        """Set :attr:`envelope` (what to submit) and return None, or return the immediate answer."""
+        path, method = self.request.url.path, self.request.method
+        if path.endswith(openai_sse.MODELS_PATH) and method == "GET":
+            self.operation, self.envelope = MODELS_LIST, _envelope(MODELS_LIST, {})
+            return None
+        self.operation = next((op for p, op in _POST_OPERATIONS.items() if path.endswith(p)), None)
+        if self.operation is None or method != "POST":
+            return _json(*openai_sse.route_reply(path, method), self.request)
+        try:
+            body = orjson.loads(self.request.content)
+        except orjson.JSONDecodeError as exc:
+            return _json(400, {"error": {"message": f"invalid JSON body: {exc}", "type": "BadRequestError",
+                                         "param": None, "code": E.INVALID_JSON}}, self.request)  # fmt: skip
+        self.envelope = _envelope(self.operation, body)
+        if "x-request-id" in self.request.headers:
+            self.envelope["request_id"] = self.request.headers["x-request-id"]
+        read_s = (self.request.extensions.get("timeout") or {}).get("read")
+        if read_s:
+            self.envelope["nnrp"] = {"timeout_ms": max(1, int(read_s * 1000))}
+            self.timeout_s = read_s + GRACE_S
+        if isinstance(body, dict) and body.get("stream") and self.operation != EMBEDDINGS_CREATE:
+            self.stream = self._stream_of(body)
+        return None
+
+    def _stream_of(self, body: dict[str, Any]) -> openai_sse.ChatChunkStream | ResponsesEventStream:
+        if self.operation == RESPONSES_CREATE:
+            return ResponsesEventStream(response_id=f"resp_nnrp-{uuid.uuid4().hex}", created_at=int(time.time()),
+                                        request=body)  # fmt: skip
+        return openai_sse.ChatChunkStream(completion_id=f"chatcmpl-nnrp-{uuid.uuid4().hex}", created=int(time.time()),
+                                          model=body.get("model"), include_usage=usage_asked(body))  # fmt: skip
+
+    def failure(self, exc: ClientError | None) -> httpx.TransportError:
+        """``httpx.ReadError`` for an NNRP failure, ``httpx.ReadTimeout`` (``exc`` None) when no answer came."""
+        self.ended = True
+        if exc is None:
+            return httpx.ReadTimeout("no answer from the NNRP server in time", request=self.request)
+        return httpx.ReadError(f"NNRP: {exc}", request=self.request)
+
+    def _event(self, item: Item) -> dict[str, Any]:
+        """The profile event of ``item``; raises an ``httpx`` transport error for a failure, a drop or a
+        ``request_timeout``."""
+        if isinstance(item, ClientError):
+            raise self.failure(item)
+        event = item.event or {}
+        if item.terminal:
+            self.ended = True
+        if item.frame == "result_drop":
+            raise httpx.ReadError(f"NNRP operation dropped (reason {item.drop_reason}): {event}", request=self.request)
+        if event.get("type") == events.ERROR and (event.get("error") or {}).get("code") == E.REQUEST_TIMEOUT:
+            raise httpx.ReadTimeout(event["error"].get("message") or E.REQUEST_TIMEOUT, request=self.request)
+        return event
+
+    def answer(self, item: Item) -> httpx.Response | None:
+        """The response once ``item`` decides it, or None (a non-streamed call's partial; a stream, which then
+        starts with ``item``), or :data:`RESUBMIT` with the next :attr:`envelope`. Raises an ``httpx`` transport
+        error."""
+        event = self._event(item)
+        if not item.terminal:
+            return None
+        if event.get("type") == events.ERROR:
+            if self.operation == MODELS_LIST and event["error"].get("code") == E.UNSUPPORTED_OPERATION:
+                self.operation, self.envelope = CAPABILITIES_OPERATION, _envelope(CAPABILITIES_OPERATION, {})
+                self.op, self.ended = None, False
+                return RESUBMIT
+            return _json(*openai_sse.error_reply(event, item.status), self.request)
+        body = event.get("body") or {}
+        if self.operation == CAPABILITIES_OPERATION:
+            return _json(200, openai_sse.model_list(body, int(time.time())), self.request)
+        return None if self.stream is not None else _json(200, body, self.request)
+
+    def render(self, item: Item) -> bytes:
+        """The SSE bytes of one streamed item. Raises an ``httpx`` transport error for a failure or a drop."""
+        assert self.stream is not None
+        event = self._event(item)
+        if not item.terminal:
+            return self.stream.feed(event)
+        if event.get("type") == events.ERROR:
+            return self.stream.fail(event, item.status)
+        return self.stream.finish(event.get("body") or {})

@@ -1,0 +1,152 @@
+"""Map a stream of OpenAI Responses streaming events to profile events (the profile's "Events" section).
+
+Input: the event objects vLLM's ``OpenAIServingResponses.responses_stream_generator``
+(``vllm/entrypoints/openai/responses/serving.py``) yields, as dicts (``model_dump(mode="json", by_alias=True)``,
+exactly the ``data:`` of vLLM's ``/v1/responses`` SSE). Every event's ``output_index`` is the position of its
+item in the Response's ``output``; it is the profile event's ``index``.
+
+* ``response.output_text.delta {output_index, delta}`` -> ``response.output_text.delta {index, delta}``;
+* ``response.output_item.added`` of a ``function_call`` item -> ``response.tool_call.started {index, item_id,
+  call_id, name}`` (vLLM's item ``id`` and ``call_id``); ``response.function_call_arguments.delta`` of that
+  ``item_id`` -> ``response.tool_call.delta {arguments_delta}``; ``response.output_item.done`` of it ->
+  ``response.tool_call.completed {arguments}`` when the item's ``arguments`` are one JSON value (Python's
+  ``json.loads``, as vLLM's tool parsers read them), else ``response.tool_call.error``: ``tool_call_incomplete``
+  when the Response ends ``incomplete`` (the token budget ended generation), else ``tool_call_invalid`` — so
+  such an error waits for ``response.completed``;
+* ``response.completed {response}`` -> ``response.usage {usage: {input_tokens, output_tokens, total_tokens}}``
+  from the Response's ``usage`` (the Responses API always reports usage at its end; it has no
+  ``stream_options``), and the Response object becomes :meth:`ResponsesStreamMapper.completed_body`: the body
+  of the terminal ``response.completed``, the same object the non-streaming call returns;
+* vLLM's mid-stream error (``{"type": "error", …}`` or ``{"error": {…}}``) -> :class:`ProfileError`
+  ``backend_error``;
+* every other event (``response.created``, ``response.in_progress``, ``content_part``, ``*.done``, reasoning, …)
+  gives nothing: its content reaches the client through the events above or the completed body.
+
+Per ``call_id``: started first, once; deltas; one completed/error last (the profile's tool-call ordering rule).
+The ids are vLLM's, passed through as its HTTP stream has them. On 0.32.x the streamed function call carries
+its tool parser's ids, the same as the completed Response's item; on 0.22.x and 0.26.x vLLM's streaming
+processor makes new ones (``call_<hex>``, ``streaming_events.emit_simple_tool_call_open``), so there the ids in
+the completed body differ from the events'.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.profile import events
+from vllm_nnrp_plugin.profile.chat_stream import is_one_json_value
+
+
+class ResponsesStreamMapper:
+    """Feed vLLM's Responses events in arrival order with :meth:`feed`, then :meth:`finish`; read the final
+    Response with :meth:`completed_body`."""
+
+    __slots__ = ("_calls", "_pending", "_response")
+
+    def __init__(self) -> None:
+        self._calls: dict[str, _Call] = {}  # vLLM item id -> call, in the order vLLM began them
+        self._pending: list[_Call] = []  # ended with invalid arguments: the error code waits for the Response
+        self._response: dict[str, Any] | None = None
+
+    def feed(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        """Events for one vLLM Responses event, in order (often one, often none).
+
+        Raises :class:`ProfileError` ``backend_error`` for vLLM's mid-stream error event.
+        """
+        kind = item.get("type")
+        if kind == "response.output_text.delta":
+            return [events.output_text_delta(item["output_index"], item["delta"])] if item["delta"] else []
+        if kind == "response.output_item.added" and item["item"]["type"] == "function_call":
+            call = self._calls[item["item"]["id"]] = _Call(item["output_index"], item["item"])
+            return [events.tool_call_started(call.index, call.item_id, call.call_id, call.name)]
+        if kind == "response.function_call_arguments.delta":
+            call = self._calls.get(item["item_id"])
+            if call is None or call.done or not item["delta"]:
+                return []
+            return [events.tool_call_delta(call.index, call.item_id, call.call_id, item["delta"])]
+        if kind == "response.output_item.done" and item["item"]["type"] == "function_call":
+            call = self._calls.get(item["item"]["id"])
+            if call is None or call.done:
+                return []
+            call.done = True
+            call.arguments = item["item"]["arguments"]
+            if is_one_json_value(call.arguments):
+                return [events.tool_call_completed(call.index, call.item_id, call.call_id, call.name, call.arguments)]
+            self._pending.append(call)
+            return []
+        if kind == "response.completed":
+            return self._complete(item["response"])
+        if kind == "error" or "error" in item:
+            raise _stream_error(item)
+        return []
+
+    def _complete(self, response: dict[str, Any]) -> list[dict[str, Any]]:
+        self._response = response
+        cut = response.get("status") == "incomplete"
+        out = [e for call in self._pending for e in call.fail(_invalid_arguments(call, cut))]
+        self._pending.clear()
+        out.extend(e for call in self._open() for e in call.fail(_invalid_arguments(call, cut)))
+        usage = response.get("usage")
+        if usage:
+            out.append(events.usage({
+                "prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens"),
+                "total_tokens": usage.get("total_tokens"),
+            }))  # fmt: skip
+        return out
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Check the end of the stream; returns no events. Raises :class:`ProfileError` ``backend_error`` when
+        vLLM ended the stream without ``response.completed`` (the caller then ends open calls with
+        :meth:`fail_open_calls`)."""
+        if self._response is None:
+            raise E.backend_error("vLLM's Responses stream ended without response.completed")
+        return []
+
+    def fail_open_calls(self, err: E.ProfileError) -> list[dict[str, Any]]:
+        """``response.tool_call.error`` (``err``) for every call not yet ended (mid-stream error)."""
+        out = [e for call in (*self._pending, *self._open()) for e in call.fail(err)]
+        self._pending.clear()
+        return out
+
+    def completed_body(self) -> dict[str, Any]:
+        """The Response object of vLLM's ``response.completed`` event (``{}`` if none arrived: :meth:`finish`
+        refuses that stream first)."""
+        return self._response or {}
+
+    def _open(self) -> list[_Call]:
+        return [call for call in self._calls.values() if not call.done]
+
+
+class _Call:
+    __slots__ = ("index", "item_id", "call_id", "name", "arguments", "done")
+
+    def __init__(self, index: int, item: dict[str, Any]) -> None:
+        self.index = index
+        self.item_id = item["id"]
+        self.call_id = item.get("call_id") or item["id"]
+        self.name = item.get("name") or ""
+        self.arguments = item.get("arguments") or ""
+        self.done = False
+
+    def fail(self, err: E.ProfileError) -> list[dict[str, Any]]:
+        self.done = True
+        return [events.tool_call_error(self.index, self.item_id, self.call_id, err)]
+
+
+def _invalid_arguments(call: _Call, cut: bool) -> E.ProfileError:
+    if cut:
+        return E.ProfileError(E.TOOL_CALL_INCOMPLETE, f"generation stopped (token budget) before tool call "
+                              f"{call.call_id} was complete: its arguments are not one complete JSON value",
+                              E.SERVER_ERROR)  # fmt: skip
+    return E.ProfileError(E.TOOL_CALL_INVALID, f"tool call {call.call_id} has arguments that are not one complete "
+                          "JSON value", E.SERVER_ERROR)  # fmt: skip
+
+
+def _stream_error(item: dict[str, Any]) -> E.ProfileError:
+    """vLLM's streamed error: ``{"type": "error", "code", "message"}`` (the Responses error event) or
+    ``{"error": {"message", "code"}}`` (its generic streaming error body); always ``backend_error``."""
+    error = item.get("error") if isinstance(item.get("error"), dict) else item
+    status = error.get("code")
+    return E.backend_error(str(error.get("message") or "backend error in Responses stream"),
+                           status if isinstance(status, int) else 500)

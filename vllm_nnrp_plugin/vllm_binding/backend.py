@@ -1,0 +1,94 @@
+"""The backend on a vLLM API server: one binding per operation the server's own serving objects offer.
+
+Which operations a server serves follows from ``app.state`` (filled by vLLM's ``init_app_state`` from the
+tasks the model supports): ``openai_serving_chat`` (``generate`` task) -> ``chat.completions.create``;
+``openai_serving_responses`` (``generate`` task) -> ``responses.create``; ``openai_serving_models`` (every
+server) -> ``models.list``; ``serving_embedding`` (the ``embed`` pooling task, ``--convert embed``) ->
+``embeddings.create``. The capability document lists exactly these
+(:func:`vllm_nnrp_plugin.profile.capabilities.runtime_document`); a server whose serving objects make up no
+whole profile level (e.g. a ``classify``-only server: ``models.list`` alone) is refused at start-up. The setting
+``nnrp.operations`` (:mod:`vllm_nnrp_plugin.config`) narrows them to the operations it lists.
+
+Every binding has ``name`` (the profile operation), ``operation()`` (its capability entry), ``async
+create(body, request_id, traceparent) -> Call``, ``engine_request_id(request_id)`` (the id recorded in the
+observation) and ``engine_request_ids(request_id)`` (what an unfinished operation aborts: one engine request, one
+per input of an embedding, none for ``models.list``); aborting is the same for all:
+``engine_client.abort(<engine request ids>)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.errors import NNRPStartupError
+from vllm_nnrp_plugin.profile.capabilities import runtime_document
+from vllm_nnrp_plugin.vllm_binding.chat import ChatBinding
+from vllm_nnrp_plugin.vllm_binding.embeddings import EmbeddingsBinding
+from vllm_nnrp_plugin.vllm_binding.models import ModelsBinding
+from vllm_nnrp_plugin.vllm_binding.responses import ResponsesBinding
+
+
+class VLLMBackend:
+    """:class:`vllm_nnrp_plugin.adapter.Backend` over ``app.state`` (its serving objects, ``engine_client``,
+    ``openai_serving_models``), serving ``operations`` (profile operation names; None: every operation the
+    serving objects offer). Raises ``NNRPStartupError`` when ``operations`` names one this server does not
+    serve, or what is served makes up no whole profile level."""
+
+    def __init__(self, state: Any, operations: tuple[str, ...] | None = None) -> None:
+        self._engine = state.engine_client
+        self._models = state.openai_serving_models
+        self._bindings = {binding.name: binding for binding in _bindings(state)}
+        if operations is not None:
+            missing = [name for name in operations if name not in self._bindings]
+            if missing:
+                raise NNRPStartupError(
+                    f"nnrp.operations names {', '.join(missing)}, which this vLLM server does not serve (it serves: "
+                    f"{', '.join(self._bindings) or 'nothing'}). Fix: drop {', '.join(missing)} from nnrp.operations, "
+                    "or serve a model whose task offers it."
+                )
+            self._bindings = {name: binding for name, binding in self._bindings.items() if name in operations}
+        try:
+            self._capabilities = runtime_document(
+                models=self.model_ids(),
+                owned_by="vllm",
+                operations=[binding.operation() for binding in self._bindings.values()],
+            )
+        except ValueError as exc:
+            raise NNRPStartupError(f"NNRP cannot serve this vLLM server: {exc}") from None
+
+    def model_ids(self) -> list[str]:
+        """Served model names (``--served-model-name``, else ``--model``)."""
+        return [path.name for path in self._models.base_model_paths]
+
+    def capabilities(self) -> dict[str, Any]:
+        """The runtime capability document of this vLLM server (its configuration is fixed once it runs)."""
+        return self._capabilities
+
+    async def create(
+        self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None
+    ) -> Call:
+        """Run ``operation`` through its binding (the adapter only dispatches advertised operations)."""
+        return await self._bindings[operation].create(body, request_id, traceparent)
+
+    def engine_request_id(self, operation: str, request_id: str) -> str:
+        return self._bindings[operation].engine_request_id(request_id)
+
+    async def abort(self, operation: str, request_id: str) -> None:
+        """Abort the engine request(s) (no-op if they already finished)."""
+        targets = self._bindings[operation].engine_request_ids(request_id)
+        if targets:
+            await self._engine.abort(targets)
+
+
+def _bindings(state: Any) -> list[Any]:
+    """The bindings of the serving objects ``state`` has, in the capability document's order."""
+    bindings: list[Any] = []
+    if getattr(state, "openai_serving_chat", None) is not None:
+        bindings.append(ChatBinding(state.openai_serving_chat))
+    if getattr(state, "openai_serving_responses", None) is not None:
+        bindings.append(ResponsesBinding(state.openai_serving_responses))
+    bindings.append(ModelsBinding(state.openai_serving_models))
+    if getattr(state, "serving_embedding", None) is not None:
+        bindings.append(EmbeddingsBinding(state.serving_embedding))
+    return bindings

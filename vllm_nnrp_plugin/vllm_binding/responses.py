@@ -1,0 +1,90 @@
+"""``responses.create`` on vLLM's own Responses serving object (``vllm/entrypoints/openai/responses/serving.py``,
+``OpenAIServingResponses``; the same call on 0.18 -> 0.32).
+
+``app.state.openai_serving_responses.create_responses(request, raw_request)`` — the object behind
+``/v1/responses`` — returns an ``ErrorResponse``, a ``ResponsesResponse``, or an async generator of Responses
+streaming event objects (``response.created`` … ``response.completed``), which ``/v1/responses`` writes as
+``event: <type>\\ndata: <json>`` (``vllm/entrypoints/openai/responses/api_router.py``); it may also raise. The
+stream items handed to the adapter are those events as dicts (``model_dump(mode="json", by_alias=True)``, the
+``data:`` of vLLM's SSE), mapped by :class:`~vllm_nnrp_plugin.profile.responses_stream.ResponsesStreamMapper`;
+a non-streaming call returns the Response object as ``/v1/responses`` does.
+
+Request ids: the request is run with ``request_id = "resp_" + <the adapter's id>`` (the ``resp_`` prefix of
+vLLM's own default, ``ResponsesRequest.request_id``), which is also the Response's ``id``; the engine knows it
+as ``<request_id>_0`` (``OpenAIServingResponses._generate_with_builtin_tools`` numbers its sub-requests
+``f"{request_id}_{n}"``; without a ``--tool-server`` there is only sub-request 0; the same on 0.22.1, 0.26.0 and
+0.32.0, and on 0.18.1 where that method lives in ``vllm/entrypoints/openai/engine/serving.py``).
+
+Refused with ``invalid_request``: ``background: true`` (vLLM would run the request as a background task that
+outlives the NNRP operation, beyond its cancellation and timeout).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.profile import RESPONSES_CREATE
+from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.profile.capabilities import operation
+from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate
+
+#: vLLM's sub-request number of the first (and, without a tool server, only) engine request of a Responses request
+_FIRST_SUB_REQUEST = 0
+
+
+class ResponsesBinding:
+    """``responses.create`` over ``app.state.openai_serving_responses`` (present when the server runs the
+    ``generate`` task)."""
+
+    name = RESPONSES_CREATE
+
+    def __init__(self, serving: Any) -> None:
+        from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+        self._request_cls = ResponsesRequest
+        self._serving = serving
+
+    def operation(self) -> dict[str, Any]:
+        """The capability entry: tool calls only when vLLM's Responses serving object has a tool-call parser
+        (``serving.parser.tool_parser_cls``, from ``--enable-auto-tool-choice --tool-call-parser``): only then
+        does it parse function calls out of the model's output."""
+        parser = getattr(self._serving, "parser", None)
+        tool_calls = parser is not None and getattr(parser, "tool_parser_cls", None) is not None
+        return operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=tool_calls)
+
+    async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None) -> Call:
+        """Validate ``body`` as vLLM's ``ResponsesRequest`` and run it under ``resp_<request_id>``, with
+        ``traceparent`` (W3C header value) as the parent of vLLM's span when given.
+
+        Raises :class:`ProfileError`: ``invalid_request`` (validation, ``background: true``, vLLM 4xx),
+        ``model_not_found`` (404 on ``model``), ``backend_error`` (5xx, engine errors).
+        """
+        request = validate(self._request_cls, {**body, "request_id": f"resp_{request_id}"}, self.name)
+        if request.background:
+            raise E.ProfileError(E.INVALID_REQUEST, "background responses are not served over NNRP: the operation "
+                                 "is the request (cancel it, or set nnrp.timeout_ms)")  # fmt: skip
+        result = await call_serving(self._serving, "create_responses", request, traceparent, "/v1/responses")
+        if inspect.isasyncgen(result):
+            return Call(stream=_event_dicts(result))
+        if hasattr(result, "output"):
+            return Call(body=result.model_dump(mode="json", by_alias=True))
+        raise error_from_response(result)
+
+    def engine_request_id(self, request_id: str) -> str:
+        """``resp_<request_id>_0``: the engine request of the Responses request ``resp_<request_id>``."""
+        return f"resp_{request_id}_{_FIRST_SUB_REQUEST}"
+
+    def engine_request_ids(self, request_id: str) -> list[str]:
+        """What an unfinished operation aborts: its one engine request."""
+        return [self.engine_request_id(request_id)]
+
+
+async def _event_dicts(events: Any) -> Any:
+    """vLLM's streamed event objects as the dicts ``/v1/responses`` writes after ``data:``."""
+    try:
+        async for event in events:
+            yield event.model_dump(mode="json", by_alias=True)
+    finally:
+        await events.aclose()

@@ -1,0 +1,83 @@
+"""What every operation's binding does the same way with vLLM's serving objects
+(``vllm/entrypoints/openai/engine/serving.py`` and the objects derived from it): validate the body as vLLM's
+request model, call the serving object with a synthetic HTTP request that carries the trace context, and map
+vLLM's ``ErrorResponse`` (or a raised exception, through the serving object's ``create_error_response``) to
+the profile's errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+from vllm_nnrp_plugin.profile import errors as E
+
+_FIELD = re.compile(r"\w+")  # a field name or a list index
+
+
+def validate(request_cls: Any, body: dict[str, Any], operation: str) -> Any:
+    """``body`` as vLLM's pydantic request model ``request_cls``; raises :class:`ProfileError`
+    ``invalid_request`` (400) naming every invalid field."""
+    try:
+        return request_cls.model_validate(body)
+    except ValueError as exc:  # pydantic.ValidationError
+        raise E.ProfileError(E.INVALID_REQUEST, validation_message(exc, operation)) from None
+
+
+def error_from_response(response: Any) -> E.ProfileError:
+    """Map vLLM's ``ErrorResponse`` (``.error.message/.type/.param/.code``, code = HTTP status):
+    404 on ``model`` -> ``model_not_found``; other 4xx -> ``invalid_request``; else ``backend_error``."""
+    error = response.error
+    status = int(error.code) if isinstance(error.code, int) else 500
+    message = str(error.message) or error.type
+    if status == 404 and (error.param == "model" or error.type == "NotFoundError"):
+        return E.ProfileError(E.MODEL_NOT_FOUND, message, E.INVALID_REQUEST_ERROR, 404)
+    if 400 <= status < 500:
+        return E.ProfileError(E.INVALID_REQUEST, message, E.INVALID_REQUEST_ERROR, status)
+    return E.backend_error(message, status)
+
+
+def trace_request(traceparent: str | None, path: str, request_id: str | None = None) -> Any:
+    """None without a trace context or ``request_id``, else a synthetic HTTP request for ``path`` carrying only
+    ``traceparent`` (vLLM reads a W3C ``traceparent`` only from ``raw_request.headers``, with
+    ``extract_trace_headers``, ``vllm/tracing/utils.py``) and ``X-Request-Id: request_id`` (the id vLLM's pooling
+    serving objects build their engine request ids from, ``_base_request_id``); its ``receive`` never reports a
+    disconnect (the NNRP side handles cancellation)."""
+    if traceparent is None and request_id is None:
+        return None
+    from starlette.requests import Request
+
+    async def _never() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {}
+
+    headers = [(b"traceparent", traceparent.encode("latin-1"))] if traceparent is not None else []
+    if request_id is not None:
+        headers.append((b"x-request-id", request_id.encode("latin-1")))
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"", "headers": headers, "state": {}}
+    return Request(scope, receive=_never)
+
+
+async def call_serving(serving: Any, method: str, request: Any, traceparent: str | None, path: str) -> Any:
+    """``await serving.<method>(request, raw_request=<trace_request(traceparent, path)>)`` — what vLLM's HTTP route
+    for ``path`` does —, with what it raises (some invalid requests, engine death) turned into its
+    ``ErrorResponse`` by ``serving.create_error_response``, as that route's exception handler does."""
+    try:
+        return await getattr(serving, method)(request, raw_request=trace_request(traceparent, path))
+    except Exception as exc:
+        return serving.create_error_response(exc)
+
+
+def validation_message(exc: ValueError, operation: str) -> str:
+    """``invalid <operation> body: <field>: <problem>; …`` from a pydantic ``ValidationError``, each problem once.
+    Location parts that are not field names or indexes (the union members and validators pydantic names for a
+    union request model such as vLLM's ``EmbeddingRequest``: ``list[int]``, ``function-wrap[…]``) are left out."""
+    errors = getattr(exc, "errors", None)
+    if errors is None:
+        return str(exc)
+    parts: dict[str, None] = {}
+    for err in errors():
+        location = ".".join(str(p) for p in err.get("loc", ()) if _FIELD.fullmatch(str(p))) or "body"
+        parts[f"{location}: {err.get('msg')}"] = None
+    return f"invalid {operation} body: " + "; ".join(parts)
