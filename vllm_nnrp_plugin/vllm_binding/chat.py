@@ -59,7 +59,7 @@ class ChatBinding:
         Raises :class:`ProfileError`: ``invalid_request`` (validation, vLLM 4xx), ``model_not_found`` (404 on
         ``model``), ``backend_error`` (5xx, engine errors).
         """
-        request = validate(self._request_cls, {**body, "request_id": request_id}, self.name)
+        request = validate(self._request_cls.model_validate, {**body, "request_id": request_id}, self.name)
         if request.stream:
             asked = request.stream_options
             request.stream_options = self._stream_options_cls(

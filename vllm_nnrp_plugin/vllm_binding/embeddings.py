@@ -23,7 +23,6 @@ the operation's request id, so every input's engine id is known and an unfinishe
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -32,7 +31,7 @@ from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.profile import EMBEDDINGS_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation
-from vllm_nnrp_plugin.vllm_binding.serving import error_from_response, trace_request, validate
+from vllm_nnrp_plugin.vllm_binding.serving import error_from_body, error_from_response, trace_request, validate
 
 #: the encodings vLLM answers with a JSON body (``JsonEncodingFormat``, ``vllm/entrypoints/pooling/utils.py``)
 ENCODING_FORMATS = ("float", "base64")
@@ -50,7 +49,7 @@ class EmbeddingsBinding:
         from vllm.entrypoints.openai.models.serving import create_error_response  # this line's, on 0.22 -> 0.32
         from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
 
-        self._request_model = SimpleNamespace(model_validate=TypeAdapter(EmbeddingRequest).validate_python)
+        self._parse = TypeAdapter(EmbeddingRequest).validate_python
         self._error_response = create_error_response
         self._serving = serving
         self._inputs: dict[str, int] = {}  # request id -> inputs, while its engine requests may run
@@ -81,7 +80,7 @@ class EmbeddingsBinding:
                 f"invalid {self.name} body: encoding_format {body['encoding_format']!r} is a binary response; "
                 f"over NNRP use one of {', '.join(ENCODING_FORMATS)}",
             )
-        request = validate(self._request_model, body, self.name)
+        request = validate(self._parse, body, self.name)
         self._inputs[request_id] = _input_count(request)
         try:
             response = await self._serving(request, trace_request(traceparent, "/v1/embeddings", request_id))
@@ -89,7 +88,7 @@ class EmbeddingsBinding:
         except Exception as exc:  # vLLM raises for invalid requests and engine failures (its HTTP handler maps them)
             raise error_from_response(self._error_response(exc)) from None
         if "error" in answer:
-            raise error_from_response(SimpleNamespace(error=SimpleNamespace(**answer["error"])))
+            raise error_from_body(answer["error"])
         del self._inputs[request_id]  # finished: nothing left to abort
         return Call(body=answer)
 

@@ -61,7 +61,7 @@ class ResponsesBinding:
         Raises :class:`ProfileError`: ``invalid_request`` (validation, ``background: true``, vLLM 4xx),
         ``model_not_found`` (404 on ``model``), ``backend_error`` (5xx, engine errors).
         """
-        request = validate(self._request_cls, {**body, "request_id": f"resp_{request_id}"}, self.name)
+        request = validate(self._request_cls.model_validate, {**body, "request_id": f"resp_{request_id}"}, self.name)
         if request.background:
             raise E.ProfileError(E.INVALID_REQUEST, "background responses are not served over NNRP: the operation "
                                  "is the request (cancel it, or set nnrp.timeout_ms)")  # fmt: skip

@@ -16,22 +16,30 @@ from vllm_nnrp_plugin.profile import errors as E
 _FIELD = re.compile(r"\w+")  # a field name or a list index
 
 
-def validate(request_cls: Any, body: dict[str, Any], operation: str) -> Any:
-    """``body`` as vLLM's pydantic request model ``request_cls``; raises :class:`ProfileError`
-    ``invalid_request`` (400) naming every invalid field."""
+def validate(parse: Any, body: dict[str, Any], operation: str) -> Any:
+    """``body`` parsed by ``parse`` (vLLM's pydantic request model's ``model_validate``, or a ``TypeAdapter``'s
+    ``validate_python`` for a union model); raises :class:`ProfileError` ``invalid_request`` (400) naming every
+    invalid field."""
     try:
-        return request_cls.model_validate(body)
+        return parse(body)
     except ValueError as exc:  # pydantic.ValidationError
         raise E.ProfileError(E.INVALID_REQUEST, validation_message(exc, operation)) from None
 
 
 def error_from_response(response: Any) -> E.ProfileError:
     """Map vLLM's ``ErrorResponse`` (``.error.message/.type/.param/.code``, code = HTTP status):
-    404 on ``model`` -> ``model_not_found``; other 4xx -> ``invalid_request``; else ``backend_error``."""
+    :func:`error_from_body` of its ``error``."""
     error = response.error
-    status = int(error.code) if isinstance(error.code, int) else 500
-    message = str(error.message) or error.type
-    if status == 404 and (error.param == "model" or error.type == "NotFoundError"):
+    return error_from_body({"message": error.message, "type": error.type, "param": error.param, "code": error.code})
+
+
+def error_from_body(error: dict[str, Any]) -> E.ProfileError:
+    """Map the ``error`` object of vLLM's error body (``{message, type, param, code}``, code = HTTP status):
+    404 on ``model`` -> ``model_not_found``; other 4xx -> ``invalid_request``; else ``backend_error``."""
+    code = error.get("code")
+    status = int(code) if isinstance(code, int) else 500
+    message = str(error.get("message")) or error.get("type")
+    if status == 404 and (error.get("param") == "model" or error.get("type") == "NotFoundError"):
         return E.ProfileError(E.MODEL_NOT_FOUND, message, E.INVALID_REQUEST_ERROR, 404)
     if 400 <= status < 500:
         return E.ProfileError(E.INVALID_REQUEST, message, E.INVALID_REQUEST_ERROR, status)
