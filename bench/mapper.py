@@ -30,9 +30,10 @@ TARGET = Target("p50", ">=", 300_000)
 
 
 def recorded_streams() -> list[list[str]]:
-    """The strings vLLM's generator yielded for every recorded stream (``data: …\\n\\n`` each, ``[DONE]`` last)."""
+    """The strings vLLM's generator yielded for every recorded chat stream (``data: …\\n\\n`` each, ``[DONE]``
+    last); the ``responses-*`` recordings are Responses streams, not this mapper's input."""
     return [[block + "\n\n" for block in path.read_text().split("\n\n") if block.strip()]
-            for path in sorted(FIXTURES.glob("*.sse"))]
+            for path in sorted(FIXTURES.glob("*.sse")) if not path.name.startswith("responses-")]
 
 
 def normal_form(stream: list[str]) -> list[dict]:
