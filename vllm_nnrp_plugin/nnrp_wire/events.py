@@ -198,3 +198,54 @@ class SessionCloseAcked:
     """The server acknowledged the close of ``session_id`` (SESSION_CLOSE_ACK, close_status closed)."""
 
     session_id: int
+
+
+@attrs.frozen
+class ResultDropped:
+    """A header-only RESULT_DROP (terminal): the operation ended without a result or a reason."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+
+
+@attrs.frozen
+class ProgressReceived:
+    """A PROGRESS for an active operation: fields as ``ProgressMetadata`` (``percent_x100`` 0..10000, or
+    0xffff for unknown); ``body`` the optional payload."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+    progress_sequence: int
+    stage_code: int
+    percent_x100: int
+    body: bytes
+
+
+@attrs.frozen
+class ErrorRecoverableReceived:
+    """An ERROR_RECOVERABLE for ``session_id``: fields as ``RecoverableErrorMetadata`` (``error_scope`` 0
+    connection, 1 session, 2 frame; ``retry_after_ms`` ms) and the diagnostic bytes."""
+
+    session_id: int
+    frame_id: int
+    error_code: int
+    error_scope: int
+    recovery_action: int
+    retry_after_ms: int
+    related_frame_id: int
+    diagnostic: bytes
+
+
+@attrs.frozen
+class RetryAfterReceived:
+    """A RETRY_AFTER for ``session_id``: fields as ``RetryAfterMetadata`` (``scope_id`` 0 = the whole
+    connection; ``retry_after_ms`` and ``jitter_ms`` in ms) and the diagnostic bytes."""
+
+    session_id: int
+    scope_id: int
+    retry_after_ms: int
+    jitter_ms: int
+    reason_code: int
+    diagnostic: bytes
