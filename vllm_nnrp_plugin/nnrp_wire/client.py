@@ -17,9 +17,8 @@ FRAME_SUBMIT of one STRUCTURED_EVENT typed frame (``tile_index_mode`` 1, ``loss_
 inherit; the body is the caller's body region, nnrp-doc ``design/v1-preview3.md`` §9.2A); FRAME_CANCEL
 (header only); CANCEL (source client); DEADLINE; TRACE_CONTEXT (header trace id = the metadata's);
 SESSION_CLOSE (client shutdown, drain, ``last_operation_id``, ``session_close_tag`` = the session id).
-Metadata are nnrp-py's struct codecs (``nnrp.core.messages``, ``nnrp.runtime.types``); SESSION_OPEN_ACK and
-SESSION_CLOSE_ACK, which nnrp-py has none for, use their nnrp-rs layouts
-(``crates/nnrp-core/src/session.rs`` ``SessionOpenAck``, ``SessionCloseAck``).
+Metadata are nnrp-py's struct codecs (``nnrp.core.messages``, ``nnrp.runtime.types``) and, for SESSION_OPEN_ACK
+and SESSION_CLOSE_ACK, :mod:`.codecs`.
 
 Identity (``client.rs`` ``submit_operation``): frame ids are per session, from 1, strictly increasing;
 operation ids are the caller's or the next after the session's last (this core requires them increasing,
@@ -79,6 +78,15 @@ from nnrp.runtime.types import (
 )
 
 from vllm_nnrp_plugin.nnrp_wire import events as ev
+from vllm_nnrp_plugin.nnrp_wire.codecs import (
+    CLOSE_STATUS_CLOSED,
+    CLOSE_STATUS_REJECTED,
+    SESSION_STATUS_REJECTED,
+    SESSION_STATUS_RESUMED,
+    SESSION_STATUS_RETRY_LATER,
+    SessionCloseAckMetadata,
+    SessionOpenAckMetadata,
+)
 from vllm_nnrp_plugin.nnrp_wire.framing import MAX_PACKET_BYTES, FramingError, Packet, PacketReader, encode
 
 __all__ = ["ClientConnection", "LocalProtocolError"]
@@ -92,18 +100,8 @@ _PRIORITY_BALANCED = 1
 _LEASE_TTL_HINT_MS = 30_000
 _STRUCTURED_EVENT = int(PayloadKind.STRUCTURED_EVENT)
 
-#: SESSION_OPEN_ACK, 56 bytes (``session.rs`` ``SessionOpenAck``): session_id, accepted_profile_id,
-#: accepted_priority_class, session_status, schema_id, schema_version, granted_operation_credit,
-#: max_in_flight_operations, lease_ttl_ms, resume_window_ms, resume_token_bytes, session_extension_bytes,
-#: server_session_tag, route_scope_id, session_error_code, session_flags_ack
-_OPEN_ACK = struct.Struct("<IHBBIIHHIIIIQIII")
-#: SESSION_CLOSE_ACK, 16 bytes (``session.rs`` ``SessionCloseAck``): close_status, reserved0, reserved1,
-#: last_operation_id, session_error_code
-_CLOSE_ACK = struct.Struct("<BBHQI")
 _PARTIAL = PartialResultMetadata.STRUCT
-_STATUS_OPENED, _STATUS_REJECTED, _STATUS_RETRY_LATER, _STATUS_RESUMED = 0, 1, 2, 3
-_FLAGS_ACK_MASK, _FLAG_RESUME = 0x1F, 0x01
-_CLOSE_CLOSED, _CLOSE_REJECTED = 2, 3  # 0 acknowledged and 1 draining: the closed ack follows
+_OPEN_ACK_SIZE = SessionOpenAckMetadata.STRUCT.size
 
 
 class LocalProtocolError(Exception):
@@ -386,30 +384,29 @@ class ClientConnection:
         if not self._opens:
             return _rejected(packet, "SESSION_OPEN_ACK with no open waiting")
         token = self._opens.popleft()
-        if len(packet.meta) < _OPEN_ACK.size:
-            return _refused(token, f"metadata is {len(packet.meta)} bytes, under {_OPEN_ACK.size}")
-        (session_id, _profile, priority, status, _schema_id, _schema_version, credit, max_in_flight, _lease,
-         resume_window_ms, token_bytes, extension_bytes, _tag, _route, error_code,
-         flags_ack) = _OPEN_ACK.unpack_from(packet.meta)  # fmt: skip
-        if flags_ack & ~_FLAGS_ACK_MASK or priority > 2 or status > _STATUS_RESUMED:
-            return _refused(token, f"flags {flags_ack:#x}, priority {priority} or status {status} unknown")
-        if flags_ack & _FLAG_RESUME and not (resume_window_ms and token_bytes):
-            return _refused(token, "resume enabled without a resume window and token")
-        if len(packet.body) != token_bytes + extension_bytes:
-            return _refused(token, f"body is {len(packet.body)} bytes, not {token_bytes} + {extension_bytes}")
-        if status in (_STATUS_REJECTED, _STATUS_RETRY_LATER):
-            return ev.SessionOpenRejected(token, error_code, packet.body[token_bytes:].decode("utf-8", "replace"))
-        if status == _STATUS_RESUMED:
+        if len(packet.meta) < _OPEN_ACK_SIZE:  # "at least": nnrp-rs session.rs SessionOpenAck::parse
+            return _refused(token, f"metadata is {len(packet.meta)} bytes, under {_OPEN_ACK_SIZE}")
+        try:
+            ack = SessionOpenAckMetadata.unpack(packet.meta[:_OPEN_ACK_SIZE])
+        except ValueError as exc:
+            return _refused(token, str(exc))
+        if len(packet.body) != ack.body_length:
+            return _refused(token, f"body is {len(packet.body)} bytes, the metadata declares {ack.body_length}")
+        if ack.session_status in (SESSION_STATUS_REJECTED, SESSION_STATUS_RETRY_LATER):
+            diagnostic = packet.body[ack.resume_token_bytes:].decode("utf-8", "replace")
+            return ev.SessionOpenRejected(token, ack.session_error_code, diagnostic)
+        if ack.session_status == SESSION_STATUS_RESUMED:
             return _refused(token, "status resumed for an open that resumed nothing")
-        if extension_bytes:
+        if ack.session_extension_bytes:
             return _refused(token, "an accepted open carries no session extension")
+        session_id = ack.session_id
         if session_id == 0 or session_id in self._used_session_ids:
             return _refused(token, f"session id {session_id} is 0 or was used before on this connection")
         if packet.session_id not in (0, session_id):
             return _refused(token, f"header session {packet.session_id} is not the ack's {session_id}")
         self._used_session_ids.add(session_id)
         self._sessions[session_id] = _Session(session_id)
-        return ev.SessionOpenAccepted(token, session_id, max_in_flight, credit)
+        return ev.SessionOpenAccepted(token, session_id, ack.max_in_flight_operations, ack.granted_operation_credit)
 
     def _lookup(self, session: _Session, packet: Packet, operation_id: int | None) -> _Operation | str:
         """The active operation of the packet's frame, or why there is none (``client.rs``
@@ -539,17 +536,17 @@ class ClientConnection:
         )
 
     def _on_close_ack(self, session: _Session, packet: Packet) -> object | None:
-        if len(packet.meta) != _CLOSE_ACK.size or packet.body:
-            return _rejected(packet, f"meta_len {len(packet.meta)} (not {_CLOSE_ACK.size}) or a body")
-        status, reserved0, reserved1, _last, _code = _CLOSE_ACK.unpack(packet.meta)
-        if reserved0 or reserved1 or status > _CLOSE_REJECTED:
-            return _rejected(packet, f"reserved fields set or close_status {status} unknown")
+        if packet.body:
+            return _rejected(packet, "SESSION_CLOSE_ACK has an empty body")
+        meta = _unpack(SessionCloseAckMetadata, packet)
+        if isinstance(meta, str):
+            return _rejected(packet, meta)
         if not session.closing:
             return _rejected(packet, "SESSION_CLOSE_ACK for a session this client is not closing")
-        if status == _CLOSE_CLOSED:
+        if meta.close_status == CLOSE_STATUS_CLOSED:
             del self._sessions[session.session_id]
             return ev.SessionCloseAcked(session.session_id)
-        if status == _CLOSE_REJECTED:
+        if meta.close_status == CLOSE_STATUS_REJECTED:
             session.closing = False
             return _rejected(packet, "the server rejected SESSION_CLOSE (close_status 3)")
         return None  # acknowledged / draining: the closed ack follows
