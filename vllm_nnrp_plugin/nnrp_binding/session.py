@@ -268,7 +268,7 @@ class SessionPump:
         return True
 
     def _on_submit(self, native: Any) -> None:
-        sop = ServerOperation(native, self.link, transport=self.transport, connection_id=self.connection_id,
+        sop = ServerOperation.from_native(native, self.link, transport=self.transport, connection_id=self.connection_id,
                               now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns())  # fmt: skip
         if len(self._ops) >= self.limits.max_in_flight:
             self._signal_pressure()
