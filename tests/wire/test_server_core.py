@@ -17,7 +17,6 @@ from vllm_nnrp_plugin.nnrp_wire.framing import MAX_PACKET_BYTES, Packet, encode
 from vllm_nnrp_plugin.nnrp_wire.server import LocalProtocolError, ServerConnection
 
 from . import wirekit as w
-from .wirekit import T as _T  # noqa: F401  (same enum)
 
 # -- replay of the native captures ---------------------------------------------------------------------------
 

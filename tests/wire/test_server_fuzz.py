@@ -6,7 +6,7 @@ after its SESSION_CLOSE_ACK)."""
 
 from __future__ import annotations
 
-import struct
+import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,8 +18,6 @@ from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader, encode
 from vllm_nnrp_plugin.nnrp_wire.server import LocalProtocolError, ServerConnection
 
 from . import wirekit as w
-
-import os
 
 SCALE = int(os.environ.get("NNRP_FUZZ_SCALE", "1"))
 FUZZ = settings(max_examples=150 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])

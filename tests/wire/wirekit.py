@@ -2,7 +2,7 @@
 and a replay driver that plays the client side of a capture into a :class:`ServerConnection` while making the
 same application calls the native server's application made.
 
-Capture format (``data/captures/README.md``): JSON lines ``{"t", "conn", "dir": "c2s"|"s2c", "hex"}`` (chunks as
+Capture format (``data/README.md``): JSON lines ``{"t", "conn", "dir": "c2s"|"s2c", "hex"}`` (chunks as
 ``recv()`` returned them), ``{"dir", "eof": true}`` and ``{"dir": "note", "text"}``; no ``conn`` means 0.
 """
 
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import pathlib
+import struct
 from dataclasses import dataclass, field
 
 from nnrp.core.enums import MessageType as T
 from nnrp.runtime.types import PartialResultMetadata, ProgressMetadata, PressureMetadata, ResultDropReasonMetadata
 
 from vllm_nnrp_plugin.nnrp_wire import events as ev
-from vllm_nnrp_plugin.nnrp_wire.framing import Packet, PacketReader
+from vllm_nnrp_plugin.nnrp_wire.framing import Packet, PacketReader, encode
 from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -55,8 +56,6 @@ def split(data: bytes) -> list[Packet]:
 
 
 def raw(packet: Packet) -> bytes:
-    from vllm_nnrp_plugin.nnrp_wire.framing import encode
-
     return encode(
         packet.msg_type, packet.session_id, packet.frame_id, packet.meta, packet.body,
         trace_id=packet.trace_id, flags=packet.flags, view_id=packet.view_id, route_id=packet.route_id,
@@ -159,8 +158,7 @@ def _mirror(server: ServerConnection, packet: Packet) -> None:
 
 # -- client packet builders (the native client's values, from tcp-basic) -------------------------------------
 
-from nnrp.core.messages.control import ClientHelloMetadata, SessionOpenMetadata  # noqa: E402
-from nnrp.core.messages.data import FrameSubmitMetadata  # noqa: E402
+from nnrp.core.messages.control import ClientHelloMetadata  # noqa: E402
 from nnrp.runtime.types import (  # noqa: E402
     ControlRequestMetadata,
     SchedulingMetadata,
@@ -168,7 +166,6 @@ from nnrp.runtime.types import (  # noqa: E402
     TraceContextMetadata,
 )
 
-from vllm_nnrp_plugin.nnrp_wire.framing import encode  # noqa: E402
 
 HELLO_FIELDS = dict(
     min_version_major=1, max_version_major=1, supported_wire_format_bitmap=1, supported_profile_bitmap=3,
@@ -191,9 +188,7 @@ def open_meta(requested: int = 0, **changes) -> bytes:
         resume_token_bytes=0, auth_bytes=0, session_extension_bytes=0, client_session_tag=requested,
     )  # fmt: skip
     fields.update(changes)
-    import struct as _struct
-
-    return _struct.pack(
+    return struct.pack(
         "<IHBBIIIHHIIIIQ", fields["requested_session_id"], fields["profile_id"], fields["priority_class"],
         fields["session_flags"], fields["schema_id"], fields["schema_version"], fields["default_deadline_ms"],
         fields["max_in_flight_operations"], fields.get("reserved0", 0), fields["lease_ttl_hint_ms"],
@@ -214,9 +209,7 @@ def submit_meta(operation_id: int, **changes) -> bytes:
         payload_frame_count=1,
     )  # fmt: skip
     fields.update(changes)
-    import struct as _struct
-
-    return _struct.pack(
+    return struct.pack(
         "<HHHHHHBBBBHHIIIIIQIBBBBIIIHH", fields["src_width"], fields["src_height"], fields["tile_width"],
         fields["tile_height"], fields["tile_count"], fields["section_count"], fields["frame_class"],
         fields["input_profile"], fields["tile_index_mode"], fields["reserved0"], fields["latency_budget_ms"],
@@ -238,11 +231,7 @@ def frame_cancel(session_id: int, frame_id: int) -> bytes:
 
 def control(kind: int, session_id: int, frame_id: int, operation_id: int, diagnostic: bytes = b"", *, flags: int = 0,
             role: int = 1, sequence: int = 1) -> bytes:  # fmt: skip
-    meta = ControlRequestMetadata(operation_id, sequence, 0, role, flags, len(diagnostic))
-    import struct as _struct
-
-    packed = _struct.pack("<QQHBBIQ", operation_id, sequence, 0, role, flags, len(diagnostic), 0)
-    assert len(packed) == meta.STRUCT.size
+    packed = ControlRequestMetadata.STRUCT.pack(operation_id, sequence, 0, role, flags, len(diagnostic), 0)
     return encode(kind, session_id, frame_id, packed, diagnostic)
 
 

@@ -38,6 +38,11 @@ the shipped build where it differs, see each method):
   reserved flag bit, uses a reserved enum value, or sets a reserved field to a non-zero value"), ``body_len``
   equal to the declared length, operation identity (``crates/nnrp-core/src/operation.rs``).
 
+Answer each :class:`~.events.SessionOpenRequested` before the next :meth:`~ServerConnection.receive_data`: the
+session exists from ``accept_session`` on. Packets that came in the same read right behind the SESSION_OPEN are
+handled before the application can answer, so a client that used the session without waiting for its ack would
+hit the unknown-session rule; the native client always waits for the ack (it needs the id from it).
+
 Errors: a call that is wrong whatever the peer did raises :class:`LocalProtocolError`; a send that lost a race
 with the peer (session closed, connection ended, operation already terminal or cancelled by FRAME_CANCEL)
 returns False and queues nothing.
