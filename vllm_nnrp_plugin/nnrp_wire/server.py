@@ -136,10 +136,11 @@ _SCOPE_SESSION = 1
 _SCOPE_FRAME = 2
 
 
-class LocalProtocolError(Exception):
+class LocalProtocolError(ValueError):
     """The application asked for something the protocol never allows, whatever the peer did (a sequence of 0,
     an empty PARTIAL_RESULT body, a drop reason of 0, an unknown session-open request, a value that does not
-    fit its field...). A bug in the caller; the connection's state is unchanged."""
+    fit its field...). A bug in the caller; the connection's state is unchanged. A ``ValueError``, so callers
+    that already treat unpackable values as ``ValueError`` catch it too."""
 
 
 class _Op:
