@@ -1,5 +1,5 @@
 """The sans-IO client core (``vllm_nnrp_plugin.nnrp_wire.client``): what it sends is byte for byte what
-nnrp-py's native client sent for the same calls (the c2s packets of ``data/*.jsonl``, recorded between the
+nnrp-py's native client sent for the same calls (the c2s packets of ``data/captures/*.jsonl``, recorded between the
 native client and server), it reads the native server's packets (their s2c side), and it checks incoming
 packets as the native client does (connection-fatal vs. dropped packet)."""
 
@@ -18,7 +18,7 @@ from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.framing import HEADER_LENGTH, encode
 
-DATA = pathlib.Path(__file__).parent / "data"
+DATA = pathlib.Path(__file__).parent / "data" / "captures"
 
 
 def capture(name: str, conn: int = 0) -> dict[str, list[bytes]]:

@@ -25,7 +25,7 @@ from nnrp.server import (
 from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.nnrp_client import ClientConnectionError, connect
 
-DATA = pathlib.Path(__file__).parent / "data"
+DATA = pathlib.Path(__file__).parent / "data" / "captures"
 CANCELLED = b'{"type":"response.cancelled","reason":"client"}'
 
 
