@@ -1,4 +1,6 @@
-"""NNRP listeners: one nnrp-py native server per configured address, each with its own accept thread.
+"""NNRP listeners on nnrp-py's native runtime for the carriers the project's own wire core does not serve
+(``nnrps``, ``ws``, ``wss``, ``quic``; plain TCP and unix sockets are :mod:`.stream_listener`'s): one nnrp-py
+native server per configured address, each with its own accept thread.
 
 Every accepted session gets a :class:`SessionPump` (its polls), started by one starter thread so that the
 accept threads only accept; one :class:`.sender.Sender` sends for all of them, with the polls' budget shared
@@ -75,7 +77,8 @@ class Listener:
     :meth:`close` waits.
     ``idle_poll_ms``: the shortest poll timeout of an idle session pump (ms; longer when many sessions are open,
     :class:`.cadence.PollCadence`). ``max_sessions``: open sessions over all
-    addresses plus ``other_sessions()`` (those of the loop's own listener). ``session_limits``: handed to every session pump; ``hooks``: :class:`ListenerHooks`.
+    addresses plus ``other_sessions()`` (those of the loop's own listener). ``session_limits``: handed to every
+    session pump; ``hooks``: :class:`ListenerHooks`.
     """
 
     def __init__(

@@ -1,12 +1,17 @@
 """One submitted NNRP operation as the adapter sees it, and the session outbox its events wait in.
 
-:class:`ServerOperation` is nnrp-py's native server operation (``nnrp.native.NativeRuntimeServerOperation``,
-only ever touched by its session pump) plus the operation's rules (:class:`vllm_nnrp_plugin.operation.Operation`)
-behind one lock, plus the :class:`SessionLink` it shares with its session pump. Two threads call it: vLLM's event loop decides (the
-adapter's ``partial`` / ``complete`` / ``fail`` / ``limit_time`` / ``dispatch``; the service's ``time_out`` /
-``shut_down`` / ``refuse``), and the session pump reports what came off the wire and sends. The envelope is
-unwrapped from the submit's typed body on the pump (:func:`.wire.unwrap_typed_body`) before the operation is
-handed to the loop.
+:class:`ServerOperation` is the operation's rules (:class:`vllm_nnrp_plugin.operation.Operation`) behind one
+lock, plus the :class:`SessionLink` it shares with its session, whichever carrier serves it:
+
+* TCP and unix sockets (:mod:`.stream_connection`): everything runs on vLLM's event loop — the adapter and the
+  service decide, the connection reads and sends — so the lock is never contended;
+* the native carriers (:mod:`.session`, nnrp-py's runtime): vLLM's loop decides (the adapter's ``partial`` /
+  ``complete`` / ``fail`` / ``limit_time`` / ``dispatch``; the service's ``time_out`` / ``shut_down`` /
+  ``refuse``) while the session pump thread reports what came off the wire and sends; ``native`` is then
+  nnrp-py's ``NativeRuntimeServerOperation``, touched by that pump only.
+
+The envelope is unwrapped from the submit's typed body (:func:`envelope_of`) before the operation is handed to
+the loop.
 """
 
 from __future__ import annotations

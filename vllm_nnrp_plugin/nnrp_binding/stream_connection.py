@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nnrp.core import MessageType
 from nnrp.native import SESSION_ERROR_LIMIT_REACHED
 from nnrp.runtime import ResultDropReasonCode
 
