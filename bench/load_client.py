@@ -179,7 +179,9 @@ async def _open(uri: str, count: int, per_session: int) -> list[Session]:
     async def one() -> Session:
         async with gate:
             conn = await connect(uri)
-            return await conn.open_session(max_in_flight_operations=per_session)
+            # ask what nnrp-py asks (4): both server runtimes grant the plugin's own per-session limit, and
+            # nnrp-py's native server refuses an ask above its 4
+            return await conn.open_session(max_in_flight_operations=min(per_session, 4))
 
     return list(await asyncio.gather(*(one() for _ in range(count))))
 
