@@ -115,7 +115,7 @@ async def _http_main(mode: str, base: str, count: int, body: bytes) -> None:
         try:
             if mode == "stream":
                 return await _http_request(http, body, clock)
-            async with asyncio.timeout(BURST_TIMEOUT_S):
+            async with asyncio.timeout(BURST_TIMEOUT_S):  # not wait_for: before 3.12 it can swallow a cancel
                 out = await _http_request(http, body, clock, ctx)
             opened = ctx.get("connected")
             return {**out, "open_ms": (opened - clock.start) * 1000 if opened else None, "served_ms": out["total_ms"]}

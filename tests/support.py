@@ -59,8 +59,8 @@ def error_response(case: str) -> Any:
 class RecordedBackend:
     """A :class:`Backend` whose answers are recorded vLLM outputs, chosen by ``body["model"]``:
 
-    * ``<case>`` with a ``.sse`` recording: replay the stream (``body["pace_s"]`` seconds between items,
-      ``body["repeat"]`` times over);
+    * ``<case>`` with a ``.sse`` recording: replay the stream (``body["pace_s"]`` seconds before each item, or
+      before each ``body["burst"]`` items; ``body["repeat"]`` times over);
     * ``<case>`` with a ``.json`` recording: the non-streaming body, or the error it holds;
     * ``raise``: raise RuntimeError (an engine failure vLLM did not wrap);
     * ``midstream-error``: two recorded chunks, then vLLM's mid-stream error object.
@@ -91,7 +91,8 @@ class RecordedBackend:
         if (FIXTURES / f"{case}.sse").exists():
             items = sse_items(case)
             items = items[:-1] * int(body.get("repeat", 1)) + items[-1:]
-            return Call(stream=self._replay(items, float(body.get("pace_s", 0.0)), recorded_budget(case)))
+            pace_s, burst = float(body.get("pace_s", 0.0)), int(body.get("burst", 1))
+            return Call(stream=self._replay(items, pace_s, recorded_budget(case), burst))
         recorded = recorded_json(case)
         if "error" in recorded:
             raise error_from_response(error_response(case))
@@ -103,12 +104,12 @@ class RecordedBackend:
     async def abort(self, operation, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    def _replay(self, items: list[str], pace_s: float, budget: TokenBudget | None = None):
+    def _replay(self, items: list[str], pace_s: float, budget: TokenBudget | None = None, burst: int = 1):
         async def generator():
             self.open_streams += 1
             try:
-                for item in items:
-                    if pace_s:
+                for i, item in enumerate(items):
+                    if pace_s and i % burst == 0:
                         await asyncio.sleep(pace_s)
                     yield item
             finally:

@@ -421,8 +421,9 @@ def test_fault_injection_turns_its_model_into_backend_error(faulty):
 
 
 def test_without_fault_injection_the_backend_error_model_reaches_the_backend(served, client):
-    (terminal,) = collect(client, envelope({"model": "g2-unknown-model-nonstream", "messages": []}))
-    assert terminal.event["error"]["code"] == "model_not_found"
+    (terminal,) = collect(client, envelope({"model": "backend-error", "messages": []}, request_id="no-injection"))
+    assert served.backend.started[-1].startswith("nnrp-no-injection-")
+    assert "injected" not in terminal.event["error"]["message"]  # the backend's answer (it has no such recording)
 
 
 def test_conformance_runner_exits_non_zero_when_a_selected_case_fails(served, tmp_path):

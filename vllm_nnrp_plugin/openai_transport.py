@@ -21,7 +21,9 @@ contacted; the transport speaks to the NNRP endpoint given (any URI of
 * A drop the caller did not ask for or an NNRP failure is ``httpx.ConnectError`` (connect) or
   ``httpx.ReadError`` (later): the SDK's ``APIConnectionError``.
 * Closing the response (``stream.close()``, leaving ``with``, a cancelled asyncio task) before its terminal sends
-  a FRAME_CANCEL, so the server aborts the vLLM request.
+  a FRAME_CANCEL, so the server aborts the vLLM request. Cancelling the task that awaits or iterates a call
+  always raises ``CancelledError`` in it, however the cancel falls relative to arriving events; a cancel during
+  the submit sends the FRAME_CANCEL once the submit made the operation.
 * The request's read timeout (``extensions["timeout"]``, what the SDK's ``timeout`` sets) becomes
   ``nnrp.timeout_ms``: a bound on the whole operation, not on the gap between chunks as over HTTP.
 * An active valid OpenTelemetry span of the caller becomes TRACE_CONTEXT: NNRP trace ids are 64-bit, so the
@@ -245,7 +247,9 @@ class AsyncNNRPTransport(httpx.AsyncBaseTransport):
             with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is waiting
                 loop.call_soon_threadsafe(inbox.put_nowait, item)
 
-        submit = asyncio.ensure_future(asyncio.to_thread(call.dispatcher.submit, call.envelope, deliver, traced))
+        # a future, not a task: the loop's shutdown (asyncio.run) cancels pending tasks, and a cancelled submit
+        # would leave the operation its thread still makes running
+        submit = loop.run_in_executor(None, call.dispatcher.submit, call.envelope, deliver, traced)
         try:
             call.op = await asyncio.shield(submit)
         except ClientError as exc:
@@ -255,8 +259,11 @@ class AsyncNNRPTransport(httpx.AsyncBaseTransport):
             raise
 
         async def next_item() -> Item:
+            # not asyncio.wait_for: before Python 3.12 it returns the result instead of raising when the task
+            # is cancelled just as the result is ready, so the cancel would be lost (CPython gh-86296)
             try:
-                return await asyncio.wait_for(inbox.get(), call.timeout_s)
+                async with asyncio.timeout(call.timeout_s):
+                    return await inbox.get()
             except TimeoutError:
                 call.abandon()
                 raise call.failure(None) from None
