@@ -37,6 +37,7 @@ from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operat
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.profile.responses_stream import ResponsesStreamMapper
+from vllm_nnrp_plugin.profile.tool_calls import tools_without_required_arguments
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
 logger = logging.getLogger(__name__)
@@ -91,8 +92,10 @@ class StreamMapper(Protocol):
 
 #: operation -> the stream mapper of one streamed request of it, made from the request's ``body``
 STREAM_MAPPERS: dict[str, Callable[[dict[str, Any]], StreamMapper]] = {
-    CHAT_COMPLETIONS_CREATE: lambda body: ChatStreamMapper(usage_events=usage_asked(body)),
-    RESPONSES_CREATE: lambda body: ResponsesStreamMapper(),
+    CHAT_COMPLETIONS_CREATE: lambda body: ChatStreamMapper(
+        usage_events=usage_asked(body), no_argument_tools=tools_without_required_arguments(body.get("tools"))
+    ),
+    RESPONSES_CREATE: lambda body: ResponsesStreamMapper(tools_without_required_arguments(body.get("tools"))),
 }
 
 
