@@ -223,11 +223,15 @@ def _record_usage(record: Observation, body: dict[str, Any]) -> None:
     """Tokens of OpenAI's ``usage``: ``prompt_tokens``/``completion_tokens`` (chat, embeddings) or
     ``input_tokens``/``output_tokens`` (a Responses ``response`` object)."""
     usage = body.get("usage")
-    if usage:
+    if isinstance(usage, dict) and usage:  # a malformed stream may carry anything there: record only counts
         record.usage(
-            usage.get("prompt_tokens", usage.get("input_tokens")),
-            usage.get("completion_tokens", usage.get("output_tokens")),
+            _count(usage.get("prompt_tokens", usage.get("input_tokens"))),
+            _count(usage.get("completion_tokens", usage.get("output_tokens"))),
         )
+
+
+def _count(value: Any) -> int | None:
+    return value if type(value) is int else None
 
 
 def _fail(sink: OperationSink, mapper: StreamMapper | None, err: E.ProfileError) -> None:
