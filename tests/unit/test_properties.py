@@ -206,7 +206,8 @@ def _check_one_terminal(sink: RecordingSink) -> dict[str, Any]:
 
 @FAST
 @given(chunk_streams)
-@example([{"usage": True}])  # a chunk whose usage is not an object once crashed the usage bookkeeping
+# a usage chunk whose usage is not an object once crashed the usage bookkeeping
+@example([{"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]}, {"choices": [], "usage": True}])
 def test_any_chunk_stream_gives_ordered_events_and_exactly_one_terminal(chunks):
     sink, payload = RecordingSink(), orjson.dumps(envelope({"messages": [], "stream": True}))
     backend = ScriptedBackend(chunks)
