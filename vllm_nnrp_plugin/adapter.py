@@ -37,6 +37,7 @@ from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operat
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.profile.responses_stream import ResponsesStreamMapper
+from vllm_nnrp_plugin.profile.tool_calls import tools_without_required_arguments
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
 logger = logging.getLogger(__name__)
@@ -91,8 +92,10 @@ class StreamMapper(Protocol):
 
 #: operation -> the stream mapper of one streamed request of it, made from the request's ``body``
 STREAM_MAPPERS: dict[str, Callable[[dict[str, Any]], StreamMapper]] = {
-    CHAT_COMPLETIONS_CREATE: lambda body: ChatStreamMapper(usage_events=usage_asked(body)),
-    RESPONSES_CREATE: lambda body: ResponsesStreamMapper(),
+    CHAT_COMPLETIONS_CREATE: lambda body: ChatStreamMapper(
+        usage_events=usage_asked(body), no_argument_tools=tools_without_required_arguments(body.get("tools"))
+    ),
+    RESPONSES_CREATE: lambda body: ResponsesStreamMapper(tools_without_required_arguments(body.get("tools"))),
 }
 
 
@@ -219,11 +222,15 @@ def _record_usage(record: Observation, body: dict[str, Any]) -> None:
     """Tokens of OpenAI's ``usage``: ``prompt_tokens``/``completion_tokens`` (chat, embeddings) or
     ``input_tokens``/``output_tokens`` (a Responses ``response`` object)."""
     usage = body.get("usage")
-    if usage:
+    if isinstance(usage, dict) and usage:  # a malformed stream may carry anything there: record only counts
         record.usage(
-            usage.get("prompt_tokens", usage.get("input_tokens")),
-            usage.get("completion_tokens", usage.get("output_tokens")),
+            _count(usage.get("prompt_tokens", usage.get("input_tokens"))),
+            _count(usage.get("completion_tokens", usage.get("output_tokens"))),
         )
+
+
+def _count(value: Any) -> int | None:
+    return value if type(value) is int else None
 
 
 def _fail(sink: OperationSink, mapper: StreamMapper | None, err: E.ProfileError) -> None:

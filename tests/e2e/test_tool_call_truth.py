@@ -1,8 +1,11 @@
 """Tool-call events and the streamed completed body tell the truth, inside real ``vllm serve`` on CPU over the
 real NNRP client: a call cut by ``max_tokens`` or by a stop string ends with ``response.tool_call.error``
-``tool_call_incomplete`` (never a ``completed`` with broken JSON), and the streamed ``response.completed`` body
-equals vLLM's own non-streaming HTTP answer to the same request at temperature 0, field for field (content,
-reasoning, tool calls, finish_reason, stop_reason, usage)."""
+``tool_call_incomplete`` (never a ``completed`` with broken JSON), the body never says ``finish_reason:
+"tool_calls"`` without listing a call, a call of a parameterless tool completes with ``{}`` (vLLM 0.18.1 streams
+no argument text for it), and the streamed ``response.completed`` body equals vLLM's own non-streaming HTTP
+answer to the same request at temperature 0, field for field (content, reasoning, tool calls, finish_reason,
+stop_reason, usage; the one exception is named in
+:func:`test_a_stop_string_inside_a_required_call_is_a_tool_call_error_and_the_body_says_stop`)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,18 @@ TOOL_EVENTS = ("response.tool_call.started", "response.tool_call.delta", "respon
                "response.tool_call.error")
 TEXT_REQUEST = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "temperature": 0,
                 "max_tokens": 16}
+GET_TIME = {"name": "get_time", "description": "Get the current time.",
+            "parameters": {"type": "object", "properties": {}}}
+
+
+def get_time_request(question):
+    """A chat request with the parameterless ``get_time`` (``tool_choice`` auto) after one example call of it
+    in the conversation, which makes the small model call it (compat/fixtures/vllm/0.18.1/l-*, m-*)."""
+    example = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "Call the get_time tool."},
+                {"role": "assistant", "content": "", "tool_calls": [example]}, {"role": "user", "content": question}]
+    return {"model": SERVED_NAME, "messages": messages, "temperature": 0, "max_tokens": 64,
+            "tools": [{"type": "function", "function": GET_TIME}]}  # fmt: skip
 
 
 @pytest.fixture
@@ -100,7 +115,11 @@ def test_a_call_cut_by_max_tokens_is_a_tool_call_error_and_the_body_says_length(
     assert answer(body, content=False) == answer(over_http(vllm_tools_server, request), content=False)
 
 
-def test_a_stop_string_inside_a_call_is_a_tool_call_error(vllm_tools_server, client):
+def test_a_stop_string_inside_a_required_call_is_a_tool_call_error_and_the_body_says_stop(vllm_tools_server, client):
+    """vLLM streams ``finish_reason: "tool_calls"`` here, and its non-streaming answer says ``"tool_calls"`` too
+    while listing no call (``is_finish_reason_tool_calls`` in ``chat_completion_full_generator``,
+    ``vllm/entrypoints/openai/chat_completion/serving.py``, is true for ``tool_choice: "required"`` whenever the
+    engine stopped, on every anchor); the profile's body says ``stop``, the rest is vLLM's answer."""
     request = {**TOOL_REQUEST, "stop": ["Paris"]}
     events, body = stream(client, request)
     per_call = tool_calls_by_id(events)
@@ -108,7 +127,62 @@ def test_a_stop_string_inside_a_call_is_a_tool_call_error(vllm_tools_server, cli
     assert {calls[-1]["error"]["code"] for calls in per_call.values()} == {"tool_call_incomplete"}
     (choice,) = body["choices"]
     assert choice["stop_reason"] == "Paris" and "tool_calls" not in choice["message"]
-    assert answer(body, content=False) == answer(over_http(vllm_tools_server, request), content=False)
+    assert choice["finish_reason"] == "stop"
+    choices, usage = answer(over_http(vllm_tools_server, request), content=False)
+    assert [(c["tool_calls"], c["finish_reason"]) for c in choices] == [([], "tool_calls")]
+    assert answer(body, content=False) == ([{**choices[0], "finish_reason": "stop"}], usage)
+
+
+def test_a_stop_string_inside_an_auto_call_gives_vllms_non_streaming_finish_reason(vllm_tools_server, client):
+    """``tool_choice`` auto (the hermes parser), cut by a stop string inside the arguments: vLLM streams
+    ``"tool_calls"``, its non-streaming answer finds no call and says ``stop`` — and so does the body."""
+    request = {**get_time_request("What time is it?"), "stop": ["2022"]}
+    events, body = stream(client, request)
+    reference = over_http(vllm_tools_server, request)
+    if reference["choices"][0]["stop_reason"] != "2022":
+        pytest.skip(f"vLLM {vllm_tools_server.version}: the model's answer does not reach the stop string")
+    per_call = tool_calls_by_id(events)
+    assert all(calls[-1]["error"]["code"] == "tool_call_incomplete" for calls in per_call.values()), per_call
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert answer(body, content=False) == answer(reference, content=False)
+
+
+def test_a_parameterless_call_completes_with_the_arguments_of_vllms_non_streaming_answer(vllm_tools_server, client):
+    """On 0.18.1 vLLM's hermes stream sends the name of this call and no argument text; later lines stream
+    ``{}``. Either way the call completes with ``{}``, as in vLLM's non-streaming answer. (Content is left out:
+    the stream's role delta makes it ``""`` where vLLM's non-streaming answer with a call has ``null``.)"""
+    request = get_time_request("Call the get_time tool again.")
+    events, body = stream(client, request)
+    reference = over_http(vllm_tools_server, request)
+    if not reference["choices"][0]["message"].get("tool_calls"):
+        pytest.skip(f"vLLM {vllm_tools_server.version}: the model answers without calling get_time")
+    (calls,) = tool_calls_by_id(events).values()
+    assert calls[-1]["type"] == "response.tool_call.completed" and calls[-1]["arguments"] == "{}"
+    assert "".join(e["arguments_delta"] for e in calls[1:-1]) == "{}"
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    assert answer(body, content=False) == answer(reference, content=False)
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == "{}"
+
+
+def test_a_parameterless_responses_call_completes_with_the_arguments_of_vllms_response(vllm_tools_server, client):
+    """``responses.create``: on 0.18.1 vLLM's stream never ends this call (no ``output_item.done`` without
+    argument text); the events complete it with ``{}``, the function call of vLLM's non-streaming Response."""
+    example = {"type": "function_call", "call_id": "call_1", "name": "get_time", "arguments": "{}"}
+    turns = [{"role": "user", "content": "Call the get_time tool."}, example,
+             {"role": "user", "content": "Call the get_time tool again."}]
+    body = {"model": SERVED_NAME, "temperature": 0, "max_output_tokens": 64, "input": turns,
+            "tools": [{"type": "function", **GET_TIME}]}
+    reply = httpx.post(f"{vllm_tools_server.http}/v1/responses", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    reference = [(i["name"], i["arguments"]) for i in reply.json()["output"] if i["type"] == "function_call"]
+    if not reference:
+        pytest.skip(f"vLLM {vllm_tools_server.version}: the model answers without calling get_time")
+    *partials, terminal = client.events(client.submit({**envelope({**body, "stream": True}),
+                                                       "operation": "responses.create"}), timeout_s=120)
+    assert terminal.event["type"] == "response.completed", terminal.event
+    (calls,) = tool_calls_by_id([p.event for p in partials]).values()
+    assert calls[-1]["type"] == "response.tool_call.completed"
+    assert [(calls[-1]["name"], json.loads(calls[-1]["arguments"]))] == [(n, json.loads(a)) for n, a in reference]
 
 
 @pytest.mark.parametrize("request_", [TEXT_REQUEST, TOOL_REQUEST], ids=["text", "required-tool-call"])

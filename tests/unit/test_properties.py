@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("hypothesis", reason="hypothesis (test extra) is not installed in this environment")
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.support import envelope  # noqa: E402
@@ -206,6 +206,8 @@ def _check_one_terminal(sink: RecordingSink) -> dict[str, Any]:
 
 @FAST
 @given(chunk_streams)
+# a usage chunk whose usage is not an object once crashed the usage bookkeeping
+@example([{"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]}, {"choices": [], "usage": True}])
 def test_any_chunk_stream_gives_ordered_events_and_exactly_one_terminal(chunks):
     sink, payload = RecordingSink(), orjson.dumps(envelope({"messages": [], "stream": True}))
     backend = ScriptedBackend(chunks)

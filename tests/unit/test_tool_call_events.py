@@ -162,13 +162,16 @@ def test_a_call_cut_by_the_budget_is_incomplete_although_vllm_streams_tool_calls
     assert choice["message"]["content"] == "" and body["usage"]["completion_tokens"] == 20
 
 
-def test_a_stop_string_inside_a_call_is_incomplete_and_the_body_keeps_stop_reason():
+def test_a_stop_string_inside_a_call_is_incomplete_and_the_body_says_stop_with_its_stop_reason():
+    """vLLM streams ``finish_reason: "tool_calls"`` here; the body lists no call, so it says ``stop``."""
     fragment = {"index": 0, "function": {"arguments": '{"city": "'}}
     items = sse(ROLE, chunk({"tool_calls": [NAME]}), chunk({"tool_calls": [fragment]}),
                 chunk({}, finish_reason="tool_calls", stop_reason="Paris"))
     events, body = through_binding(items)
     assert events[-1]["error"]["code"] == "tool_call_incomplete"
-    assert body["choices"][0]["finish_reason"] == "tool_calls" and body["choices"][0]["stop_reason"] == "Paris"
+    (choice,) = body["choices"]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", "Paris")
+    assert "tool_calls" not in choice["message"]
 
 
 def test_a_name_entry_with_arguments_and_the_next_fragment_in_one_chunk_keep_their_order():

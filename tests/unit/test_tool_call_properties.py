@@ -5,12 +5,16 @@ shapes real vLLM streams them (compat/fixtures/vllm/<anchor>/d*, e*.sse: 0.26's 
 (:class:`VLLMStream`) and the profile mapper (:class:`ChatStreamMapper`).
 
 Generated: random splits of JSON arguments into fragments, several calls, indexes reused by new call ids,
-name and arguments in one entry, several entries per chunk, calls without a name, cuts by the token budget
-(vLLM still streams ``finish_reason: "tool_calls"``) and by a stop string. Invariants: per ``call_id``
-``started`` once and first, deltas in vLLM's order, exactly one ``completed`` or ``error`` last;
-``completed`` only with a name and arguments that are one JSON value, equal to the concatenated deltas; the
-error code says why; the completed body holds exactly the completed calls; ``finish_reason`` is ``length``
-when the budget ran out.
+name and arguments in one entry, several entries per chunk, calls without a name, calls with no argument text
+at all (0.18's hermes stream of a parameterless call: a name delta alone, or with ``arguments: ""``) of tools
+declared in the request with or without required arguments (the declaration shapes of
+:func:`tools_without_required_arguments`), cuts by the token budget (vLLM still streams ``finish_reason:
+"tool_calls"``) and by a stop string. Invariants: per ``call_id`` ``started`` once and first, deltas in vLLM's
+order, exactly one ``completed`` or ``error`` last; ``completed`` only with a name and arguments that are one
+JSON value, equal to the concatenated deltas, or — a call of a tool that accepts ``{}``, with no argument text,
+not cut — with one delta ``"{}"`` and ``"{}"``; the error code says why; the completed body holds exactly the
+completed calls; ``finish_reason`` is ``length`` when the budget ran out, else ``tool_calls`` exactly when the
+body lists a call, else ``stop``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper  # noqa: E402
+from vllm_nnrp_plugin.profile.tool_calls import tools_without_required_arguments  # noqa: E402
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, VLLMStream  # noqa: E402
 
 BUDGET = TokenBudget(max_tokens=50, max_model_len=2048)
@@ -52,24 +57,40 @@ def fragments(draw, text: str) -> list[str]:
     return [text[a:b] for a, b in zip(points, points[1:], strict=False)]
 
 
+#: declarations of a tool that accept ``{}`` as its arguments, and of one that does not
+ACCEPTS_EMPTY = [None, {}, {"type": "object"}, {"type": "object", "properties": {}},
+                 {"type": "object", "properties": {"tz": {"type": "string"}}, "required": [],
+                  "additionalProperties": False}]  # fmt: skip
+REFUSES_EMPTY = [{"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
+                 {"type": "object", "minProperties": 1}, {"anyOf": [{"type": "object"}]}, {"type": "string"}]
+LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": REFUSES_EMPTY[0]}}
+
+
 @st.composite
 def tool_call_streams(draw):
-    """(SSE items, the calls as vLLM began them, how generation ended)."""
+    """(SSE items, the calls as vLLM began them, how generation ended, the request's tools)."""
     shape = draw(st.sampled_from(["0.26", "0.22"]))
+    empty_ok = draw(st.booleans())
+    get_time = {"name": "get_time"}
+    parameters = draw(st.sampled_from(ACCEPTS_EMPTY if empty_ok else REFUSES_EMPTY))
+    if parameters is not None or draw(st.booleans()):
+        get_time["parameters"] = parameters
+    tools = [LOOKUP, {"type": "function", "function": get_time}]
     calls, entries, used = [], [], []
     for number in range(draw(st.integers(1, 4))):
         index = draw(st.sampled_from(used)) if used and draw(st.booleans()) else len(used)
         used.append(index) if index not in used else None
-        name = draw(st.sampled_from(["lookup", "search", None]))
-        parts = draw(fragments(draw(arguments_text)))
-        call = {"id": f"chatcmpl-tool-{number}", "index": index, "name": name, "fragments": parts}
+        name = draw(st.sampled_from(["lookup", "search", "get_time", None]))
+        parts = [] if draw(st.integers(0, 3)) == 0 else draw(fragments(draw(arguments_text)))
+        call = {"id": f"chatcmpl-tool-{number}", "index": index, "name": name, "fragments": parts,
+                "empty_ok": name == "get_time" and empty_ok}
         calls.append(call)
         first = {"id": call["id"], "type": "function", "index": index, "function": {}}
         if name:
             first["function"]["name"] = name
         rest = [{"index": index, "function": {"arguments": p}} for p in parts]
         if shape == "0.22":  # the first fragment rides in the name delta; later ones carry "name": null
-            first["function"]["arguments"] = parts[0]
+            first["function"]["arguments"] = parts[0] if parts else ""  # "": 0.18's parameterless call
             rest = rest[1:]
             for entry in rest:
                 entry["function"]["name"] = None
@@ -102,7 +123,7 @@ def tool_call_streams(draw):
     items.append("data: " + orjson.dumps({"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1,
                                           "model": "m", "choices": [], "usage": usage}).decode() + "\n\n")
     items.append("data: [DONE]\n\n")
-    return items, [c for c in calls if c["began"]], ending
+    return items, [c for c in calls if c["began"]], ending, tools
 
 
 def _chunk(delta, finish_reason=None, stop_reason=None) -> str:
@@ -121,8 +142,9 @@ def _is_json(text: str) -> bool:
     return True
 
 
-def run(items):
-    stream, mapper = VLLMStream(BUDGET), ChatStreamMapper(usage_events=False)
+def run(items, tools=None):
+    stream = VLLMStream(BUDGET)
+    mapper = ChatStreamMapper(usage_events=False, no_argument_tools=tools_without_required_arguments(tools))
     events = [event for item in items for chunk in stream.feed(item) for event in mapper.feed(chunk)]
     assert stream.done
     events += mapper.finish()
@@ -132,8 +154,8 @@ def run(items):
 @SETTINGS
 @given(tool_call_streams())
 def test_generated_tool_call_streams_keep_every_invariant(generated):
-    items, calls, ending = generated
-    events, body = run(items)
+    items, calls, ending, tools = generated
+    events, body = run(items, tools)
     per_call = collections.defaultdict(list)
     for event in events:
         assert event["type"].startswith("response.tool_call.")  # no text, no usage event (not asked)
@@ -147,16 +169,20 @@ def test_generated_tool_call_streams_keep_every_invariant(generated):
         assert last["type"] in ("response.tool_call.completed", "response.tool_call.error")
         assert all(e["index"] == call["index"] and e["item_id"] == started["item_id"] for e in per_call[call["id"]])
         text = "".join(call["emitted"])
+        reused = any(c["index"] == call["index"] for c in calls[calls.index(call) + 1:])
+        cut = ending != "complete" and not reused
+        no_arguments = call["empty_ok"] and text == "" and not cut  # completes with "{}" as vLLM's parser gives it
         if last["type"] == "response.tool_call.completed":
             assert {d["type"] for d in deltas} <= {"response.tool_call.delta"}
-            assert [d["arguments_delta"] for d in deltas] == call["emitted"]  # vLLM's order, exactly
-            assert call["name"] and _is_json(last["arguments"]) and last["arguments"] == text
             assert last["name"] == call["name"]
             completed_calls.append(last)
+            if no_arguments:
+                assert [d["arguments_delta"] for d in deltas] == ["{}"] and last["arguments"] == "{}"
+                continue
+            assert [d["arguments_delta"] for d in deltas] == call["emitted"]  # vLLM's order, exactly
+            assert call["name"] and _is_json(last["arguments"]) and last["arguments"] == text
         else:
-            assert not (call["name"] and _is_json(text))
-            reused = any(c["index"] == call["index"] for c in calls[calls.index(call) + 1:])
-            cut = ending != "complete" and not reused
+            assert not (call["name"] and _is_json(text)) and not no_arguments
             assert last["error"]["code"] == ("tool_call_incomplete" if cut else "tool_call_invalid")
             if call["name"]:
                 assert [d["arguments_delta"] for d in deltas] == call["emitted"]
@@ -164,7 +190,7 @@ def test_generated_tool_call_streams_keep_every_invariant(generated):
     claimed = [(c["id"], c["function"]["name"], c["function"]["arguments"])
                for c in choice["message"].get("tool_calls", ())]
     assert claimed == [(e["call_id"], e["name"], e["arguments"]) for e in completed_calls]
-    assert choice["finish_reason"] == ("length" if ending == "budget" else "tool_calls")
+    assert choice["finish_reason"] == ("length" if ending == "budget" else "tool_calls" if claimed else "stop")
     assert choice["stop_reason"] == ("Paris" if ending == "stop" else None)
     assert body["usage"]["completion_tokens"] == (50 if ending == "budget" else 43)
 
@@ -173,7 +199,7 @@ def test_generated_tool_call_streams_keep_every_invariant(generated):
 @given(tool_call_streams(), st.integers(1, 40))
 def test_the_parser_gives_the_same_chunks_however_vllms_strings_are_split(generated, width):
     """vLLM yields one ``data:`` item per string; a string holding several items parses the same."""
-    items, _, _ = generated
+    items, _, _, _ = generated
     blocks = ["".join(items[i: i + width]) for i in range(0, len(items), width)]
     merged, separate = VLLMStream(BUDGET), VLLMStream(BUDGET)
     assert [c for b in blocks for c in merged.feed(b)] == [c for item in items for c in separate.feed(item)]

@@ -26,9 +26,18 @@ first, deltas, exactly one completed or error last):
   complete JSON value (Python's ``json.loads``, as vLLM's tool parsers read arguments); otherwise
   ``response.tool_call.error`` ``tool_call_incomplete`` when the token budget (``finish_reason: "length"``) or a
   stop string or token (``stop_reason`` not null) ended generation, else ``tool_call_invalid``. A call that never
-  got a name is announced (``started`` with ``name: ""``) only to end it with that error.
+  got a name is announced (``started`` with ``name: ""``) only to end it with that error. One exception, when
+  generation was not cut: a call of a tool whose declaration accepts ``{}`` (``no_argument_tools``) that got no
+  argument text completes with ``"{}"`` (a ``delta`` of ``"{}"``, then ``completed``), as vLLM's non-streaming
+  answer gives it (:func:`~vllm_nnrp_plugin.profile.tool_calls.ending_arguments`).
 * A mid-stream error ends every open call with ``response.tool_call.error`` ``backend_error``
-  (:meth:`ChatStreamMapper.fail_open_calls`). The completed body lists only completed calls.
+  (:meth:`ChatStreamMapper.fail_open_calls`). The completed body lists only completed calls, and its
+  ``finish_reason`` is never ``"tool_calls"`` for a choice that lists none: vLLM streams ``"tool_calls"`` for
+  every choice that streamed a call (``chat_completion_stream_generator`` in
+  ``vllm/entrypoints/openai/chat_completion/serving.py``); the budget case already arrives as ``"length"``
+  (:class:`~vllm_nnrp_plugin.vllm_binding.chunk_shapes.VLLMStream`), every other choice without a completed
+  call gets ``"stop"`` — a stop string or token, or a call that ended with ``tool_call_invalid``: the engine's
+  own finish reason there, which vLLM's non-streaming answer reports when its parser finds no call.
 
 Per ``call_id``: started first, once; deltas; one completed/error last. Calls may interleave. ``item_id`` is
 ``tool_call_<choice>_<index>`` (``_<n>`` appended for the n-th later call on the same index): unique within
@@ -37,11 +46,11 @@ the operation.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events
+from vllm_nnrp_plugin.profile.tool_calls import ending_arguments
 
 #: the values pydantic's lax ``bool`` reads as true (vLLM validates ``stream_options`` with pydantic)
 _TRUE_STRINGS = frozenset({"1", "true", "t", "yes", "y", "on"})
@@ -59,15 +68,17 @@ def usage_asked(body: dict[str, Any]) -> bool:
 class ChatStreamMapper:
     """Feed chunks in arrival order with :meth:`feed`, then :meth:`finish`; read the final body with
     :meth:`completed_body`. ``usage_events``: emit ``response.usage`` for the final usage chunk (the request's
-    :func:`usage_asked`)."""
+    :func:`usage_asked`). ``no_argument_tools``: the names of the request's tools whose declaration accepts
+    ``{}`` (:func:`~vllm_nnrp_plugin.profile.tool_calls.tools_without_required_arguments` of its ``tools``)."""
 
-    __slots__ = ("_head", "_choices", "_usage", "_usage_events")
+    __slots__ = ("_head", "_choices", "_usage", "_usage_events", "_no_argument_tools")
 
-    def __init__(self, usage_events: bool = True) -> None:
+    def __init__(self, usage_events: bool = True, no_argument_tools: frozenset[str] = frozenset()) -> None:
         self._head: dict[str, Any] | None = None
         self._choices: dict[int, _Choice] = {}
         self._usage: dict[str, Any] | None = None
         self._usage_events = usage_events
+        self._no_argument_tools = no_argument_tools
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """Events for one chunk, in order (often one, sometimes none).
@@ -85,7 +96,7 @@ class ChatStreamMapper:
             index = choice.get("index", 0)
             state = self._choices.get(index)
             if state is None:
-                state = self._choices[index] = _Choice(index)
+                state = self._choices[index] = _Choice(index, self._no_argument_tools)
             delta = choice.get("delta") or {}
             if "content" in delta:
                 state.content_seen = True
@@ -171,13 +182,17 @@ class _ToolCall:
             out.append(events.tool_call_delta(self.index, self.item_id, self.call_id, fragment))
         return out
 
-    def close(self, cut: bool) -> list[dict[str, Any]]:
-        """``completed`` if named and the arguments are one JSON value, else ``error`` (``cut``: the budget or a
+    def close(self, cut: bool, no_argument_tools: frozenset[str]) -> list[dict[str, Any]]:
+        """``completed`` if named and the arguments are one JSON value (or, not ``cut``, the ``"{}"`` of
+        :func:`~vllm_nnrp_plugin.profile.tool_calls.ending_arguments`), else ``error`` (``cut``: the budget or a
         stop condition ended generation)."""
         arguments = "".join(self.arguments)
-        if self.name and is_one_json_value(arguments):
+        ending = ending_arguments(self.name, arguments, frozenset() if cut else no_argument_tools)
+        if self.name and ending is not None:
+            out = self.add("", ending) if ending != arguments else []  # the "{}" vLLM's stream left out
             self.done = self.completed = True
-            return [events.tool_call_completed(self.index, self.item_id, self.call_id, self.name, arguments)]
+            out.append(events.tool_call_completed(self.index, self.item_id, self.call_id, self.name, ending))
+            return out
         problem = "has no function name" if not self.name else "has arguments that are not one complete JSON value"
         if cut:
             err = E.ProfileError(E.TOOL_CALL_INCOMPLETE, f"generation stopped (token budget or stop condition) "
@@ -196,10 +211,12 @@ class _ToolCall:
 
 
 class _Choice:
-    __slots__ = ("index", "text", "content_seen", "reasoning", "finish_reason", "stop_reason", "calls", "latest")
+    __slots__ = ("index", "text", "content_seen", "reasoning", "finish_reason", "stop_reason", "calls", "latest",
+                 "no_argument_tools")
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, no_argument_tools: frozenset[str]) -> None:
         self.index = index
+        self.no_argument_tools = no_argument_tools
         self.text: list[str] = []
         self.content_seen = False
         self.reasoning: list[str] = []
@@ -216,7 +233,7 @@ class _Choice:
         call = self.latest.get(index)
         if call is None or (vllm_id and vllm_id != call.vllm_id and (call.vllm_id or call.started or call.done)):
             if call is not None and not call.done:
-                out.extend(call.close(cut=False))  # a new call on its index: the earlier one ended there
+                out.extend(call.close(False, self.no_argument_tools))  # a new call on its index ended the earlier
             reuse = sum(c.index == index for c in self.calls)
             item_id = f"tool_call_{self.index}_{index}" + (f"_{reuse}" if reuse else "")
             call = self.latest[index] = _ToolCall(item_id, index, vllm_id)
@@ -231,7 +248,7 @@ class _Choice:
 
     def close_tool_calls(self) -> list[dict[str, Any]]:
         cut = self.finish_reason == "length" or self.stop_reason is not None
-        return [e for call in self.open_calls() for e in call.close(cut)]
+        return [e for call in self.open_calls() for e in call.close(cut, self.no_argument_tools)]
 
     def as_choice(self) -> dict[str, Any]:
         content = "".join(self.text) if self.content_seen else None
@@ -244,18 +261,9 @@ class _Choice:
                 {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": "".join(c.arguments)}}
                 for c in completed
             ]
-        return {"index": self.index, "message": message, "logprobs": None, "finish_reason": self.finish_reason,
+        finish_reason = "stop" if self.finish_reason == "tool_calls" and not completed else self.finish_reason
+        return {"index": self.index, "message": message, "logprobs": None, "finish_reason": finish_reason,
                 "stop_reason": self.stop_reason}
-
-
-def is_one_json_value(text: str) -> bool:
-    """True when ``text`` is exactly one JSON value (Python's ``json.loads``, as vLLM's tool parsers read
-    arguments): what a tool call's arguments must be for ``response.tool_call.completed``."""
-    try:
-        json.loads(text)
-    except (ValueError, RecursionError):  # json.JSONDecodeError (also "" and whitespace), absurd nesting
-        return False
-    return True
 
 
 def _stream_error(error: object) -> E.ProfileError:

@@ -12,7 +12,13 @@ item in the Response's ``output``; it is the profile event's ``index``.
   ``response.tool_call.completed {arguments}`` when the item's ``arguments`` are one JSON value (Python's
   ``json.loads``, as vLLM's tool parsers read them), else ``response.tool_call.error``: ``tool_call_incomplete``
   when the Response ends ``incomplete`` (the token budget ended generation), else ``tool_call_invalid`` — so
-  such an error waits for ``response.completed``;
+  such an error waits for ``response.completed``; a call vLLM never ended (on 0.18.x its stream sends no
+  ``output_item.done`` for a call without argument text) ends the same way at ``response.completed``, judged
+  on its streamed fragments. As for chat, a call of a tool whose declaration accepts ``{}``
+  (``no_argument_tools``) with no argument text completes with ``"{}"`` (a ``delta`` of ``"{}"``, then
+  ``completed``) when the Response is not ``incomplete``
+  (:func:`~vllm_nnrp_plugin.profile.tool_calls.ending_arguments`): the function call vLLM's completed
+  Response lists for it;
 * ``response.completed {response}`` -> ``response.usage {usage: {input_tokens, output_tokens, total_tokens}}``
   from the Response's ``usage`` (the Responses API always reports usage at its end; it has no
   ``stream_options``), and the Response object becomes :meth:`ResponsesStreamMapper.completed_body`: the body
@@ -35,19 +41,22 @@ from typing import Any
 
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events
-from vllm_nnrp_plugin.profile.chat_stream import is_one_json_value
+from vllm_nnrp_plugin.profile.tool_calls import ending_arguments, is_one_json_value
 
 
 class ResponsesStreamMapper:
     """Feed vLLM's Responses events in arrival order with :meth:`feed`, then :meth:`finish`; read the final
-    Response with :meth:`completed_body`."""
+    Response with :meth:`completed_body`. ``no_argument_tools``: the names of the request's tools whose
+    declaration accepts ``{}`` (:func:`~vllm_nnrp_plugin.profile.tool_calls.tools_without_required_arguments`
+    of its ``tools``)."""
 
-    __slots__ = ("_calls", "_pending", "_response")
+    __slots__ = ("_calls", "_pending", "_response", "_no_argument_tools")
 
-    def __init__(self) -> None:
+    def __init__(self, no_argument_tools: frozenset[str] = frozenset()) -> None:
         self._calls: dict[str, _Call] = {}  # vLLM item id -> call, in the order vLLM began them
-        self._pending: list[_Call] = []  # ended with invalid arguments: the error code waits for the Response
+        self._pending: list[_Call] = []  # ended with invalid arguments: how they end waits for the Response
         self._response: dict[str, Any] | None = None
+        self._no_argument_tools = no_argument_tools
 
     def feed(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         """Events for one vLLM Responses event, in order (often one, often none).
@@ -64,6 +73,7 @@ class ResponsesStreamMapper:
             call = self._calls.get(item["item_id"])
             if call is None or call.done or not item["delta"]:
                 return []
+            call.arguments += item["delta"]
             return [events.tool_call_delta(call.index, call.item_id, call.call_id, item["delta"])]
         if kind == "response.output_item.done" and item["item"]["type"] == "function_call":
             call = self._calls.get(item["item"]["id"])
@@ -84,9 +94,9 @@ class ResponsesStreamMapper:
     def _complete(self, response: dict[str, Any]) -> list[dict[str, Any]]:
         self._response = response
         cut = response.get("status") == "incomplete"
-        out = [e for call in self._pending for e in call.fail(_invalid_arguments(call, cut))]
+        no_argument_tools = frozenset() if cut else self._no_argument_tools
+        out = [e for call in (*self._pending, *self._open()) for e in call.end(cut, no_argument_tools)]
         self._pending.clear()
-        out.extend(e for call in self._open() for e in call.fail(_invalid_arguments(call, cut)))
         usage = response.get("usage")
         if usage:
             out.append(events.usage({
@@ -128,6 +138,19 @@ class _Call:
         self.name = item.get("name") or ""
         self.arguments = item.get("arguments") or ""
         self.done = False
+
+    def end(self, cut: bool, no_argument_tools: frozenset[str]) -> list[dict[str, Any]]:
+        """The end of a call whose arguments were not one JSON value when vLLM ended it, or that vLLM never
+        ended (judged on its streamed fragments): ``completed`` with what
+        :func:`~vllm_nnrp_plugin.profile.tool_calls.ending_arguments` gives, else the error."""
+        ending = ending_arguments(self.name, self.arguments, no_argument_tools) if self.name else None
+        if ending is None:
+            return self.fail(_invalid_arguments(self, cut))
+        self.done = True
+        completed = events.tool_call_completed(self.index, self.item_id, self.call_id, self.name, ending)
+        if ending == self.arguments:
+            return [completed]
+        return [events.tool_call_delta(self.index, self.item_id, self.call_id, ending), completed]
 
     def fail(self, err: E.ProfileError) -> list[dict[str, Any]]:
         self.done = True

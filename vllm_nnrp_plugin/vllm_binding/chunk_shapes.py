@@ -25,7 +25,9 @@ minus the build-specific fields:
   ``finish_reason: "tool_calls"`` for every choice that streamed a tool call, even when the token budget ended
   it, where its non-streaming answer says ``"length"``. Given the request's :class:`TokenBudget`, a
   ``"tool_calls"`` finish chunk waits for vLLM's usage (the usage chunk at the end, or usage on that chunk) and
-  becomes ``"length"`` when the completion tokens reached the budget (:class:`VLLMStream`).
+  becomes ``"length"`` when the completion tokens reached the budget (:class:`VLLMStream`). A ``"tool_calls"``
+  left on a choice that completed no call becomes ``"stop"`` in the profile mapper, which knows which calls
+  completed (:mod:`vllm_nnrp_plugin.profile.chat_stream`).
 
 Parsing: :func:`vllm_chunks` (and its I/O-free core :class:`VLLMStream`) turns the ``data: <json>`` strings
 vLLM's generator yields into normal-form chunk dicts; it is the one way vLLM's stream output reaches the
