@@ -3,17 +3,21 @@
 The server serves the tiny model of :mod:`bench.tiny_model` (``--load-format dummy``: a forward pass that costs
 almost nothing), so what is measured is the serving around the model: the API-server process (vLLM's HTTP
 server and OpenAI layer, detokenisation, the plugin's NNRP sessions) and the engine. Started through
-:func:`compat.launcher.serve_with_nnrp` with ``--max-num-seqs 256`` and NNRP on a TCP port and a unix socket
-(``transport`` picks which one the clients use; ``python -m bench load --load-transport ipc``), allowing 1024
-NNRP sessions and in-flight operations (:data:`NNRP_CONFIG`) so that sessions of one window still closing on the
-server never refuse the next window's.
+:func:`compat.launcher.serve_with_nnrp` with ``--max-num-seqs`` of at least 256 (enough for the largest
+window) and NNRP on a TCP port and a unix socket (``transport`` picks which one the clients use;
+``python -m bench load --load-transport ipc``), allowing 1536 NNRP sessions, 1024 in-flight operations and 64
+per session (:data:`NNRP_CONFIG`) so that sessions of one window still closing on the server never refuse the
+next window's. The NNRP load generator is :mod:`vllm_nnrp_plugin.nnrp_client` on one event loop per client
+process, one task per stream, as the HTTP one is aiohttp.
 
 Per concurrency level (default 32, 128, 256) the same streamed chat request (``max_tokens`` tokens,
 ``ignore_eos``, ``temperature`` 0, ``include_usage``) runs over HTTP/SSE (``/v1/chat/completions``) and NNRP in
 ``rounds`` windows each, alternating A/B/B/A. A window is ``concurrency`` streams from
 :data:`CLIENT_PROCESSES` client processes (:mod:`bench.load_client`), every stream on its own connection or
-NNRP session, all opened before the window starts; it ends when the last stream ended. Rows (id
-``load.c<N>.<metric>.<http|nnrp>``):
+NNRP session, all opened before the window starts; it ends when the last stream ended. Levels in ``shared``
+(default :data:`SHARED`: 128 as 8 sessions × 16 streams, 256 as 8 × 32) also run NNRP in the agent shape: few
+connections, one session each, many operations per session. Rows (id ``load.c<N>.<metric>.<http|nnrp>``, the
+agent shape ``load.c<N>.shared<K>.<metric>.nnrp`` for K streams per session):
 
 * ``api_server_cpu_us_per_token``: utime + stime of the API-server process (all its threads, from
   ``/proc/<pid>/stat``) over the window, divided by the window's output tokens (the usages' completion
@@ -32,19 +36,30 @@ NNRP session, all opened before the window starts; it ends when the last stream 
 The same levels run again on a second server started with ``--stream-interval 8`` (vLLM then sends a chunk
 every 8 tokens) where the installed vLLM has that flag (``load.stream_interval_8.c<N>.…``).
 
+Cancel under load (``load.cancel.c<N>.*``): ``cancel_streams`` NNRP streams (default 256 as 8 sessions × 32)
+of :data:`RUNNING_TOKENS` tokens, of which ``cancel_sample`` (default 32), spread evenly over them, are
+cancelled (FRAME_CANCEL) 5 ms + k × 20 ms after their first text delta (:mod:`bench.load_client`);
+``client_cancel_to_terminal_ms`` (at the client: FRAME_CANCEL handed to the transport -> its terminal received),
+``server_cancel_to_abort_ms`` (in the API server: the operation's cancel recorded -> vLLM abort issued, the
+``cancel_to_abort_ms`` of its log line, :func:`vllm_nnrp_plugin.observation.log_fields`), both ms with p99 in
+the note; ``no_terminal_within_10s`` (must be 0) and ``failed``.
+
 Connect burst (``load.burst.*``): ``burst_clients`` clients from the client processes released at once, each
 connecting (NNRP: connect + open session) and sending one 8-token request; open and served times (ms) and
-failures (not served within 10 s), over NNRP and, for comparison, HTTP.
+failures (not served within 10 s), over NNRP and, for comparison, HTTP; then again over NNRP while
+``burst_load_streams`` NNRP streams (a session each) of :data:`RUNNING_TOKENS` tokens run
+(``load.burst_under_load.*``, with ``load_failed`` for those streams).
 
 Idle sessions (``load.idle.*``): the API server's CPU (% of one core, one sample per second) with no client
-connected, then with ``idle_sessions`` NNRP sessions open and idle; the difference of the means is the cost
-of holding idle sessions.
+connected, then with ``idle_sessions`` (default 1000) NNRP sessions open and idle, one connection each; the
+difference of the means is the cost of holding idle sessions.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -58,13 +73,17 @@ import orjson
 from bench import tiny_model
 from bench.e2e import START_TIMEOUT_S, chat_body
 from bench.procs import ROOT, env
-from bench.results import Result, Target
+from bench.results import Result, Target, percentile
 from compat.launcher import free_port, serve_with_nnrp
 
 LEVELS = (32, 128, 256)
 CLIENT_PROCESSES = 4
 PROMPT = "Write a long story about the sea."
-NNRP_CONFIG = {"nnrp": {"max_sessions": 1024, "max_in_flight": 1024}}
+NNRP_CONFIG = {"nnrp": {"max_sessions": 1536, "max_in_flight": 1024, "max_in_flight_per_session": 64}}
+#: output tokens of the streams that must still be running while others are cancelled or a burst connects
+RUNNING_TOKENS = 256
+#: the agent shape per level: streams per NNRP session (one session per connection)
+SHARED = {128: 16, 256: 32}
 CPU_RATIO = Target("p50", "<=", 0.8)
 TPS_RATIO = Target("p50", ">=", 1.0)
 TTFT_RATIO = Target("p50", "<=", 1.0)
@@ -72,6 +91,8 @@ GAP_RATIO = Target("p95", "<=", 1.0)
 NO_FAILURE = Target("max", "<=", 0)
 SLOWEST_OPEN = Target("max", "<=", 2000)
 IDLE_COST = Target("p50", "<=", 2.0)
+#: cancels under load: every cancelled stream gets its terminal (the load client gives each 10 s)
+ALL_ANSWERED = Target("max", "<=", 0)
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
@@ -170,11 +191,28 @@ def shares(total: int, parts: int = CLIENT_PROCESSES) -> list[int]:
     return [n for n in (total // parts + (i < total % parts) for i in range(parts)) if n]
 
 
-def window(server: Any, engine: Sequence[int], mode: str, protocol: str, count: int, body: dict[str, Any], *,
-           transport: str, workdir: str) -> Window:  # fmt: skip
-    """Open the clients' connections, then time one window of ``mode`` (``stream`` or ``burst``)."""
+def client_args(server: Any, mode: str, protocol: str, count: int, body: dict[str, Any], *, transport: str,
+                per_session: int = 1, cancel: int = 0) -> list[list[str]]:  # fmt: skip
+    """The :mod:`bench.load_client` argument lists of ``count`` streams (clients, sessions): whole sessions of
+    ``per_session`` streams per process, and the ``cancel`` sample split in proportion."""
     target = server.http if protocol == "http" else server.nnrp[transport]
-    argument_lists = [[mode, protocol, target, str(n), orjson.dumps(body).decode()] for n in shares(count)]
+    out = []
+    for sessions in shares(-(-count // per_session)):
+        n = min(sessions * per_session, count - sum(int(a[3]) for a in out))
+        args = [mode, protocol, target, str(n), orjson.dumps(body).decode()]
+        if per_session != 1:
+            args += ["--per-session", str(per_session)]
+        if cancel:
+            args += ["--cancel", str(round(cancel * n / count))]
+        out.append(args)
+    return out
+
+
+def window(server: Any, engine: Sequence[int], mode: str, protocol: str, count: int, body: dict[str, Any], *,
+           transport: str, workdir: str, per_session: int = 1, cancel: int = 0) -> Window:  # fmt: skip
+    """Open the clients' connections, then time one window of ``mode`` (``stream`` or ``burst``)."""
+    argument_lists = client_args(server, mode, protocol, count, body, transport=transport, per_session=per_session,
+                                 cancel=cancel)  # fmt: skip
     with Clients(argument_lists, workdir) as clients:
         clients.read()  # ready
         sides = ([server.pid], engine, [p.pid for p in clients.procs])
@@ -206,56 +244,134 @@ def _failed(id: str, windows: Sequence[Window], parameters: dict[str, Any]) -> R
 
 
 def levels_rows(server: Any, engine: Sequence[int], prefix: str, *, levels: Sequence[int], rounds: int,
-                max_tokens: int, transport: str, workdir: str, parameters: dict[str, Any]) -> list[Result]:  # fmt: skip
-    """The per-level rows (module docstring), NNRP and HTTP windows alternating A/B/B/A."""
+                max_tokens: int, transport: str, workdir: str, parameters: dict[str, Any],
+                shared: dict[int, int]) -> list[Result]:  # fmt: skip
+    """The per-level rows (module docstring), the shapes' windows alternating A/B/B/A: HTTP, NNRP with a
+    session per stream and, for a level in ``shared`` (level -> streams per session), NNRP sessions of that
+    many streams."""
     body = chat_body(PROMPT, max_tokens)
     rows: list[Result] = []
     for c in levels:
-        got: dict[str, list[Window]] = {"http": [], "nnrp": []}
+        shapes = {"http": ("http", 1), "nnrp": ("nnrp", 1)}
+        if c in shared:
+            shapes[f"shared{shared[c]}"] = ("nnrp", shared[c])
+        got: dict[str, list[Window]] = {shape: [] for shape in shapes}
         for r in range(rounds):
-            for protocol in ("http", "nnrp") if r % 2 == 0 else ("nnrp", "http"):
-                got[protocol].append(window(server, engine, "stream", protocol, c, body, transport=transport, workdir=workdir))
+            for shape in list(shapes) if r % 2 == 0 else list(shapes)[::-1]:
+                protocol, per_session = shapes[shape]
+                got[shape].append(window(server, engine, "stream", protocol, c, body, transport=transport,
+                                         workdir=workdir, per_session=per_session))  # fmt: skip
         params = {**parameters, "concurrency": c, "client_processes": len(shares(c)), "rounds": rounds,
                   "max_tokens": max_tokens, "nnrp_transport": transport}  # fmt: skip
         made: dict[tuple[str, str], Result] = {}
-        for protocol, windows in got.items():
+        for shape, windows in got.items():
+            protocol, per_session = shapes[shape]
+            shape_params = params if per_session == 1 else {**params, "streams_per_session": per_session,
+                                                             "sessions": -(-c // per_session)}  # fmt: skip
             ok = [r for w in windows for r in w.requests if r["error"] is None and r["ttft_ms"] > 0]
-            name = f"{prefix}.c{c}.{{}}.{protocol}"
-            made["api", protocol] = Result.of(name.format("api_server_cpu_us_per_token"), "us",
-                                              [w.api_cpu_s * 1e6 / max(1, w.tokens) for w in windows], parameters=params)  # fmt: skip
-            made["engine", protocol] = Result.of(name.format("engine_cpu_us_per_token"), "us",
-                                                 [w.engine_cpu_s * 1e6 / max(1, w.tokens) for w in windows], parameters=params)  # fmt: skip
-            made["client", protocol] = Result.of(name.format("client_cpu_us_per_token"), "us",
-                                                 [w.client_cpu_s * 1e6 / max(1, w.tokens) for w in windows], parameters=params)  # fmt: skip
-            made["tps", protocol] = Result.of(name.format("tokens_per_s"), "tokens/s", [w.tokens / w.wall_s for w in windows], parameters=params)
-            made["ttft", protocol] = Result.of(name.format("ttft"), "ms", [r["ttft_ms"] for r in ok] or [0.0], parameters=params)
-            made["gap", protocol] = Result.of(name.format("gap"), "ms", [g for r in ok for g in r["gaps_ms"]] or [0.0], parameters=params)
-            made["failed", protocol] = _failed(name.format("failed"), windows, params)
+            name = f"{prefix}.c{c}.{{}}.{protocol}" if per_session == 1 else f"{prefix}.c{c}.{shape}.{{}}.{protocol}"
+
+            def row(metric: str, unit: str, values: list[float], name: str = name, p: dict = shape_params) -> Result:
+                return Result.of(name.format(metric), unit, values, parameters=p)
+
+            made["api", shape] = row("api_server_cpu_us_per_token", "us", [w.api_cpu_s * 1e6 / max(1, w.tokens) for w in windows])
+            made["engine", shape] = row("engine_cpu_us_per_token", "us", [w.engine_cpu_s * 1e6 / max(1, w.tokens) for w in windows])
+            made["client", shape] = row("client_cpu_us_per_token", "us", [w.client_cpu_s * 1e6 / max(1, w.tokens) for w in windows])
+            made["tps", shape] = row("tokens_per_s", "tokens/s", [w.tokens / w.wall_s for w in windows])
+            made["ttft", shape] = row("ttft", "ms", [r["ttft_ms"] for r in ok] or [0.0])
+            made["gap", shape] = row("gap", "ms", [g for r in ok for g in r["gaps_ms"]] or [0.0])
+            made["failed", shape] = _failed(name.format("failed"), windows, shape_params)
         for metric, target in (("api", CPU_RATIO), ("engine", None), ("client", None), ("tps", TPS_RATIO), ("ttft", TTFT_RATIO), ("gap", GAP_RATIO)):
-            http, nnrp = made[metric, "http"], made[metric, "nnrp"]
-            rows += [http, nnrp, _ratio(nnrp.id.removesuffix(".nnrp") + "_ratio.nnrp_over_http", nnrp, http, target, params)]
-        rows += [made["failed", "http"], made["failed", "nnrp"]]
+            http = made[metric, "http"]
+            rows.append(http)
+            for shape in list(shapes)[1:]:
+                nnrp = made[metric, shape]
+                rows += [nnrp, _ratio(nnrp.id.removesuffix(".nnrp") + "_ratio.nnrp_over_http", nnrp, http, target, nnrp.parameters)]
+        rows += [made["failed", shape] for shape in shapes]
     return rows
 
 
-def burst_rows(server: Any, engine: Sequence[int], *, clients: int, transport: str, workdir: str) -> list[Result]:
-    """``clients`` connecting at once, one 8-token request each, over NNRP then HTTP."""
+def _server_cancel_to_abort_ms(log: pathlib.Path, offset: int) -> list[float]:
+    """``cancel_to_abort_ms`` of the client-cancelled operations' log lines (the service logs every
+    operation that did not complete at INFO: :func:`vllm_nnrp_plugin.observation.log_line`) written to the
+    API server's log after byte ``offset``."""
+    with open(log, "rb") as f:
+        f.seek(offset)
+        return [float(m.group(1)) for m in _CANCEL_LINE.finditer(f.read())]
+
+
+_CANCEL_LINE = re.compile(rb"nnrp operation [^\n]*?\bcancel_source=client\b[^\n]*?\bcancel_to_abort_ms=([0-9.]+)")
+
+
+def cancel_rows(server: Any, engine: Sequence[int], *, streams: int, per_session: int, cancel: int, max_tokens: int,
+                transport: str, workdir: str) -> list[Result]:  # fmt: skip
+    """``streams`` NNRP streams (``per_session`` per session) of which ``cancel``, spread over them, are
+    cancelled shortly after their first token (:mod:`bench.load_client` ``--cancel``): client and server
+    cancel latencies, and cancels left without a terminal."""
+    params = {"streams": streams, "streams_per_session": per_session, "cancelled": cancel, "max_tokens": max_tokens,
+              "client_processes": len(shares(-(-streams // per_session))), "nnrp_transport": transport}  # fmt: skip
+    offset = server.log.stat().st_size
+    w = window(server, engine, "stream", "nnrp", streams, chat_body(PROMPT, max_tokens), transport=transport,
+               workdir=workdir, per_session=per_session, cancel=cancel)  # fmt: skip
+    time.sleep(1.0)  # the last operations' log lines
+    measured = [r["cancel_ms"] for r in w.requests if r.get("cancel_ms") is not None]
+    unanswered = [r for r in w.requests if r["error"] and "no terminal within" in r["error"]]
+    server_ms = _server_cancel_to_abort_ms(server.log, offset)
+    client = Result.of(
+        f"load.cancel.c{streams}.client_cancel_to_terminal_ms.nnrp", "ms", measured or [0.0], parameters=params,
+        note=f"FRAME_CANCEL written -> terminal received; p99 {percentile(measured or [0.0], 0.99):.2f} ms",
+    )  # fmt: skip
+    server_row = Result.of(
+        f"load.cancel.c{streams}.server_cancel_to_abort_ms.nnrp", "ms", server_ms or [0.0], parameters=params,
+        note=f"API server: cancel received -> vLLM abort issued (log lines); p99 {percentile(server_ms or [0.0], 0.99):.2f} ms",
+    )  # fmt: skip
+    return [
+        client, server_row,
+        Result.of(f"load.cancel.c{streams}.no_terminal_within_10s.nnrp", "requests", [len(unanswered)],
+                  targets=(ALL_ANSWERED,), parameters=params),
+        _failed(f"load.cancel.c{streams}.failed.nnrp", [w], params),
+    ]  # fmt: skip
+
+
+def _burst_results(w: Window, prefix: str, protocol: str, params: dict[str, Any]) -> list[Result]:
+    opened = [r["open_ms"] for r in w.requests if r.get("open_ms") is not None]
+    served = [r["served_ms"] for r in w.requests if r["error"] is None]
+    what = "connect + open session" if protocol == "nnrp" else "TCP connect"
+    return [
+        Result.of(f"{prefix}.open_ms.{protocol}", "ms", opened or [0.0], parameters=params, note=f"release -> {what}",
+                  targets=(SLOWEST_OPEN,) if protocol == "nnrp" else ()),
+        Result.of(f"{prefix}.served_ms.{protocol}", "ms", served or [0.0], parameters=params),
+        _failed(f"{prefix}.failed.{protocol}", [w], params),
+    ]  # fmt: skip
+
+
+def burst_rows(server: Any, engine: Sequence[int], *, clients: int, load_streams: int, max_tokens: int, transport: str,
+               workdir: str) -> list[Result]:  # fmt: skip
+    """``clients`` connecting at once, one 8-token request each: over NNRP then HTTP on the idle server
+    (``load.burst.*``), then over NNRP again while ``load_streams`` NNRP streams of ``max_tokens`` tokens
+    (a session each) run (``load.burst_under_load.*``; skipped when ``load_streams`` is 0)."""
     body = chat_body(PROMPT, 8)
     rows: list[Result] = []
+    params = {"clients": clients, "client_processes": len(shares(clients)), "nnrp_transport": transport}
     for protocol in ("nnrp", "http"):
         w = window(server, engine, "burst", protocol, clients, body, transport=transport, workdir=workdir)
-        params = {"clients": clients, "client_processes": len(shares(clients)), "nnrp_transport": transport}
-        opened = [r["open_ms"] for r in w.requests if r.get("open_ms") is not None]
-        served = [r["served_ms"] for r in w.requests if r["error"] is None]
-        what = "connect + open session" if protocol == "nnrp" else "TCP connect"
-        rows += [
-            Result.of(f"load.burst.open_ms.{protocol}", "ms", opened or [0.0], parameters=params, note=f"release -> {what}",
-                      targets=(SLOWEST_OPEN,) if protocol == "nnrp" else ()),
-            Result.of(f"load.burst.served_ms.{protocol}", "ms", served or [0.0], parameters=params),
-            _failed(f"load.burst.failed.{protocol}", [w], params),
-        ]  # fmt: skip
+        rows += _burst_results(w, "load.burst", protocol, params)
     rows[0].versus(rows[3])
     rows[1].versus(rows[4])
+    if not load_streams:
+        return rows
+    background = client_args(server, "stream", "nnrp", load_streams, chat_body(PROMPT, max_tokens), transport=transport)
+    with Clients(background, workdir) as load:
+        load.read()  # the streams' sessions are open
+        load.tell()
+        time.sleep(0.5)  # the streams are running
+        w = window(server, engine, "burst", "nnrp", clients, body, transport=transport, workdir=workdir)
+        streams = [r for line in load.read() for r in orjson.loads(line)["requests"]]
+        load.tell()
+    under = {**params, "load_streams": load_streams, "load_max_tokens": max_tokens}
+    running = Window(streams, w.wall_s, 0.0, 0.0, 0.0)
+    rows += [*_burst_results(w, "load.burst_under_load", "nnrp", under),
+             _failed("load.burst_under_load.load_failed.nnrp", [running], under)]  # fmt: skip
     return rows
 
 
@@ -297,25 +413,31 @@ def stream_interval_supported() -> bool:
 
 
 def measure(server: Any, *, prefix: str = "load", levels: Sequence[int], rounds: int, max_tokens: int,
-            burst_clients: int, idle_sessions: int, idle_seconds: float, transport: str, workdir: str,
-            parameters: dict[str, Any] | None = None) -> list[Result]:  # fmt: skip
-    """All rows on a ready ``server`` (an object with ``http``, ``nnrp`` {transport: URI} and ``pid``): a
-    warm-up window per protocol, the idle rows (skipped when ``idle_sessions`` is 0), the levels, the burst
-    (skipped when ``burst_clients`` is 0)."""
+            shared: dict[int, int], burst_clients: int, burst_load_streams: int, cancel_streams: int,
+            cancel_per_session: int, cancel_sample: int, idle_sessions: int, idle_seconds: float, transport: str,
+            workdir: str, parameters: dict[str, Any] | None = None) -> list[Result]:  # fmt: skip
+    """All rows on a ready ``server`` (an object with ``http``, ``nnrp`` {transport: URI}, ``pid`` and
+    ``log``): a warm-up window per protocol, the idle rows (skipped when ``idle_sessions`` is 0), the levels,
+    the cancels under load (skipped when ``cancel_streams`` is 0), the bursts (skipped when ``burst_clients``
+    is 0)."""
     engine = engine_pids(server.pid)
     for protocol in ("http", "nnrp"):
         window(server, engine, "stream", protocol, 4, chat_body(PROMPT, 16), transport=transport, workdir=workdir)
     rows = idle_rows(server, sessions=idle_sessions, seconds=idle_seconds, transport=transport, workdir=workdir) if idle_sessions else []
     rows += levels_rows(server, engine, prefix, levels=levels, rounds=rounds, max_tokens=max_tokens, transport=transport,
-                        workdir=workdir, parameters=parameters or {})  # fmt: skip
+                        workdir=workdir, parameters=parameters or {}, shared=shared)  # fmt: skip
+    if cancel_streams:
+        rows += cancel_rows(server, engine, streams=cancel_streams, per_session=cancel_per_session, cancel=cancel_sample,
+                            max_tokens=max(max_tokens, RUNNING_TOKENS), transport=transport, workdir=workdir)  # fmt: skip
     if burst_clients:
-        rows += burst_rows(server, engine, clients=burst_clients, transport=transport, workdir=workdir)
+        rows += burst_rows(server, engine, clients=burst_clients, load_streams=burst_load_streams,
+                           max_tokens=max(max_tokens, RUNNING_TOKENS), transport=transport, workdir=workdir)  # fmt: skip
     return rows
 
 
 def _serve(model: str, workdir: str, extra_args: Sequence[str], **kw: Any) -> list[Result]:
     nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/load-{free_port()}.sock"}
-    seqs = max(256, *kw["levels"], kw["burst_clients"])
+    seqs = max(256, *kw["levels"], kw["burst_clients"] + kw["burst_load_streams"], kw["cancel_streams"])
     server = serve_with_nnrp(
         model, workdir, listen=(nnrp["tcp"], nnrp["ipc"]), log=f"{workdir}/vllm-{free_port()}.log",
         extra_args=("--load-format", "dummy", "--max-num-seqs", str(seqs), "--additional-config",
@@ -331,26 +453,29 @@ def _serve(model: str, workdir: str, extra_args: Sequence[str], **kw: Any) -> li
 
 def run(
     *, model: str | None = None, levels: Sequence[int] = LEVELS, rounds: int = 2, max_tokens: int = 256,
-    burst_clients: int = 256, idle_sessions: int = 256, idle_seconds: float = 10.0, stream_interval: int | None = 8,
-    transport: str = "tcp",
+    shared: dict[int, int] = SHARED, burst_clients: int = 256, burst_load_streams: int = 256,
+    cancel_streams: int = 256, cancel_per_session: int = 32, cancel_sample: int = 32, idle_sessions: int = 1000,
+    idle_seconds: float = 10.0, stream_interval: int | None = 8, transport: str = "tcp",
 ) -> list[Result]:
     """Serve the tiny model made from ``model`` (default ``$VLLM_NNRP_TEST_MODEL``) and measure (module
     docstring); then the levels again with ``--stream-interval stream_interval`` unless it is ``None`` or the
     installed vLLM lacks the flag. Raises ``SystemExit`` without a model, ``compat.launcher.ServeError`` when
     ``vllm serve`` does not start, ``RuntimeError`` when a client process fails."""
-    kw = {"levels": levels, "rounds": rounds, "max_tokens": max_tokens, "transport": transport}
+    kw = {"levels": levels, "rounds": rounds, "max_tokens": max_tokens, "shared": shared, "transport": transport}
     model = model or os.environ.get("VLLM_NNRP_TEST_MODEL")
     if not model:
         raise SystemExit("load benchmark: give --model or set VLLM_NNRP_TEST_MODEL")
     with tempfile.TemporaryDirectory() as workdir:
         tiny = str(tiny_model.build(model))
-        rows = _serve(tiny, workdir, (), burst_clients=burst_clients, idle_sessions=idle_sessions,
-                      idle_seconds=idle_seconds, **kw)  # fmt: skip
+        rows = _serve(tiny, workdir, (), burst_clients=burst_clients, burst_load_streams=burst_load_streams,
+                      cancel_streams=cancel_streams, cancel_per_session=cancel_per_session, cancel_sample=cancel_sample,
+                      idle_sessions=idle_sessions, idle_seconds=idle_seconds, **kw)  # fmt: skip
         if stream_interval is None:
             return rows
         if not stream_interval_supported():
             print("bench load: this vLLM has no --stream-interval; its rows are skipped", file=sys.stderr)
             return rows
         rows += _serve(tiny, workdir, ("--stream-interval", str(stream_interval)), prefix=f"load.stream_interval_{stream_interval}",
-                       burst_clients=0, idle_sessions=0, idle_seconds=0, parameters={"stream_interval": stream_interval}, **kw)  # fmt: skip
+                       burst_clients=0, burst_load_streams=0, cancel_streams=0, cancel_per_session=1, cancel_sample=0,
+                       idle_sessions=0, idle_seconds=0, parameters={"stream_interval": stream_interval}, **kw)  # fmt: skip
     return rows

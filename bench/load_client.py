@@ -1,6 +1,7 @@
-"""Client process of :mod:`bench.load`: drives one share of the load with the lightest client of its protocol.
+"""Client process of :mod:`bench.load`: drives one share of the load on one asyncio event loop, one task per
+stream, with the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.nnrp_client`).
 
-    python -m bench.load_client stream http|nnrp TARGET STREAMS BODY_JSON
+    python -m bench.load_client stream http|nnrp TARGET STREAMS BODY_JSON [--per-session K] [--cancel M]
     python -m bench.load_client burst http|nnrp TARGET CLIENTS BODY_JSON
     python -m bench.load_client idle nnrp TARGET SESSIONS
 
@@ -8,24 +9,29 @@ A handshake over stdin/stdout keeps set-up and tear-down out of the parent's tim
 its connections / sessions, prints ``ready``, waits for a line on stdin (go), runs, prints one JSON line of
 results, waits for another line (close), then closes everything.
 
-* ``stream``: ``STREAMS`` streamed requests at once, each on its own connection (HTTP: an aiohttp session of one
-  keep-alive connection, opened with ``GET /health``; one asyncio task per stream) or its own NNRP session (one
-  thread per session polling with ``max_events=1`` and a :data:`POLL_MS` timeout: a poll returns as soon as
-  an event arrives). Per request: ``ttft_ms`` (sent -> first non-empty text delta), ``gaps_ms`` (between text
-  deltas), ``total_ms``, ``tokens`` (the usage's output tokens) and ``error`` (``None``, or the first error's
-  text).
+* ``stream``: ``STREAMS`` streamed requests at once. HTTP: each on its own aiohttp session of one keep-alive
+  connection, opened with ``GET /health``. NNRP: ``--per-session 1`` (default) gives each stream its own
+  connection and session; ``--per-session K`` puts K streams on each session, one session per connection
+  (the agent shape: few connections, many operations each). Per request: ``ttft_ms`` (sent -> first
+  non-empty text delta), ``gaps_ms`` (between text deltas), ``total_ms``, ``tokens`` (the usage's output
+  tokens) and ``error`` (``None``, or the first error's text). ``--cancel M`` (NNRP) cancels M streams
+  spread evenly over the share: the k-th of them :data:`CANCEL_AFTER_S` + k × :data:`CANCEL_SPACING_S` after
+  its first text delta (FRAME_CANCEL); it records ``cancel_ms`` (FRAME_CANCEL handed to the transport ->
+  its terminal received, ms; ``None`` when the stream had ended first) and is a failure unless that terminal
+  is ``response.cancelled`` within :data:`CANCEL_TIMEOUT_S`.
 * ``burst``: ``CLIENTS`` clients released together (after go) each connect and send one request. Per client:
   ``open_ms`` (NNRP: connect + open session; HTTP: TCP connect), ``served_ms`` (release -> the request's end)
   and ``error``; a client not served within :data:`BURST_TIMEOUT_S` is a failure.
-* ``idle``: ``SESSIONS`` NNRP sessions opened, then left idle until go; results are empty.
+* ``idle``: ``SESSIONS`` NNRP sessions (one connection each) opened, then left idle until go; results are
+  empty.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
-import threading
 import time
 from typing import Any
 
@@ -33,12 +39,16 @@ import attrs
 import orjson
 
 from bench.e2e import Clock
-from vllm_nnrp_plugin.client import ProfileClient
+from vllm_nnrp_plugin.nnrp_client import Session, connect
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
 
-POLL_MS = 100
 STREAM_TIMEOUT_S = 600
 BURST_TIMEOUT_S = 10.0
+CANCEL_TIMEOUT_S = 10.0
+CANCEL_AFTER_S = 0.005
+CANCEL_SPACING_S = 0.02
+#: connections opened at once while setting up (not timed): keeps the server's accept backlog from overflowing
+SETUP_CONCURRENCY = 64
 
 
 def _handshake(lines: Any) -> None:
@@ -47,6 +57,10 @@ def _handshake(lines: Any) -> None:
     sys.stdout.buffer.write(b"\n")
     sys.stdout.flush()
     sys.stdin.readline()
+
+
+async def _handshake_async(lines: Any) -> None:
+    await asyncio.get_running_loop().run_in_executor(None, _handshake, lines)
 
 
 def _record(clock: Clock, tokens: int, error: str | None) -> dict[str, Any]:
@@ -91,7 +105,6 @@ async def _http_main(mode: str, base: str, count: int, body: bytes) -> None:
                               timeout=aiohttp.ClientTimeout(total=STREAM_TIMEOUT_S))
         for _ in range(count)
     ]  # fmt: skip
-    loop = asyncio.get_running_loop()
     if mode == "stream":  # every stream's connection open before go
         for response in await asyncio.gather(*(s.get("/health") for s in sessions)):
             response.raise_for_status()
@@ -109,102 +122,129 @@ async def _http_main(mode: str, base: str, count: int, body: bytes) -> None:
         except Exception as exc:  # reported as the request's failure
             return {**_record(clock, 0, f"{type(exc).__name__}: {exc}"[:300]), "open_ms": None}
 
-    await loop.run_in_executor(None, _handshake, b"ready")
+    await _handshake_async(b"ready")
     results = await asyncio.gather(*(one(s) for s in sessions))
-    await loop.run_in_executor(None, _handshake, {"requests": results})
+    await _handshake_async({"requests": results})
     await asyncio.gather(*(s.close() for s in sessions))
 
 
-# -- NNRP: one thread per session, max_events=1 polls --------------------------------------------------------
+# -- NNRP: vllm_nnrp_plugin.nnrp_client, one task per stream -------------------------------------------------
 
 
 def _envelope(body: dict[str, Any]) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "operation": CHAT_COMPLETIONS_CREATE, "body": body}
 
 
-def _nnrp_request(client: ProfileClient, envelope: dict[str, Any], clock: Clock, timeout_s: float) -> dict[str, Any]:
-    """One operation on ``client``'s session, polled until its terminal."""
-    tokens, deadline = 0, time.monotonic() + timeout_s
-    client.submit(envelope)
-    while time.monotonic() < deadline:
-        for _, event in client.poll(POLL_MS):
-            kind = event.event.get("type") if event.event else None
-            if event.terminal:
-                error = None if kind == "response.completed" else f"{event.frame}: {event.event}"[:300]
-                return _record(clock, tokens, error)
-            if kind == "response.output_text.delta" and event.event["delta"]:
-                clock.text()
-            elif kind == "response.usage":
-                tokens = event.event["usage"]["output_tokens"]
-    return _record(clock, tokens, f"no terminal within {timeout_s} s")
+async def _nnrp_request(session: Session, envelope: dict[str, Any], clock: Clock, cancel_after_s: float | None = None
+) -> dict[str, Any]:  # fmt: skip
+    """One operation on ``session``, read until its terminal; with ``cancel_after_s``, FRAME_CANCEL that long
+    after its first text delta, then wait (at most :data:`CANCEL_TIMEOUT_S`) for the terminal."""
+    tokens, terminal = 0, None
+    op = session.submit(envelope)
+    async for event in op:
+        kind = event.get("type")
+        if kind == "response.output_text.delta" and event["delta"]:
+            clock.text()
+            if cancel_after_s is not None:
+                await asyncio.sleep(cancel_after_s)
+                return await _cancel(op, clock)
+        elif kind == "response.usage":
+            tokens = event["usage"]["output_tokens"]
+        terminal = event
+    error = None if terminal and terminal.get("type") == "response.completed" else f"terminal: {terminal}"[:300]
+    return {**_record(clock, tokens, error), "cancel_ms": None}
 
 
-def _nnrp_stream(uri: str, count: int, body: dict[str, Any]) -> None:
-    async def connect_all() -> list[ProfileClient]:
-        return list(await asyncio.gather(*(ProfileClient.connect(uri) for _ in range(count))))
+async def _cancel(op: Any, clock: Clock) -> dict[str, Any]:
+    if op.done:  # the stream ended before the cancel: nothing to measure
+        terminal = await op.result()
+        error = None if terminal.get("type") == "response.completed" else f"terminal: {terminal}"[:300]
+        return {**_record(clock, 0, error), "cancel_ms": None}
+    sent = time.perf_counter()
+    op.cancel()
+    try:
+        async with asyncio.timeout(CANCEL_TIMEOUT_S):
+            terminal = await op.result()
+    except TimeoutError:
+        return {**_record(clock, 0, f"no terminal within {CANCEL_TIMEOUT_S} s of the cancel"), "cancel_ms": None}
+    cancel_ms = (time.perf_counter() - sent) * 1000
+    error = None if terminal.get("type") == "response.cancelled" else f"cancel answered by {terminal}"[:300]
+    return {**_record(clock, 0, error), "cancel_ms": cancel_ms}
 
-    clients = asyncio.run(connect_all())
-    go = threading.Event()
-    results: list[dict[str, Any]] = [{} for _ in clients]
 
-    def run(i: int) -> None:
-        go.wait()
+async def _open(uri: str, count: int, per_session: int) -> list[Session]:
+    """``count`` sessions, each on its own connection, at most :data:`SETUP_CONCURRENCY` opening at once."""
+    gate = asyncio.Semaphore(SETUP_CONCURRENCY)
+
+    async def one() -> Session:
+        async with gate:
+            conn = await connect(uri)
+            # ask what nnrp-py asks (4): both server runtimes grant the plugin's own per-session limit, and
+            # nnrp-py's native server refuses an ask above its 4
+            return await conn.open_session(max_in_flight_operations=min(per_session, 4))
+
+    return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+async def _close(sessions: list[Session]) -> None:
+    await asyncio.gather(*(s.conn.close() for s in sessions), return_exceptions=True)
+
+
+async def _nnrp_stream(uri: str, count: int, body: dict[str, Any], per_session: int, cancel: int) -> None:
+    sessions = await _open(uri, -(-count // per_session), per_session)
+    spaced = {round(k * count / cancel): k for k in range(cancel)} if cancel else {}
+    envelope = _envelope(body)
+
+    async def one(i: int) -> dict[str, Any]:
         clock = Clock()
+        k = spaced.get(i)
         try:
-            results[i] = _nnrp_request(clients[i], _envelope(body), clock, STREAM_TIMEOUT_S)
+            async with asyncio.timeout(STREAM_TIMEOUT_S):
+                return await _nnrp_request(sessions[i // per_session], envelope, clock,
+                                           None if k is None else CANCEL_AFTER_S + k * CANCEL_SPACING_S)  # fmt: skip
         except Exception as exc:  # reported as the request's failure
-            results[i] = _record(clock, 0, f"{type(exc).__name__}: {exc}"[:300])
+            return {**_record(clock, 0, f"{type(exc).__name__}: {exc}"[:300]), "cancel_ms": None}
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    _handshake(b"ready")
-    go.set()
-    for t in threads:
-        t.join()
-    _handshake({"requests": results})
-    for client in clients:
-        client.close()
+    await _handshake_async(b"ready")
+    results = await asyncio.gather(*(one(i) for i in range(count)))
+    await _handshake_async({"requests": results})
+    await _close(sessions)
 
 
-def _nnrp_burst(uri: str, count: int, body: dict[str, Any]) -> None:
-    release = threading.Barrier(count + 1)
-    results: list[dict[str, Any]] = [{"error": f"not served within {BURST_TIMEOUT_S} s", "open_ms": None}] * count
+async def _nnrp_burst(uri: str, count: int, body: dict[str, Any]) -> None:
+    release = asyncio.Event()
+    envelope = _envelope(body)
 
-    def run(i: int) -> None:
-        release.wait()
-        clock, client = Clock(), None
+    async def one() -> dict[str, Any]:
+        await release.wait()
+        clock, conn = Clock(), None
         try:
-            client = asyncio.run(ProfileClient.connect(uri))
-            open_ms = (time.perf_counter() - clock.start) * 1000
-            out = _nnrp_request(client, _envelope(body), clock, BURST_TIMEOUT_S - open_ms / 1000)
-            results[i] = {**out, "open_ms": open_ms, "served_ms": out["total_ms"]}
-        except Exception as exc:  # reported as the client's failure
-            results[i] = {**_record(clock, 0, f"{type(exc).__name__}: {exc}"[:300]), "open_ms": None}
+            async with asyncio.timeout(BURST_TIMEOUT_S):
+                conn = await connect(uri)
+                session = await conn.open_session(max_in_flight_operations=1)
+                open_ms = (time.perf_counter() - clock.start) * 1000
+                out = await _nnrp_request(session, envelope, clock)
+            return {**out, "open_ms": open_ms, "served_ms": out["total_ms"]}
+        except Exception as exc:  # reported as the client's failure (TimeoutError: not served in time)
+            return {**_record(clock, 0, f"{type(exc).__name__}: {exc}"[:300]), "open_ms": None}
         finally:
-            if client is not None:
-                client.close()
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(BURST_TIMEOUT_S):
+                        await conn.close()
 
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
-    for t in threads:
-        t.start()
-    _handshake(b"ready")
-    release.wait()
-    deadline = time.monotonic() + BURST_TIMEOUT_S + 5
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    _handshake({"requests": results})
+    tasks = [asyncio.create_task(one()) for _ in range(count)]
+    await _handshake_async(b"ready")
+    release.set()
+    results = await asyncio.gather(*tasks)
+    await _handshake_async({"requests": results})
 
 
-def _nnrp_idle(uri: str, count: int) -> None:
-    async def connect_all() -> list[ProfileClient]:
-        return list(await asyncio.gather(*(ProfileClient.connect(uri) for _ in range(count))))
-
-    clients = asyncio.run(connect_all())
-    _handshake(b"ready")
-    _handshake({"requests": []})
-    for client in clients:
-        client.close()
+async def _nnrp_idle(uri: str, count: int) -> None:
+    sessions = await _open(uri, count, 1)
+    await _handshake_async(b"ready")
+    await _handshake_async({"requests": []})
+    await _close(sessions)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -214,18 +254,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("target", help="HTTP base URL or NNRP URI")
     p.add_argument("count", type=int, help="streams, clients or sessions")
     p.add_argument("body", nargs="?", default="{}", help="the chat request body (JSON)")
+    p.add_argument("--per-session", type=int, default=1, help="NNRP streams per session (stream mode)")
+    p.add_argument("--cancel", type=int, default=0, help="NNRP streams to cancel after their first token")
     a = p.parse_args(argv)
     body = orjson.loads(a.body)
-    if a.mode == "idle" and a.protocol != "nnrp":
-        p.error("idle holds NNRP sessions only")
+    if a.protocol == "http" and (a.mode == "idle" or a.per_session != 1 or a.cancel):
+        p.error("idle, --per-session and --cancel are NNRP's")
     if a.protocol == "http":
         asyncio.run(_http_main(a.mode, a.target, a.count, orjson.dumps(body)))
     elif a.mode == "stream":
-        _nnrp_stream(a.target, a.count, body)
+        asyncio.run(_nnrp_stream(a.target, a.count, body, a.per_session, min(a.cancel, a.count)))
     elif a.mode == "burst":
-        _nnrp_burst(a.target, a.count, body)
+        asyncio.run(_nnrp_burst(a.target, a.count, body))
     else:
-        _nnrp_idle(a.target, a.count)
+        asyncio.run(_nnrp_idle(a.target, a.count))
 
 
 if __name__ == "__main__":

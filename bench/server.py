@@ -95,7 +95,7 @@ async def serve(listen: tuple[str, ...], *, tcp_nodelay: bool = True) -> None:
         config, PacedBackend(), loop, registry=CollectorRegistry(), observers=(records.append,),
         hooks=ListenerHooks(send_probe=times, tcp_nodelay=tcp_nodelay),
     )  # fmt: skip
-    await asyncio.to_thread(service.start)
+    await service.start()
     print("ready", flush=True)
     cpu_start = time.process_time()
     await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes our stdin

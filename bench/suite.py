@@ -35,8 +35,9 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
     "cancel": lambda **_: cancel_latency.run(operations=5),
     "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
     "load": lambda model=None, load_transport="tcp", **_: _load().run(
-        model=model, levels=(4,), rounds=1, max_tokens=16, burst_clients=8, idle_sessions=8, idle_seconds=2,
-        stream_interval=None, transport=load_transport,
+        model=model, levels=(4,), rounds=1, max_tokens=16, shared={4: 2}, burst_clients=8, burst_load_streams=4,
+        cancel_streams=8, cancel_per_session=4, cancel_sample=4, idle_sessions=8, idle_seconds=2, stream_interval=None,
+        transport=load_transport,
     ),
 }
 

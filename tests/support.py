@@ -156,7 +156,7 @@ class ServedNNRP:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.service = NNRPService(NNRPConfig(enabled=True, listen=listen, **config), self.backend, self.loop)
-        self.bound = self.service.start()
+        self.bound = asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(30)
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.service.stop(), self.loop).result(30)

@@ -1,16 +1,22 @@
-"""Limits and backpressure over the real NNRP path (nnrp-py native server and client on loopback): work over
+"""Limits and backpressure over the real NNRP path (the plugin's server and nnrp-py's native client on loopback;
+a raw client on the project's own wire core where the test needs a client that stops reading): work over
 a limit is refused with a typed ``response.error`` and never reaches the backend; the session keeps serving."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 
+import orjson
 import pytest
 from nnrp.core import MessageType
 from nnrp.native import NativeRuntimeError
 
 from tests.support import ServedNNRP, envelope, free_port, wait_until
 from vllm_nnrp_plugin.client import ProfileClient
+from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin.nnrp_wire import events as ev
+from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 
 SLOW = envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05, "repeat": 20})
 QUICK = envelope({"model": "c-nonstream-text", "messages": []})
@@ -126,17 +132,41 @@ def test_sessions_over_the_limit_are_refused_at_open(limited):
 
 @pytest.mark.parametrize("limited", [{"max_queued_events": 8}], indirect=True)
 def test_a_client_slower_than_the_stream_ends_with_client_too_slow_and_the_request_is_aborted(limited):
-    client = connect(limited.bound[1])
-    try:
-        burst = envelope({"model": "a-stream-text", "messages": [], "stream": True, "repeat": 2000, "pace_s": 1e-6})
-        events = list(client.events(client.submit(burst), timeout_s=30))
-        terminal = events[-1]
-        assert terminal.event["type"] == "response.error", terminal
-        assert terminal.event["error"]["code"] == "client_too_slow"
-        request_id = limited.backend.started[-1]
-        assert wait_until(lambda: request_id in limited.backend.aborted)
-        assert len(events) < 2000 * 16  # stopped well before the end of the stream
-        (again,) = list(client.events(client.submit(QUICK), timeout_s=10))
-        assert again.event["type"] == "response.completed"
-    finally:
-        client.close()
+    """A client that stops reading: the socket buffers and the transport's write buffer fill, the server stops
+    taking from the session outbox, and the operation ends with ``client_too_slow`` once 8 events wait; the
+    terminal arrives when the client reads again, and the session keeps serving."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(limited.bound[1][len("unix://"):])
+    sock.settimeout(10)
+    conn = ClientConnection()
+    request = conn.open_session()
+    sock.sendall(conn.data_to_send())
+    (opened,) = [e for e in _read(sock, conn, lambda es: any(isinstance(e, ev.SessionOpenAccepted) for e in es))]
+    assert opened.request == request
+    burst = envelope({"model": "a-stream-text", "messages": [], "stream": True, "repeat": 100_000, "pace_s": 1e-6})
+    conn.submit(opened.session_id, wire.typed_body(orjson.dumps(burst)))
+    sock.sendall(conn.data_to_send())  # then read nothing
+    assert wait_until(lambda: limited.backend.aborted, timeout_s=30), "the stream was never stopped"
+    request_id = limited.backend.started[-1]
+    assert request_id in limited.backend.aborted
+    received = _read(sock, conn, lambda es: isinstance(es[-1], (ev.ResultPushed, ev.ResultDropReasonReceived)))
+    partials = [e for e in received if isinstance(e, ev.PartialResultReceived)]
+    assert [p.result_sequence for p in partials] == list(range(1, len(partials) + 1))
+    terminal = orjson.loads(wire.unwrap_typed_body(16, 1, received[-1].body))
+    assert terminal["type"] == "response.error" and terminal["error"]["code"] == "client_too_slow", terminal
+    assert len(partials) < 100_000  # stopped well before the end of the stream
+    conn.submit(opened.session_id, wire.typed_body(orjson.dumps(QUICK)))
+    sock.sendall(conn.data_to_send())
+    again = _read(sock, conn, lambda es: isinstance(es[-1], ev.ResultPushed))
+    assert orjson.loads(wire.unwrap_typed_body(16, 1, again[-1].body))["type"] == "response.completed"
+    sock.close()
+
+
+def _read(sock: socket.socket, conn: ClientConnection, done) -> list:
+    """Read and decode until ``done(events)`` holds for the events received so far."""
+    received: list = []
+    while not (received and done(received)):
+        data = sock.recv(1 << 20)
+        assert data, f"connection closed after {len(received)} events"
+        received += conn.receive_data(data)
+    return received

@@ -41,7 +41,7 @@ class Served:
             fault_injection_backend_error_model=fault_model, metrics_listen=metrics_listen,
         )  # fmt: skip
         self.service = NNRPService(config, self.backend, self.loop, **service_kwargs)
-        self.bound = self.service.start()
+        self.bound = asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(30)
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.service.stop(), self.loop).result(30)

@@ -213,10 +213,9 @@ async def run_operation(
         logger.exception("NNRP operation %s failed in the backend", request_id)
         _fail(sink, mapper, E.backend_error(f"{type(exc).__name__}: {exc}"))
     finally:
-        if stream is not None:
-            await _close(stream)
-        if not finished:
-            await asyncio.shield(_abort(backend, envelope.operation, request_id, record))
+        if stream is not None or not finished:
+            abort = None if finished else (backend, envelope.operation, request_id, record)
+            await _through_cancels(asyncio.ensure_future(_release(stream, abort)))
 
 
 def _record_usage(record: Observation, body: dict[str, Any]) -> None:
@@ -240,6 +239,30 @@ def _fail(sink: OperationSink, mapper: StreamMapper | None, err: E.ProfileError)
         for event in mapper.fail_open_calls(err):
             sink.partial(event)
     sink.fail(err)
+
+
+async def _release(
+    stream: AsyncIterator[dict[str, Any]] | None, abort: tuple[Backend, str, str, Observation] | None
+) -> None:
+    """Close the backend stream, then abort the backend request (``abort``: what :func:`_abort` takes)."""
+    if stream is not None:
+        await _close(stream)
+    if abort is not None:
+        await _abort(*abort)
+
+
+async def _through_cancels(release: asyncio.Future) -> None:
+    """Wait for ``release`` to finish even when this task is cancelled again meanwhile (a deadline firing
+    after a client cancel, the server stopping), then re-raise that cancel: an unfinished vLLM request is
+    always aborted, and the task ends only once it was."""
+    cancelled = False
+    while not release.done():
+        try:
+            await asyncio.shield(release)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def _abort(backend: Backend, operation: str, request_id: str, record: Observation) -> None:

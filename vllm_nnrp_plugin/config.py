@@ -10,8 +10,8 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``enabled`` | bool | on when ``VLLM_PLUGINS`` names ``nnrp`` | start the listener |
 | ``listen`` | list of URIs | ``["tcp://127.0.0.1:9400"]`` | ``tcp://HOST:PORT``, ``unix:///PATH`` |
 | ``max_envelope_bytes`` | int, bytes | 1048576 | larger envelopes get ``envelope_too_large`` |
-| ``accept_timeout_ms`` | int, ms | 1000 | one accept wait; bounds shutdown time |
-| ``idle_poll_ms`` | int, ms | 100 | shortest poll timeout of an idle session (longer when many sessions are open, up to 6000 ms) |
+| ``accept_timeout_ms`` | int, ms | 1000 | one accept wait of the native carriers; bounds shutdown time |
+| ``idle_poll_ms`` | int, ms | 100 | native carriers only: shortest poll timeout of an idle session (longer when many sessions are open, up to 6000 ms) |
 | ``max_sessions`` | int | 256 | open sessions per API-server process; more are refused at open |
 | ``max_in_flight_per_session`` | int | 16 | operations one session may have running; more get ``too_many_requests`` |
 | ``max_in_flight`` | int | 256 | operations one API-server process may have running; more get ``too_many_requests`` |

@@ -173,6 +173,11 @@ class Observation:
         """Submit received -> terminal sent (ms)."""
         return _ms(self.submitted_ns, self.terminal_ns)
 
+    @property
+    def cancel_to_abort_ms(self) -> float | None:
+        """Told to stop (:meth:`cancelled`) -> backend abort issued (:meth:`aborted`), ms."""
+        return _ms(self.cancel_ns, self.abort_ns)
+
 
 def diagnostics(obs: Observation) -> dict[str, Any]:
     """The ``diagnostics`` object a terminal event carries when the envelope asked for it
@@ -213,7 +218,9 @@ _LOG_FIELDS = (
     "outcome", "error_code", "error_family", "cancel_source", "cancel_reason", "abort_accepted", "events",
     "input_tokens", "output_tokens",
 )  # fmt: skip
-_LOG_DURATIONS = ("queue_delay_ms", "backend_first_chunk_ms", "first_event_ms", "backend_ms", "total_ms")
+_LOG_DURATIONS = (
+    "queue_delay_ms", "backend_first_chunk_ms", "first_event_ms", "backend_ms", "total_ms", "cancel_to_abort_ms",
+)  # fmt: skip
 
 
 def log_fields(obs: Observation) -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """The NNRP service: listeners (NNRP side) + the adapter + a backend (vLLM side), on one event loop.
 
-Runs on vLLM's API-server event loop: operations are asyncio tasks there; every native NNRP call runs on
-the listener's and session pumps' own threads, never on the loop. The pumps post only what came off the wire
-(a submit with its envelope unwrapped, a cancel or a closed session, a DEADLINE, an operation whose terminal
-went out last); everything else an operation needs on this side is owned here, on the loop:
+Runs on vLLM's API-server event loop: operations are asyncio tasks there. Plain TCP and unix-socket addresses
+are served on the loop itself by the project's own wire core (:mod:`.nnrp_binding.stream_listener`), which tells
+this service what came off the wire directly; the other carriers (``nnrps``, ``ws``, ``wss``, ``quic``) by nnrp-py's
+native runtime (:mod:`.nnrp_binding.listener`), whose session pumps post the same calls to the loop from their
+threads. What comes off the wire is a submit with its envelope unwrapped, a cancel or a closed session, a
+DEADLINE, an operation whose terminal went out last; everything else an operation needs on this side is owned
+here, on the loop:
 
 * the process-wide in-flight slots (``nnrp.max_in_flight``): taken at submit, given back when the operation's
   task (including its vLLM abort) is done; a submit over the limit is refused with ``too_many_requests``;
@@ -34,9 +37,11 @@ from vllm_nnrp_plugin.adapter import AdapterLimits, Backend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.fault_injection import with_fault_injection
 from vllm_nnrp_plugin.limits import SessionLimits, Slots
-from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure
+from vllm_nnrp_plugin.nnrp_binding.endpoints import Carrier, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.listener import Listener, ListenerHooks
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation
+from vllm_nnrp_plugin.nnrp_binding.stream_listener import StreamListener
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.observation import COMPLETED, Observation, log_fields, log_line
 
@@ -85,34 +90,54 @@ class NNRPService:
         #: process-wide in-flight operations (``nnrp.max_in_flight``): taken at submit, given back when the
         #: operation's task (including its vLLM abort) is done; both on the loop
         self.in_flight = Slots(config.max_in_flight)
-        self._listener = Listener(
-            config.listen,
-            self,
-            loop,
-            accept_timeout_ms=config.accept_timeout_ms,
-            idle_poll_ms=config.idle_poll_ms,
-            max_sessions=config.max_sessions,
-            session_limits=SessionLimits(config.max_in_flight_per_session, config.max_queued_events),
-            exposure=Exposure(config.tls_cert_file, config.tls_key_file, config.ipc_socket_group),
-            hooks=hooks,
-        )
+        self._loop = loop
+        self._hooks = hooks
+        self._session_limits = SessionLimits(config.max_in_flight_per_session, config.max_queued_events)
+        self._exposure = Exposure(config.tls_cert_file, config.tls_key_file, config.ipc_socket_group)
+        self._stream: StreamListener | None = None
+        self._native: Listener | None = None
 
     @property
     def sessions(self) -> int:
         """Open NNRP sessions."""
-        return self._listener.sessions
+        return sum(listener.sessions for listener in (self._stream, self._native) if listener is not None)
 
-    def start(self) -> list[str]:
-        """Bind every configured address; returns the bound URIs."""
-        bound = self._listener.start()
-        if self._config.metrics_listen is not None:
-            try:
-                self._metrics_server = metrics.serve_metrics(self._config.metrics_listen, self._registry)
-            except BaseException:
-                self._listener.close()
-                raise
-            self.metrics_address = self._metrics_server.address
-        return bound
+    async def start(self) -> list[str]:
+        """Bind every configured address (on the loop); returns the bound URIs in the configured order.
+        Raises ``ListenError`` (and ``MetricsListenError`` with ``metrics_listen``), binding nothing."""
+        carriers = _carriers(self._config.listen)
+        own = [carrier for carrier in carriers if carrier.own_wire]
+        native = [carrier for carrier in carriers if not carrier.own_wire]
+        config = self._config
+        self._stream = StreamListener(
+            own, self, max_sessions=config.max_sessions, session_limits=self._session_limits,
+            exposure=self._exposure, probe=self._hooks.send_probe, tcp_nodelay=self._hooks.tcp_nodelay,
+            other_sessions=lambda: self._native.sessions if self._native is not None else 0,
+        )  # fmt: skip
+        bound = dict(zip((c.uri for c in own), await self._stream.start(), strict=True))
+        try:
+            if native:
+                self._native = Listener(
+                    tuple(carrier.uri for carrier in native), self, self._loop,
+                    accept_timeout_ms=config.accept_timeout_ms, idle_poll_ms=config.idle_poll_ms,
+                    max_sessions=config.max_sessions, session_limits=self._session_limits,
+                    exposure=self._exposure, hooks=self._hooks, other_sessions=lambda: self._stream.sessions,
+                )  # fmt: skip
+                # binding is a native call: keep it off the loop
+                bound.update(zip((c.uri for c in native), await asyncio.to_thread(self._native.start), strict=True))
+            if config.metrics_listen is not None:
+                self._metrics_server = metrics.serve_metrics(config.metrics_listen, self._registry)
+                self.metrics_address = self._metrics_server.address
+        except BaseException:
+            await self._close_listeners()
+            raise
+        return [bound[carrier.uri] for carrier in carriers]
+
+    async def _close_listeners(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
+        if self._native is not None:
+            await asyncio.to_thread(self._native.close)
 
     async def stop(self) -> None:
         """Graceful stop, in this order: stop accepting sessions; give every in-flight operation its one
@@ -124,7 +149,9 @@ class NNRPService:
         self._stopped = asyncio.get_running_loop().create_future()
         try:
             self._stopping = True
-            self._listener.stop_accepting()
+            for listener in (self._stream, self._native):
+                if listener is not None:
+                    listener.stop_accepting()
             tasks = list(self._tasks.items())
             logger.info("NNRP stopping: no new sessions; ending %d in-flight operations", len(tasks))
             for sop, task in tasks:
@@ -132,7 +159,7 @@ class NNRPService:
                 task.cancel()
             if tasks:
                 await asyncio.wait([task for _sop, task in tasks], timeout=ABORT_WAIT_S)
-            await asyncio.to_thread(self._listener.close)
+            await self._close_listeners()
             if self._metrics_server is not None:
                 await asyncio.to_thread(self._metrics_server.close)
         finally:
@@ -215,3 +242,10 @@ class NNRPService:
         """The operation's task ended (or none will run); report it if its terminal went out already."""
         if sop.settle():
             self.on_finished(sop)
+
+
+def _carriers(listen: tuple[str, ...]) -> list[Carrier]:
+    try:
+        return [parse_endpoint(uri) for uri in listen]
+    except EndpointError as exc:
+        raise ListenError(f"bad NNRP listen address {exc}. Fix nnrp.listen or VLLM_NNRP_LISTEN.") from None

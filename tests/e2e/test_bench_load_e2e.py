@@ -1,5 +1,6 @@
 """The quick load benchmark (``python -m bench load --quick``): its own real ``vllm serve`` of the tiny model
-(``--load-format dummy``), HTTP/SSE and NNRP windows, the burst and the idle sessions. It must run and fail no
+(``--load-format dummy``), HTTP/SSE and NNRP windows (a session per stream, and the agent shape), the cancels
+under load, the bursts and the idle sessions. It must run and fail no
 request; the numbers of a smoke run mean nothing."""
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ def test_quick_load_benchmark_runs_both_protocols_without_failures():
         assert rows[f"load.burst.failed.{protocol}"].max == 0, rows[f"load.burst.failed.{protocol}"].note
         assert rows[f"load.c4.ttft.{protocol}"].samples == 4 and rows[f"load.c4.tokens_per_s.{protocol}"].p50 > 0
         assert rows[f"load.burst.served_ms.{protocol}"].samples == 8
+    for metric in (*cpu, "tokens_per_s", "ttft", "gap"):  # the agent shape: 2 sessions of 2 streams
+        assert rows[f"load.c4.shared2.{metric}.nnrp"].compare["against"] == f"load.c4.{metric}.http"
+        assert f"load.c4.shared2.{metric}_ratio.nnrp_over_http" in rows
+    assert rows["load.c4.shared2.failed.nnrp"].max == 0, rows["load.c4.shared2.failed.nnrp"].note
+    assert rows["load.c4.shared2.ttft.nnrp"].samples == 4
     assert rows["load.burst.open_ms.nnrp"].samples == 8
+    assert rows["load.burst_under_load.open_ms.nnrp"].samples == 8
+    for name in ("load.burst_under_load.failed.nnrp", "load.burst_under_load.load_failed.nnrp", "load.cancel.c8.failed.nnrp"):
+        assert rows[name].max == 0, rows[name].note
+    assert rows["load.cancel.c8.no_terminal_within_10s.nnrp"].max == 0
+    assert rows["load.cancel.c8.client_cancel_to_terminal_ms.nnrp"].samples == 4  # 256-token streams outlast the cancels
+    assert rows["load.cancel.c8.server_cancel_to_abort_ms.nnrp"].samples == 4
     assert rows["load.idle.api_server_cpu_pct.sessions_open"].samples == 2
     assert "load.idle.api_server_cpu_pct.sessions_minus_no_sessions" in rows

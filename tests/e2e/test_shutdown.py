@@ -78,16 +78,31 @@ def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request
     stopping = [m.start() for m in re.finditer(f"NNRP stopping: no new sessions; ending {per_process} in-flight", log)]
     assert len(stopping) == api_servers, log[-4000:]
     # 0.26 logs inside engine_client.shutdown; older lines log nothing there, and their abort lines can only
-    # come from a live engine client
-    marker = log.find("[shutdown] MPClient: start")
-    engine_stop = marker if marker >= 0 else len(log)
-    assert max(stopping) < engine_stop
+    # come from a live engine client. Each API-server process stops its own engine client: compare each abort
+    # with the engine stop of the process that logged it (its "(ApiServer_N pid=P)" line prefix)
+    def engine_stop(at: int) -> int:
+        """Where the engine stop of the process that logged the line at ``at`` begins (the end of the log when it
+        logs none)."""
+        prefix = re.escape(_prefix(log, at))
+        marker = re.search(prefix + r"[^\n]*\[shutdown\] MPClient: start", log)
+        return marker.start() if marker else len(log)
+
+    assert all(at < engine_stop(at) for at in stopping)
     for _client, _op, request_id in ops:
         aborted = re.search(rf"Aborted request\(s\) chatcmpl-nnrp-{request_id}-", log)
-        assert aborted and aborted.start() < engine_stop, f"{request_id} not aborted before the engine stopped"
+        assert aborted, f"{request_id} never aborted"
+        assert aborted.start() < engine_stop(aborted.start()), f"{request_id} not aborted before its engine stopped"
     assert log.count("NNRP listener stopped") == api_servers
     # vLLM 0.32's own output handler may log EngineDeadError with a traceback once its engine manager stopped
     # (a race inside vLLM's shutdown, vllm/v1/engine/async_llm.py): after the engine stop began, nothing of ours
     vllm_own = [line for line in log.splitlines() if "ERROR" in line and "[async_llm.py:" in line]
-    assert not vllm_own or ("EngineDeadError" in "".join(vllm_own) and log.find(vllm_own[0]) > engine_stop), log[-4000:]
+    first_own = log.find(vllm_own[0]) if vllm_own else -1
+    assert not vllm_own or ("EngineDeadError" in "".join(vllm_own) and first_own > engine_stop(first_own)), log[-4000:]
     assert "Traceback" not in "\n".join(line for line in log.splitlines() if line not in vllm_own), log[-4000:]
+
+
+def _prefix(log: str, at: int) -> str:
+    """The process prefix of the log line at offset ``at`` (``(APIServer pid=P)``, ``(ApiServer_1 pid=P)``)."""
+    line = log[log.rfind("\n", 0, at) + 1 : at + 200]
+    match = re.match(r"\([^)]*pid=\d+\)", line)
+    return match.group(0) if match else ""

@@ -10,8 +10,9 @@ names: ``tcp``, ``ipc``, ``websocket``, ``quic``):
 | ``wss://HOST:PORT/PATH`` | WebSocket | yes |
 | ``quic://HOST:PORT`` | QUIC | always |
 
-Each carrier gets its own listener (in nnrp-py 1.0.0rc4.post20 one ``NativeServer`` serving several carriers
-loses sessions at accept deadlines). :func:`is_loopback` tells the exposure rule (config.py) which addresses stay
+Plain TCP and unix sockets are served by the project's own wire core on vLLM's event loop
+(:mod:`.stream_listener`); the others by nnrp-py's native runtime, each carrier with its own listener (in
+nnrp-py 1.0.0rc4.post20 one ``NativeServer`` serving several carriers loses sessions at accept deadlines). :func:`is_loopback` tells the exposure rule (config.py) which addresses stay
 on this host.
 """
 
@@ -54,6 +55,13 @@ class Carrier:
     uri: str
     tls: bool = False
     host: str | None = None
+
+    @property
+    def own_wire(self) -> bool:
+        """Served by the project's own wire core on vLLM's loop (plain TCP and unix sockets,
+        :mod:`.stream_listener`); the other carriers (``nnrps``, ``ws``, ``wss``, ``quic``) by nnrp-py's native
+        runtime (:mod:`.listener`)."""
+        return self.transport in ("tcp", "ipc") and not self.tls
 
 
 def parse_endpoint(uri: str) -> Carrier:

@@ -1,4 +1,6 @@
-"""NNRP listeners: one nnrp-py native server per configured address, each with its own accept thread.
+"""NNRP listeners on nnrp-py's native runtime for the carriers the project's own wire core does not serve
+(``nnrps``, ``ws``, ``wss``, ``quic``; plain TCP and unix sockets are :mod:`.stream_listener`'s): one nnrp-py
+native server per configured address, each with its own accept thread.
 
 Every accepted session gets a :class:`SessionPump` (its polls), started by one starter thread so that the
 accept threads only accept; one :class:`.sender.Sender` sends for all of them, with the polls' budget shared
@@ -18,6 +20,7 @@ import queue
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 
 import attrs
 from nnrp.core import TransportPolicy
@@ -74,7 +77,8 @@ class Listener:
     :meth:`close` waits.
     ``idle_poll_ms``: the shortest poll timeout of an idle session pump (ms; longer when many sessions are open,
     :class:`.cadence.PollCadence`). ``max_sessions``: open sessions over all
-    addresses. ``session_limits``: handed to every session pump; ``hooks``: :class:`ListenerHooks`.
+    addresses plus ``other_sessions()`` (those of the loop's own listener). ``session_limits``: handed to every
+    session pump; ``hooks``: :class:`ListenerHooks`.
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class Listener:
         session_limits: SessionLimits,
         exposure: Exposure = Exposure(),
         hooks: ListenerHooks = ListenerHooks(),
+        other_sessions: Callable[[], int] = lambda: 0,
     ) -> None:
         self._listen = listen
         self._handler = handler
@@ -103,6 +108,7 @@ class Listener:
         self._session_limits = session_limits
         self._exposure = exposure
         self._hooks = hooks
+        self._other_sessions = other_sessions
         self._stack = contextlib.ExitStack()
         self._threads: list[threading.Thread] = []
         self._pumps: set[SessionPump] = set()
@@ -145,7 +151,7 @@ class Listener:
     def decide(self, _open: object) -> tuple[bool, int, str | None]:
         """Session admission (on nnrp-py's policy threads): refuse over ``max_sessions`` with
         ``SESSION_ERROR_LIMIT_REACHED``."""
-        if len(self._pumps) >= self._max_sessions:
+        if len(self._pumps) + self._other_sessions() >= self._max_sessions:
             return False, SESSION_ERROR_LIMIT_REACHED, f"{self._max_sessions} NNRP sessions are open (nnrp.max_sessions)"
         return True, 0, None
 

@@ -1,12 +1,17 @@
 """One submitted NNRP operation as the adapter sees it, and the session outbox its events wait in.
 
-:class:`ServerOperation` is nnrp-py's native server operation (``nnrp.native.NativeRuntimeServerOperation``,
-only ever touched by its session pump) plus the operation's rules (:class:`vllm_nnrp_plugin.operation.Operation`)
-behind one lock, plus the :class:`SessionLink` it shares with its session pump. Two threads call it: vLLM's event loop decides (the
-adapter's ``partial`` / ``complete`` / ``fail`` / ``limit_time`` / ``dispatch``; the service's ``time_out`` /
-``shut_down`` / ``refuse``), and the session pump reports what came off the wire and sends. The envelope is
-unwrapped from the submit's typed body on the pump (:func:`.wire.unwrap_typed_body`) before the operation is
-handed to the loop.
+:class:`ServerOperation` is the operation's rules (:class:`vllm_nnrp_plugin.operation.Operation`) behind one
+lock, plus the :class:`SessionLink` it shares with its session, whichever carrier serves it:
+
+* TCP and unix sockets (:mod:`.stream_connection`): everything runs on vLLM's event loop — the adapter and the
+  service decide, the connection reads and sends — so the lock is never contended;
+* the native carriers (:mod:`.session`, nnrp-py's runtime): vLLM's loop decides (the adapter's ``partial`` /
+  ``complete`` / ``fail`` / ``limit_time`` / ``dispatch``; the service's ``time_out`` / ``shut_down`` /
+  ``refuse``) while the session pump thread reports what came off the wire and sends; ``native`` is then
+  nnrp-py's ``NativeRuntimeServerOperation``, touched by that pump only.
+
+The envelope is unwrapped from the submit's typed body (:func:`envelope_of`) before the operation is handed to
+the loop.
 """
 
 from __future__ import annotations
@@ -96,28 +101,45 @@ class ServerOperation:
     __slots__ = ("operation_id", "frame_id", "transport", "native", "envelope", "owner", "rules", "_link", "_lock")
 
     def __init__(
-        self, native: Any, link: SessionLink, *, transport: str, connection_id: int, now_ns: int, now_unix_ns: int
+        self,
+        link: SessionLink,
+        *,
+        session_id: int,
+        operation_id: int,
+        frame_id: int,
+        envelope: bytes | ProfileError,
+        transport: str,
+        connection_id: int,
+        now_ns: int,
+        now_unix_ns: int,
+        native: Any = None,
     ) -> None:
         self.native = native
-        self.operation_id: int = native.operation_id
-        self.frame_id: int = native.frame_id
+        self.operation_id = operation_id
+        self.frame_id = frame_id
         self.transport = transport
         self.owner: OperationOwner | None = None
         self._link = link
         self._lock = threading.Lock()
         self.rules = Operation(obs.Observation(
-            connection_id=connection_id, session_id=native.submit.header.session_id, operation_id=self.operation_id,
-            frame_id=self.frame_id, transport=transport, submitted_ns=now_ns, submitted_unix_ns=now_unix_ns,
+            connection_id=connection_id, session_id=session_id, operation_id=operation_id,
+            frame_id=frame_id, transport=transport, submitted_ns=now_ns, submitted_unix_ns=now_unix_ns,
         ))  # fmt: skip
         #: the JSON envelope unwrapped from the submit, or the ``invalid_frame`` error its typed body raised
-        self.envelope: bytes | ProfileError
+        self.envelope = envelope
+
+    @classmethod
+    def from_native(
+        cls, native: Any, link: SessionLink, *, transport: str, connection_id: int, now_ns: int, now_unix_ns: int
+    ) -> ServerOperation:
+        """The operation of one nnrp-py native submit (``NativeRuntimeServerOperation``)."""
         submit = native.submit
         metadata = submit.metadata.value
-        try:
-            self.envelope = wire.unwrap_typed_body(metadata.payload_kind_bitmap, metadata.payload_frame_count,
-                                               submit.tail.body)  # fmt: skip
-        except ProfileError as err:
-            self.envelope = err
+        return cls(
+            link, session_id=submit.header.session_id, operation_id=native.operation_id, frame_id=native.frame_id,
+            envelope=envelope_of(metadata.payload_kind_bitmap, metadata.payload_frame_count, submit.tail.body),
+            transport=transport, connection_id=connection_id, now_ns=now_ns, now_unix_ns=now_unix_ns, native=native,
+        )  # fmt: skip
 
     @property
     def observation(self) -> obs.Observation:
@@ -250,3 +272,12 @@ class ServerOperation:
     def _queue(self, terminal: Terminal | None) -> None:
         if terminal is not None:
             self._link.put(self, terminal)
+
+
+def envelope_of(payload_kind_bitmap: int, payload_frame_count: int, body: bytes) -> bytes | ProfileError:
+    """The JSON envelope inside a submit's typed body, or the ``invalid_frame`` error that body raises
+    (:func:`.wire.unwrap_typed_body`)."""
+    try:
+        return wire.unwrap_typed_body(payload_kind_bitmap, payload_frame_count, body)
+    except ProfileError as err:
+        return err

@@ -1,4 +1,5 @@
-"""One pump thread per NNRP server session: it polls the session's incoming frames and posts what came off
+"""The native carriers (``nnrps``, ``ws``, ``wss``, ``quic``; plain TCP and unix sockets are
+:mod:`.stream_connection`'s): one pump thread per NNRP server session of nnrp-py's runtime: it polls the session's incoming frames and posts what came off
 the wire to vLLM's event loop; what the operations queue is sent by the listener's shared
 :class:`.sender.Sender` (or by the pump right after a poll). It decides nothing about an operation's outcome
 but the per-session admission.
@@ -268,7 +269,7 @@ class SessionPump:
         return True
 
     def _on_submit(self, native: Any) -> None:
-        sop = ServerOperation(native, self.link, transport=self.transport, connection_id=self.connection_id,
+        sop = ServerOperation.from_native(native, self.link, transport=self.transport, connection_id=self.connection_id,
                               now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns())  # fmt: skip
         if len(self._ops) >= self.limits.max_in_flight:
             self._signal_pressure()

@@ -69,7 +69,7 @@ async def start_service(state: Any, attach_path: str) -> None:
     )
     backend = VLLMBackend(state, config.operations)
     service = NNRPService(config, backend, asyncio.get_running_loop())
-    bound = await asyncio.to_thread(service.start)  # binding is a native call: keep it off vLLM's loop
+    bound = await service.start()
     setattr(state, _SERVICE, service)
     undo = stop_before_engine_shutdown(
         state.engine_client, asyncio.get_running_loop(), service.stop, budget_s=STOP_BUDGET_S

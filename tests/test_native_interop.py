@@ -1,0 +1,97 @@
+"""nnrp-py's native client (the protocol's oracle) against the plugin's own wire core on TCP and a unix socket:
+the exchanges a native client can make beyond one operation on one session — several sessions on one
+connection, a session asking for resume, a session asking for more operations in flight than nnrp-py's own
+server grants — each ending as the protocol says. (One operation per session, cancels, DEADLINE, TRACE_CONTEXT,
+limits and churn: tests/test_loopback.py, test_limits.py, test_sessions.py, over the same server.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from nnrp.client import (
+    NativeClientOptions,
+    NativeClientProviderRoute,
+    NativeClientSessionOptions,
+    connect_native_client_connection,
+)
+from nnrp.core import TransportPolicy
+
+from tests.support import ServedNNRP, envelope, free_port, wait_until
+from vllm_nnrp_plugin.client import ProfileClient
+from vllm_nnrp_plugin.nnrp_binding.endpoints import parse_endpoint
+
+QUICK = envelope({"model": "c-nonstream-text", "messages": []})
+SLOW = envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.2, "repeat": 50})
+POLICY = {"tcp": TransportPolicy.FORCE_TCP, "ipc": TransportPolicy.FORCE_IPC}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}", f"unix://{tmp_path_factory.mktemp('nnrp')}/nnrp.sock"))
+    yield served
+    served.stop()
+
+
+@contextlib.contextmanager
+def native_connection(uri: str):
+    carrier = parse_endpoint(uri)
+    options = NativeClientOptions(
+        endpoint=carrier.endpoint,
+        provider_routes={carrier.transport: NativeClientProviderRoute(provider_endpoint=carrier.provider_uri)},
+        transport_policy=POLICY[carrier.transport],
+    )
+    with connect_native_client_connection(options) as connection:
+        yield connection
+
+
+def profile_client(connection, options: NativeClientSessionOptions | None = None) -> ProfileClient:
+    """A :class:`ProfileClient` on a new session of ``connection`` (which the caller closes)."""
+    session = asyncio.run(connection.open_session(options))
+    return ProfileClient(contextlib.ExitStack(), connection, session)
+
+
+def completed(client: ProfileClient, payload: dict = QUICK) -> bool:
+    (terminal,) = list(client.events(client.submit(payload), timeout_s=10))
+    return terminal.event["type"] == "response.completed"
+
+
+@pytest.mark.parametrize("transport", [0, 1], ids=["tcp", "ipc"])
+def test_several_sessions_on_one_native_connection_are_served_apart(served, transport):
+    with native_connection(served.bound[transport]) as connection:
+        first, second = profile_client(connection), profile_client(connection)
+        assert wait_until(lambda: served.service.sessions == 2)
+        slow = first.submit(SLOW)
+        assert next(first.events(slow, timeout_s=10)).frame == "partial_result"
+        assert completed(second)  # operation and frame id 1 again, on another session
+        second.session.close()
+        assert wait_until(lambda: served.service.sessions == 1)
+        first.cancel(slow)
+        assert list(first.events(slow, timeout_s=10))[-1].frame == "result_drop"
+        request_id = served.backend.started[-2]
+        assert wait_until(lambda: request_id in served.backend.aborted)
+        assert completed(first)
+        first.session.close()
+    assert wait_until(lambda: served.service.sessions == 0)
+
+
+def test_a_session_asking_for_resume_opens_without_a_ticket(served):
+    """The plugin never grants resume (a resume attempt is refused with ``resume_rejected``: the core's tests);
+    a native client that asks for it still opens its session, with no recovery ticket, and is served."""
+    with native_connection(served.bound[0]) as connection:
+        client = profile_client(connection, NativeClientSessionOptions(allow_resume=True))
+        assert client.session.recovery_ticket() is None  # asked, not granted
+        assert completed(client)
+        client.session.close()
+
+
+def test_a_session_may_ask_for_as_many_operations_as_the_plugin_allows(served):
+    """nnrp-py's own server refuses a SESSION_OPEN asking for more than its 4 in-flight operations; the plugin
+    grants up to ``nnrp.max_in_flight_per_session`` (16 by default) and serves them at once."""
+    with native_connection(served.bound[1]) as connection:
+        client = profile_client(connection, NativeClientSessionOptions(max_in_flight_operations=16))
+        ops = [client.submit(QUICK) for _ in range(16)]
+        for op in ops:
+            assert list(client.events(op, timeout_s=10))[-1].event["type"] == "response.completed"
+        client.session.close()

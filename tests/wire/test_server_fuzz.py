@@ -1,0 +1,297 @@
+"""Property tests: whatever bytes arrive and whatever the application answers, the core never raises, emits only
+its event classes, stops after ConnectionEnded, never reuses a session id, sends at most one terminal per
+operation, and only ever queues well-formed packets that a native client can route (after the handshake every
+packet carries a session id except a rejected SESSION_OPEN_ACK and TRANSPORT_PROBE_ACK; nothing for a session
+after its SESSION_CLOSE_ACK)."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nnrp.core.enums import MessageType as T
+
+from vllm_nnrp_plugin.nnrp_wire import events as ev
+from vllm_nnrp_plugin.nnrp_wire.codecs import SessionOpenAckMetadata
+from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader, encode
+from vllm_nnrp_plugin.nnrp_wire.server import LocalProtocolError, ServerConnection
+
+from . import wirekit as w
+
+SCALE = int(os.environ.get("NNRP_FUZZ_SCALE", "1"))
+FUZZ = settings(max_examples=150 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+C2S = {name: w.stream(name, "c2s", 0) for name in w.CAPTURE_NAMES}
+META_LEN = {
+    T.CLIENT_HELLO: 64, T.SESSION_OPEN: 48, T.SESSION_CLOSE: 24, T.FRAME_SUBMIT: 72, T.TRANSPORT_PROBE: 16,
+    T.RESULT_HINT: 16, T.RESULT_PUSH: 64, T.PARTIAL_RESULT: 40, T.SESSION_OPEN_ACK: 56, T.SESSION_CLOSE_ACK: 16,
+    T.SERVER_HELLO_ACK: 80,
+}  # fmt: skip
+KINDS = [int(k) for k in T]
+
+
+def _open_ends(data: bytes) -> list[int]:
+    ends, offset = [], 0
+    for packet in w.split(data):
+        offset += len(w.raw(packet))
+        if packet.msg_type == T.SESSION_OPEN:
+            ends.append(offset)
+    return ends
+
+
+OPEN_ENDS = {name: _open_ends(data) for name, data in C2S.items()}
+
+
+class Harness:
+    """Drives one ServerConnection like an application would and checks the invariants after every step."""
+
+    def __init__(self, draw=None, max_in_flight: int = 3) -> None:
+        self.server = ServerConnection(max_in_flight_per_session=max_in_flight)
+        self.draw = draw
+        self.ended = False
+        self.accepted: list[int] = []
+        self.ops: dict[tuple[int, int], int] = {}  # (session, frame) → operation id, as the events told
+        self.terminals: dict[tuple[int, int, int], int] = {}
+        self.out = PacketReader()
+        self.handshaken = False
+        self.closed_on_wire: set[int] = set()
+        self.open_on_wire: set[int] = set()
+        self.events: list = []
+
+    def feed(self, data: bytes) -> list:
+        was_ended = self.ended
+        events = self.server.receive_data(data)  # must never raise
+        if was_ended:
+            assert events == []
+        for event in events:
+            assert isinstance(event, w.SERVER_EVENTS), event
+            assert not self.ended, f"event after ConnectionEnded: {event}"
+            if isinstance(event, ev.ConnectionEnded):
+                self.ended = True
+                assert event.error is None or "internal error" not in event.error, event.error
+            elif isinstance(event, ev.OperationSubmitted):
+                self.ops[(event.session_id, event.frame_id)] = event.operation_id
+                self.terminals.pop((event.session_id, event.frame_id, event.operation_id), None)  # a new operation
+            elif isinstance(event, ev.SessionClosed):
+                self.ops = {k: v for k, v in self.ops.items() if k[0] != event.session_id}
+            self.events.append(event)
+            if isinstance(event, ev.SessionOpenRequested):
+                self.answer(event)
+        if self.ended and not was_ended:
+            assert isinstance(events[-1], ev.ConnectionEnded)
+            assert self.server.ended
+            assert self.server.receive_data(b"\0" * 8) == []
+        self.maybe_send()
+        self.check_output()
+        return events
+
+    def answer(self, request: ev.SessionOpenRequested) -> None:
+        if self.draw is None or self.draw(st.booleans()):
+            sid = self.server.accept_session(request.request)
+            if self.server.ended:  # the same read ended the connection after the open: nothing to accept
+                assert sid == 0
+                return
+            assert sid not in self.accepted and sid > 0
+            if request.requested_session_id:
+                assert sid == request.requested_session_id
+            self.accepted.append(sid)
+        else:
+            self.server.reject_session(request.request, 0x00010001, "no")
+
+    def maybe_send(self) -> None:
+        if self.draw is None or not self.ops:
+            return
+        for _ in range(self.draw(st.integers(0, 3))):
+            if not self.ops:
+                break
+            key = self.draw(st.sampled_from(sorted(self.ops)))
+            sid, frame = key
+            op = self.ops[key]
+            action = self.draw(st.sampled_from(["partial", "progress", "push", "drop", "credit", "bp"]))
+            if action == "partial":
+                self.server.send_partial_result(sid, frame, op, self.draw(st.integers(1, 9)), b"p")
+            elif action == "progress":
+                self.server.send_progress(sid, frame, op, 1, 5, 100)
+            elif action in ("push", "drop"):
+                ok = (
+                    self.server.send_result_push(sid, frame, bytes(64), b"")
+                    if action == "push"
+                    else self.server.send_result_drop_reason(sid, frame, op, 0, 3, b"d")
+                )
+                if ok:
+                    self.terminals[(sid, frame, op)] = self.terminals.get((sid, frame, op), 0) + 1
+                    del self.ops[key]
+                # a second terminal for the same operation is refused
+                assert not self.server.send_result_push(sid, frame, bytes(64), b"")
+                assert not self.server.send_result_drop_reason(sid, frame, op, 0, 3, b"")
+            elif action == "credit":
+                self.server.send_credit_update(sid, 4)
+            else:
+                self.server.send_backpressure(sid, 1, 1, 1, 5)
+
+    def check_output(self) -> None:
+        for packet in self.out.feed(self.server.data_to_send()):  # FramingError would fail the test
+            assert packet.flags == 0 and packet.view_id == 0 and packet.route_id == 0
+            kind = packet.msg_type
+            if kind == T.SERVER_HELLO_ACK:
+                assert not self.handshaken
+                self.handshaken = True
+                continue
+            if kind == T.TRANSPORT_PROBE_ACK:
+                assert packet.session_id == 0
+                continue
+            assert self.handshaken, packet
+            if kind == T.SESSION_OPEN_ACK:
+                meta = SessionOpenAckMetadata.unpack(packet.meta)
+                assert len(packet.body) == meta.body_length
+                if meta.session_status == 0:
+                    assert packet.session_id == meta.session_id != 0
+                    assert packet.session_id not in self.open_on_wire | self.closed_on_wire
+                    self.open_on_wire.add(packet.session_id)
+                else:
+                    assert packet.session_id == meta.session_id == 0
+                continue
+            assert packet.session_id in self.open_on_wire, f"{packet} for a session the client does not know"
+            if kind == T.SESSION_CLOSE_ACK:
+                self.open_on_wire.discard(packet.session_id)
+                self.closed_on_wire.add(packet.session_id)
+        for count in self.terminals.values():
+            assert count == 1
+        assert self.server.sessions == len(self.open_on_wire) or self.ended
+
+
+@FUZZ
+@given(name=st.sampled_from(w.CAPTURE_NAMES), cuts=st.lists(st.integers(0, 3000), max_size=30))
+def test_random_splits_of_a_valid_stream_give_the_same_events(name: str, cuts: list[int]) -> None:
+    # a native client waits for SESSION_OPEN_ACK before it uses the session, so a read always ends with the open
+    data = C2S[name]
+    whole = Harness()
+    split = Harness()
+    previous = 0
+    for point in OPEN_ENDS[name] + [len(data)]:
+        whole.feed(data[previous:point])
+        previous = point
+    previous = 0
+    for point in sorted({c % (len(data) + 1) for c in cuts} | set(OPEN_ENDS[name])) + [len(data)]:
+        if point > previous:  # b"" would mean end of stream
+            split.feed(data[previous:point])
+        previous = point
+    assert split.events == whole.events
+    assert split.accepted == whole.accepted
+
+
+@FUZZ
+@given(name=st.sampled_from(w.CAPTURE_NAMES), cut=st.integers(0, 3000))
+def test_truncated_streams_end_cleanly(name: str, cut: int) -> None:
+    data = C2S[name]
+    harness = Harness()
+    prefix = data[: cut % (len(data) + 1)]
+    if prefix:
+        harness.feed(prefix)
+    harness.feed(b"")
+    assert harness.ended
+
+
+@FUZZ
+@given(data=st.data(), name=st.sampled_from(w.CAPTURE_NAMES), position=st.integers(0, 5000), value=st.integers(0, 255))
+def test_a_corrupted_byte_anywhere(data, name: str, position: int, value: int) -> None:
+    stream = bytearray(C2S[name])
+    stream[position % len(stream)] = value
+    harness = Harness(data.draw)
+    harness.feed(bytes(stream))
+    harness.feed(b"")
+    assert harness.ended
+
+
+def _random_packet(draw, sessions: list[int]) -> bytes:
+    session = draw(st.sampled_from(sessions * 4 + [0, 1, 99] if sessions else [0, 1, 7, 99]))
+    k = draw(st.integers(1, 4))  # operation k lives on frame k, mostly
+    frame = draw(st.sampled_from([k, k, k, 0, draw(st.integers(0, 5))]))
+    op = draw(st.sampled_from([k, k, k, 0, draw(st.integers(0, 5))]))
+    shape = draw(st.sampled_from(["submit"] * 3 + ["cancel", "abort", "frame_cancel", "deadline", "expire", "priority",
+                                                   "trace", "close", "ping", "open", "random", "random"]))  # fmt: skip
+    if shape == "submit":
+        return w.submit(session, frame, op, draw(st.binary(max_size=8)), trace_id=draw(st.sampled_from([0, 5])))
+    if shape in ("cancel", "abort"):
+        kind = T.CANCEL if shape == "cancel" else T.ABORT
+        return w.control(kind, session, frame, op, draw(st.sampled_from([b"", b"why"])), flags=draw(st.sampled_from([0, 0, 4])))
+    if shape == "frame_cancel":
+        return w.frame_cancel(session, frame)
+    if shape in ("deadline", "expire", "priority"):
+        kind = {"deadline": T.DEADLINE, "expire": T.EXPIRE_AT, "priority": T.PRIORITY_UPDATE}[shape]
+        return w.scheduling(kind, session, frame, op, deadline=draw(st.sampled_from([0, 5, 5])))
+    if shape == "trace":
+        return w.trace_context(session, draw(st.sampled_from([0, frame])), header_trace=draw(st.sampled_from([None, 0, 3])))
+    if shape == "close":
+        return w.session_close(session, op)
+    if shape == "ping":
+        return encode(draw(st.sampled_from([T.PING, T.PONG])), session, frame)
+    if shape == "open":
+        return w.session_open(draw(st.sampled_from([0, 0, 1, 5, 7])), profile_id=draw(st.sampled_from([2, 2, 1])))
+    kind = draw(st.sampled_from(KINDS))
+    meta_len = META_LEN.get(kind, 32 if kind >= 0x30 or kind == T.FLOW_UPDATE else 0)
+    meta_len = draw(st.sampled_from([meta_len, meta_len, 0, draw(st.integers(0, 80))]))
+    meta = draw(st.binary(min_size=meta_len, max_size=meta_len))
+    body = draw(st.sampled_from([b"", b"", draw(st.binary(max_size=40))]))
+    return encode(kind, session, frame, meta, body, trace_id=draw(st.sampled_from([0, 0, 91])))
+
+
+@settings(max_examples=300 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), handshake=st.sampled_from([True, True, True, False]), count=st.integers(1, 30))
+def test_random_packet_sequences_keep_the_invariants(data, handshake: bool, count: int) -> None:
+    harness = Harness(data.draw)
+    if handshake:
+        harness.feed(w.hello() + w.session_open(7))
+        harness.feed(w.session_open(0))
+    for _ in range(count):
+        if harness.ended:
+            break
+        packet = _random_packet(data.draw, harness.accepted)
+        if data.draw(st.booleans()):
+            harness.feed(packet)
+        else:
+            cut = data.draw(st.integers(1, len(packet) - 1))
+            harness.feed(packet[:cut])
+            harness.feed(packet[cut:])
+    harness.feed(b"")
+    assert harness.ended
+    KINDS_SEEN.update(type(e).__name__ for e in harness.events)
+
+
+KINDS_SEEN: set[str] = set()
+
+
+@FUZZ
+@given(data=st.data())
+def test_unknown_sessions_and_types_are_fatal_or_rejected_never_raised(data) -> None:
+    harness = Harness()
+    harness.feed(w.hello() + w.session_open(7))
+    session = data.draw(st.sampled_from([7, 8, 1 << 31]))
+    header = bytearray(encode(T.PING, session, 0))
+    header[6] = data.draw(st.integers(0, 255))  # any msg_type byte
+    events = harness.feed(bytes(header))
+    if header[6] not in KINDS or session != 7:
+        assert harness.ended
+    else:
+        assert harness.ended or all(isinstance(e, ev.PacketRejected) for e in events) or header[6] == T.PING
+
+
+def test_application_misuse_raises_only_local_protocol_error() -> None:
+    harness = Harness()
+    harness.feed(w.hello() + w.session_open(7))
+    harness.feed(w.submit(7, 1, 101))
+    server = harness.server
+    for call in (
+        lambda: server.send_partial_result(7, 1, 101, -1, b"x"),
+        lambda: server.send_progress(7, 1, 101, 1, 1 << 20, 5),
+        lambda: server.send_result_drop_reason(7, 1, 101, 0, 1 << 16, b""),
+        lambda: server.send_backpressure(7, 1 << 64, 1, 0, 0),
+        lambda: server.send_result_drop_reason(7, 1, 1 << 64, 0, 1, b""),
+    ):
+        try:
+            call()
+        except LocalProtocolError:
+            pass
+    harness.check_output()
+    assert server.send_result_push(7, 1, bytes(64), b"")

@@ -1,0 +1,427 @@
+"""One NNRP connection over a byte stream (TCP or a unix socket) on vLLM's event loop: an ``asyncio.Protocol``
+around the project's sans-IO wire core (:class:`vllm_nnrp_plugin.nnrp_wire.server.ServerConnection`).
+
+Everything here runs on the loop, so every piece of state has one owner and nothing is locked:
+
+* reads are event-driven: ``data_received`` feeds the core and handles each event at once (a FRAME_CANCEL
+  reaches its operation, and the operation's task is cancelled, in the same loop iteration its bytes arrived);
+* sends are batched: what the operations decide goes to their session's outbox
+  (:class:`.server_operation.SessionLink`); the first entry of an iteration schedules one flush, which encodes
+  every waiting action of every session of the connection and hands the bytes to ``transport.write`` in one
+  call (TCP_NODELAY is set on accepted TCP sockets, :mod:`.stream_listener`);
+* write back-pressure: while the transport's buffer is above its high-water mark (``pause_writing``) nothing
+  is taken from the outboxes; deltas decided meanwhile join the one still waiting (:mod:`vllm_nnrp_plugin.operation`)
+  and an outbox holding ``max_queued_events`` decided events ends the operation that overflows it with
+  ``client_too_slow`` — the same bound as on every carrier;
+* per-session admission: a submit over ``SessionLimits.max_in_flight`` is answered at once with
+  ``response.error`` ``too_many_requests`` (it never reaches the service, so never vLLM), after a BACKPRESSURE
+  (credit window 0); once an operation of that session finished, a CREDIT_UPDATE with the free window;
+* session opens over the listener's ``max_sessions`` are refused with ``session_limit_reached`` (NNRP
+  ``session_error_code`` 0x00010007); a session counts from its SESSION_OPEN_ACK until the client's close
+  handshake or the end of the connection.
+
+What came off the wire goes to the :class:`.session.SessionHandler` (the service) directly: a submit (its
+envelope unwrapped), a cancel or a lost client (``on_stop``), an NNRP DEADLINE (``on_deadline``; one that came
+before its submit is kept until the submit, :class:`vllm_nnrp_plugin.operation.EarlyDeadlines`), an operation
+whose terminal went out last (``on_finished``), sessions opened and closed (``on_session``). TRACE_CONTEXT at
+session scope (frame 0) is the default context of the session's operations dispatched later; at operation scope
+it overrides that operation's until it is dispatched (``openai-compatible/1`` profile, trace-context section).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nnrp.native import SESSION_ERROR_LIMIT_REACHED
+from nnrp.runtime import ResultDropReasonCode
+
+from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin.nnrp_binding.server_operation import (
+    PRESSURE,
+    SendProbe,
+    ServerOperation,
+    SessionLink,
+    envelope_of,
+)
+from vllm_nnrp_plugin.nnrp_binding.session import (
+    CANCEL_DETAIL,
+    PRESSURE_LEVEL_FULL,
+    PRESSURE_REASON_IN_FLIGHT,
+    RETRY_AFTER_MS,
+    SessionHandler,
+)
+from vllm_nnrp_plugin.nnrp_wire import events as ev
+from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
+from vllm_nnrp_plugin.operation import DropReason, EarlyDeadlines, PartialResult, ResultDrop, ResultPush
+from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.profile import trace
+
+logger = logging.getLogger(__name__)
+
+_CONNECTION_IDS = itertools.count(1)
+
+_DROP_CODES = {
+    DropReason.PEER_CANCELLED: int(ResultDropReasonCode.PEER_CANCELLED),
+    DropReason.TRANSPORT_CLOSED: int(ResultDropReasonCode.TRANSPORT_CLOSED),
+}
+
+#: what a cancel control is called in the operation's record (``response.cancelled`` reason)
+_CANCEL_DETAIL = {int(kind): detail for kind, detail in CANCEL_DETAIL.items()}
+
+#: transport write buffer (bytes) above which the connection stops taking from the outboxes, and below which
+#: it starts again (``transport.set_write_buffer_limits``)
+WRITE_HIGH_WATER = 1 << 20
+WRITE_LOW_WATER = 1 << 18
+
+
+class SessionGate:
+    """``max_sessions`` over every connection of a listener plus ``others()``, the sessions open on the
+    native carriers (:mod:`.listener`): :meth:`try_open` / :meth:`closed`, on the loop only."""
+
+    def __init__(self, max_sessions: int, others: Callable[[], int] = lambda: 0) -> None:
+        self.max_sessions = max_sessions
+        self.others = others
+        self.open = 0
+
+    def try_open(self) -> bool:
+        if self.open + self.others() >= self.max_sessions:
+            return False
+        self.open += 1
+        return True
+
+    def closed(self) -> None:
+        self.open -= 1
+
+
+class StreamSession:
+    """One NNRP session of a :class:`ConnectionProtocol`: its operations by id and frame, its outbox, its
+    early deadlines, and whether a BACKPRESSURE awaits its CREDIT_UPDATE."""
+
+    __slots__ = ("session_id", "link", "ops", "early_deadlines", "pressured")
+
+    def __init__(
+        self,
+        session_id: int,
+        max_queued_events: int,
+        mark: Callable[[StreamSession], None],
+        probe: SendProbe | None,
+    ) -> None:
+        self.session_id = session_id
+        self.link = SessionLink(max_queued_events, lambda: mark(self), probe)
+        #: operations without a sent terminal, by operation id (FRAME_CANCEL's frame is mapped by the core)
+        self.ops: dict[int, ServerOperation] = {}
+        self.early_deadlines = EarlyDeadlines()
+        self.pressured = False
+
+
+class ConnectionProtocol(asyncio.Protocol):
+    """One accepted connection. ``transport_name`` is the carrier (``tcp`` or ``ipc``); ``gate`` the
+    listener's session count; ``on_lost`` is told when the connection ended (the listener forgets it)."""
+
+    def __init__(
+        self,
+        handler: SessionHandler,
+        *,
+        transport_name: str,
+        limits: SessionLimits,
+        gate: SessionGate,
+        on_lost: Callable[[ConnectionProtocol], None],
+        probe: SendProbe | None = None,
+        tcp_nodelay: bool = True,
+    ) -> None:
+        self._handler = handler
+        self.transport_name = transport_name
+        self._limits = limits
+        self._gate = gate
+        self._on_lost = on_lost
+        self._probe = probe
+        self._tcp_nodelay = tcp_nodelay
+        self.connection_id = next(_CONNECTION_IDS)
+        self._core = ServerConnection(max_in_flight_per_session=limits.max_in_flight)
+        self._sessions: dict[int, StreamSession] = {}
+        self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._flush_scheduled = False
+        self._dirty: dict[int, StreamSession] = {}  # sessions whose outbox has entries, in order
+        self._paused = False
+        self._stopping = False
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._loop = asyncio.get_running_loop()
+        transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
+        sock = transport.get_extra_info("socket")
+        if self._tcp_nodelay and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        for event in self._core.receive_data(data):
+            self._handle(event)
+        self._flush()
+
+    def eof_received(self) -> bool:
+        for event in self._core.receive_data(b""):
+            self._handle(event)
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lose_all("client_disconnected")
+        self._transport = None
+        self._on_lost(self)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._schedule_flush()
+
+    # -- the listener ---------------------------------------------------------------------------------------
+
+    @property
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    def shut_down(self) -> None:
+        """The server stops: in-flight operations get ``server_shutdown`` (their tasks are the service's to
+        cancel), what is queued is written, then the connection is closed."""
+        self._stopping = True
+        for session in self._sessions.values():
+            for sop in list(session.ops.values()):
+                sop.shut_down()
+                self._handler.on_stop(sop)
+        self._flush()
+        if self._transport is not None:
+            self._transport.close()
+
+    # -- what came off the wire -------------------------------------------------------------------------------
+
+    def _handle(self, event: object) -> None:
+        kind = type(event)
+        if kind is ev.OperationSubmitted:
+            self._on_submit(event)  # type: ignore[arg-type]
+        elif kind is ev.OperationCancelled:
+            self._on_cancel(event)  # type: ignore[arg-type]
+        elif kind is ev.DeadlineReceived:
+            self._on_deadline(event)  # type: ignore[arg-type]
+        elif kind is ev.TraceContextReceived:
+            self._on_trace_context(event)  # type: ignore[arg-type]
+        elif kind is ev.SessionOpenRequested:
+            self._on_open(event)  # type: ignore[arg-type]
+        elif kind is ev.SessionClosed:
+            session = self._sessions.pop(event.session_id, None)  # type: ignore[attr-defined]
+            if session is not None:
+                self._end_session(session, "client_closed_session")
+        elif kind is ev.PacketRejected:
+            logger.info("NNRP packet refused on session %d: %s", event.session_id, event.reason)  # type: ignore[attr-defined]
+        elif kind is ev.ConnectionEnded:
+            if event.error is not None:  # type: ignore[attr-defined]
+                logger.warning("NNRP connection on %s closed: %s", self.transport_name, event.error)  # type: ignore[attr-defined]
+            self._lose_all("client_disconnected")
+            self._write()
+            if self._transport is not None:
+                self._transport.close()
+
+    def _on_open(self, request: ev.SessionOpenRequested) -> None:
+        if self._stopping:
+            self._core.reject_session(request.request, SESSION_ERROR_LIMIT_REACHED, "the server is stopping")
+            return
+        if not self._gate.try_open():
+            self._core.reject_session(
+                request.request, SESSION_ERROR_LIMIT_REACHED,
+                f"{self._gate.max_sessions} NNRP sessions are open (nnrp.max_sessions)",
+            )  # fmt: skip
+            return
+        session_id = self._core.accept_session(request.request)
+        session = StreamSession(session_id, self._limits.max_queued_events, self._mark, self._probe)
+        self._sessions[session_id] = session
+        self._handler.on_session(self.transport_name, True)
+
+    def _on_submit(self, submitted: ev.OperationSubmitted) -> None:
+        session = self._sessions.get(submitted.session_id)
+        if session is None:
+            return
+        metadata: Any = submitted.metadata
+        sop = ServerOperation(
+            session.link, session_id=session.session_id, operation_id=submitted.operation_id,
+            frame_id=submitted.frame_id,
+            envelope=envelope_of(metadata.payload_kind_bitmap, metadata.payload_frame_count, submitted.body),
+            transport=self.transport_name, connection_id=self.connection_id,
+            now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns(),
+        )  # fmt: skip
+        if len(session.ops) >= self._limits.max_in_flight:
+            session.pressured = True
+            self._core.send_backpressure(
+                session.session_id, 0, PRESSURE_LEVEL_FULL, PRESSURE_REASON_IN_FLIGHT, RETRY_AFTER_MS
+            )
+            sop.fail(E.too_many_requests(
+                f"this session already has {len(session.ops)} operations in flight; the limit is "
+                f"{self._limits.max_in_flight} (nnrp.max_in_flight_per_session)"
+            ))  # fmt: skip # sent with this read's flush; the service never sees it
+            sop.settle()  # no task will run for it
+            return
+        session.ops[sop.operation_id] = sop
+        early = session.early_deadlines.take(sop.operation_id)
+        if early is not None:
+            sop.bound(early)
+        self._handler.on_submit(sop)
+
+    def _on_cancel(self, cancelled: ev.OperationCancelled) -> None:
+        session = self._sessions.get(cancelled.session_id)
+        sop = session.ops.get(cancelled.operation_id) if session is not None else None
+        if sop is None:
+            return
+        drop = sop.cancel(DropReason.PEER_CANCELLED, _CANCEL_DETAIL[cancelled.kind])
+        if drop is not None:
+            session.link.put(sop, drop)  # type: ignore[union-attr]
+        # else a terminal is already queued: sealing turns it into the drop
+        self._handler.on_stop(sop)
+
+    def _on_deadline(self, deadline: ev.DeadlineReceived) -> None:
+        session = self._sessions.get(deadline.session_id)
+        if session is None:
+            return
+        sop = session.ops.get(deadline.operation_id)
+        if sop is None:  # not submitted yet, or already finished
+            session.early_deadlines.keep(deadline.operation_id, deadline.deadline_unix_ms)
+        else:
+            self._handler.on_deadline(sop, deadline.deadline_unix_ms)
+
+    def _on_trace_context(self, received: ev.TraceContextReceived) -> None:
+        session = self._sessions.get(received.session_id)
+        if session is None:
+            return
+        scope = trace.SESSION if received.frame_id == 0 else trace.OPERATION
+        context = trace.TraceContext(
+            received.trace_id, received.span_id, received.parent_span_id,
+            received.stage_code, received.flags, received.body_bytes, scope,
+        )  # fmt: skip
+        if not context.eligible:
+            return
+        if scope == trace.SESSION:
+            session.link.session_trace = context
+            return
+        sop = session.ops.get(received.operation_id) if received.operation_id is not None else None
+        if sop is not None:
+            sop.override_trace(context)
+
+    def _lose_all(self, detail: str) -> None:
+        """The client is gone: nothing can be delivered; every operation of every session stops."""
+        sessions = list(self._sessions.values())
+        self._sessions.clear()
+        for session in sessions:
+            self._end_session(session, detail)
+
+    def _end_session(self, session: StreamSession, detail: str) -> None:
+        session.pressured = False
+        self._dirty.pop(session.session_id, None)
+        session.link.items.clear()
+        for sop in list(session.ops.values()):
+            sop.lose(detail)
+            self._terminal_done(session, sop)
+            self._handler.on_stop(sop)
+        self._gate.closed()
+        self._handler.on_session(self.transport_name, False)
+
+    # -- sending ------------------------------------------------------------------------------------------
+
+    def _mark(self, session: StreamSession) -> None:
+        """``session``'s outbox got an entry (the link's ``notify``)."""
+        self._dirty[session.session_id] = session
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and self._loop is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Encode every waiting action of every session (unless the transport's buffer is full), then write."""
+        self._flush_scheduled = False
+        if not self._paused:
+            while self._dirty:
+                _, session = self._dirty.popitem()
+                if session.session_id in self._sessions:
+                    self._drain(session)
+        self._write()
+
+    def _write(self) -> None:
+        data = self._core.data_to_send()
+        if data and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    def _drain(self, session: StreamSession) -> None:
+        outbox = session.link.items
+        while outbox:
+            sop, action = outbox.popleft()
+            if action is PRESSURE:
+                session.pressured = True
+                self._core.send_backpressure(
+                    session.session_id, 0, PRESSURE_LEVEL_FULL, PRESSURE_REASON_IN_FLIGHT, RETRY_AFTER_MS
+                )
+                continue
+            if isinstance(action, PartialResult):
+                if not sop.rules.admits_partials:
+                    sop.discard(action)  # nothing after a terminal or a cancel
+                    continue
+                try:
+                    self._send_partial(session, sop, action)
+                except (ValueError, TypeError, OverflowError, struct.error):
+                    self._drop_unsendable(session, sop)
+                continue
+            try:
+                self._send_terminal(session, sop, action)
+            except (ValueError, TypeError, OverflowError, struct.error):
+                self._drop_unsendable(session, sop)
+
+    def _send_partial(self, session: StreamSession, sop: ServerOperation, action: PartialResult) -> None:
+        taken = sop.take(action)
+        started = time.monotonic_ns()
+        if self._core.send_partial_result(session.session_id, sop.frame_id, sop.operation_id, taken.sequence, taken.body):
+            ended = time.monotonic_ns()
+            sop.observation.event_sent(ended)
+            if self._probe is not None:
+                self._probe.sent(action, started, ended)
+
+    def _send_terminal(self, session: StreamSession, sop: ServerOperation, action: Any) -> None:
+        sealed, elapsed_ms = sop.seal(action)
+        if sealed is None:
+            return  # a terminal went out already
+        if isinstance(sealed, ResultPush):
+            metadata, body = wire.result_push(sealed, elapsed_ms)
+            self._core.send_result_push(session.session_id, sop.frame_id, metadata.pack(), body)
+        else:
+            self._send_drop(session, sop, sealed)
+        self._terminal_done(session, sop)
+
+    def _send_drop(self, session: StreamSession, sop: ServerOperation, drop: ResultDrop) -> None:
+        self._core.send_result_drop_reason(
+            session.session_id, sop.frame_id, sop.operation_id, drop.sequence, _DROP_CODES[drop.reason], drop.diagnostic
+        )
+
+    def _drop_unsendable(self, session: StreamSession, sop: ServerOperation) -> None:
+        """A frame of ``sop`` cannot be built (a bug): it ends with a TRANSPORT_CLOSED drop and its work stops;
+        the session and the client's other operations go on."""
+        logger.exception("NNRP frame for operation %d cannot be built; the operation is dropped", sop.operation_id)
+        self._send_drop(session, sop, sop.unsendable())
+        self._terminal_done(session, sop)
+        self._handler.on_stop(sop)
+
+    def _terminal_done(self, session: StreamSession, sop: ServerOperation) -> None:
+        """``sop``'s terminal went out (or never can): forget it, free its window, settle its end."""
+        if session.ops.pop(sop.operation_id, None) is not None:
+            if session.pressured and not self._stopping and session.session_id in self._sessions:
+                session.pressured = False
+                self._core.send_credit_update(session.session_id, self._limits.max_in_flight - len(session.ops))
+        if sop.settle():
+            self._handler.on_finished(sop)

@@ -1,0 +1,451 @@
+"""The asyncio shell around :class:`~vllm_nnrp_plugin.nnrp_wire.client.ClientConnection`.
+
+::
+
+    conn = await connect("tcp://127.0.0.1:9400")          # or unix:///path/to.sock
+    session = await conn.open_session()
+    op = session.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
+                         "body": {...}})
+    async for event in op:          # profile events (dicts) in order; the last one is the terminal
+        ...
+    await session.close()
+    await conn.close()
+
+One :class:`Connection` is the ``asyncio.Protocol`` of one transport (TCP with ``TCP_NODELAY``, or a unix
+socket). Everything runs on the event loop's callbacks: bytes read go straight into the wire core and its
+events wake the waiting operations; calls queue bytes in the core and one write per loop iteration
+(``loop.call_soon``) sends whatever was queued. No threads, no polling, no timers.
+
+An :class:`Operation` yields each PARTIAL_RESULT body as JSON (``orjson``), then its terminal: the
+RESULT_PUSH's typed body (``vllm_nnrp_plugin.nnrp_binding.wire.unwrap_typed_body``) or the
+RESULT_DROP_REASON's diagnostic (the server's ``response.cancelled``); a drop whose diagnostic is not a JSON
+object, or a header-only RESULT_DROP, yields ``{"type": "response.cancelled", "reason": <drop reason name,
+e.g. "peer_cancelled">}``. :meth:`Operation.cancel` sends FRAME_CANCEL; the terminal still comes. A task
+cancelled while it waits in ``async for`` or :meth:`Operation.result` gets its ``CancelledError`` and the
+operation is cancelled (FRAME_CANCEL) on the way out.
+
+Errors, all :class:`ClientError`: :class:`ClientConnectionError` (cannot connect, the connection was lost
+or ended on a protocol error: every pending open, operation and close fails with it),
+:class:`SessionOpenError` (the server refused a session), :class:`ClientResponseError` (an event or terminal
+that does not decode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+import urllib.parse
+from typing import Any
+
+import orjson
+from nnrp.core.enums import MessageType
+from nnrp.runtime.types import ResultDropReasonCode
+
+from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin.nnrp_wire import events as ev
+from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
+from vllm_nnrp_plugin.nnrp_wire.framing import MAX_PACKET_BYTES
+from vllm_nnrp_plugin.profile import errors as profile_errors
+
+__all__ = [
+    "ClientConnectionError",
+    "ClientError",
+    "ClientResponseError",
+    "Connection",
+    "Operation",
+    "Session",
+    "SessionOpenError",
+    "connect",
+]
+
+
+class ClientError(Exception):
+    """An NNRP client call failed; the base of every error this module raises."""
+
+
+class ClientConnectionError(ClientError, ConnectionError):
+    """No connection, or it is gone (lost, closed by the server, or ended on a protocol violation)."""
+
+
+class SessionOpenError(ClientError):
+    """The server refused the session: ``session_error_code`` (NNRP u32, 0 when this client refused a
+    malformed SESSION_OPEN_ACK) and the server's ``diagnostic``."""
+
+    def __init__(self, session_error_code: int, diagnostic: str) -> None:
+        super().__init__(f"session refused ({session_error_code:#010x}): {diagnostic}")
+        self.session_error_code = session_error_code
+        self.diagnostic = diagnostic
+
+
+class ClientResponseError(ClientError):
+    """The server's event or terminal does not decode (not JSON, or a RESULT_PUSH body outside the
+    profile's typed-body mapping)."""
+
+
+class _AddressError(ClientConnectionError, ValueError):
+    """An endpoint URI :func:`connect` cannot use."""
+
+
+async def connect(uri: str, *, max_packet_bytes: int = MAX_PACKET_BYTES) -> Connection:
+    """Connect to ``tcp://host:port`` or ``unix:///absolute/path``. ``max_packet_bytes``: the largest
+    packet accepted from the server (bytes). Raises :class:`ClientConnectionError` (nothing listens, or an
+    unusable URI; also a ``ValueError``)."""
+    loop = asyncio.get_running_loop()
+    parsed = urllib.parse.urlsplit(uri)
+    factory = lambda: Connection(max_packet_bytes)  # noqa: E731
+    try:
+        if parsed.scheme == "tcp" and parsed.hostname and parsed.port:
+            _, conn = await loop.create_connection(factory, parsed.hostname, parsed.port)
+        elif parsed.scheme == "unix" and not parsed.netloc and parsed.path.startswith("/"):
+            _, conn = await loop.create_unix_connection(factory, parsed.path)
+        else:
+            raise _AddressError(f"{uri!r} is neither tcp://host:port nor unix:///absolute/path")
+    except OSError as exc:
+        raise ClientConnectionError(f"cannot connect to {uri}: {exc}") from exc
+    return conn
+
+
+class Connection(asyncio.Protocol):
+    """One NNRP connection (module docstring). Made by :func:`connect`."""
+
+    def __init__(self, max_packet_bytes: int = MAX_PACKET_BYTES) -> None:
+        self._core = ClientConnection(max_packet_bytes=max_packet_bytes)
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._flush_pending = False
+        self._opens: dict[int, asyncio.Future[Session]] = {}
+        self._sessions: dict[int, Session] = {}
+        self._error: str | None = None  # why the connection is gone
+        self._lost = self._loop.create_future()
+        self._handlers = {
+            ev.PartialResultReceived: self._on_partial,
+            ev.ResultPushed: self._on_terminal,
+            ev.ResultDropReasonReceived: self._on_terminal,
+            ev.ResultDropped: self._on_terminal,
+            ev.SessionOpenAccepted: self._on_open_accepted,
+            ev.SessionOpenRejected: self._on_open_rejected,
+            ev.SessionCloseAcked: self._on_close_acked,
+            ev.PacketRejected: self._on_rejected,
+            ev.ConnectionEnded: self._on_ended,
+        }
+
+    # -- API -----------------------------------------------------------------------------------------------
+
+    async def open_session(self, *, max_in_flight_operations: int = 16, requested_session_id: int = 0) -> Session:
+        """Open a session (the first one also sends CLIENT_HELLO). Raises :class:`SessionOpenError`,
+        :class:`ClientConnectionError`."""
+        self._check()
+        token = self._core.open_session(
+            requested_session_id=requested_session_id, max_in_flight_operations=max_in_flight_operations
+        )
+        future = self._opens[token] = self._loop.create_future()
+        self._flush()
+        return await future
+
+    @property
+    def sessions(self) -> list[Session]:
+        """The sessions open (or closing) on this connection."""
+        return list(self._sessions.values())
+
+    async def close(self) -> None:
+        """Close every session (SESSION_CLOSE, waiting for each ack), then the transport. A connection that
+        is already gone is just released."""
+        if self._error is None:
+            with contextlib.suppress(ClientError):
+                await asyncio.gather(*(s.close() for s in list(self._sessions.values()) if not s.closing))
+        if self._transport is not None:
+            self._transport.close()
+        await asyncio.shield(self._lost)
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        handlers = self._handlers
+        for event in self._core.receive_data(data):
+            handler = handlers.get(type(event))
+            if handler is not None:
+                handler(event)
+
+    def eof_received(self) -> bool | None:
+        for event in self._core.receive_data(b""):
+            self._on_ended(event)
+        return None  # let the transport close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail_all(f"connection lost: {exc}" if exc else "connection closed")
+        self._transport = None
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    # -- plumbing ------------------------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise ClientConnectionError(self._error)
+
+    def _flush(self) -> None:
+        if not self._flush_pending:
+            self._flush_pending = True
+            self._loop.call_soon(self._write)
+
+    def _write(self) -> None:
+        self._flush_pending = False
+        data = self._core.data_to_send()
+        if data and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    def _fail_all(self, reason: str) -> None:
+        if self._error is None:
+            self._error = reason
+        error = ClientConnectionError(self._error)
+        for future in self._opens.values():
+            if not future.done():
+                future.set_exception(error)
+        self._opens.clear()
+        for session in self._sessions.values():
+            session._fail(error)
+        self._sessions.clear()
+
+    # -- events --------------------------------------------------------------------------------------------
+
+    def _on_partial(self, event: ev.PartialResultReceived) -> None:
+        op = self._sessions[event.session_id]._ops.get(event.frame_id)
+        if op is not None:
+            op._partial(event.body)
+
+    def _on_terminal(self, event: Any) -> None:
+        op = self._sessions[event.session_id]._ops.pop(event.frame_id, None)
+        if op is not None:
+            op._terminal(event)
+
+    def _on_open_accepted(self, event: ev.SessionOpenAccepted) -> None:
+        session = self._sessions[event.session_id] = Session(self, event.session_id)
+        future = self._opens.pop(event.request)
+        if future.cancelled():  # the caller gave up waiting: nobody will use it
+            session._begin_close()
+        else:
+            future.set_result(session)
+
+    def _on_open_rejected(self, event: ev.SessionOpenRejected) -> None:
+        future = self._opens.pop(event.request)
+        if not future.done():
+            future.set_exception(SessionOpenError(event.session_error_code, event.diagnostic))
+
+    def _on_close_acked(self, event: ev.SessionCloseAcked) -> None:
+        self._sessions.pop(event.session_id)._closed_by_server()
+
+    def _on_rejected(self, event: ev.PacketRejected) -> None:
+        if event.msg_type == MessageType.SESSION_CLOSE_ACK:
+            session = self._sessions.get(event.session_id)
+            if session is not None:
+                session._close_failed(event.reason)
+
+    def _on_ended(self, event: ev.ConnectionEnded) -> None:
+        self._fail_all(f"connection ended: {event.error}" if event.error else "the server closed the connection")
+        if self._transport is not None:
+            self._transport.close()
+
+
+class Session:
+    """One NNRP session on a :class:`Connection` (from :meth:`Connection.open_session`)."""
+
+    def __init__(self, conn: Connection, session_id: int) -> None:
+        self.conn = conn
+        self.session_id = session_id
+        self._ops: dict[int, Operation] = {}  # frame id -> operation waiting for its terminal
+        self._close: asyncio.Future[None] | None = None
+
+    @property
+    def closing(self) -> bool:
+        return self._close is not None
+
+    def submit(self, envelope: dict[str, Any] | bytes, *, trace_id: int = 0) -> Operation:
+        """Queue one operation: ``envelope`` (a dict, or JSON bytes sent as they are) in the profile's typed
+        body; ``trace_id`` the header's. Sent on the next loop iteration. Raises
+        :class:`ClientConnectionError`, :class:`ClientError` on a closing session."""
+        conn = self.conn
+        conn._check()
+        payload = envelope if isinstance(envelope, bytes) else orjson.dumps(envelope)
+        try:
+            frame_id, operation_id = conn._core.submit(self.session_id, wire.typed_body(payload), trace_id=trace_id)
+        except LocalProtocolError as exc:
+            raise ClientError(str(exc)) from None
+        op = self._ops[frame_id] = Operation(self, frame_id, operation_id)
+        conn._flush()
+        return op
+
+    async def close(self) -> None:
+        """SESSION_CLOSE, then wait for the server's ack; operations still running get their terminals
+        until then. Raises :class:`ClientConnectionError`, :class:`ClientError` when the server rejects
+        the close."""
+        self.conn._check()
+        if self._close is None:
+            self._begin_close()
+        await asyncio.shield(self._close)
+
+    def _begin_close(self) -> None:
+        self._close = self.conn._loop.create_future()
+        self.conn._core.close_session(self.session_id)
+        self.conn._flush()
+
+    def _closed_by_server(self) -> None:
+        if self._close is not None and not self._close.done():
+            self._close.set_result(None)
+        self._fail(ClientError(f"session {self.session_id} closed before the operation's terminal"))
+
+    def _close_failed(self, reason: str) -> None:
+        close, self._close = self._close, None
+        if close is not None and not close.done():
+            close.set_exception(ClientError(f"close of session {self.session_id} failed: {reason}"))
+
+    def _fail(self, error: ClientError) -> None:
+        if self._close is not None and not self._close.done():
+            self._close.set_exception(error)
+        ops, self._ops = self._ops, {}
+        for op in ops.values():
+            op._fail(error)
+
+
+_END = object()  # the terminal's place in an operation's queue
+
+
+class Operation:
+    """One submitted operation: ``async for event in op`` (module docstring), :meth:`result`,
+    :meth:`cancel`. ``frame_id`` / ``operation_id`` are its NNRP ids; after the terminal,
+    ``status_code`` (RESULT_PUSH) or ``drop_reason_code`` (a drop) is set."""
+
+    __slots__ = ("session", "frame_id", "operation_id", "status_code", "drop_reason_code", "_queue", "_waiters",
+                 "_terminal_event", "_error", "_done", "_cancel_sent")  # fmt: skip
+
+    def __init__(self, session: Session, frame_id: int, operation_id: int) -> None:
+        self.session = session
+        self.frame_id = frame_id
+        self.operation_id = operation_id
+        self.status_code: int | None = None
+        self.drop_reason_code: int | None = None
+        self._queue: collections.deque[Any] = collections.deque()  # partial bodies (bytes), then _END
+        self._waiters: list[asyncio.Future[None]] = []
+        self._terminal_event: dict[str, Any] | None = None
+        self._error: ClientError | None = None
+        self._done = False  # terminal (or failure) received
+        self._cancel_sent = False
+
+    @property
+    def done(self) -> bool:
+        """The terminal arrived (or the operation failed), read or not."""
+        return self._terminal_event is not None or self._error is not None
+
+    def cancel(self) -> None:
+        """Send FRAME_CANCEL (once; nothing once the terminal arrived). The server answers with a drop
+        terminal; partial results still in flight are dropped by the wire core."""
+        if self.done or self._cancel_sent:
+            return
+        self._cancel_sent = True
+        conn = self.session.conn
+        if conn._error is None:
+            conn._core.frame_cancel(self.session.session_id, self.frame_id)
+            conn._flush()
+
+    def __aiter__(self) -> Operation:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        """The next event. Raises ``StopAsyncIteration`` after the terminal, :class:`ClientError` when the
+        operation failed, :class:`ClientResponseError` for an event that is not JSON."""
+        while not self._queue:
+            if self._done:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            await self._wait()
+        item = self._queue.popleft()
+        if item is _END:
+            self._done = True
+            if self._error is not None:
+                raise self._error
+            return self._terminal_event
+        try:
+            return orjson.loads(item)
+        except orjson.JSONDecodeError as exc:
+            raise ClientResponseError(f"operation {self.operation_id}: partial result is not JSON: {exc}") from None
+
+    async def result(self) -> dict[str, Any]:
+        """Wait for the terminal event (partials not yet read are skipped). Raises as :meth:`__anext__`."""
+        while self._terminal_event is None and self._error is None:
+            await self._wait()
+        self._queue.clear()
+        self._done = True
+        if self._error is not None:
+            raise self._error
+        return self._terminal_event
+
+    async def _wait(self) -> None:
+        waiter = self.session.conn._loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- from the connection -------------------------------------------------------------------------------
+
+    def _partial(self, body: bytes) -> None:
+        self._queue.append(body)
+        if self._waiters:
+            self._wake()
+
+    def _terminal(self, event: Any) -> None:
+        try:
+            self._terminal_event = self._decode_terminal(event)
+        except ClientResponseError as exc:
+            self._error = exc
+        self._queue.append(_END)
+        self._wake()
+
+    def _decode_terminal(self, event: Any) -> dict[str, Any]:
+        if isinstance(event, ev.ResultPushed):
+            meta = event.metadata
+            self.status_code = meta.status_code
+            try:
+                body = wire.unwrap_typed_body(int(meta.payload_kind_bitmap), meta.payload_frame_count, event.body)
+                return orjson.loads(body)
+            except (profile_errors.ProfileError, orjson.JSONDecodeError) as exc:
+                raise ClientResponseError(f"operation {self.operation_id}: RESULT_PUSH body: {exc}") from None
+        code = getattr(event, "drop_reason_code", 0)
+        self.drop_reason_code = code
+        diagnostic = getattr(event, "diagnostic", b"")
+        try:
+            decoded = orjson.loads(diagnostic) if diagnostic else None
+        except orjson.JSONDecodeError:
+            decoded = None
+        if isinstance(decoded, dict):
+            return decoded
+        try:
+            reason = ResultDropReasonCode(code).name.lower()
+        except ValueError:
+            reason = f"drop_reason_{code}"
+        return {"type": "response.cancelled", "reason": reason}
+
+    def _fail(self, error: ClientError) -> None:
+        if self._terminal_event is None and self._error is None:
+            self._error = error
+            self._queue.append(_END)
+            self._wake()

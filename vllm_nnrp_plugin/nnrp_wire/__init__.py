@@ -1,0 +1,12 @@
+"""The project's own NNRP/1 (preview4) wire core, sans-IO in the h11 style: bytes in → typed events out
+(:mod:`.events`), calls in → bytes out; no sockets, threads or clock reads.
+
+* :mod:`.framing` — packet reassembly and encoding (the common header rules);
+* :mod:`.server` — one server connection: hello, sessions multiplexed on it, operations and runtime control;
+* :mod:`.client` — one client connection, the same protocol from the other side.
+
+The I/O shells live elsewhere: the server's asyncio carrier in :mod:`vllm_nnrp_plugin.nnrp_binding`, the
+client's in the client side. Metadata layouts are nnrp-py's own struct codecs (``nnrp.core.messages``,
+``nnrp.runtime.types``); this package adds what nnrp-py has no codec for (SESSION_OPEN_ACK,
+SESSION_CLOSE_ACK) and the connection and session rules.
+"""

@@ -1,0 +1,251 @@
+"""What the wire core reports: typed events, plain data (``attrs`` frozen classes).
+
+Server side (:class:`~.server.ServerConnection.receive_data` returns them): a session open to decide, a session
+the client closed, an operation submitted, cancelled, bounded by a DEADLINE, a TRACE_CONTEXT, a packet the core
+refused (the connection goes on), and the end of the connection. Client side
+(:class:`~.client.ClientConnection.receive_data`): a session opened or refused, results and terminals,
+pressure and trace frames from the server, a session close acknowledged, and the end of the connection.
+
+Ids follow NNRP/1: ``session_id`` u32 (the header's), ``frame_id`` u32 (the operation's work unit, per session),
+``operation_id`` u64 (the client's, per session). Times are wall-clock ms since the Unix epoch where named
+``*_unix_ms``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+# -- server side ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SessionOpenRequested:
+    """A valid SESSION_OPEN the application must accept or reject
+    (:meth:`~.server.ServerConnection.accept_session` / ``reject_session``); the core already refused
+    what the protocol refuses (unsupported profile or schema, a resume, a requested id already used).
+    ``request`` identifies it in those calls."""
+
+    request: int
+    requested_session_id: int
+    profile_id: int
+    priority_class: int
+    session_flags: int
+    schema_id: int
+    schema_version: int
+    default_deadline_ms: int
+    max_in_flight_operations: int
+
+
+@attrs.frozen
+class SessionClosed:
+    """The client closed ``session_id`` (SESSION_CLOSE; the SESSION_CLOSE_ACK is already queued). Its
+    operations are gone: nothing more can be sent for them. ``close_reason``: NNRP close_reason (u16)."""
+
+    session_id: int
+    close_reason: int
+
+
+@attrs.frozen
+class OperationSubmitted:
+    """A FRAME_SUBMIT whose metadata passed the protocol's rules: ``metadata`` is nnrp-py's
+    ``FrameSubmitMetadata``, ``body`` the raw body region (typed payload rules are the profile's to apply),
+    ``trace_id`` the header's. The operation is active until its terminal is sent."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+    trace_id: int
+    metadata: object
+    body: bytes
+
+
+@attrs.frozen
+class OperationCancelled:
+    """The client cancelled an active operation: ``kind`` is the ``MessageType`` (FRAME_CANCEL, CANCEL or
+    ABORT), ``diagnostic`` the control's diagnostic bytes (empty for FRAME_CANCEL). After a FRAME_CANCEL the
+    core refuses further PARTIAL_RESULT and PROGRESS for it (the native client rejects them); a terminal is
+    still expected."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+    kind: int
+    diagnostic: bytes
+
+
+@attrs.frozen
+class DeadlineReceived:
+    """A DEADLINE control (``deadline_unix_ms`` > 0). ``submitted`` is False for one that arrived before its
+    FRAME_SUBMIT (nnrp-py's ``submit_and_poll_result(timeout_ms=…)`` sends it first)."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+    deadline_unix_ms: int
+    submitted: bool
+
+
+@attrs.frozen
+class TraceContextReceived:
+    """A TRACE_CONTEXT: session scope when ``frame_id == 0`` (``operation_id`` None), else the scope of that
+    active operation. Fields as the metadata (``TraceContextMetadata``)."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int | None
+    trace_id: int
+    span_id: int
+    parent_span_id: int
+    stage_code: int
+    flags: int
+    body_bytes: int
+
+
+@attrs.frozen
+class PacketRejected:
+    """A packet of an open session that broke a protocol rule (``reason`` says which); the core answered it
+    as the protocol says (see :mod:`.server`) and the session and connection go on."""
+
+    session_id: int
+    frame_id: int
+    msg_type: int
+    reason: str
+
+
+@attrs.frozen
+class ConnectionEnded:
+    """The connection is over: ``error`` is None for the peer's end of stream, else the protocol violation
+    that ended it. Every session on it is gone; the application closes the transport once the queued
+    bytes are written."""
+
+    error: str | None
+
+
+# -- client side ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SessionOpenAccepted:
+    """The server accepted the open ``request`` (the token ``open_session`` returned) as ``session_id``;
+    ``max_in_flight_operations`` and ``granted_operation_credit`` are the ack's."""
+
+    request: int
+    session_id: int
+    max_in_flight_operations: int
+    granted_operation_credit: int
+
+
+@attrs.frozen
+class SessionOpenRejected:
+    """The server refused the open ``request``: NNRP ``session_error_code`` (u32) and its UTF-8 diagnostic."""
+
+    request: int
+    session_error_code: int
+    diagnostic: str
+
+
+@attrs.frozen
+class PartialResultReceived:
+    """A PARTIAL_RESULT: ``body`` is the inline payload (``body_bytes`` long)."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+    result_sequence: int
+    body: bytes
+
+
+@attrs.frozen
+class ResultPushed:
+    """A RESULT_PUSH (terminal): ``metadata`` is nnrp-py's ``ResultPushMetadata``, ``body`` the body region."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+    metadata: object
+    body: bytes
+
+
+@attrs.frozen
+class ResultDropReasonReceived:
+    """A RESULT_DROP_REASON (terminal): NNRP ``drop_reason_code``, ``source_role`` and the diagnostic bytes."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+    result_sequence: int
+    drop_reason_code: int
+    source_role: int
+    diagnostic: bytes
+
+
+@attrs.frozen
+class PressureReceived:
+    """A BACKPRESSURE or CREDIT_UPDATE (``kind``, a ``MessageType``) for ``session_id``: fields as
+    ``PressureMetadata`` (``scope_id`` 0 = the whole connection)."""
+
+    session_id: int
+    kind: int
+    scope_id: int
+    credit_window: int
+    pressure_level: int
+    pressure_reason: int
+    retry_after_ms: int
+
+
+@attrs.frozen
+class SessionCloseAcked:
+    """The server acknowledged the close of ``session_id`` (SESSION_CLOSE_ACK, close_status closed)."""
+
+    session_id: int
+
+
+@attrs.frozen
+class ResultDropped:
+    """A header-only RESULT_DROP (terminal): the operation ended without a result or a reason."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+
+
+@attrs.frozen
+class ProgressReceived:
+    """A PROGRESS for an active operation: fields as ``ProgressMetadata`` (``percent_x100`` 0..10000, or
+    0xffff for unknown); ``body`` the optional payload."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+    progress_sequence: int
+    stage_code: int
+    percent_x100: int
+    body: bytes
+
+
+@attrs.frozen
+class ErrorRecoverableReceived:
+    """An ERROR_RECOVERABLE for ``session_id``: fields as ``RecoverableErrorMetadata`` (``error_scope`` 0
+    connection, 1 session, 2 frame; ``retry_after_ms`` ms) and the diagnostic bytes."""
+
+    session_id: int
+    frame_id: int
+    error_code: int
+    error_scope: int
+    recovery_action: int
+    retry_after_ms: int
+    related_frame_id: int
+    diagnostic: bytes
+
+
+@attrs.frozen
+class RetryAfterReceived:
+    """A RETRY_AFTER for ``session_id``: fields as ``RetryAfterMetadata`` (``scope_id`` 0 = the whole
+    connection; ``retry_after_ms`` and ``jitter_ms`` in ms) and the diagnostic bytes."""
+
+    session_id: int
+    scope_id: int
+    retry_after_ms: int
+    jitter_ms: int
+    reason_code: int
+    diagnostic: bytes

@@ -1,0 +1,962 @@
+"""One NNRP/1 (preview4) server connection, sans-IO: bytes in → typed events out, calls in → bytes out.
+
+:class:`ServerConnection` owns everything the protocol decides on one connection and nothing else: the
+handshake, the sessions multiplexed on it, the operations of each session and the runtime control frames. It
+reads no socket, starts no thread and reads no clock; the asyncio shell feeds it what it read
+(:meth:`~ServerConnection.receive_data`, ``b""`` for end of stream), writes what it queued
+(:meth:`~ServerConnection.data_to_send`, once per loop iteration, so many packets go out in one write) and
+closes the transport after :class:`~.events.ConnectionEnded`.
+
+The model is the native server of nnrp-py 1.0.0rc4.post20 (nnrp-rs ``crates/nnrp-runtime/src/server.rs``),
+byte for byte where a native client can tell, with these deliberate differences:
+
+* resume is never granted and every resume attempt is rejected (``token_ttl_ms`` and ``resume_window_ms`` 0,
+  ``session_flags_ack`` 0, ``resume_token_bytes`` 0; a SESSION_OPEN carrying a token gets status rejected,
+  code ``resume_rejected``, session 0 in header and metadata, a UTF-8 diagnostic body);
+* ``max_concurrent_frames`` (hello), ``granted_operation_credit`` and ``max_in_flight_operations`` (open ack)
+  are the connection's ``max_in_flight_per_session`` (the native server sends its 4 / 2 / 4);
+* session ids are unique per connection (the native registry is server-wide), never reused on it;
+* a known session's packet that breaks a rule is answered with ERROR_RECOVERABLE (the native server sends
+  nothing and only its application sees a poll error);
+* a control (FRAME_CANCEL, CANCEL, ABORT, DEADLINE, PRIORITY_UPDATE, EXPIRE_AT, TRACE_CONTEXT) for an operation
+  whose terminal this server sent recently is ignored silently: the client cannot avoid that race.
+
+Rules and their sources (nnrp-rs paths at the readable commit 784a4a3 unless said otherwise; the behaviour of
+the shipped build where it differs, see each method):
+
+* Framing and header errors: :mod:`.framing` (nnrp-rs ``crates/nnrp-core/src/header.rs``,
+  ``crates/nnrp-runtime/src/transport.rs``) — each ends the connection.
+* Connection start (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` ``accept``/hello handling,
+  ``crates/nnrp-core/src/control.rs`` ``ClientHello::validate``): only TRANSPORT_PROBE or CLIENT_HELLO may come
+  first; a bad hello closes the connection without a reply.
+* After the handshake, session 0 carries only SESSION_OPEN and TRANSPORT_PROBE; any other session-0 packet, a
+  second CLIENT_HELLO, a malformed SESSION_OPEN, or a packet for a session id that is not open ends the
+  connection (``server.rs``; ``crates/nnrp-runtime/src/multiplex.rs``: unknown session ids are fatal).
+* Session-scoped runtime packets (``server.rs`` ``handle_runtime_packet`` arms): exact ``meta_len``, the
+  layout's parse rules (nnrp-rs ``crates/nnrp-core/src/control.rs``, ``data.rs``, ``flow.rs``; nnrp-doc
+  ``docs/en/profiles/runtime-control/value-registries.md``: "Receivers MUST reject fixed metadata that sets a
+  reserved flag bit, uses a reserved enum value, or sets a reserved field to a non-zero value"), ``body_len``
+  equal to the declared length, operation identity (``crates/nnrp-core/src/operation.rs``).
+
+Answer each :class:`~.events.SessionOpenRequested` before the next :meth:`~ServerConnection.receive_data`: the
+session exists from ``accept_session`` on. Packets that came in the same read right behind the SESSION_OPEN are
+handled before the application can answer, so a client that used the session without waiting for its ack would
+hit the unknown-session rule; the native client always waits for the ack (it needs the id from it).
+
+Errors: a call that is wrong whatever the peer did raises :class:`LocalProtocolError`; a send that lost a race
+with the peer (session closed, connection ended, operation already terminal or cancelled by FRAME_CANCEL)
+returns False and queues nothing.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from nnrp.core.enums import ErrorCode, MessageType
+from nnrp.core.header import HEADER_LENGTH, HEADER_MAGIC, HEADER_STRUCT
+from nnrp.core.messages.control import (
+    ClientHelloMetadata,
+    FlowUpdateMetadata,
+    ResultHintMetadata,
+    ServerHelloAckMetadata,
+    SessionOpenMetadata,
+    TransportProbeAckMetadata,
+    TransportProbeMetadata,
+)
+from nnrp.core.messages.data import FrameSubmitMetadata
+from nnrp.runtime.types import (
+    ControlRequestMetadata,
+    PartialResultMetadata,
+    PressureMetadata,
+    ProgressMetadata,
+    RecoverableErrorMetadata,
+    ResultDropReasonMetadata,
+    RetryAfterMetadata,
+    SchedulingMetadata,
+    SessionCloseMetadata,
+    TraceContextMetadata,
+)
+
+from . import framing
+from .codecs import (
+    CLOSE_STATUS_CLOSED,
+    SESSION_ERROR_PROFILE_UNSUPPORTED,
+    SESSION_ERROR_RESUME_REJECTED,
+    SESSION_ERROR_SCHEMA_UNSUPPORTED,
+    SESSION_ERROR_SESSION_LIMIT_REACHED,
+    SESSION_STATUS_OPENED,
+    SESSION_STATUS_REJECTED,
+    SessionCloseAckMetadata,
+    SessionOpenAckMetadata,
+)
+from .events import (
+    ConnectionEnded,
+    DeadlineReceived,
+    OperationCancelled,
+    OperationSubmitted,
+    PacketRejected,
+    SessionClosed,
+    SessionOpenRequested,
+    TraceContextReceived,
+)
+
+__all__ = ["LEASE_TTL_MS", "LocalProtocolError", "ServerConnection"]
+
+#: ``lease_ttl_ms`` of every SESSION_OPEN_ACK: the native server echoes its configured 30000 and enforces nothing
+#: (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` session ack; cache/schema leases are not offered here)
+LEASE_TTL_MS = 30_000
+#: source_role of everything this server sends (nnrp-doc runtime-control value-registries "Role Codes")
+ROLE_SERVER = 2
+#: longest diagnostic body put into an ERROR_RECOVERABLE (bytes of UTF-8)
+MAX_DIAGNOSTIC_BYTES = 512
+
+_T = MessageType
+_pack_header = HEADER_STRUCT.pack
+# the hot path: header + PARTIAL_RESULT metadata in one pack (same bytes as HEADER_STRUCT + PartialResultMetadata)
+_PARTIAL_STRUCT = struct.Struct("<" + HEADER_STRUCT.format.lstrip("<") + PartialResultMetadata.STRUCT.format.lstrip("<"))
+_pack_partial = _PARTIAL_STRUCT.pack
+_PARTIAL_META_LEN = PartialResultMetadata.STRUCT.size
+_PROGRESS_STRUCT = ProgressMetadata.STRUCT
+_DROP_REASON_STRUCT = ResultDropReasonMetadata.STRUCT
+_PRESSURE_STRUCT = PressureMetadata.STRUCT
+_RESULT_PUSH_META_LEN = 64
+_FRAME_SUBMIT_META_LEN = FrameSubmitMetadata.STRUCT.size
+_RUNTIME_META_LEN = 32
+_FRAME_CLASSES = frozenset((0, 1, 2, 3))  # keyframe, delta, retransmit, discardable (nnrp-rs enums.rs FrameClass)
+_PRIORITY_CLASSES = frozenset((0, 1, 2))  # interactive, balanced, background (nnrp-rs enums.rs PriorityClass)
+
+# ERROR_RECOVERABLE error_code: the common error registry (nnrp-py ``nnrp.core.enums.ErrorCode``, nnrp-rs
+# ``crates/nnrp-core/src/enums.rs`` ErrorCode). nnrp-doc runtime-control ``control-frames.md`` "Recoverable Error
+# Metadata": error_code from "the active error registry", recovery_action from the reason_code registry.
+_ERR_MALFORMED = int(ErrorCode.MALFORMED_BODY)  # layout, length, reserved bits, enum values
+_ERR_STATE = int(ErrorCode.INVALID_STATE)  # unknown/duplicate operation or frame, a type a client must not send
+_ERR_LIMIT = int(ErrorCode.LIMIT_EXCEEDED)  # too many pre-submit DEADLINE reservations
+_RECOVERY_UNSPECIFIED = 0  # reason_code "unspecified" (value-registries "Reason And Stage Codes")
+_SCOPE_SESSION = 1
+_SCOPE_FRAME = 2
+
+
+class LocalProtocolError(ValueError):
+    """The application asked for something the protocol never allows, whatever the peer did (a sequence of 0,
+    an empty PARTIAL_RESULT body, a drop reason of 0, an unknown session-open request, a value that does not
+    fit its field...). A bug in the caller; the connection's state is unchanged. A ``ValueError``, so callers
+    that already treat unpackable values as ``ValueError`` catch it too."""
+
+
+class _Op:
+    """One active operation: the pair fixed at FRAME_SUBMIT (nnrp-rs ``crates/nnrp-core/src/operation.rs``).
+    ``streamable`` turns False at the client's FRAME_CANCEL (the shipped native client rejects PARTIAL_RESULT and
+    PROGRESS after it); ``cancelled`` is set by the first FRAME_CANCEL / CANCEL / ABORT."""
+
+    __slots__ = ("session_id", "frame_id", "operation_id", "streamable", "cancelled")
+
+    def __init__(self, session_id: int, frame_id: int, operation_id: int) -> None:
+        self.session_id = session_id
+        self.frame_id = frame_id
+        self.operation_id = operation_id
+        self.streamable = True
+        self.cancelled = False
+
+
+class _Session:
+    __slots__ = ("session_id", "ops", "reservations", "reserved_frames", "finished")
+
+    def __init__(self, session_id: int) -> None:
+        self.session_id = session_id
+        self.ops: dict[int, _Op] = {}  # operation_id → op
+        self.reservations: dict[int, tuple[int, int]] = {}  # operation_id → (frame_id, deadline_unix_ms)
+        self.reserved_frames: dict[int, int] = {}  # frame_id → operation_id of a reservation
+        self.finished: dict[tuple[int, int], None] = {}  # (frame_id, operation_id) of recent terminals, oldest first
+
+
+class _PendingOpen:
+    __slots__ = ("metadata", "reserved_id")
+
+    def __init__(self, metadata: SessionOpenMetadata, reserved_id: int) -> None:
+        self.metadata = metadata
+        self.reserved_id = reserved_id
+
+
+class _Reject(Exception):
+    """Internal: the packet breaks a rule; ``code`` is the ERROR_RECOVERABLE error_code."""
+
+    def __init__(self, reason: str, code: int = _ERR_MALFORMED) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+class _Fatal(Exception):
+    """Internal: the packet ends the connection."""
+
+
+class _Ignore(Exception):
+    """Internal: a late control for an operation this server already finished (a race, not an error)."""
+
+
+def _role_ok(role: int) -> bool:
+    # source_role: 0x00-0x07 standard, 0x08-0x7f reserved (rejected), 0x80-0xff private
+    # (nnrp-rs crates/nnrp-core/src/object.rs RuntimeRole; control.rs role checks)
+    return role <= 0x07 or role >= 0x80
+
+
+def _parse(cls, meta: bytes, name: str):
+    try:
+        return cls.unpack(meta)
+    except (ValueError, TypeError, struct.error) as exc:
+        raise _Reject(f"malformed {name} metadata: {exc}") from None
+
+
+class ServerConnection:
+    """The server side of one NNRP/1 connection (plain data; see the module docstring).
+
+    ``max_in_flight_per_session`` is advertised in SERVER_HELLO_ACK ``max_concurrent_frames`` and in every
+    SESSION_OPEN_ACK, and bounds the pre-submit DEADLINE reservations of a session; ``max_packet_bytes`` bounds
+    one received packet (:class:`~.framing.PacketReader`) and is advertised as ``max_body_bytes``;
+    ``profiles`` are the profile ids sessions may open (hello bitmap bit N-1 for profile N, nnrp-rs
+    ``server.rs`` profile bitmap); ``schemas`` the accepted ``(schema_id, schema_version)`` pairs.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_in_flight_per_session: int,
+        max_packet_bytes: int = framing.MAX_PACKET_BYTES,
+        profiles: tuple[int, ...] = (2,),
+        schemas: tuple[tuple[int, int], ...] = ((4097, 3),),
+    ) -> None:
+        if not 1 <= max_in_flight_per_session:
+            raise ValueError("max_in_flight_per_session must be at least 1")
+        if not framing.HEADER_LENGTH <= max_packet_bytes <= 0xFFFFFFFF:
+            raise ValueError("max_packet_bytes must fit a u32 and hold a header")
+        self._max_in_flight = max_in_flight_per_session
+        self._credit = min(max_in_flight_per_session, 0xFFFF)
+        self._max_packet_bytes = max_packet_bytes
+        self._profiles = frozenset(profiles)
+        self._profile_bitmap = 0
+        for profile in profiles:
+            if 1 <= profile <= 32:
+                self._profile_bitmap |= 1 << (profile - 1)
+        self._schemas = frozenset(schemas)
+        self._finished_memory = max(64, 4 * max_in_flight_per_session)
+
+        self._reader = framing.PacketReader(max_packet_bytes)
+        self._out = bytearray()
+        self._handshaken = False
+        self._ended = False
+        self._sessions: dict[int, _Session] = {}
+        self._ops: dict[tuple[int, int], _Op] = {}  # (session_id, frame_id) → op: the send hot path's one lookup
+        self._used_ids: set[int] = set()  # opened on this connection (open or closed) or reserved by a pending open
+        self._pending: dict[int, _PendingOpen] = {}
+        self._next_request = 1
+
+    # -- state ---------------------------------------------------------------------------------------------
+
+    @property
+    def ended(self) -> bool:
+        """ConnectionEnded was emitted (EOF or fatal); nothing more is queued after that."""
+        return self._ended
+
+    @property
+    def sessions(self) -> int:
+        """Sessions open right now on this connection."""
+        return len(self._sessions)
+
+    def data_to_send(self) -> bytes:
+        """Everything queued since the last call (``b""`` if nothing), then cleared."""
+        if not self._out:
+            return b""
+        data = bytes(self._out)
+        self._out.clear()
+        return data
+
+    # -- input ---------------------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list:
+        """Feed bytes read from the transport (``b""``: the peer's end of stream); return the events they
+        completed, in order. Never raises: whatever the bytes are, the worst outcome is
+        :class:`~.events.ConnectionEnded`, after which this returns ``[]``."""
+        if self._ended:
+            return []
+        events: list = []
+        if not data:
+            buffered = self._reader.buffered
+            self._end(events, None if not buffered else f"end of stream inside a packet ({buffered} bytes buffered)")
+            return events
+        try:
+            packets = self._reader.feed(data)
+        except framing.FramingError as exc:
+            self._end(events, str(exc))
+            return events
+        for packet in packets:
+            try:
+                self._dispatch(packet, events)
+            except _Fatal as exc:
+                self._end(events, str(exc))
+            except Exception as exc:  # noqa: BLE001 - never raise on peer input; a bug ends only this connection
+                self._end(events, f"internal error handling {packet!r}: {exc!r}")
+            if self._ended:
+                break
+        return events
+
+    def _end(self, events: list, error: str | None) -> None:
+        self._ended = True
+        self._sessions.clear()
+        self._ops.clear()
+        self._pending.clear()
+        events.append(ConnectionEnded(error))
+
+    def _queue(self, msg_type: int, session_id: int, frame_id: int, meta: bytes, body: bytes = b"", trace_id: int = 0) -> None:
+        out = self._out
+        out += _pack_header(
+            HEADER_MAGIC, 1, 0, msg_type, HEADER_LENGTH, 0, len(meta), len(body), session_id, frame_id, 0, 0, trace_id
+        )
+        out += meta
+        if body:
+            out += body
+
+    def _dispatch(self, packet: framing.Packet, events: list) -> None:
+        msg_type = packet.msg_type
+        if not self._handshaken:
+            # nnrp-rs crates/nnrp-runtime/src/server.rs: the first non-probe packet must be CLIENT_HELLO
+            if msg_type == _T.TRANSPORT_PROBE:
+                self._on_probe(packet)
+            elif msg_type == _T.CLIENT_HELLO:
+                self._on_hello(packet)
+            else:
+                raise _Fatal(f"{_name(msg_type)} before CLIENT_HELLO")
+            return
+        session_id = packet.session_id
+        if session_id == 0:
+            # nnrp-rs server.rs: after the handshake session 0 carries only SESSION_OPEN and TRANSPORT_PROBE
+            if msg_type == _T.SESSION_OPEN:
+                self._on_session_open(packet, events)
+            elif msg_type == _T.TRANSPORT_PROBE:
+                self._on_probe(packet)
+            elif msg_type == _T.CLIENT_HELLO:
+                raise _Fatal("second CLIENT_HELLO on the connection")
+            else:
+                raise _Fatal(f"{_name(msg_type)} on session 0 after the handshake")
+            return
+        session = self._sessions.get(session_id)
+        if session is None:
+            # nnrp-rs crates/nnrp-runtime/src/multiplex.rs: a packet for an unregistered session id is fatal
+            state = "closed" if session_id in self._used_ids else "unknown"
+            raise _Fatal(f"{_name(msg_type)} for {state} session {session_id}")
+        if msg_type == _T.CLIENT_HELLO:
+            raise _Fatal("second CLIENT_HELLO on the connection")
+        handler = _SESSION_HANDLERS.get(msg_type)
+        try:
+            if handler is None:
+                raise _Reject(f"{_name(msg_type)} is not accepted from a client on a session", _ERR_STATE)
+            handler(self, session, packet, events)
+        except _Reject as rejection:
+            self._reject(packet, rejection, events)
+        except _Ignore:
+            pass
+
+    def _reject(self, packet: framing.Packet, rejection: _Reject, events: list) -> None:
+        """PacketRejected + ERROR_RECOVERABLE (frame scope when the header names a frame, else session scope;
+        header frame = ``related_frame_id`` as nnrp-rs ``server.rs`` ``send_recoverable_error``; source_role
+        server, no retry, the reason as the diagnostic). The session goes on."""
+        events.append(PacketRejected(packet.session_id, packet.frame_id, packet.msg_type, rejection.reason))
+        diagnostic = rejection.reason.encode("utf-8", "replace")[:MAX_DIAGNOSTIC_BYTES]
+        meta = RecoverableErrorMetadata(
+            rejection.code,
+            _SCOPE_FRAME if packet.frame_id else _SCOPE_SESSION,
+            _RECOVERY_UNSPECIFIED,
+            ROLE_SERVER,
+            0,
+            0,
+            packet.session_id,
+            packet.frame_id,
+            0,
+            len(diagnostic),
+        ).pack()
+        self._queue(_T.ERROR_RECOVERABLE, packet.session_id, packet.frame_id, meta, diagnostic)
+
+    # -- connection scope ----------------------------------------------------------------------------------
+
+    def _on_probe(self, packet: framing.Packet) -> None:
+        """TRANSPORT_PROBE → TRANSPORT_PROBE_ACK echoing ``probe_id``, ``reserved0`` 0 and ``server_recv_ts_us``
+        0 (no clock in the core); ``meta_len`` 16 and ``body_len == probe_payload_bytes`` or the connection ends
+        (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` probe handling, ``crates/nnrp-core/src/control.rs``
+        ``TransportProbe``/``TransportProbeAck``)."""
+        if packet.session_id != 0:
+            raise _Fatal("TRANSPORT_PROBE with a session id")
+        if len(packet.meta) != TransportProbeMetadata.STRUCT.size:
+            raise _Fatal(f"TRANSPORT_PROBE meta_len {len(packet.meta)} (must be 16)")
+        probe = TransportProbeMetadata.unpack(packet.meta)
+        if len(packet.body) != probe.probe_payload_bytes:
+            raise _Fatal(
+                f"TRANSPORT_PROBE body_len {len(packet.body)} != probe_payload_bytes {probe.probe_payload_bytes}"
+            )
+        self._queue(_T.TRANSPORT_PROBE_ACK, 0, 0, TransportProbeAckMetadata(probe.probe_id, 0, 0).pack())
+
+    def _on_hello(self, packet: framing.Packet) -> None:
+        """CLIENT_HELLO → SERVER_HELLO_ACK with the native server's values (nnrp-rs
+        ``crates/nnrp-runtime/src/server.rs`` hello ack; checks of ``crates/nnrp-core/src/control.rs``
+        ``ClientHello`` validation): ``meta_len`` 64 exactly, empty body (so no auth or control extension
+        declared), version window containing 1, wire-format bit 0, non-zero profile and payload-kind bitmaps,
+        a profile in common. Any failure ends the connection with nothing sent, as the native server."""
+        if packet.session_id != 0:
+            raise _Fatal("CLIENT_HELLO with a session id")
+        if len(packet.meta) != ClientHelloMetadata.STRUCT.size:
+            raise _Fatal(f"CLIENT_HELLO meta_len {len(packet.meta)} (must be 64)")
+        if packet.body:
+            raise _Fatal("CLIENT_HELLO with a body")
+        hello = ClientHelloMetadata.unpack(packet.meta)
+        if not hello.min_version_major <= 1 <= hello.max_version_major:
+            raise _Fatal(f"CLIENT_HELLO version window {hello.min_version_major}..{hello.max_version_major} excludes 1")
+        if not hello.supported_wire_format_bitmap & 1:
+            raise _Fatal("CLIENT_HELLO does not offer wire format 0")
+        if not hello.supported_profile_bitmap or not hello.supported_payload_kind_bitmap:
+            raise _Fatal("CLIENT_HELLO offers no profile or no payload kind")
+        if hello.auth_bytes or hello.control_extension_bytes:
+            raise _Fatal("CLIENT_HELLO declares auth or control extension bytes but has no body")
+        accepted_profiles = hello.supported_profile_bitmap & self._profile_bitmap
+        if not accepted_profiles:
+            raise _Fatal(f"CLIENT_HELLO profile bitmap {hello.supported_profile_bitmap:#x} has no profile in common")
+        ack = ServerHelloAckMetadata(
+            selected_version_major=1,
+            selected_wire_format=0,
+            auth_status=0,
+            session_id=0,
+            accepted_profile_bitmap=accepted_profiles,
+            accepted_payload_kind_bitmap=hello.supported_payload_kind_bitmap,
+            accepted_codec_bitmap=hello.supported_codec_bitmap,
+            accepted_compression_bitmap=hello.supported_compression_bitmap,
+            accepted_dtype_bitmap=hello.supported_dtype_bitmap,
+            accepted_layout_bitmap=hello.supported_layout_bitmap,
+            cache_digest_bitmap=hello.cache_digest_bitmap,
+            cache_object_bitmap=0,  # client's AND the server's cache kinds (none)
+            max_cache_entries=0,
+            max_cache_bytes=0,
+            max_lane_count=max(1, hello.max_lane_count),
+            max_concurrent_frames=self._credit,
+            target_cadence_x100=hello.target_cadence_x100,
+            latency_budget_ms=hello.latency_budget_ms,
+            quality_tier=hello.quality_tier,
+            degrade_policy=hello.degrade_policy,
+            max_body_bytes=self._max_packet_bytes,
+            token_ttl_ms=0,  # resume is never granted
+            retry_after_ms=0,
+            control_extension_bytes=0,
+            server_flags=0,
+        )
+        self._queue(_T.SERVER_HELLO_ACK, 0, 0, ack.pack())
+        self._handshaken = True
+
+    def _on_session_open(self, packet: framing.Packet, events: list) -> None:
+        """SESSION_OPEN (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` session open handling,
+        ``crates/nnrp-core/src/session.rs`` ``SessionOpen::parse``, ``crates/nnrp-core/src/recovery.rs``).
+        Malformed (``meta_len`` ≠ 48, reserved0, unknown ``session_flags`` bits or priority, ``body_len`` ≠
+        token + auth + extension lengths, auth or extension bytes at all, a token without flag 0x01 or without a
+        requested id) → the connection ends. Then, answered by the core: a resume → rejected ``resume_rejected``;
+        a profile not offered → ``profile_unsupported``; a schema not offered → ``schema_unsupported``; a
+        requested id already used on this connection (or asked by a pending open) →
+        ``session_limit_reached`` (the native server's code for an id in use). Otherwise
+        :class:`~.events.SessionOpenRequested` for the application to accept or reject."""
+        if len(packet.meta) != SessionOpenMetadata.STRUCT.size:
+            raise _Fatal(f"SESSION_OPEN meta_len {len(packet.meta)} (must be 48)")
+        try:
+            request = SessionOpenMetadata.unpack(packet.meta)
+        except (ValueError, TypeError) as exc:
+            raise _Fatal(f"malformed SESSION_OPEN: {exc}") from None
+        declared = request.resume_token_bytes + request.auth_bytes + request.session_extension_bytes
+        if len(packet.body) != declared:
+            raise _Fatal(f"SESSION_OPEN body_len {len(packet.body)} != declared {declared}")
+        if request.auth_bytes or request.session_extension_bytes:
+            raise _Fatal("SESSION_OPEN with auth or session extension bytes (not negotiated)")
+        if request.resume_token_bytes:
+            if not request.session_flags & 0x01 or not request.requested_session_id:
+                raise _Fatal("SESSION_OPEN resume token without allow_resume or without a requested session id")
+            self._queue_rejection(request, SESSION_ERROR_RESUME_REJECTED, "session resume is not supported")
+            return
+        if request.profile_id not in self._profiles:
+            self._queue_rejection(request, SESSION_ERROR_PROFILE_UNSUPPORTED, "requested profile is unsupported")
+            return
+        if (request.schema_id, request.schema_version) not in self._schemas:
+            self._queue_rejection(request, SESSION_ERROR_SCHEMA_UNSUPPORTED, "requested schema is unsupported")
+            return
+        wanted = request.requested_session_id
+        if wanted:
+            if wanted in self._used_ids:
+                self._queue_rejection(
+                    request, SESSION_ERROR_SESSION_LIMIT_REACHED, "requested session id is already in use"
+                )
+                return
+            self._used_ids.add(wanted)
+        token = self._next_request
+        self._next_request += 1
+        self._pending[token] = _PendingOpen(request, wanted)
+        events.append(
+            SessionOpenRequested(
+                request=token,
+                requested_session_id=wanted,
+                profile_id=request.profile_id,
+                priority_class=int(request.priority_class),
+                session_flags=request.session_flags,
+                schema_id=request.schema_id,
+                schema_version=request.schema_version,
+                default_deadline_ms=request.default_deadline_ms,
+                max_in_flight_operations=request.max_in_flight_operations,
+            )
+        )
+
+    def _ack(self, request: SessionOpenMetadata, session_id: int, status: int, error_code: int, ext: int) -> bytes:
+        return SessionOpenAckMetadata(
+            session_id=session_id,
+            accepted_profile_id=request.profile_id,
+            accepted_priority_class=int(request.priority_class),
+            session_status=status,
+            schema_id=request.schema_id,
+            schema_version=request.schema_version,
+            granted_operation_credit=self._credit,
+            max_in_flight_operations=self._credit,
+            lease_ttl_ms=LEASE_TTL_MS,
+            resume_window_ms=0,
+            resume_token_bytes=0,
+            session_extension_bytes=ext,
+            server_session_tag=session_id,
+            route_scope_id=0,
+            session_error_code=error_code,
+            session_flags_ack=0,
+        ).pack()
+
+    def _queue_rejection(self, request: SessionOpenMetadata, error_code: int, diagnostic: str) -> None:
+        """A rejected SESSION_OPEN_ACK as the native server sends it: header and metadata session 0, status
+        rejected, the code, the UTF-8 diagnostic as body (``session_extension_bytes``) — nnrp-rs
+        ``crates/nnrp-runtime/src/server.rs`` rejection ack; the native client turns it into an open error with
+        that code and keeps the connection."""
+        body = diagnostic.encode("utf-8")
+        self._queue(_T.SESSION_OPEN_ACK, 0, 0, self._ack(request, 0, SESSION_STATUS_REJECTED, error_code, len(body)), body)
+
+    # -- the application's answers to SessionOpenRequested ------------------------------------------------
+
+    def _take_pending(self, request: int) -> _PendingOpen | None:
+        pending = self._pending.pop(request, None)
+        if pending is None:
+            if self._ended and 1 <= request < self._next_request:
+                return None
+            raise LocalProtocolError(f"session-open request {request!r} is unknown or already answered")
+        return pending
+
+    def accept_session(self, request: int) -> int:
+        """Queue the accepted SESSION_OPEN_ACK for ``request`` and return the new session id: the requested id
+        when non-zero, else the lowest id ≥ 1 never used on this connection. The ack's header carries the new id
+        (the native client only routes early session packets for an id it saw in an ack header: nnrp-rs
+        ``crates/nnrp-runtime/src/multiplex.rs``). Returns 0 (nothing queued) when the connection ended before
+        the answer; raises :class:`LocalProtocolError` for a request that was never issued or already answered."""
+        pending = self._take_pending(request)
+        if pending is None:
+            return 0
+        session_id = pending.reserved_id
+        if not session_id:
+            session_id = 1
+            used = self._used_ids
+            while session_id in used:
+                session_id += 1
+            used.add(session_id)
+        self._sessions[session_id] = _Session(session_id)
+        self._queue(
+            _T.SESSION_OPEN_ACK, session_id, 0, self._ack(pending.metadata, session_id, SESSION_STATUS_OPENED, 0, 0)
+        )
+        return session_id
+
+    def reject_session(self, request: int, session_error_code: int, diagnostic: str) -> None:
+        """Queue a rejected SESSION_OPEN_ACK for ``request`` (header and metadata session 0,
+        ``session_error_code`` non-zero, ``diagnostic`` as the UTF-8 body). Nothing happens when the connection
+        ended first; :class:`LocalProtocolError` for an unknown request or a code of 0."""
+        if not 0 < session_error_code <= 0xFFFFFFFF:
+            raise LocalProtocolError(f"session_error_code {session_error_code!r} must be a non-zero u32")
+        pending = self._take_pending(request)
+        if pending is None:
+            return
+        if pending.reserved_id:
+            self._used_ids.discard(pending.reserved_id)  # never opened: the id may still be asked for later
+        self._queue_rejection(pending.metadata, session_error_code, diagnostic)
+
+    # -- session scope: client packets ---------------------------------------------------------------------
+
+    def _on_frame_submit(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """FRAME_SUBMIT: ``meta_len`` 72; nnrp-py ``FrameSubmitMetadata`` parse (known submit mode, budget
+        policy, loss tolerance, input profile, tile index mode; ``payload_kind_bitmap`` ⊆ 0x7f;
+        ``operation_id`` ≠ 0; no tile fields without TENSOR) plus what it does not check: reserved0-4 zero, a
+        known frame_class (nnrp-rs ``crates/nnrp-core/src/data.rs`` ``FrameSubmit::parse``). Header frame ≠ 0
+        and not bound to an active operation, operation id not active (``crates/nnrp-runtime/src/server.rs``,
+        ``crates/nnrp-core/src/operation.rs``). A pre-submit DEADLINE reservation binds here: both ids must
+        match it (shipped build; public nnrp-rs ``crates/nnrp-runtime/src/pre_submit.rs`` at 00074cf), and the
+        DeadlineReceived(submitted=False) follows the OperationSubmitted."""
+        if len(packet.meta) != _FRAME_SUBMIT_META_LEN:
+            raise _Reject(f"FRAME_SUBMIT meta_len {len(packet.meta)} (must be {_FRAME_SUBMIT_META_LEN})")
+        metadata = _parse(FrameSubmitMetadata, packet.meta, "FRAME_SUBMIT")
+        if metadata.reserved0 or metadata.reserved1 or metadata.reserved2 or metadata.reserved3 or metadata.reserved4:
+            raise _Reject("FRAME_SUBMIT reserved fields must be zero")
+        if metadata.frame_class not in _FRAME_CLASSES:
+            raise _Reject(f"FRAME_SUBMIT unknown frame_class {metadata.frame_class}")
+        frame_id = packet.frame_id
+        operation_id = metadata.operation_id
+        sid = session.session_id
+        if not frame_id:
+            raise _Reject("FRAME_SUBMIT with frame id 0", _ERR_STATE)
+        if (sid, frame_id) in self._ops:
+            raise _Reject(f"FRAME_SUBMIT frame {frame_id} is bound to an active operation", _ERR_STATE)
+        if operation_id in session.ops:
+            raise _Reject(f"FRAME_SUBMIT operation {operation_id} is already active", _ERR_STATE)
+        reservation = session.reservations.get(operation_id)
+        reserved_op = session.reserved_frames.get(frame_id)
+        if reservation is not None and reservation[0] != frame_id:
+            raise _Reject("FRAME_SUBMIT does not match its pre-submit DEADLINE frame id", _ERR_STATE)
+        if reserved_op is not None and reserved_op != operation_id:
+            raise _Reject("FRAME_SUBMIT frame is reserved by a pre-submit DEADLINE of another operation", _ERR_STATE)
+        op = _Op(sid, frame_id, operation_id)
+        session.ops[operation_id] = op
+        self._ops[(sid, frame_id)] = op
+        session.finished.pop((frame_id, operation_id), None)
+        events.append(OperationSubmitted(sid, frame_id, operation_id, packet.trace_id, metadata, packet.body))
+        if reservation is not None:
+            del session.reservations[operation_id]
+            del session.reserved_frames[frame_id]
+            events.append(DeadlineReceived(sid, frame_id, operation_id, reservation[1], False))
+
+    def _on_frame_cancel(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """FRAME_CANCEL: header-only, the header frame bound to an active operation (nnrp-rs
+        ``crates/nnrp-runtime/src/server.rs`` FRAME_CANCEL arm). After it no PARTIAL_RESULT or PROGRESS is sent
+        for the operation (the shipped native client rejects them "for a terminal operation"); a terminal is
+        still expected. A second cancel of the same operation is rejected (shipped server: "server cancel did
+        not transition an active operation")."""
+        if packet.meta or packet.body:
+            raise _Reject("FRAME_CANCEL must be header-only")
+        op = self._ops.get((session.session_id, packet.frame_id))
+        if op is None:
+            self._unknown(session, packet.frame_id, None, "FRAME_CANCEL")
+        op.streamable = False
+        if op.cancelled:
+            raise _Reject(f"FRAME_CANCEL for operation {op.operation_id} already cancelled", _ERR_STATE)
+        op.cancelled = True
+        events.append(OperationCancelled(session.session_id, op.frame_id, op.operation_id, int(_T.FRAME_CANCEL), b""))
+
+    def _on_cancel(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """CANCEL / ABORT: control request metadata (``meta_len`` 32, reserved 0, flags ⊆ 0x3, a non-reserved
+        source_role; nnrp-rs ``crates/nnrp-core/src/control.rs`` ``ControlRequest``), ``body_len ==
+        diagnostic_bytes``, an active operation whose frame is the header frame (``server.rs`` CANCEL/ABORT
+        arms). The first cancel of an operation is reported; a repeated one is rejected."""
+        name = _name(packet.msg_type)
+        metadata = self._runtime_meta(packet, ControlRequestMetadata, name)
+        if metadata.flags & ~0x03:
+            raise _Reject(f"{name} flags have reserved bits {metadata.flags:#x}")
+        if not _role_ok(int(metadata.source_role)):
+            raise _Reject(f"{name} reserved source_role {int(metadata.source_role):#x}")
+        if len(packet.body) != metadata.diagnostic_bytes:
+            raise _Reject(f"{name} body_len {len(packet.body)} != diagnostic_bytes {metadata.diagnostic_bytes}")
+        op = self._target(session, packet, metadata.operation_id, name)
+        if op.cancelled:
+            raise _Reject(f"{name} for operation {op.operation_id} already cancelled", _ERR_STATE)
+        op.cancelled = True
+        events.append(OperationCancelled(session.session_id, op.frame_id, op.operation_id, packet.msg_type, packet.body))
+
+    def _on_scheduling(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """DEADLINE / PRIORITY_UPDATE / EXPIRE_AT: scheduling metadata (``meta_len`` 32, flags ⊆ 0x3, body
+        empty; nnrp-rs ``crates/nnrp-core/src/control.rs`` ``Scheduling``), ``deadline_unix_ms`` ≠ 0 for
+        DEADLINE and EXPIRE_AT, a known priority class for PRIORITY_UPDATE. For an active operation the header
+        frame must be its frame; DEADLINE → :class:`~.events.DeadlineReceived` (submitted True), the other two
+        are advisory and ignored once valid. A DEADLINE for an operation not submitted yet is a pre-submit
+        reservation (shipped build; nnrp-rs ``crates/nnrp-runtime/src/pre_submit.rs`` at 00074cf): both ids
+        non-zero, frame free, no duplicate, at most ``max_in_flight_per_session`` per session; the event comes
+        right after the matching FRAME_SUBMIT's OperationSubmitted, with submitted False. (No clock in the core:
+        "deadline in the future" is the application's to judge.)"""
+        msg_type = packet.msg_type
+        name = _name(msg_type)
+        metadata = self._runtime_meta(packet, SchedulingMetadata, name)
+        if packet.body:
+            raise _Reject(f"{name} must have an empty body")
+        if msg_type != _T.PRIORITY_UPDATE and not metadata.deadline_unix_ms:
+            raise _Reject(f"{name} deadline_unix_ms must be non-zero")
+        if msg_type == _T.PRIORITY_UPDATE and metadata.priority_class not in _PRIORITY_CLASSES:
+            raise _Reject(f"PRIORITY_UPDATE unknown priority_class {metadata.priority_class}")
+        operation_id = metadata.operation_id
+        sid = session.session_id
+        if msg_type == _T.DEADLINE and operation_id and operation_id not in session.ops:
+            frame_id = packet.frame_id
+            if (frame_id, operation_id) in session.finished:
+                raise _Ignore
+            if not frame_id:
+                raise _Reject("pre-submit DEADLINE with frame id 0", _ERR_STATE)
+            if (sid, frame_id) in self._ops:
+                raise _Reject(f"pre-submit DEADLINE frame {frame_id} is bound to another operation", _ERR_STATE)
+            if operation_id in session.reservations or frame_id in session.reserved_frames:
+                raise _Reject("duplicate pre-submit DEADLINE reservation", _ERR_STATE)
+            if len(session.reservations) >= self._max_in_flight:
+                raise _Reject("pre-submit DEADLINE reservations exceed the session's in-flight limit", _ERR_LIMIT)
+            session.reservations[operation_id] = (frame_id, metadata.deadline_unix_ms)
+            session.reserved_frames[frame_id] = operation_id
+            return
+        op = self._target(session, packet, operation_id, name)
+        if msg_type == _T.DEADLINE:
+            events.append(DeadlineReceived(sid, op.frame_id, op.operation_id, metadata.deadline_unix_ms, True))
+
+    def _on_trace_context(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """TRACE_CONTEXT: ``meta_len`` 32, flags ⊆ 0x3, ``trace_id`` and ``span_id`` non-zero, ``body_len ==
+        body_bytes`` (nnrp-rs ``crates/nnrp-core/src/control.rs`` ``TraceContext``); header ``trace_id`` 0 or
+        the metadata's (shipped build: "TRACE_CONTEXT header trace id does not match metadata"); header frame 0
+        = session scope, else the frame of an active operation (shipped build: "TRACE_CONTEXT references an
+        unknown operation frame")."""
+        metadata = self._runtime_meta(packet, TraceContextMetadata, "TRACE_CONTEXT")
+        if not metadata.trace_id or not metadata.span_id:
+            raise _Reject("TRACE_CONTEXT trace_id and span_id must be non-zero")
+        if len(packet.body) != metadata.body_bytes:
+            raise _Reject(f"TRACE_CONTEXT body_len {len(packet.body)} != body_bytes {metadata.body_bytes}")
+        if packet.trace_id and packet.trace_id != metadata.trace_id:
+            raise _Reject("TRACE_CONTEXT header trace id does not match metadata")
+        operation_id = None
+        if packet.frame_id:
+            op = self._ops.get((session.session_id, packet.frame_id))
+            if op is None:
+                self._unknown(session, packet.frame_id, None, "TRACE_CONTEXT")
+            operation_id = op.operation_id
+        events.append(
+            TraceContextReceived(
+                session.session_id, packet.frame_id, operation_id, metadata.trace_id, metadata.span_id,
+                metadata.parent_span_id, metadata.stage_code, metadata.flags, metadata.body_bytes,
+            )  # fmt: skip
+        )
+
+    def _on_pressure(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """BACKPRESSURE / CREDIT_UPDATE from the client: pressure metadata (``meta_len`` 32, flags ⊆ 0x3,
+        reserved 0, body empty; BACKPRESSURE ``pressure_level`` 1..3; nnrp-rs ``crates/nnrp-core/src/control.rs``
+        ``Pressure``). Recorded by nobody (nnrp-rs ``crates/nnrp-runtime/src/pressure.rs``): ignored."""
+        name = _name(packet.msg_type)
+        metadata = self._runtime_meta(packet, PressureMetadata, name)
+        if packet.body:
+            raise _Reject(f"{name} must have an empty body")
+        if packet.msg_type == _T.BACKPRESSURE and not 1 <= metadata.pressure_level <= 3:
+            raise _Reject(f"BACKPRESSURE pressure_level {metadata.pressure_level} (must be 1..3)")
+
+    def _on_flow_update(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """FLOW_UPDATE: ``meta_len`` 32, body empty, nnrp-py ``FlowUpdateMetadata`` parse plus reserved0/1 zero;
+        on a session the scope must be session or operation (nnrp-rs ``crates/nnrp-core/src/flow.rs`` routing
+        rule). Advisory: ignored."""
+        metadata = self._runtime_meta(packet, FlowUpdateMetadata, "FLOW_UPDATE")
+        raw = FlowUpdateMetadata.STRUCT.unpack(packet.meta)
+        if raw[3] or raw[7]:
+            raise _Reject("FLOW_UPDATE reserved fields must be zero")
+        if packet.body:
+            raise _Reject("FLOW_UPDATE must have an empty body")
+        if int(metadata.scope_kind) == 0:
+            raise _Reject("connection-scope FLOW_UPDATE on a session")
+
+    def _on_result_hint(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """RESULT_HINT: ``meta_len`` 16, known enum values (nnrp-rs ``crates/nnrp-core/src/control.rs``
+        ``ResultHint``), body empty. Advisory: ignored."""
+        if len(packet.meta) != ResultHintMetadata.STRUCT.size:
+            raise _Reject(f"RESULT_HINT meta_len {len(packet.meta)} (must be 16)")
+        _parse(ResultHintMetadata, packet.meta, "RESULT_HINT")
+        if packet.body:
+            raise _Reject("RESULT_HINT must have an empty body")
+
+    def _on_client_error(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """ERROR_RECOVERABLE / RETRY_AFTER from the client (a native client can send them): layout checks
+        (flags, a non-reserved source_role, known error scope, ``body_len == diagnostic_bytes``; nnrp-rs
+        ``crates/nnrp-core/src/control.rs``). Advisory: ignored."""
+        name = _name(packet.msg_type)
+        cls = RecoverableErrorMetadata if packet.msg_type == _T.ERROR_RECOVERABLE else RetryAfterMetadata
+        metadata = self._runtime_meta(packet, cls, name)
+        if not _role_ok(int(metadata.source_role)):
+            raise _Reject(f"{name} reserved source_role {int(metadata.source_role):#x}")
+        if cls is RecoverableErrorMetadata and metadata.error_scope > 2:
+            raise _Reject(f"ERROR_RECOVERABLE unknown error_scope {metadata.error_scope}")
+        if len(packet.body) != metadata.diagnostic_bytes:
+            raise _Reject(f"{name} body_len {len(packet.body)} != diagnostic_bytes {metadata.diagnostic_bytes}")
+
+    def _on_ping(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """PING → PONG on the same session and frame; PONG is taken and ignored. Both header-only (nnrp-rs
+        ``crates/nnrp-runtime/src/server.rs`` ``receive_ping``/``send_ping``)."""
+        if packet.meta or packet.body:
+            raise _Reject(f"{_name(packet.msg_type)} must be header-only")
+        if packet.msg_type == _T.PING:
+            self._queue(_T.PONG, session.session_id, packet.frame_id, b"")
+
+    def _on_session_close(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """SESSION_CLOSE (``meta_len`` 24, reserved0 0, known close_reason and in_flight_policy, body empty;
+        nnrp-rs ``crates/nnrp-core/src/session.rs`` ``SessionClose``) → :class:`~.events.SessionClosed` and
+        SESSION_CLOSE_ACK (close_status closed, ``last_operation_id`` echoed, header session = the session,
+        frame 0; nnrp-rs ``crates/nnrp-runtime/src/server.rs`` close ack). The session and its operations are
+        forgotten; its id is never used again on this connection (a later packet for it ends the connection,
+        every later send for it returns False)."""
+        if len(packet.meta) != SessionCloseMetadata.STRUCT.size:
+            raise _Reject(f"SESSION_CLOSE meta_len {len(packet.meta)} (must be 24)")
+        metadata = _parse(SessionCloseMetadata, packet.meta, "SESSION_CLOSE")
+        if packet.body:
+            raise _Reject("SESSION_CLOSE must have an empty body")
+        sid = session.session_id
+        for op in session.ops.values():
+            del self._ops[(sid, op.frame_id)]
+        del self._sessions[sid]
+        events.append(SessionClosed(sid, int(metadata.close_reason)))
+        self._queue(_T.SESSION_CLOSE_ACK, sid, 0, SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, metadata.last_operation_id).pack())
+
+    # -- helpers for the handlers --------------------------------------------------------------------------
+
+    @staticmethod
+    def _runtime_meta(packet: framing.Packet, cls, name: str):
+        if len(packet.meta) != cls.STRUCT.size:
+            raise _Reject(f"{name} meta_len {len(packet.meta)} (must be {cls.STRUCT.size})")
+        return _parse(cls, packet.meta, name)
+
+    def _target(self, session: _Session, packet: framing.Packet, operation_id: int, name: str) -> _Op:
+        """The active operation a control names by ``operation_id``; its frame must be the header frame
+        (every later packet about an operation carries both ids: nnrp-rs ``crates/nnrp-runtime/src/server.rs``)."""
+        op = session.ops.get(operation_id)
+        if op is None:
+            self._unknown(session, packet.frame_id, operation_id, name)
+        if op.frame_id != packet.frame_id:
+            raise _Reject(f"{name} header frame {packet.frame_id} does not match operation {operation_id}", _ERR_STATE)
+        return op
+
+    @staticmethod
+    def _unknown(session: _Session, frame_id: int, operation_id: int | None, name: str):
+        if operation_id is None:
+            if any(frame == frame_id for frame, _ in session.finished):
+                raise _Ignore
+            raise _Reject(f"{name} references an unknown operation frame {frame_id}", _ERR_STATE)
+        if (frame_id, operation_id) in session.finished:
+            raise _Ignore
+        raise _Reject(f"{name} references an unknown operation {operation_id}", _ERR_STATE)
+
+    def _finish(self, op: _Op) -> None:
+        session = self._sessions[op.session_id]
+        del session.ops[op.operation_id]
+        del self._ops[(op.session_id, op.frame_id)]
+        finished = session.finished
+        finished[(op.frame_id, op.operation_id)] = None
+        if len(finished) > self._finished_memory:
+            del finished[next(iter(finished))]
+
+    # -- output: results and session-scope controls --------------------------------------------------------
+
+    def send_partial_result(self, session_id: int, frame_id: int, operation_id: int, sequence: int, body: bytes) -> bool:
+        """PARTIAL_RESULT (``result_sequence = delta_sequence = sequence``, object 0, flags 0, the inline body;
+        nnrp-rs ``crates/nnrp-core/src/control.rs`` ``PartialResult``: with no object the body must not be
+        empty). False when the operation is not active or the client FRAME_CANCELled it."""
+        if sequence < 1 or not body:
+            raise LocalProtocolError("PARTIAL_RESULT needs a sequence ≥ 1 and a non-empty body")
+        op = self._ops.get((session_id, frame_id))
+        if op is None or op.operation_id != operation_id or not op.streamable:
+            return False
+        size = len(body)
+        try:
+            header = _pack_partial(
+                HEADER_MAGIC, 1, 0, 0x38, 40, 0, _PARTIAL_META_LEN, size, session_id, frame_id, 0, 0, 0,
+                operation_id, sequence, 0, sequence, size, 0,
+            )  # fmt: skip
+        except struct.error as exc:
+            raise LocalProtocolError(f"PARTIAL_RESULT field out of range: {exc}") from None
+        out = self._out
+        out += header
+        out += body
+        return True
+
+    def send_progress(
+        self, session_id: int, frame_id: int, operation_id: int, sequence: int, stage_code: int, percent_x100: int
+    ) -> bool:
+        """PROGRESS (``progress_sequence = sequence``, object 0, no body; ``percent_x100`` 0..10000 or 0xffff:
+        nnrp-rs ``crates/nnrp-core/src/control.rs`` ``Progress``). False when the operation is not active or
+        the client FRAME_CANCELled it."""
+        if sequence < 1 or not (0 <= percent_x100 <= 10_000 or percent_x100 == 0xFFFF):
+            raise LocalProtocolError("PROGRESS needs a sequence ≥ 1 and percent_x100 in 0..10000 or 0xffff")
+        op = self._ops.get((session_id, frame_id))
+        if op is None or op.operation_id != operation_id or not op.streamable:
+            return False
+        try:
+            meta = _PROGRESS_STRUCT.pack(operation_id, sequence, stage_code, percent_x100, 0, 0)
+        except struct.error as exc:
+            raise LocalProtocolError(f"PROGRESS field out of range: {exc}") from None
+        self._queue(_T.PROGRESS, session_id, frame_id, meta)
+        return True
+
+    def send_result_push(self, session_id: int, frame_id: int, metadata: bytes, body: bytes) -> bool:
+        """RESULT_PUSH, the terminal of the operation bound to ``frame_id`` (``metadata``: a packed 64-byte
+        ``ResultPushMetadata``; matched by frame alone: nnrp-rs ``crates/nnrp-runtime/src/client.rs``). Allowed
+        after any cancel (the native client delivers it). Frees the operation; False when it is not active."""
+        if len(metadata) != _RESULT_PUSH_META_LEN:
+            raise LocalProtocolError(f"RESULT_PUSH metadata must be {_RESULT_PUSH_META_LEN} bytes, got {len(metadata)}")
+        op = self._ops.get((session_id, frame_id))
+        if op is None:
+            return False
+        self._queue(_T.RESULT_PUSH, session_id, frame_id, metadata, body)
+        self._finish(op)
+        return True
+
+    def send_result_drop_reason(
+        self, session_id: int, frame_id: int, operation_id: int, sequence: int, drop_reason_code: int, diagnostic: bytes
+    ) -> bool:
+        """RESULT_DROP_REASON, a terminal (source_role server, flags 0, ``result_sequence = sequence``,
+        ``drop_reason_code`` non-zero; nnrp-rs ``crates/nnrp-core/src/control.rs`` ``ResultDropReason``; matched
+        by operation and frame by the client). Allowed after any cancel. Frees the operation; False when it is
+        not active."""
+        if not 0 < drop_reason_code <= 0xFFFF or sequence < 0:
+            raise LocalProtocolError("RESULT_DROP_REASON needs a non-zero u16 drop_reason_code and a sequence ≥ 0")
+        op = self._ops.get((session_id, frame_id))
+        if op is None or op.operation_id != operation_id:
+            return False
+        try:
+            meta = _DROP_REASON_STRUCT.pack(operation_id, sequence, drop_reason_code, ROLE_SERVER, 0, len(diagnostic), 0)
+        except struct.error as exc:
+            raise LocalProtocolError(f"RESULT_DROP_REASON field out of range: {exc}") from None
+        self._queue(_T.RESULT_DROP_REASON, session_id, frame_id, meta, diagnostic)
+        self._finish(op)
+        return True
+
+    def send_backpressure(
+        self, session_id: int, credit_window: int, pressure_level: int, pressure_reason: int, retry_after_ms: int
+    ) -> bool:
+        """BACKPRESSURE for the session (header frame 0, ``scope_id`` 0 = the whole connection as the native
+        server sends it, flags 0; ``pressure_level`` 1..3: nnrp-rs ``crates/nnrp-core/src/control.rs``
+        ``Pressure``). False when the session is not open."""
+        if not 1 <= pressure_level <= 3:
+            raise LocalProtocolError(f"BACKPRESSURE pressure_level {pressure_level!r} must be 1..3")
+        return self._send_pressure(_T.BACKPRESSURE, session_id, credit_window, pressure_level, pressure_reason, retry_after_ms)
+
+    def send_credit_update(self, session_id: int, credit_window: int) -> bool:
+        """CREDIT_UPDATE for the session (header frame 0, ``scope_id`` 0, level/reason/retry 0, flags 0). False
+        when the session is not open."""
+        return self._send_pressure(_T.CREDIT_UPDATE, session_id, credit_window, 0, 0, 0)
+
+    def _send_pressure(self, msg_type: int, session_id: int, credit: int, level: int, reason: int, retry: int) -> bool:
+        try:
+            meta = _PRESSURE_STRUCT.pack(0, credit, level, reason, retry, 0, 0)
+        except struct.error as exc:
+            raise LocalProtocolError(f"{_name(msg_type)} field out of range: {exc}") from None
+        if session_id not in self._sessions:
+            return False
+        self._queue(msg_type, session_id, 0, meta)
+        return True
+
+
+def _name(msg_type: int) -> str:
+    try:
+        return MessageType(msg_type).name
+    except ValueError:
+        return f"msg_type {msg_type:#04x}"
+
+
+_SESSION_HANDLERS = {
+    int(_T.FRAME_SUBMIT): ServerConnection._on_frame_submit,
+    int(_T.FRAME_CANCEL): ServerConnection._on_frame_cancel,
+    int(_T.CANCEL): ServerConnection._on_cancel,
+    int(_T.ABORT): ServerConnection._on_cancel,
+    int(_T.DEADLINE): ServerConnection._on_scheduling,
+    int(_T.PRIORITY_UPDATE): ServerConnection._on_scheduling,
+    int(_T.EXPIRE_AT): ServerConnection._on_scheduling,
+    int(_T.TRACE_CONTEXT): ServerConnection._on_trace_context,
+    int(_T.BACKPRESSURE): ServerConnection._on_pressure,
+    int(_T.CREDIT_UPDATE): ServerConnection._on_pressure,
+    int(_T.FLOW_UPDATE): ServerConnection._on_flow_update,
+    int(_T.RESULT_HINT): ServerConnection._on_result_hint,
+    int(_T.ERROR_RECOVERABLE): ServerConnection._on_client_error,
+    int(_T.RETRY_AFTER): ServerConnection._on_client_error,
+    int(_T.PING): ServerConnection._on_ping,
+    int(_T.PONG): ServerConnection._on_ping,
+    int(_T.SESSION_CLOSE): ServerConnection._on_session_close,
+}
