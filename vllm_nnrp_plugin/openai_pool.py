@@ -131,6 +131,16 @@ class Pool:
         self._tasks: set[asyncio.Task] = set()
         self._wake_timer: asyncio.TimerHandle | None = None
         self._closed = False
+        # cancelled when the loop shuts down (``asyncio.run`` cancels every task): the connections are dropped
+        # then, so a pool nobody closed leaves no open socket behind
+        self._keeper = self.loop.create_task(self._keep())
+
+    async def _keep(self) -> None:
+        try:
+            await self.loop.create_future()
+        except asyncio.CancelledError:
+            self.abort()
+            raise
 
     # -- API -----------------------------------------------------------------------------------------------
 
@@ -181,6 +191,7 @@ class Pool:
         """Fail every waiting call, close every session and connection (operations still running get their
         terminals until their session's close is acknowledged). Idempotent."""
         self._closed = True
+        self._keeper.cancel()
         self._fail_waiters(ClientConnectionError("the NNRP transport was closed"))
         for task in list(self._tasks):
             task.cancel()
@@ -195,8 +206,10 @@ class Pool:
 
     def abort(self) -> None:
         """:meth:`aclose` without the close handshakes, for a loop that is about to stop: every connection's
-        transport is aborted now."""
+        transport is aborted now (their sockets are closed in the loop's next iteration)."""
         self._closed = True
+        if self._keeper is not asyncio.current_task():
+            self._keeper.cancel()
         self._fail_waiters(ClientConnectionError("the NNRP transport was closed"))
         for task in list(self._tasks):
             task.cancel()

@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import functools
 import threading
 import urllib.parse
@@ -175,7 +176,7 @@ class NNRPTransport(_Transport):
         try:
             thread.run(pool.aclose(), CLOSE_WAIT_S)  # type: ignore[union-attr]
         except (concurrent.futures.TimeoutError, TimeoutError):
-            thread.call(pool.abort)  # type: ignore[union-attr]
+            thread.run(_aborted(pool), EXIT_WAIT_S)  # type: ignore[arg-type]
         finally:
             thread.stop()
 
@@ -184,7 +185,8 @@ class NNRPTransport(_Transport):
         with self._lock:
             thread, pool, self._thread, self._pool = self._thread, self._pool, None, None
         if thread is not None:
-            thread.call(pool.abort)  # type: ignore[union-attr]
+            with contextlib.suppress(Exception):
+                thread.run(_aborted(pool), EXIT_WAIT_S)
             thread.stop()
 
     def __enter__(self) -> NNRPTransport:
@@ -196,6 +198,11 @@ class NNRPTransport(_Transport):
 
 async def _made(factory: Any) -> Any:
     return factory()
+
+
+async def _aborted(pool: Pool) -> None:
+    pool.abort()
+    await asyncio.sleep(0)  # the aborted transports close their sockets in this iteration
 
 
 class _SyncStream:
