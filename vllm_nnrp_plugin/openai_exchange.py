@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from opentelemetry import trace as otel_trace
@@ -96,6 +96,16 @@ class Exchange:
         while self._ready:
             out.append(self._ready.popleft())
         return out
+
+    def render(self, items: list[Item]) -> Iterator[bytes]:
+        """A stream's SSE bytes for ``items`` (up to the terminal; :attr:`call` ``.ended`` after it). Raises the
+        request library's transport errors for a failure or a drop."""
+        for item in items:
+            chunk = self.call.render(item)
+            if chunk:
+                yield chunk
+            if self.call.ended:
+                return
 
     def abandon(self) -> None:
         """The caller stopped listening before the terminal: FRAME_CANCEL (the server aborts the vLLM request)."""

@@ -212,15 +212,12 @@ class _SyncStream:
         self._thread, self._exchange, self._first = thread, exchange, first
 
     def __iter__(self) -> Iterator[bytes]:
-        call, items = self._exchange.call, [self._first]
+        exchange, items = self._exchange, [self._first]
         while True:
-            for item in items:
-                chunk = call.render(item)
-                if chunk:
-                    yield chunk
-                if call.ended:
-                    return
-            items = self._thread.run(self._exchange.items())
+            yield from exchange.render(items)
+            if exchange.call.ended:
+                return
+            items = self._thread.run(exchange.items())
 
     def close(self) -> None:
         self._thread.call(self._exchange.abandon)
@@ -283,16 +280,13 @@ class _AsyncStream:
         self._exchange, self._first = exchange, first
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        exchange = self._exchange
-        call, items = exchange.call, [self._first]
+        exchange, items = self._exchange, [self._first]
         try:
             while True:
-                for item in items:
-                    chunk = call.render(item)
-                    if chunk:
-                        yield chunk
-                    if call.ended:
-                        return
+                for chunk in exchange.render(items):
+                    yield chunk
+                if exchange.call.ended:
+                    return
                 items = await exchange.items()
         finally:
             exchange.abandon()

@@ -102,15 +102,6 @@ def after_iterations(n: int, callback: Callable[[], None]) -> None:
 
 
 async def until(predicate: Callable[[], bool]) -> None:
-    """Wait (at most 2 s) for ``predicate``: the submit runs on a worker thread."""
-    for _ in range(2000):
-        if predicate():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("never happened")
-
-
-async def until(predicate: Callable[[], bool]) -> None:
     """Wait (at most 2 s) for ``predicate``."""
     for _ in range(2000):
         if predicate():
