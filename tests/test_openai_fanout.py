@@ -28,7 +28,9 @@ from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
 from vllm_nnrp_plugin.profile import errors as E
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-LIBRARIES = {"httpx": httpx, "httpx2": httpx2}
+#: the HTTP libraries whose clients this SDK takes (openai < 3 takes only httpx's)
+LIBRARIES = {"httpx": httpx, "httpx2": httpx2} if int(openai.__version__.split(".")[0]) >= 3 else {"httpx": httpx}
+SDK_LIB = LIBRARIES.get("httpx2", httpx)  # the SDK's own library where it has one
 TEXT = recorded_stream("a-stream-text")["choices"][0]["content"]
 NONSTREAM_TEXT = recorded_json("c-nonstream-text")["choices"][0]["message"]["content"]
 
@@ -165,7 +167,7 @@ def test_a_refusal_from_slots_another_client_holds_is_resubmitted_until_it_runs(
     try:
         other, op = asyncio.run(_held_by_another_client(served.bound[0], 0.03))
         assert wait_until(lambda: len(served.backend.started) == 1)
-        with sync_sdk(httpx2, NNRPTransport(served.bound[0])) as sdk:
+        with sync_sdk(SDK_LIB, NNRPTransport(served.bound[0])) as sdk:
             answer = sdk.chat.completions.create(model="c-nonstream-text", messages=MESSAGES,
                                                  extra_headers={"X-Request-Id": "resubmitted"})  # fmt: skip
         assert answer.choices[0].message.content == NONSTREAM_TEXT
@@ -217,7 +219,7 @@ def test_a_lost_connection_fails_the_calls_in_flight_with_api_connection_error()
     the next call connects again."""
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",))
     try:
-        with sync_sdk(httpx2, NNRPTransport(served.bound[0])) as sdk:
+        with sync_sdk(SDK_LIB, NNRPTransport(served.bound[0])) as sdk:
             stream = sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
                                                  extra_body={"pace_s": 0.1, "repeat": 20})  # fmt: skip
             next(iter(stream))
@@ -236,7 +238,7 @@ import asyncio, httpx, httpx2, openai
 from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
 URI = {uri!r}
 body = dict(model="c-nonstream-text", messages=[{{"role": "user", "content": "hi"}}])
-for lib in (httpx, httpx2):
+for lib in {libraries}:
     sdk = openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="x", http_client=lib.Client(transport=NNRPTransport(URI)))
     assert sdk.chat.completions.create(**body).choices[0].message.content
     async def main():
@@ -255,7 +257,7 @@ def test_a_program_that_never_closes_its_clients_prints_nothing_at_exit():
     shown: its stderr stays empty and the server sees its sessions end."""
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",))
     try:
-        run = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", textwrap.dedent(EXIT_SCRIPT.format(uri=served.bound[0]))],
+        run = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", textwrap.dedent(EXIT_SCRIPT.format(uri=served.bound[0], libraries="(" + ", ".join(LIBRARIES) + ",)"))],
                              capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])  # fmt: skip
         assert (run.returncode, run.stdout, run.stderr) == (0, "done\n", "")
         assert wait_until(lambda: served.service.sessions == 0)  # the exit dropped the connections

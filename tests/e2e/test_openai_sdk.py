@@ -28,6 +28,8 @@ from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
 pytestmark = pytest.mark.vllm
 
 FAULT_MODEL = "backend-error"
+#: the SDK's own HTTP library: httpx2 from openai 3 (0.18.1's vLLM pins openai < 2.25, whose SDK takes httpx)
+SDK_HTTPX = httpx2 if int(openai.__version__.split(".")[0]) >= 3 else httpx
 HELLO = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "temperature": 0, "max_tokens": 24}
 LOOKUP = {"type": "function", "function": {
     "name": "lookup", "description": "Look up current information about a city.", "strict": True,
@@ -204,7 +206,7 @@ async def fan_out(sdk: openai.AsyncOpenAI, n: int) -> list[str]:
 
 
 def test_concurrent_async_calls_on_one_client_complete_as_over_http(server, vllm_version):
-    """One ``AsyncOpenAI`` client on ``httpx2`` (the SDK's own library) per side, SDK retries off: every fan-out
+    """One ``AsyncOpenAI`` client on the SDK's own HTTP library (httpx2) per side, SDK retries off: every fan-out
     case completes over NNRP as over HTTP, with the same answers; the NNRP client used more than one session for
     more than 16 calls and leaves none open once closed (the server's ``nnrp_sessions_active``)."""
     sizes = fan_out_sizes(vllm_version)
@@ -212,9 +214,9 @@ def test_concurrent_async_calls_on_one_client_complete_as_over_http(server, vllm
 
     async def main():
         over_http = openai.AsyncOpenAI(base_url=f"{server.http}/v1", api_key="unused", max_retries=0,
-                                       http_client=httpx2.AsyncClient(timeout=300))  # fmt: skip
+                                       http_client=SDK_HTTPX.AsyncClient(timeout=300))  # fmt: skip
         over_nnrp = openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0,
-                                       http_client=httpx2.AsyncClient(transport=AsyncNNRPTransport(server.nnrp),
+                                       http_client=SDK_HTTPX.AsyncClient(transport=AsyncNNRPTransport(server.nnrp),
                                                                       timeout=300))  # fmt: skip
         results = {}
         try:
@@ -253,11 +255,12 @@ def test_concurrent_threads_on_one_sync_client_complete_as_over_http(sdks):
 
 
 EXIT_SCRIPT = """
-import asyncio, httpx, httpx2, openai
+import asyncio, httpx, openai
+{lib_import}
 from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
 body = dict(model={model!r}, messages=[{{"role": "user", "content": "Say hello."}}], max_tokens=4, temperature=0)
 sdk = openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="x",
-                    http_client=httpx2.Client(transport=NNRPTransport({uri!r})))
+                    http_client={lib}.Client(transport=NNRPTransport({uri!r})))
 assert sdk.chat.completions.create(**body).choices[0].message.content
 async def main():
     sdk = openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="x",
@@ -269,11 +272,12 @@ asyncio.run(main())
 
 
 def test_a_program_that_never_closes_its_clients_prints_nothing_at_exit(server):
-    """Sync (httpx2) and async (httpx) clients, never closed, in a process of their own: its stderr is empty
+    """Sync (the SDK's library) and async (httpx) clients, never closed, in a process of their own: its stderr is empty
     (every ResourceWarning shown) and its sessions are gone from the server once it exited."""
     baseline = server.metric("nnrp_sessions_active")
     run = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c",
-                          EXIT_SCRIPT.format(model=SERVED_NAME, uri=server.nnrp)],
+                          EXIT_SCRIPT.format(model=SERVED_NAME, uri=server.nnrp, lib=SDK_HTTPX.__name__,
+                                             lib_import=f"import {SDK_HTTPX.__name__}")],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert (run.returncode, run.stderr) == (0, "")
     assert wait_until(lambda: server.metric("nnrp_sessions_active") == baseline)
@@ -303,9 +307,9 @@ def guide_agent(sdk: openai.AsyncOpenAI, calls: list[str]):
 def agent_sdks(server) -> dict[str, openai.AsyncOpenAI]:
     return {
         "http": openai.AsyncOpenAI(base_url=f"{server.http}/v1", api_key="unused", max_retries=0,
-                                   http_client=httpx2.AsyncClient(timeout=120)),
+                                   http_client=SDK_HTTPX.AsyncClient(timeout=120)),
         "nnrp": openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0,
-                                   http_client=httpx2.AsyncClient(transport=AsyncNNRPTransport(server.nnrp),
+                                   http_client=SDK_HTTPX.AsyncClient(transport=AsyncNNRPTransport(server.nnrp),
                                                                   timeout=120)),
     }  # fmt: skip
 
