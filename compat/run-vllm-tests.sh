@@ -3,7 +3,8 @@
 #
 #   compat/run-vllm-tests.sh 0.26.0 [pytest args…]
 #
-# Builds or reuses the anchor's venv (build-vllm-env.sh) and the small model (build-model.sh), applies the
+# Builds or reuses the anchor's venv (build-vllm-env.sh; plus the extras named in compat/vllm-<version>/test-extras)
+# and the small model (build-model.sh), applies the
 # anchor's runtime settings (compat/vllm-<version>/runtime.sh, if any), then runs the given tests with
 # VLLM_NNRP_TEST_MODEL pointing at the model directory. With VLLM_NNRP_RECORD_COMPAT=1 (a full run of the
 # suite, e.g. `VLLM_NNRP_RECORD_COMPAT=1 python3 -m tox -e vllm-0.22.1`) the outcome is recorded in
@@ -14,6 +15,11 @@ VERSION=${1:?usage: run-vllm-tests.sh VLLM_VERSION [pytest args]}
 shift
 HERE=$(cd "$(dirname "$0")" && pwd)
 VENV=$(bash "$HERE/build-vllm-env.sh" "$VERSION" | tail -n1)
+# extras beyond [test] that fit this anchor's pins (compat/vllm-<version>/test-extras, e.g. "agents"); outside
+# build-vllm-env.sh so that adding one does not rebuild the environments
+if [ -f "$HERE/vllm-$VERSION/test-extras" ]; then
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q install -e "$(dirname "$HERE")[$(cat "$HERE/vllm-$VERSION/test-extras")]" >&2
+fi
 # shellcheck source=/dev/null
 [ ! -f "$HERE/vllm-$VERSION/runtime.sh" ] || . "$HERE/vllm-$VERSION/runtime.sh"  # e.g. 0.18.1's LD_PRELOAD
 export VLLM_NNRP_TEST_MODEL

@@ -1,5 +1,5 @@
-"""The openai SDK over NNRPTransport / AsyncNNRPTransport against the real NNRP path (nnrp-py native server and
-client on loopback) around the adapter, with a backend replaying streams recorded from real vLLM 0.26.0: chat
+"""The openai SDK over NNRPTransport / AsyncNNRPTransport against the real NNRP path (the plugin's own wire core
+on loopback, the project's asyncio client) around the adapter, with a backend replaying streams recorded from real vLLM 0.26.0: chat
 (:class:`tests.support.RecordedBackend`), and ``responses.create``, ``models.list``, ``embeddings.create``
 (:class:`EveryOperationBackend`, vLLM's recorded ``/v1/responses`` events and bodies, ``/v1/models`` list and
 ``/v1/embeddings`` bodies)."""
@@ -138,20 +138,6 @@ def test_response_error_is_the_sdks_typed_exception(sdk, model, stream, error, s
     assert caught.value.status_code == status and caught.value.code == code
     if model.startswith(("g2", "h2")):
         assert caught.value.body["message"] == recorded_json(model)["error"]["message"]
-
-
-def test_too_many_requests_is_a_rate_limit_error():
-    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_in_flight_per_session=1)
-    try:
-        with httpx.Client(transport=NNRPTransport(served.bound[0])) as http:
-            sdk = openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http, max_retries=0)
-            with sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
-                                             extra_body={"pace_s": 0.2, "repeat": 20}):
-                with pytest.raises(openai.RateLimitError) as caught:
-                    sdk.chat.completions.create(model="c-nonstream-text", messages=MESSAGES)
-            assert caught.value.status_code == 429 and caught.value.code == "too_many_requests"
-    finally:
-        served.stop()
 
 
 def test_the_sdks_timeout_is_nnrp_timeout_ms_and_its_expiry_an_api_timeout_error(served, sdk):

@@ -17,20 +17,26 @@ Routes (vLLM's paths, ``vllm/entrypoints/openai/*/api_router.py``, ``vllm/entryp
 A non-streamed answer is the ``response.completed`` body as JSON (200); a terminal ``response.error`` is its HTTP
 status and vLLM's error body (:func:`vllm_nnrp_plugin.openai_sse.error_reply`), except ``request_timeout``
 (``httpx.ReadTimeout``); a drop or an NNRP failure is ``httpx.ReadError``.
+
+Responses and errors are made by the library of the request: ``httpx`` for an ``httpx`` client's request,
+``httpx2`` for an ``httpx2`` one's (the SDK's own HTTP library since openai 3; its clients insist on their own
+``Response`` and byte-stream classes). Neither is imported here.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
-import httpx
 import orjson
 
 from vllm_nnrp_plugin import openai_sse
-from vllm_nnrp_plugin.client import ClientError, ClientEvent
+from vllm_nnrp_plugin.client import ClientEvent
+from vllm_nnrp_plugin.nnrp_client import ClientError
 from vllm_nnrp_plugin.openai_responses_sse import ResponsesEventStream
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION, events
@@ -46,13 +52,19 @@ _POST_OPERATIONS = {
     openai_sse.EMBEDDINGS_PATH: EMBEDDINGS_CREATE,
 }  # fmt: skip
 #: :meth:`Call.answer`'s "submit :attr:`Call.envelope` again" (``models.list`` refused: fetch the capabilities)
-RESUBMIT = httpx.Response(204)
-Item = ClientEvent | ClientError  # what a dispatcher delivers: an event, or the failure that ended the session
+RESUBMIT: Any = object()
+Item = ClientEvent | ClientError  # one event of the operation, or the failure that ended it
 
 
-def _json(status: int, body: Any, request: httpx.Request) -> httpx.Response:
-    return httpx.Response(status, headers={"content-type": "application/json"}, content=orjson.dumps(body),
-                          request=request)  # fmt: skip
+def library(request: Any) -> ModuleType:
+    """The HTTP library whose ``Request`` ``request`` is: the ``httpx`` or ``httpx2`` module (by the class's
+    top-level package, which is imported already since the request exists)."""
+    return sys.modules[type(request).__module__.partition(".")[0]]
+
+
+def _json(status: int, body: Any, request: Any) -> Any:
+    return library(request).Response(status, headers={"content-type": "application/json"},
+                                     content=orjson.dumps(body), request=request)  # fmt: skip
 
 
 def _envelope(operation: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -60,33 +72,33 @@ def _envelope(operation: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 class Call:
-    """One SDK request: what to submit (:meth:`plan`), and how its events become bytes or an ``httpx`` error."""
+    """One SDK request (an ``httpx`` or ``httpx2`` request, :attr:`lib` its library): what to submit
+    (:meth:`plan`), and how its events become bytes or an error of that library. :attr:`ended`: the operation's
+    terminal was read, or the caller gave it up."""
 
-    def __init__(self, request: httpx.Request) -> None:
+    def __init__(self, request: Any) -> None:
         self.request = request
+        self.lib = library(request)
         self.operation: str | None = None
         self.envelope: dict[str, Any] | None = None
         self.stream: openai_sse.ChatChunkStream | ResponsesEventStream | None = None
         self.timeout_s: float | None = None
-        self.dispatcher: Any = None
-        self.op: Any = None
+        timeouts = request.extensions.get("timeout") or {}
+        #: the longest wait for a free session (the request's pool timeout, s; None: no bound)
+        self.pool_timeout_s: float | None = timeouts.get("pool")
+        #: the longest wait for a connection (the request's connect timeout, s; None: no bound)
+        self.connect_timeout_s: float | None = timeouts.get("connect")
         self.ended = False
 
-    def abandon(self) -> None:
-        """The caller stopped listening before the terminal: FRAME_CANCEL (the server aborts the vLLM request)."""
-        if not self.ended and self.op is not None:
-            self.ended = True
-            self.dispatcher.cancel(self.op)
-
-    def respond(self, first: Item, stream: Callable[[Item], Any]) -> httpx.Response | None:
+    def respond(self, first: Item, stream: Callable[[Item], Any]) -> Any:
         """:meth:`answer`, or for a stream the 200 response whose body ``stream(first)`` makes, or None."""
         response = self.answer(first)
         if response is None and self.stream is not None:
-            response = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream(first),
-                                      request=self.request)  # fmt: skip
+            response = self.lib.Response(200, headers={"content-type": "text/event-stream"}, stream=stream(first),
+                                         request=self.request)  # fmt: skip
         return response
 
-    def plan(self) -> httpx.Response | None:
+    def plan(self) -> Any:
         """Set :attr:`envelope` (what to submit) and return None, or return the immediate answer."""
         path, method = self.request.url.path, self.request.method
         if path.endswith(openai_sse.MODELS_PATH) and method == "GET":
@@ -118,12 +130,21 @@ class Call:
         return openai_sse.ChatChunkStream(completion_id=f"chatcmpl-nnrp-{uuid.uuid4().hex}", created=int(time.time()),
                                           model=body.get("model"), include_usage=usage_asked(body))  # fmt: skip
 
-    def failure(self, exc: ClientError | None) -> httpx.TransportError:
-        """``httpx.ReadError`` for an NNRP failure, ``httpx.ReadTimeout`` (``exc`` None) when no answer came."""
+    def failure(self, exc: ClientError | None) -> Exception:
+        """``ReadError`` for an NNRP failure, ``ReadTimeout`` (``exc`` None) when no answer came (of
+        :attr:`lib`)."""
         self.ended = True
         if exc is None:
-            return httpx.ReadTimeout("no answer from the NNRP server in time", request=self.request)
-        return httpx.ReadError(f"NNRP: {exc}", request=self.request)
+            return self.lib.ReadTimeout("no answer from the NNRP server in time", request=self.request)
+        return self.lib.ReadError(f"NNRP: {exc}", request=self.request)
+
+    def refused(self, item: Item) -> bool:
+        """``item`` is a ``too_many_requests`` refusal as the first event: the server refused the submit at
+        admission, so it never reached vLLM (README *Limits and backpressure*) and resubmitting is safe."""
+        if isinstance(item, ClientError) or not item.terminal or not item.event:
+            return False
+        error = item.event.get("error") or {}
+        return item.event.get("type") == events.ERROR and error.get("code") == E.TOO_MANY_REQUESTS
 
     def _event(self, item: Item) -> dict[str, Any]:
         """The profile event of ``item``; raises an ``httpx`` transport error for a failure, a drop or a
@@ -134,12 +155,12 @@ class Call:
         if item.terminal:
             self.ended = True
         if item.frame == "result_drop":
-            raise httpx.ReadError(f"NNRP operation dropped (reason {item.drop_reason}): {event}", request=self.request)
+            raise self.lib.ReadError(f"NNRP operation dropped (reason {item.drop_reason}): {event}", request=self.request)
         if event.get("type") == events.ERROR and (event.get("error") or {}).get("code") == E.REQUEST_TIMEOUT:
-            raise httpx.ReadTimeout(event["error"].get("message") or E.REQUEST_TIMEOUT, request=self.request)
+            raise self.lib.ReadTimeout(event["error"].get("message") or E.REQUEST_TIMEOUT, request=self.request)
         return event
 
-    def answer(self, item: Item) -> httpx.Response | None:
+    def answer(self, item: Item) -> Any:
         """The response once ``item`` decides it, or None (a non-streamed call's partial; a stream, which then
         starts with ``item``), or :data:`RESUBMIT` with the next :attr:`envelope`. Raises an ``httpx`` transport
         error."""
@@ -149,7 +170,7 @@ class Call:
         if event.get("type") == events.ERROR:
             if self.operation == MODELS_LIST and event["error"].get("code") == E.UNSUPPORTED_OPERATION:
                 self.operation, self.envelope = CAPABILITIES_OPERATION, _envelope(CAPABILITIES_OPERATION, {})
-                self.op, self.ended = None, False
+                self.ended = False
                 return RESUBMIT
             return _json(*openai_sse.error_reply(event, item.status), self.request)
         body = event.get("body") or {}

@@ -43,6 +43,7 @@ from vllm_nnrp_plugin.nnrp_binding.listener import Listener, ListenerHooks
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation
 from vllm_nnrp_plugin.nnrp_binding.stream_listener import StreamListener
 from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.profile.capabilities import with_limits
 from vllm_nnrp_plugin.observation import COMPLETED, Observation, log_fields, log_line
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,10 @@ class NNRPService:
         self.metrics_address: str | None = None
         self._limits = AdapterLimits(max_envelope_bytes=config.max_envelope_bytes)
         #: the runtime capability document, read once from the backend (vLLM's configuration is fixed)
-        self.capabilities = self._backend.capabilities()
+        self.capabilities = with_limits(
+            self._backend.capabilities(), max_in_flight=config.max_in_flight,
+            max_in_flight_per_session=config.max_in_flight_per_session, max_sessions=config.max_sessions,
+        )  # fmt: skip
         self._tasks: dict[ServerOperation, asyncio.Task] = {}
         self._timers: dict[ServerOperation, asyncio.TimerHandle] = {}
         self._stopping = False

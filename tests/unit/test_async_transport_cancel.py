@@ -1,9 +1,10 @@
 """Cancelling the asyncio task that awaits or iterates an :class:`AsyncNNRPTransport` call, in every loop iteration
-around an event's arrival or during the submit: the task raises ``CancelledError`` and the operation gets its
-FRAME_CANCEL.
+around an event's arrival or while it waits for a session: the task raises ``CancelledError`` and the operation
+gets its FRAME_CANCEL (or is never submitted).
 
-No NNRP session: the transport's dispatcher is a stand-in that hands the test the submit's event sink, so the
-test decides in which loop iteration each event reaches the transport and in which one ``task.cancel()`` runs.
+No NNRP session: the transport's pool is a stand-in whose one session makes a real client
+:class:`~vllm_nnrp_plugin.nnrp_client.Operation` that the test feeds as the connection would, so the test decides
+in which loop iteration each event reaches the transport and in which one ``task.cancel()`` runs.
 (Before Python 3.12, ``asyncio.wait_for`` returns the awaited result instead of raising when the cancel comes in
 the iterations between that result being ready and the waiting task resuming, CPython gh-86296.)
 """
@@ -11,45 +12,85 @@ the iterations between that result being ready and the waiting task resuming, CP
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 
 import httpx
+import orjson
 import pytest
 
-from vllm_nnrp_plugin.client import ClientEvent
+from vllm_nnrp_plugin.nnrp_client import Operation
+from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport
 
 CHAT = "http://nnrp.invalid/v1/chat/completions"
 BODY = {"model": "example-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-#: how many loop iterations after an event's delivery the cancel may come: wider than the hops (thread-safe
-#: callback, queue getter, the waiting task's wake-up) between a delivery and the task running on
+#: how many loop iterations after an event's delivery the cancel may come: wider than the hops (the operation's
+#: waiter, the waiting task's wake-up) between a delivery and the task running on
 ITERATIONS = range(8)
 
 
-def delta(text: str) -> ClientEvent:
-    return ClientEvent("partial_result", {"type": "response.output_text.delta", "index": 0, "delta": text})
+def delta(text: str) -> bytes:
+    return orjson.dumps({"type": "response.output_text.delta", "index": 0, "delta": text})
 
 
-COMPLETED = ClientEvent("result_push", {"type": "response.completed", "body": {"choices": []}}, status=200)
-
-
-class HeldDispatcher:
-    """Stands in for the transport's dispatcher: :attr:`sink` is the one submit's event sink (events go to the
-    caller's loop as the real dispatcher's do); :attr:`cancelled` lists the operations sent a FRAME_CANCEL."""
-
-    failed = False
+class _Core:
+    """The wire core's calls an :class:`Operation` makes: FRAME_CANCELs recorded."""
 
     def __init__(self) -> None:
-        self.sink: Callable[[object], None] | None = None
-        self.cancelled: list[str] = []
+        self.cancelled: list[int] = []
 
-    def submit(self, envelope, sink, traced) -> str:
-        self.sink = sink
-        return "op-1"
+    def frame_cancel(self, session_id: int, frame_id: int) -> None:
+        self.cancelled.append(frame_id)
 
-    def cancel(self, op: str) -> None:
-        self.cancelled.append(op)
+
+class HeldPool:
+    """Stands in for the transport's session pool: :meth:`acquire` gives one lane (at once, or once
+    :attr:`gate` is set) whose session's ``submit`` makes a real :class:`Operation` the test feeds
+    (:meth:`deliver`, :meth:`complete`) as the connection would; :attr:`cancelled` lists the frames sent a
+    FRAME_CANCEL, :attr:`released` counts slots given back."""
+
+    def __init__(self, gate: asyncio.Future | None = None) -> None:
+        self.loop = self._loop = asyncio.get_running_loop()
+        self.gate = gate
+        self._core = _Core()
+        self._error = None
+        self.op: Operation | None = None
+        self.released = 0
+        self.session_id = 1
+        self.conn = self
+
+    @property
+    def cancelled(self) -> list[int]:
+        return self._core.cancelled
+
+    def _flush(self) -> None:
+        pass
+
+    async def acquire(self, timeout_s=None):
+        if self.gate is not None:
+            await self.gate
+        return self
+
+    @property
+    def session(self):
+        return self
+
+    def submit(self, envelope, trace=None) -> Operation:
+        self.op = Operation(self, 1, 1)
+        return self.op
+
+    def release(self, lane) -> None:
+        self.released += 1
+
+    def deliver(self, body: bytes) -> None:
+        self.op._partial(body)
+
+    def complete(self) -> None:
+        self.op._terminal(ev.ResultDropped(1, 1, 1))
+
+
+def held(transport: AsyncNNRPTransport, pool: HeldPool) -> None:
+    transport._pool_here = lambda: pool
 
 
 def after_iterations(n: int, callback: Callable[[], None]) -> None:
@@ -61,7 +102,7 @@ def after_iterations(n: int, callback: Callable[[], None]) -> None:
 
 
 async def until(predicate: Callable[[], bool]) -> None:
-    """Wait (at most 2 s) for ``predicate``: the submit runs on a worker thread."""
+    """Wait (at most 2 s) for ``predicate``."""
     for _ in range(2000):
         if predicate():
             return
@@ -69,13 +110,13 @@ async def until(predicate: Callable[[], bool]) -> None:
     raise AssertionError("never happened")
 
 
-async def cancel_race(phase: str, n: int) -> tuple[bool, list[str]]:
+async def cancel_race(phase: str, n: int) -> tuple[bool, list[int], int]:
     """One call whose task is cancelled ``n`` iterations after an event is delivered: the first event (the task
     awaits the response) or, ``phase`` ``"stream"``, the second (it iterates the body). Returns (the task raised
-    ``CancelledError``, the operations cancelled)."""
-    dispatcher = HeldDispatcher()
+    ``CancelledError``, the frames cancelled, the slots given back once the drop arrived)."""
+    pool = HeldPool()
     transport = AsyncNNRPTransport("tcp://127.0.0.1:9")
-    transport._sync._connected = lambda request, traced: dispatcher
+    held(transport, pool)
     chunks: list[bytes] = []
     async with httpx.AsyncClient(transport=transport) as http:
 
@@ -85,68 +126,49 @@ async def cancel_race(phase: str, n: int) -> tuple[bool, list[str]]:
                     chunks.append(chunk)
 
         task = asyncio.create_task(call())
-        await until(lambda: dispatcher.sink is not None)
+        await until(lambda: pool.op is not None)
         if phase == "stream":
-            dispatcher.sink(delta("a"))
+            pool.deliver(delta("a"))
             await until(lambda: len(chunks) == 1)
             for _ in range(5):  # the task is waiting for the next event again
                 await asyncio.sleep(0)
-        dispatcher.sink(delta("b"))
+        pool.deliver(delta("b"))
         after_iterations(n, task.cancel)
         await asyncio.sleep(0.01)
-        dispatcher.sink(COMPLETED)  # a task that lost its cancel reads on to this end
+        pool.complete()  # the server's drop; a task that lost its cancel reads on to this end
         try:
             await task
         except asyncio.CancelledError:
-            return True, dispatcher.cancelled
-        return False, dispatcher.cancelled
+            return True, pool.cancelled, pool.released
+        return False, pool.cancelled, pool.released
 
 
 @pytest.mark.parametrize("phase", ["first", "stream"])
 def test_a_cancel_in_any_iteration_around_an_events_arrival_raises_and_cancels_the_operation(phase):
     for n in ITERATIONS:
-        raised, cancelled = asyncio.run(cancel_race(phase, n))
-        assert (n, raised, cancelled) == (n, True, ["op-1"])
+        raised, cancelled, released = asyncio.run(cancel_race(phase, n))
+        assert (n, raised, cancelled, released) == (n, True, [1], 1)
 
 
-class BlockedSubmit(HeldDispatcher):
-    """A dispatcher whose submit blocks its worker thread until :attr:`release` is set."""
+def test_a_cancel_while_the_call_waits_for_a_session_raises_and_submits_nothing():
+    """The call waits for a slot (the pool is full): cancelling its task raises ``CancelledError`` there, and no
+    operation is ever submitted, also when the slot comes free in the same iteration."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def submit(self, envelope, sink, traced) -> str:
-        self.entered.set()
-        self.release.wait(5)
-        return super().submit(envelope, sink, traced)
-
-
-@pytest.mark.parametrize("loop_ends", [False, True])
-def test_a_cancel_during_the_submit_raises_and_cancels_the_operation_the_submit_makes(loop_ends):
-    """The submit runs on a worker thread and cannot be stopped: the operation it makes gets its FRAME_CANCEL
-    once it exists, also when the event loop ends first (``asyncio.run`` cancels the tasks left)."""
-    dispatcher = BlockedSubmit()
-
-    async def main() -> bool:
+    async def main() -> tuple[bool, Operation | None]:
+        gate = asyncio.get_running_loop().create_future()
+        pool = HeldPool(gate)
         transport = AsyncNNRPTransport("tcp://127.0.0.1:9")
-        transport._sync._connected = lambda request, traced: dispatcher
+        held(transport, pool)
         http = httpx.AsyncClient(transport=transport)
         task = asyncio.create_task(http.post(CHAT, json=BODY, timeout=30))
-        await asyncio.to_thread(dispatcher.entered.wait, 5)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        gate.set_result(None)
         task.cancel()
         try:
             await task
         except asyncio.CancelledError:
-            raised = True
-        else:
-            raised = False
-        if loop_ends:  # the submit ends while asyncio.run shuts the loop down
-            threading.Timer(0.05, dispatcher.release.set).start()
-        else:
-            dispatcher.release.set()
-            await until(lambda: dispatcher.cancelled)
-        return raised
+            return True, pool.op
+        return False, pool.op
 
-    assert asyncio.run(main()) is True
-    assert dispatcher.cancelled == ["op-1"]
+    assert asyncio.run(main()) == (True, None)

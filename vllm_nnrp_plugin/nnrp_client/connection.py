@@ -37,6 +37,7 @@ import collections
 import contextlib
 import socket
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -127,6 +128,7 @@ class Connection(asyncio.Protocol):
             ev.SessionOpenAccepted: self._on_open_accepted,
             ev.SessionOpenRejected: self._on_open_rejected,
             ev.SessionCloseAcked: self._on_close_acked,
+            ev.PressureReceived: self._on_pressure,
             ev.PacketRejected: self._on_rejected,
             ev.ConnectionEnded: self._on_ended,
         }
@@ -148,6 +150,18 @@ class Connection(asyncio.Protocol):
     def sessions(self) -> list[Session]:
         """The sessions open (or closing) on this connection."""
         return list(self._sessions.values())
+
+    @property
+    def lost(self) -> bool:
+        """The connection is gone (lost, ended by the server, or closed): nothing more can be sent on it."""
+        return self._error is not None or self._transport is None
+
+    def abort(self) -> None:
+        """Close the transport at once, without the close handshakes (what is queued may not be sent);
+        every pending open, operation and close fails with :class:`ClientConnectionError`."""
+        self._fail_all("the connection was aborted by the client")
+        if self._transport is not None:
+            self._transport.abort()
 
     async def close(self) -> None:
         """Close every session (SESSION_CLOSE, waiting for each ack), then the transport. A connection that
@@ -227,7 +241,7 @@ class Connection(asyncio.Protocol):
             op._terminal(event)
 
     def _on_open_accepted(self, event: ev.SessionOpenAccepted) -> None:
-        session = self._sessions[event.session_id] = Session(self, event.session_id)
+        session = self._sessions[event.session_id] = Session(self, event.session_id, event.max_in_flight_operations)
         future = self._opens.pop(event.request)
         if future.cancelled():  # the caller gave up waiting: nobody will use it
             session._begin_close()
@@ -238,6 +252,11 @@ class Connection(asyncio.Protocol):
         future = self._opens.pop(event.request)
         if not future.done():
             future.set_exception(SessionOpenError(event.session_error_code, event.diagnostic))
+
+    def _on_pressure(self, event: ev.PressureReceived) -> None:
+        session = self._sessions.get(event.session_id)
+        if session is not None and session.on_pressure is not None:
+            session.on_pressure(event)
 
     def _on_close_acked(self, event: ev.SessionCloseAcked) -> None:
         self._sessions.pop(event.session_id)._closed_by_server()
@@ -255,11 +274,15 @@ class Connection(asyncio.Protocol):
 
 
 class Session:
-    """One NNRP session on a :class:`Connection` (from :meth:`Connection.open_session`)."""
+    """One NNRP session on a :class:`Connection` (from :meth:`Connection.open_session`).
+    ``max_in_flight_operations``: what the server granted (SESSION_OPEN_ACK); ``on_pressure``, when set, is
+    called with each BACKPRESSURE / CREDIT_UPDATE of the session (:class:`~.events.PressureReceived`)."""
 
-    def __init__(self, conn: Connection, session_id: int) -> None:
+    def __init__(self, conn: Connection, session_id: int, max_in_flight_operations: int = 0) -> None:
         self.conn = conn
         self.session_id = session_id
+        self.max_in_flight_operations = max_in_flight_operations
+        self.on_pressure: Callable[[ev.PressureReceived], None] | None = None
         self._ops: dict[int, Operation] = {}  # frame id -> operation waiting for its terminal
         self._close: asyncio.Future[None] | None = None
 
@@ -267,15 +290,20 @@ class Session:
     def closing(self) -> bool:
         return self._close is not None
 
-    def submit(self, envelope: dict[str, Any] | bytes, *, trace_id: int = 0) -> Operation:
+    def submit(
+        self, envelope: dict[str, Any] | bytes, *, trace_id: int = 0, trace: tuple[int, int, int] | None = None
+    ) -> Operation:
         """Queue one operation: ``envelope`` (a dict, or JSON bytes sent as they are) in the profile's typed
-        body; ``trace_id`` the header's. Sent on the next loop iteration. Raises
-        :class:`ClientConnectionError`, :class:`ClientError` on a closing session."""
+        body; ``trace_id`` the header's. ``trace`` (trace id, span id, flags; ids non-zero) queues the
+        operation's own TRACE_CONTEXT right behind the FRAME_SUBMIT, in the same write. Sent on the next loop
+        iteration. Raises :class:`ClientConnectionError`, :class:`ClientError` on a closing session."""
         conn = self.conn
         conn._check()
         payload = envelope if isinstance(envelope, bytes) else orjson.dumps(envelope)
         try:
             frame_id, operation_id = conn._core.submit(self.session_id, wire.typed_body(payload), trace_id=trace_id)
+            if trace is not None:
+                conn._core.trace_context(self.session_id, frame_id, trace[0], trace[1], 0, flags=trace[2])
         except LocalProtocolError as exc:
             raise ClientError(str(exc)) from None
         op = self._ops[frame_id] = Operation(self, frame_id, operation_id)
@@ -323,7 +351,7 @@ class Operation:
     ``status_code`` (RESULT_PUSH) or ``drop_reason_code`` (a drop) is set."""
 
     __slots__ = ("session", "frame_id", "operation_id", "status_code", "drop_reason_code", "_queue", "_waiters",
-                 "_terminal_event", "_error", "_done", "_cancel_sent")  # fmt: skip
+                 "_terminal_event", "_error", "_done", "_cancel_sent", "_on_done")  # fmt: skip
 
     def __init__(self, session: Session, frame_id: int, operation_id: int) -> None:
         self.session = session
@@ -335,13 +363,39 @@ class Operation:
         self._waiters: list[asyncio.Future[None]] = []
         self._terminal_event: dict[str, Any] | None = None
         self._error: ClientError | None = None
-        self._done = False  # terminal (or failure) received
+        self._done = False  # terminal (or failure) read
         self._cancel_sent = False
+        self._on_done: list[Callable[[], None]] = []
 
     @property
     def done(self) -> bool:
         """The terminal arrived (or the operation failed), read or not."""
         return self._terminal_event is not None or self._error is not None
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the terminal arrived or the operation failed, read or not (at once when
+        that happened already); on the loop, from the connection's callbacks."""
+        if self.done:
+            callback()
+        else:
+            self._on_done.append(callback)
+
+    @property
+    def finished(self) -> bool:
+        """The terminal (or the failure) was read: nothing more comes."""
+        return self._done
+
+    async def batch(self) -> list[dict[str, Any]]:
+        """Every event that arrived and was not read yet, in order: at least one (waits for the next), the
+        terminal last when it is among them; [] once the terminal was read. Raises as :meth:`__anext__` (a
+        failure discards the events read with it)."""
+        try:
+            out = [await self.__anext__()]
+        except StopAsyncIteration:
+            return []
+        while self._queue:  # ready: __anext__ does not wait
+            out.append(await self.__anext__())
+        return out
 
     def cancel(self) -> None:
         """Send FRAME_CANCEL (once; nothing once the terminal arrived). The server answers with a drop
@@ -419,6 +473,12 @@ class Operation:
             self._error = exc
         self._queue.append(_END)
         self._wake()
+        self._run_done()
+
+    def _run_done(self) -> None:
+        callbacks, self._on_done = self._on_done, []
+        for callback in callbacks:
+            callback()
 
     def _decode_terminal(self, event: Any) -> dict[str, Any]:
         if isinstance(event, ev.ResultPushed):
@@ -449,3 +509,4 @@ class Operation:
             self._error = error
             self._queue.append(_END)
             self._wake()
+            self._run_done()

@@ -4,7 +4,8 @@ Two shapes from one source:
 
 * the **runtime capability document** (the profile's shape, fetched by clients):
   ``{profile, schema_version, compatibility_levels: [1, …], operations: [{name, streaming, non_streaming,
-  tool_calls, cancellation, …options}], models: [{id, owned_by}], extensions: [{name, critical, description}]}``;
+  tool_calls, cancellation, …options}], models: [{id, owned_by}], extensions: [{name, critical, description}]}``,
+  plus the server's ``limits`` (:func:`with_limits`);
 * the **conformance capabilities manifest** (the suite's ``api-profile-capabilities`` schema, which forbids
   ``models``): ``{adapter, profile, schema_version, compatibility_levels, operations, extensions}``.
 
@@ -76,6 +77,19 @@ def runtime_document(*, models: list[str], owned_by: str, operations: list[dict[
         "models": [{"id": model, "owned_by": owned_by} for model in models],
         "extensions": [dict(DIAGNOSTICS_EXTENSION)],
     }
+
+
+def with_limits(document: dict[str, Any], *, max_in_flight: int, max_in_flight_per_session: int,
+                max_sessions: int) -> dict[str, Any]:
+    """``document`` with the server's admission limits as ``limits: {max_in_flight, max_in_flight_per_session,
+    max_sessions}`` (operations per API-server process, per session, open sessions per process: the
+    ``nnrp.*`` settings of the same names). The profile's document names no limits; this top-level key is
+    the server's own addition, which clients that do not know it ignore and :func:`conformance_manifest`
+    leaves out (the suite's manifest schema allows no other keys). Clients size their fan-out by it
+    (:mod:`vllm_nnrp_plugin.openai_pool`)."""
+    limits = {"max_in_flight": max_in_flight, "max_in_flight_per_session": max_in_flight_per_session,
+              "max_sessions": max_sessions}  # fmt: skip
+    return {**document, "limits": limits}
 
 
 def operation_names(document: dict[str, Any]) -> frozenset[str]:
