@@ -86,3 +86,34 @@ def test_tls_carriers_refuse_a_client_that_does_not_trust_the_certificate(served
             list(client.events(client.submit(STREAM), timeout_s=5))
         finally:
             client.close()
+
+
+@pytest.mark.parametrize("trusted", ["server", "other"])
+def test_the_openai_transports_speak_tls_over_tcp(served, trusted):
+    """``nnrps://`` through the SDK (the project's asyncio client over TLS to nnrp-py's native ``nnrps``
+    carrier): a trusted certificate streams, an untrusted one is the SDK's ``APIConnectionError``."""
+    import httpx
+    import openai
+
+    from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
+
+    (uri,) = [u for u in served.bound if u.startswith("nnrps://")]
+    der = served.der if trusted == "server" else served.other_der
+    body = {"model": "a-stream-text", "messages": [{"role": "user", "content": "hi"}]}
+    expected = "".join(c["choices"][0]["delta"]["content"] for c in recorded_chunks("a-stream-text"))
+    with httpx.Client(transport=NNRPTransport(uri, trusted_cert_der=der)) as http:
+        client = openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http, max_retries=0)
+        if trusted == "other":
+            with pytest.raises(openai.APIConnectionError):
+                client.chat.completions.create(**body, stream=True)
+            return
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**body, stream=True))
+        assert streamed == expected
+
+    async def async_call() -> str:
+        async with httpx.AsyncClient(transport=AsyncNNRPTransport(uri, trusted_cert_der=der)) as http:
+            client = openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http)
+            return "".join([c.choices[0].delta.content or "" async for c in await client.chat.completions.create(
+                **body, stream=True)])  # fmt: skip
+
+    assert asyncio.run(async_call()) == expected

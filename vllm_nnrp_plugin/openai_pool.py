@@ -59,8 +59,10 @@ __all__ = ["IDLE_CLOSE_S", "MAX_CONNECTIONS", "MAX_SESSIONS_PER_CONNECTION", "La
 MAX_CONNECTIONS = 1
 #: sessions per connection: with the server's 16 operations per session, 256 in flight (its default process limit)
 MAX_SESSIONS_PER_CONNECTION = 16
-#: operations a session asks for in its SESSION_OPEN (the plugin's server grants its own limit whatever is asked)
-REQUESTED_IN_FLIGHT = 16
+#: operations a session asks for in its SESSION_OPEN: nnrp-py's own default, the most nnrp-py's native server (the
+#: ``nnrps`` carrier) accepts; the plugin's own wire core grants its per-session limit whatever is asked, and the
+#: pool uses what the acknowledgement grants
+REQUESTED_IN_FLIGHT = 4
 #: the credit a session still being opened is expected to bring (the server's default per-session limit)
 SESSION_CREDIT_GUESS = 16
 #: idle time after which an extra session (not the pool's first) is closed, s
@@ -110,14 +112,15 @@ class _Link:
 
 
 class Pool:
-    """Sessions to ``uri`` (``tcp://`` or ``unix://``, :func:`vllm_nnrp_plugin.nnrp_client.connect`) for one
-    client, on the running loop it is made on (module docstring for the policy)."""
+    """Sessions to ``uri`` (``tcp://``, ``nnrps://`` with ``trusted_cert_der`` or the system's trust store, or
+    ``unix://``: :func:`vllm_nnrp_plugin.nnrp_client.connect`) for one client, on the running loop it is made on (module docstring for the policy)."""
 
     def __init__(
         self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
-        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION,
+        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
     ) -> None:  # fmt: skip
         self.uri = uri
+        self.trusted_cert_der = trusted_cert_der
         self.max_connections = max_connections
         self.max_sessions_per_connection = max_sessions_per_connection
         self.loop = asyncio.get_running_loop()
@@ -300,7 +303,7 @@ class Pool:
     async def _connect(self) -> None:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                conn = await connect(self.uri)
+                conn = await connect(self.uri, trusted_cert_der=self.trusted_cert_der)
         except (ClientError, TimeoutError) as exc:
             exc = exc if isinstance(exc, ClientError) else ClientConnectionError(f"cannot connect to {self.uri}: timed out")
             self._connecting -= 1

@@ -8,8 +8,9 @@ vLLM's HTTP server would.
 
 (``AsyncNNRPTransport`` with ``httpx2.AsyncClient`` / ``httpx.AsyncClient`` and ``AsyncOpenAI``; ``httpx.Client``
 works as well: each answer is made by the library of the request, :func:`vllm_nnrp_plugin.openai_calls.library`.)
-The host in ``base_url`` is never contacted; the transport speaks to the NNRP endpoint given, ``tcp://HOST:PORT``
-or ``unix:///PATH`` (the project's asyncio client, :mod:`vllm_nnrp_plugin.nnrp_client`; the TLS, WebSocket and
+The host in ``base_url`` is never contacted; the transport speaks to the NNRP endpoint given, ``tcp://HOST:PORT``,
+``nnrps://HOST:PORT`` (TLS: ``trusted_cert_der``, the server certificate or its CA in DER, else the system's trust
+store) or ``unix:///PATH`` (the project's asyncio client, :mod:`vllm_nnrp_plugin.nnrp_client`; the WebSocket and
 QUIC carriers are :class:`vllm_nnrp_plugin.client.ProfileClient`'s).
 
 * ``POST …/chat/completions``, ``POST …/responses``, ``POST …/embeddings`` → one ``chat.completions.create``,
@@ -69,10 +70,12 @@ EXIT_WAIT_S = 1.0
 
 def _check_uri(uri: str) -> None:
     parsed = urllib.parse.urlsplit(uri)
-    if not (parsed.scheme == "tcp" and parsed.hostname and parsed.port) and not (
+    if not (parsed.scheme in ("tcp", "nnrps") and parsed.hostname and parsed.port) and not (
         parsed.scheme == "unix" and not parsed.netloc and parsed.path.startswith("/")
     ):
-        raise ValueError(f"{uri!r}: the openai transports speak tcp://HOST:PORT or unix:///ABSOLUTE/PATH")
+        raise ValueError(
+            f"{uri!r}: the openai transports speak tcp://HOST:PORT, nnrps://HOST:PORT or unix:///ABSOLUTE/PATH"
+        )
 
 
 class _Transport:
@@ -80,12 +83,13 @@ class _Transport:
 
     def __init__(
         self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
-        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION,
+        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
     ) -> None:  # fmt: skip
         _check_uri(uri)
         self._uri = uri
         self._pool_options = {"max_connections": max_connections,
-                              "max_sessions_per_connection": max_sessions_per_connection}  # fmt: skip
+                              "max_sessions_per_connection": max_sessions_per_connection,
+                              "trusted_cert_der": trusted_cert_der}  # fmt: skip
 
     def _new_pool(self) -> Pool:
         return Pool(self._uri, **self._pool_options)
@@ -137,9 +141,10 @@ def _stop_at_exit() -> None:
 class NNRPTransport(_Transport):
     """A sync ``httpx.Client`` / ``httpx2.Client`` transport to an NNRP endpoint (module docstring). Thread-safe.
     ``max_connections`` / ``max_sessions_per_connection``: the pool's bounds (:mod:`vllm_nnrp_plugin.openai_pool`).
-    Raises ``ValueError`` for an endpoint that is not ``tcp://HOST:PORT`` or ``unix:///PATH``."""
+    ``trusted_cert_der``: for ``nnrps://``. Raises ``ValueError`` for an endpoint that is not ``tcp://HOST:PORT``,
+    ``nnrps://HOST:PORT`` or ``unix:///PATH``."""
 
-    def __init__(self, uri: str, **pool_options: int) -> None:
+    def __init__(self, uri: str, **pool_options: Any) -> None:
         super().__init__(uri, **pool_options)
         self._lock = threading.Lock()
         self._thread: _LoopThread | None = None
@@ -236,7 +241,7 @@ class AsyncNNRPTransport(_Transport):
     """The asyncio ``httpx.AsyncClient`` / ``httpx2.AsyncClient`` transport to an NNRP endpoint (module
     docstring): runs in the caller's event loop; safe for many tasks at once. Options as :class:`NNRPTransport`."""
 
-    def __init__(self, uri: str, **pool_options: int) -> None:
+    def __init__(self, uri: str, **pool_options: Any) -> None:
         super().__init__(uri, **pool_options)
         self._pool: Pool | None = None
 

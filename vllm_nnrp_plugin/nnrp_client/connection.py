@@ -11,8 +11,8 @@
     await session.close()
     await conn.close()
 
-One :class:`Connection` is the ``asyncio.Protocol`` of one transport (TCP with ``TCP_NODELAY``, or a unix
-socket). Everything runs on the event loop's callbacks: bytes read go straight into the wire core and its
+One :class:`Connection` is the ``asyncio.Protocol`` of one transport (TCP with ``TCP_NODELAY``, TLS over TCP,
+or a unix socket). Everything runs on the event loop's callbacks: bytes read go straight into the wire core and its
 events wake the waiting operations; calls queue bytes in the core and one write per loop iteration
 (``loop.call_soon``) sends whatever was queued. No threads, no polling, no timers.
 
@@ -36,6 +36,7 @@ import asyncio
 import collections
 import contextlib
 import socket
+import ssl
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
@@ -89,23 +90,37 @@ class _AddressError(ClientConnectionError, ValueError):
     """An endpoint URI :func:`connect` cannot use."""
 
 
-async def connect(uri: str, *, max_packet_bytes: int = MAX_PACKET_BYTES) -> Connection:
-    """Connect to ``tcp://host:port`` or ``unix:///absolute/path``. ``max_packet_bytes``: the largest
-    packet accepted from the server (bytes). Raises :class:`ClientConnectionError` (nothing listens, or an
-    unusable URI; also a ``ValueError``)."""
+async def connect(
+    uri: str, *, trusted_cert_der: bytes | None = None, max_packet_bytes: int = MAX_PACKET_BYTES
+) -> Connection:
+    """Connect to ``tcp://host:port``, ``nnrps://host:port`` (TLS over TCP, as nnrp-py's native ``nnrps``
+    carrier serves it: plain TLS, no ALPN, the host checked against the certificate; ``trusted_cert_der``: the
+    server certificate or its CA, DER, else the system's trust store) or ``unix:///absolute/path``.
+    ``max_packet_bytes``: the largest packet accepted from the server (bytes). Raises
+    :class:`ClientConnectionError` (nothing listens, the TLS handshake failed, or an unusable URI; also a
+    ``ValueError``)."""
     loop = asyncio.get_running_loop()
     parsed = urllib.parse.urlsplit(uri)
     factory = lambda: Connection(max_packet_bytes)  # noqa: E731
     try:
-        if parsed.scheme == "tcp" and parsed.hostname and parsed.port:
-            _, conn = await loop.create_connection(factory, parsed.hostname, parsed.port)
+        if parsed.scheme in ("tcp", "nnrps") and parsed.hostname and parsed.port:
+            tls = _tls_context(trusted_cert_der) if parsed.scheme == "nnrps" else None
+            _, conn = await loop.create_connection(
+                factory, parsed.hostname, parsed.port, ssl=tls, server_hostname=parsed.hostname if tls else None
+            )
         elif parsed.scheme == "unix" and not parsed.netloc and parsed.path.startswith("/"):
             _, conn = await loop.create_unix_connection(factory, parsed.path)
         else:
-            raise _AddressError(f"{uri!r} is neither tcp://host:port nor unix:///absolute/path")
-    except OSError as exc:
+            raise _AddressError(f"{uri!r} is neither tcp:// nor nnrps://host:port nor unix:///absolute/path")
+    except (OSError, ssl.SSLError) as exc:
         raise ClientConnectionError(f"cannot connect to {uri}: {exc}") from exc
     return conn
+
+
+def _tls_context(trusted_cert_der: bytes | None) -> ssl.SSLContext:
+    if trusted_cert_der is None:
+        return ssl.create_default_context()
+    return ssl.create_default_context(cadata=ssl.DER_cert_to_PEM_cert(trusted_cert_der))
 
 
 class Connection(asyncio.Protocol):
