@@ -290,14 +290,10 @@ class SessionPump:
         self._post(self._handler.on_submit, sop)
 
     def _on_trace_context(self, frame_id: int, metadata: Any) -> None:
-        scope = trace.SESSION if frame_id == 0 else trace.OPERATION
-        context = trace.TraceContext(
-            metadata.trace_id, metadata.span_id, metadata.parent_span_id,
-            metadata.stage_code, metadata.flags, metadata.body_bytes, scope,
-        )  # fmt: skip
-        if not context.eligible:
+        context = trace.received(frame_id, metadata)
+        if context is None:
             return
-        if scope == trace.SESSION:
+        if context.scope == trace.SESSION:
             self.link.session_trace = context
             return
         operation_id = self._frames.get(frame_id)

@@ -301,14 +301,10 @@ class ConnectionProtocol(asyncio.Protocol):
         session = self._sessions.get(received.session_id)
         if session is None:
             return
-        scope = trace.SESSION if received.frame_id == 0 else trace.OPERATION
-        context = trace.TraceContext(
-            received.trace_id, received.span_id, received.parent_span_id,
-            received.stage_code, received.flags, received.body_bytes, scope,
-        )  # fmt: skip
-        if not context.eligible:
+        context = trace.received(received.frame_id, received)
+        if context is None:
             return
-        if scope == trace.SESSION:
+        if context.scope == trace.SESSION:
             session.link.session_trace = context
             return
         sop = session.ops.get(received.operation_id) if received.operation_id is not None else None

@@ -62,6 +62,17 @@ class TraceContext:
         }
 
 
+def received(frame_id: int, metadata: Any) -> TraceContext | None:
+    """The context one TRACE_CONTEXT frame carries (``metadata``: its fixed fields under nnrp-py's
+    ``TraceContextMetadata`` names): session scope for frame 0, operation scope for any other frame; ``None``
+    when it is not eligible (a zero id: the frame is ignored)."""
+    context = TraceContext(
+        metadata.trace_id, metadata.span_id, metadata.parent_span_id, metadata.stage_code, metadata.flags,
+        metadata.body_bytes, SESSION if frame_id == 0 else OPERATION,
+    )  # fmt: skip
+    return context if context.eligible else None
+
+
 def for_dispatch(session_default: TraceContext | None, override: TraceContext | None) -> TraceContext | None:
     """The context an operation is dispatched with: its own override, else the session default."""
     return override if override is not None else session_default
