@@ -20,7 +20,7 @@ from tests.e2e.conftest import LONG, SERVED_NAME, VLLMServer, attach_options, mo
 from tests.support import envelope, free_port, two_free_ports
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body
-from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE_FLAG, MIDDLEWARE_PATH
+from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE_FLAG, MIDDLEWARE_PATH, binding_for
 
 pytestmark = pytest.mark.vllm
 
@@ -57,9 +57,9 @@ def wait_idle(server, timeout_s=15.0):
 def test_start_up_log_names_addresses_version_binding_and_models(vllm_server):
     (line,) = [l for l in vllm_server.output().splitlines() if "NNRP listening on" in l]
     assert vllm_server.nnrp["tcp"] in line and vllm_server.nnrp["ipc"] in line
-    major, minor = vllm_server.family
+    binding = binding_for(vllm_server.family)  # vllm-0.26 serves 0.26-0.28, vllm-0.32 0.29-0.32
     attach_path = "endpoint-plugin" if vllm_server.family >= (0, 26) else "middleware"
-    assert f"vLLM {vllm_server.version}, binding vllm-{major}.{minor}, attach path {attach_path}" in line
+    assert f"vLLM {vllm_server.version}, binding {binding.name}, attach path {attach_path}" in line
     assert SERVED_NAME in line
 
 
