@@ -1,10 +1,12 @@
 """The README's compatibility table, generated from the recorded results of the per-anchor test runs.
 
-  python compat/compat_table.py record 0.22.1 REPORT.xml   # after a run: compat/results/vllm-0.22.1.json
-  python compat/compat_table.py readme                      # rewrite the table in README.md from all results
+  python compat/compat_table.py record 0.22.1 REPORT.xml [SCOPE]  # after a run: compat/results/vllm-0.22.1.json
+  python compat/compat_table.py readme                              # rewrite the table in README.md from all results
 
 ``record`` reads pytest's JUnit XML report of ``compat/run-vllm-tests.sh VERSION`` and stores the anchor, its
-attach path (from the package's bindings), the UTC date, the pytest counts and duration, and the result.
+attach path (from the package's bindings), the UTC date, what ran (``SCOPE``: ``whole suite``, the default, or
+``binding core``, the e2e tests marked ``binding_core`` that the matrix and the trimmed anchors run; stored in
+``vllm-<version>.json`` and ``vllm-<version>-core.json``), the pytest counts and duration, and the result.
 ``readme`` replaces the lines between the ``compat-table`` markers of README.md. Standard library only.
 """
 
@@ -24,15 +26,16 @@ BEGIN, END = "<!-- compat-table:begin -->", "<!-- compat-table:end -->"
 
 def attach_path(version: str) -> str:
     sys.path.insert(0, str(ROOT))
-    from vllm_nnrp_plugin.vllm_binding.families import BINDINGS
+    from vllm_nnrp_plugin.vllm_binding.families import binding_for, family_of
 
-    family = tuple(int(p) for p in version.split(".")[:2])
-    binding = next(b for b in BINDINGS if b.family == family)
-    first, *others = binding.attach_paths
+    first, *others = binding_for(family_of(version)).attach_paths
     return f"`{first}`" + "".join(f" (also `{p}`)" for p in others)
 
 
-def record(version: str, report: str) -> dict:
+WHOLE_SUITE = "whole suite"
+
+
+def record(version: str, report: str, scope: str = WHOLE_SUITE) -> dict:
     suite = ET.parse(report).getroot()
     if suite.tag == "testsuites":
         suite = suite[0]
@@ -43,6 +46,7 @@ def record(version: str, report: str) -> dict:
         "anchor": version,
         "attach_path": attach_path(version),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "ran": scope,
         "result": "pass" if ok else "FAIL",
         "passed": passed,
         "failed": counts["failures"] + counts["errors"],
@@ -50,17 +54,22 @@ def record(version: str, report: str) -> dict:
         "duration_s": round(float(suite.get("time", 0.0))),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"vllm-{version}.json").write_text(json.dumps(result, indent=2) + "\n")
+    name = f"vllm-{version}.json" if scope == WHOLE_SUITE else f"vllm-{version}-core.json"
+    (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
 def table() -> str:
-    rows = ["| anchor | attach path | date (UTC) | result | tests | duration |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| anchor | attach path | date (UTC) | what ran | result | tests | duration |",
+        "|---|---|---|---|---|---|---|",
+    ]
     results = [json.loads(p.read_text()) for p in RESULTS.glob("vllm-*.json")]
-    for r in sorted(results, key=lambda r: tuple(int(p) for p in r["anchor"].split("."))):
+    for r in sorted(results, key=lambda r: (tuple(int(p) for p in r["anchor"].split(".")), r.get("ran", WHOLE_SUITE))):
         tests = f"{r['passed']} passed, {r['failed']} failed" + (f", {r['skipped']} skipped" if r["skipped"] else "")
         rows.append(
-            f"| {r['anchor']} | {r['attach_path']} | {r['date']} | {r['result']} | {tests} | {r['duration_s']} s |"
+            f"| {r['anchor']} | {r['attach_path']} | {r['date']} | {r.get('ran', WHOLE_SUITE)} | {r['result']} "
+            f"| {tests} | {r['duration_s']} s |"
         )
     return "\n".join(rows)
 

@@ -10,7 +10,7 @@ Every server gets the same flags (``--host 127.0.0.1 --port P --served-model-nam
 log file, a start timeout (default 600 s: ready when ``/v1/models`` answers 200) and a clean stop (SIGTERM, 60 s,
 then SIGKILL). NNRP is enabled through the installed line's first attach path (:func:`attach_options`, from
 :data:`vllm_nnrp_plugin.vllm_binding.families.BINDINGS`): ``VLLM_PLUGINS=nnrp`` loads the endpoint plugin where
-the line has one (0.26, 0.32), and lines without it (0.18, 0.22) also get ``--middleware`` naming the plugin's ASGI
+the line has one (0.26–0.32), and lines without it (0.18, 0.22) also get ``--middleware`` naming the plugin's ASGI
 middleware.
 
 From a shell (run from the checkout, or with it on ``PYTHONPATH``)::
@@ -40,7 +40,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 
-from vllm_nnrp_plugin.vllm_binding.families import BINDINGS, ENDPOINT_PLUGIN, MIDDLEWARE_PATH
+from vllm_nnrp_plugin.vllm_binding.families import ENDPOINT_PLUGIN, MIDDLEWARE_PATH, binding_for
 
 SERVED_NAME = "example-model"
 START_TIMEOUT_S = 600
@@ -85,10 +85,10 @@ def installed_vllm(python: str = sys.executable) -> tuple[str, tuple[int, int]]:
 
 def attach_options(family: tuple[int, int]) -> tuple[dict[str, str], tuple[str, ...]]:
     """(environment, extra ``vllm serve`` args) enabling NNRP through the first attach path of ``family``'s
-    binding (:data:`~vllm_nnrp_plugin.vllm_binding.families.BINDINGS`). A line without a binding gets the
+    binding (:func:`~vllm_nnrp_plugin.vllm_binding.families.binding_for`). A line without a binding gets the
     ``--middleware`` flag too: explicit configuration, which the plugin's start-up gate then refuses with its
     message."""
-    binding = next((b for b in BINDINGS if b.family == tuple(family)), None)
+    binding = binding_for(family)
     if binding is not None and binding.attach_paths[0] == ENDPOINT_PLUGIN:
         return {"VLLM_PLUGINS": "nnrp"}, ()
     return {"VLLM_PLUGINS": "nnrp"}, ("--middleware", MIDDLEWARE_PATH)

@@ -6,10 +6,11 @@
 # Builds or reuses the anchor's venv (build-vllm-env.sh; plus the extras named in compat/vllm-<version>/test-extras)
 # and the small model (build-model.sh), applies the
 # anchor's runtime settings (compat/vllm-<version>/runtime.sh, if any), then runs the given tests with
-# VLLM_NNRP_TEST_MODEL pointing at the model directory. With VLLM_NNRP_RECORD_COMPAT=1 (a full run of the
-# suite, e.g. `VLLM_NNRP_RECORD_COMPAT=1 python3 -m tox -e vllm-0.22.1`) the outcome is recorded in
-# compat/results/vllm-<version>.json and the README's compatibility table is regenerated from those files
-# (compat/compat_table.py); other runs leave the checkout untouched.
+# VLLM_NNRP_TEST_MODEL pointing at the model directory. With VLLM_NNRP_RECORD_COMPAT=1 the outcome is recorded
+# and the README's compatibility table is regenerated from the recorded files (compat/compat_table.py): a run of
+# the whole suite (`VLLM_NNRP_RECORD_COMPAT=1 python3 -m tox -e vllm-0.26.0`, or `... -e vllm-0.22.1 -- tests`) in
+# compat/results/vllm-<version>.json, a run of the binding core (`-m binding_core`, as the matrix and the trimmed
+# anchors run it) in compat/results/vllm-<version>-core.json; other runs leave the checkout untouched.
 set -euo pipefail
 VERSION=${1:?usage: run-vllm-tests.sh VLLM_VERSION [pytest args]}
 shift
@@ -30,7 +31,11 @@ REPORT=$(mktemp -t "vllm-$VERSION-junit.XXXXXX.xml")
 status=0
 "$VENV/bin/python" -m pytest --junitxml="$REPORT" "$@" || status=$?
 if [ "${VLLM_NNRP_RECORD_COMPAT:-0}" = 1 ]; then
-  env -u LD_PRELOAD "$VENV/bin/python" "$HERE/compat_table.py" record "$VERSION" "$REPORT" >&2 || true
+  case " $* " in
+    *" -m binding_core "*) SCOPE="binding core" ;;
+    *) SCOPE="whole suite" ;;
+  esac
+  env -u LD_PRELOAD "$VENV/bin/python" "$HERE/compat_table.py" record "$VERSION" "$REPORT" "$SCOPE" >&2 || true
 fi
 rm -f "$REPORT"
 exit $status

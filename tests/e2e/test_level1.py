@@ -61,6 +61,7 @@ def plain_client(vllm_server):
 # -- tool calls --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.binding_core
 def test_streamed_tool_call_has_started_deltas_completed_with_vllms_call_id(vllm_tools_server, tools_client):
     events = run(tools_client, envelope({**TOOL_REQUEST, "stream": True}))
     *partials, terminal = events
@@ -84,6 +85,7 @@ def test_streamed_tool_call_has_started_deltas_completed_with_vllms_call_id(vllm
     assert call["function"]["name"] == "lookup" and orjson.loads(call["function"]["arguments"]) == {"city": "Paris"}
 
 
+@pytest.mark.binding_core
 def test_non_streaming_tool_calls_are_in_the_body_as_vllm_returns_them(tools_client):
     (terminal,) = run(tools_client, envelope(TOOL_REQUEST))
     message = terminal.event["body"]["choices"][0]["message"]

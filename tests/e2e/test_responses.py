@@ -100,6 +100,7 @@ def test_the_capability_document_claims_level_2_and_tool_calls_only_with_a_parse
                              "tool_calls": tool_calls, "cancellation": True}
 
 
+@pytest.mark.binding_core
 def test_streamed_text_and_usage_equal_vllms_http_stream(vllm_server, client):
     body = {**TEXT, "stream": True}
     events, terminal = over_nnrp(client, body)
@@ -116,6 +117,7 @@ def test_streamed_text_and_usage_equal_vllms_http_stream(vllm_server, client):
     assert stable(completed) == stable(http[-1]["response"])  # vLLM's response.completed on HTTP
 
 
+@pytest.mark.binding_core
 def test_non_streaming_returns_vllms_response_object(vllm_server, client):
     events, terminal = over_nnrp(client, TEXT)
     assert events == [] and terminal["type"] == "response.completed"
@@ -124,6 +126,7 @@ def test_non_streaming_returns_vllms_response_object(vllm_server, client):
     assert text_of(terminal["body"]) and profile_usage(terminal["body"]) == profile_usage(http)
 
 
+@pytest.mark.binding_core
 def test_a_required_function_call_streams_as_tool_call_events_like_vllms_http_stream(vllm_tools_server, tools_client):
     body = {**TOOL, "stream": True}
     events, terminal = over_nnrp(tools_client, body)
@@ -158,6 +161,7 @@ def test_without_a_tool_parser_a_required_call_is_answered_as_vllm_answers_it_wi
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == http_text
     assert calls_of(terminal["body"]) == calls_of(http[-1]["response"]) == []
 
+@pytest.mark.binding_core
 def test_cancelling_a_streamed_response_aborts_vllms_request(vllm_server, client):
     assert wait_idle(vllm_server)
     tokens_before = vllm_server.metric("vllm:generation_tokens_total")
@@ -202,6 +206,7 @@ def test_trace_context_is_the_parent_of_vllms_span_for_the_engine_request(vllm_t
     assert span.trace_id == bytes(8) + trace_id.to_bytes(8, "big")
     assert span.parent_span_id == span_id.to_bytes(8, "big")
 
+@pytest.mark.binding_core
 @pytest.mark.parametrize(
     "body, code",
     [

@@ -24,7 +24,7 @@ EXIT_WITHIN_S = 60
 TRANSPORT_CLOSED = 8
 
 
-@pytest.mark.parametrize("api_servers", [1, 2])
+@pytest.mark.parametrize("api_servers", [pytest.param(1, marks=pytest.mark.binding_core), 2])
 def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request(tmp_path, vllm_version, api_servers):
     port = two_free_ports()
     env, args = attach_options(vllm_version[1])

@@ -1,4 +1,4 @@
-"""End to end inside a real ``vllm serve`` on CPU (each anchor: 0.18.1, 0.22.1, 0.26.0, 0.32.0, through its own
+"""End to end inside a real ``vllm serve`` on CPU (each anchor of families.py, through its own
 attach path): the real NNRP client over TCP and IPC against the plugin, with vLLM's own HTTP API on the same
 server as the reference."""
 
@@ -20,7 +20,7 @@ from tests.e2e.conftest import LONG, SERVED_NAME, VLLMServer, attach_options, mo
 from tests.support import envelope, free_port, two_free_ports
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body
-from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE_FLAG, MIDDLEWARE_PATH
+from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE_FLAG, MIDDLEWARE_PATH, binding_for
 
 pytestmark = pytest.mark.vllm
 
@@ -53,15 +53,17 @@ def wait_idle(server, timeout_s=15.0):
     return False
 
 
+@pytest.mark.binding_core
 def test_start_up_log_names_addresses_version_binding_and_models(vllm_server):
     (line,) = [l for l in vllm_server.output().splitlines() if "NNRP listening on" in l]
     assert vllm_server.nnrp["tcp"] in line and vllm_server.nnrp["ipc"] in line
-    major, minor = vllm_server.family
+    binding = binding_for(vllm_server.family)  # vllm-0.26 serves 0.26-0.28, vllm-0.32 0.29-0.32
     attach_path = "endpoint-plugin" if vllm_server.family >= (0, 26) else "middleware"
-    assert f"vLLM {vllm_server.version}, binding vllm-{major}.{minor}, attach path {attach_path}" in line
+    assert f"vLLM {vllm_server.version}, binding {binding.name}, attach path {attach_path}" in line
     assert SERVED_NAME in line
 
 
+@pytest.mark.binding_core
 def test_streamed_text_equals_the_http_answer(vllm_server, client):
     status, reference = http_chat(vllm_server, HELLO)
     assert status == 200
@@ -77,6 +79,7 @@ def test_streamed_text_equals_the_http_answer(vllm_server, client):
     assert body["id"].startswith("chatcmpl-nnrp-e2e-stream-")  # envelope request_id is in vLLM's request id
 
 
+@pytest.mark.binding_core
 def test_usage_is_streamed_when_asked(vllm_server, client):
     _, reference = http_chat(vllm_server, HELLO)
     events = run(client, envelope({**HELLO, "stream": True, "stream_options": {"include_usage": True}}))
@@ -94,6 +97,7 @@ def test_usage_is_streamed_when_asked(vllm_server, client):
     assert events[-1].event["body"]["usage"]["completion_tokens"] == reference["usage"]["completion_tokens"]
 
 
+@pytest.mark.binding_core
 def test_non_streaming_body_is_vllms_chat_completion(vllm_server, client):
     _, reference = http_chat(vllm_server, HELLO)
     (terminal,) = run(client, envelope(HELLO))
@@ -105,6 +109,7 @@ def test_non_streaming_body_is_vllms_chat_completion(vllm_server, client):
     assert body == reference
 
 
+@pytest.mark.binding_core
 @pytest.mark.parametrize(
     "submit, code",
     [
@@ -129,6 +134,7 @@ def test_errors_are_typed_and_the_session_keeps_serving(client, submit, code):
     assert again.event["type"] == "response.completed"
 
 
+@pytest.mark.binding_core
 def test_cancel_aborts_the_vllm_request(vllm_server, client):
     assert wait_idle(vllm_server)
     tokens_before = vllm_server.metric("vllm:generation_tokens_total")
@@ -222,6 +228,7 @@ def test_installed_but_not_enabled_claims_no_port(tmp_path):
         server.stop()
 
 
+@pytest.mark.binding_core
 def test_enabled_without_an_attach_path_fails_fast_with_the_fix(tmp_path, vllm_version):
     """0.26/0.32: ``--additional-config`` enables NNRP but ``VLLM_PLUGINS`` does not load the endpoint plugin;
     0.18/0.22: NNRP enabled without the ``--middleware`` flag. Both stop before the model loads."""
@@ -237,6 +244,35 @@ def test_enabled_without_an_attach_path_fails_fast_with_the_fix(tmp_path, vllm_v
     else:
         assert f"add {MIDDLEWARE_FLAG} to vllm serve" in done.stderr
 
+
+
+#: a version string of another binding whose probes the installed line fails, per installed line
+PROBE_FAILING_VERSION = {(0, 18): "0.22.1", (0, 22): "0.18.1", (0, 26): "0.32.0", (0, 29): "0.26.0"}
+
+
+@pytest.mark.binding_core
+def test_a_line_failing_its_probes_on_purpose_is_refused_before_the_model_loads(tmp_path, vllm_version):
+    """The installed vLLM with its version string patched to another binding's line (a ``sitecustomize`` on
+    ``PYTHONPATH`` sets ``vllm.__version__``): the gate selects that binding, its probes fail on this line's real
+    surfaces, and ``vllm serve`` of the real model stops with the diagnostic before any engine starts."""
+    family = vllm_version[1]
+    patched = PROBE_FAILING_VERSION[max(f for f in PROBE_FAILING_VERSION if f <= family)]
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(f"""
+        import vllm
+        vllm.__version__ = {patched!r}
+        vllm.__version_tuple__ = {tuple(int(p) for p in patched.split("."))!r}
+    """))
+    env, args = attach_options(vllm_version[1])
+    server = VLLMServer(model_dir(), tmp_path, env={
+        **env, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }, extra_args=args)  # fmt: skip
+    try:
+        assert server.wait_exit() != 0
+        output = server.output()
+        assert f"vllm-nnrp-plugin: vLLM {patched} lacks " in output and "Fix:" in output
+        assert "EngineCore" not in output and "Loading weights" not in output
+    finally:
+        server.stop()
 
 def test_every_api_server_process_serves_nnrp_on_its_rank_address(tmp_path, vllm_version):
     """``--api-server-count 2``: rank r listens on PORT + r and NAME-r.sock, each serves, and a cancel on rank 1

@@ -2,8 +2,8 @@
 
 The refused-line checks run the real ``vllm.general_plugins`` entry point (:func:`general.register`) against a
 fake ``vllm`` package of that version (version attributes, ``vllm.plugins``, ``build_app`` with the line's
-signature in the line's module: ``vllm.entrypoints.openai.api_server`` up to 0.26, imported in the API server;
-``vllm.entrypoints.launchers.app`` from 0.32 on, where the API-server module is never imported), as vLLM would call
+signature in the line's module: ``vllm.entrypoints.openai.api_server`` up to 0.28, imported in the API server;
+``vllm.entrypoints.launchers.app`` from 0.29 on, where the API-server module is never imported), as vLLM would call
 it while building ``vllm serve``'s parser.
 """
 
@@ -31,7 +31,8 @@ from vllm_nnrp_plugin.vllm_binding.gate import startup_check
 ON = {"VLLM_PLUGINS": "nnrp"}
 SERVE = ("vllm", "serve", "m")
 WITH_MIDDLEWARE = (*SERVE, "--middleware", MIDDLEWARE_PATH)
-ANCHORS = "0.18.1, 0.22.1, 0.26.0, 0.32.0"
+ANCHORS = "0.18.1, 0.22.1, 0.26.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0"
+EVERY_ANCHOR = ANCHORS.split(", ")
 
 
 def build_app_018(args, supported_tasks=None): ...
@@ -43,7 +44,7 @@ def build_app_022(args, supported_tasks=None, model_config=None): ...
 def surface(version="0.26.0", endpoint_plugins=None, build_app=None, chat=True, relocated=None):
     version_tuple = tuple(int(p) for p in version.split("."))
     newer = version_tuple[:2] >= (0, 22)
-    relocated = version_tuple[:2] >= (0, 32) if relocated is None else relocated
+    relocated = version_tuple[:2] >= (0, 29) if relocated is None else relocated
     return Surface(
         version=version,
         version_tuple=version_tuple,
@@ -71,7 +72,7 @@ def fake_vllm(monkeypatch):
     def install(version, *, endpoint_plugins=None, build_app=None, chat=True, relocated=None):
         version_tuple = tuple(int(p) for p in version.split("."))
         if relocated is None:
-            relocated = version_tuple[:2] >= (0, 32)
+            relocated = version_tuple[:2] >= (0, 29)
         if endpoint_plugins is None:
             endpoint_plugins = version_tuple[:2] >= (0, 26)
         if build_app is None:
@@ -92,7 +93,7 @@ def fake_vllm(monkeypatch):
         package("vllm.entrypoints")
         package("vllm.entrypoints.openai")
         package("vllm.entrypoints.openai.chat_completion")
-        if relocated:  # 0.32+: vllm serve never imports the (deprecated) API-server module
+        if relocated:  # 0.29+: vllm serve never imports the (deprecated) API-server module
             package("vllm.entrypoints.launchers")
             package("vllm.entrypoints.launchers.app", build_app=build_app)
             monkeypatch.delitem(sys.modules, "vllm.entrypoints.openai.api_server", raising=False)
@@ -117,7 +118,7 @@ def serve(monkeypatch, environ=ON, argv=WITH_MIDDLEWARE):
     general.register()
 
 
-# the four bindings
+# the four bindings, one tested anchor per line
 
 
 @pytest.mark.parametrize(
@@ -130,6 +131,12 @@ def serve(monkeypatch, environ=ON, argv=WITH_MIDDLEWARE):
         ("0.22.1", "vllm-0.22", (MIDDLEWARE,)),
         ("0.22.0", "vllm-0.22", (MIDDLEWARE,)),
         ("0.26.0", "vllm-0.26", (ENDPOINT_PLUGIN, MIDDLEWARE)),
+        ("0.27.0", "vllm-0.26", (ENDPOINT_PLUGIN, MIDDLEWARE)),
+        ("0.27.1", "vllm-0.26", (ENDPOINT_PLUGIN, MIDDLEWARE)),
+        ("0.28.0", "vllm-0.26", (ENDPOINT_PLUGIN, MIDDLEWARE)),
+        ("0.29.0", "vllm-0.32", (ENDPOINT_PLUGIN, MIDDLEWARE)),
+        ("0.30.0", "vllm-0.32", (ENDPOINT_PLUGIN, MIDDLEWARE)),
+        ("0.31.0", "vllm-0.32", (ENDPOINT_PLUGIN, MIDDLEWARE)),
     ],
 )
 def test_each_family_selects_its_named_binding(version, name, paths):
@@ -137,11 +144,12 @@ def test_each_family_selects_its_named_binding(version, name, paths):
     assert (binding.name, binding.attach_paths) == (name, paths)
 
 
-@pytest.mark.parametrize("version", ["0.18.1", "0.22.1", "0.26.0", "0.32.0"])
+@pytest.mark.parametrize("version", EVERY_ANCHOR)
 def test_the_real_entry_point_accepts_each_anchor_with_the_middleware(fake_vllm, monkeypatch, version):
     fake_vllm(version)
     serve(monkeypatch)  # no exception: vllm serve goes on
-    assert gate.decision_for(MIDDLEWARE).binding.anchor == version  # the gate ran and recorded its decision
+    binding = gate.decision_for(MIDDLEWARE).binding  # the gate ran and recorded its decision
+    assert binding.anchor_for(families.family_of(version)) == version
 
 
 # refused lines: one diagnostic with the version, the missing feature if any, the anchors
@@ -149,25 +157,29 @@ def test_the_real_entry_point_accepts_each_anchor_with_the_middleware(fake_vllm,
 
 @pytest.mark.parametrize(
     "version",
-    ["0.17.1", "0.19.0", "0.20.2", "0.21.0", "0.23.0", "0.24.1", "0.25.0", "0.27.0", "0.31.0", "0.33.0", "1.0.0"],
+    ["0.17.1", "0.19.0", "0.20.2", "0.21.0", "0.23.0", "0.24.1", "0.25.0", "0.34.0", "1.0.0"],
 )
 def test_other_lines_stop_vllm_serve_with_version_and_anchors(fake_vllm, monkeypatch, version):
-    """Lines from 0.32 on (and so 0.33+, whatever they keep) lay vLLM out as 0.32 does: the refusal comes from
+    """Lines from 0.29 on (and so 0.34+, whatever they keep) lay vLLM out as 0.32 does: the refusal comes from
     the general plugin at argument parsing there too, not after the model loaded."""
     fake_vllm(version)
     with pytest.raises(NNRPStartupError) as info:
         serve(monkeypatch)
     message = str(info.value)
     assert f"vLLM {version} is not supported" in message and f"tested anchors: {ANCHORS}" in message
-    assert "0.32.x lines only" in message and "Fix:" in message and "\n" not in message
+    assert "0.18.x, 0.22.x, 0.26.x–0.28.x, 0.29.x–0.32.x lines only" in message
+    assert "Fix:" in message and "\n" not in message
 
 
-@pytest.mark.parametrize("version", ["0.31.0", "0.33.0"])
-def test_neighbours_of_the_newest_anchor_are_refused_without_the_api_server_module(fake_vllm, monkeypatch, version):
+@pytest.mark.parametrize("version", ["0.33.0", "0.33.2"])
+def test_the_untested_newest_line_is_refused_saying_it_is_not_yet_tested(fake_vllm, monkeypatch, version):
     fake_vllm(version, relocated=True)
     assert families.API_SERVER_MODULE not in sys.modules  # as in 0.32's vllm serve
-    with pytest.raises(NNRPStartupError, match=rf"^vllm-nnrp-plugin: vLLM {version} is not supported: "):
+    with pytest.raises(NNRPStartupError) as info:
         serve(monkeypatch, argv=SERVE)
+    message = str(info.value)
+    assert message.startswith(f"vllm-nnrp-plugin: vLLM {version} is not yet tested: no CPU build")
+    assert f"tested anchors: {ANCHORS}" in message and "Fix:" in message
 
 
 @pytest.mark.parametrize(
@@ -181,6 +193,10 @@ def test_neighbours_of_the_newest_anchor_are_refused_without_the_api_server_modu
         ("0.32.0", {"relocated": False}, "vllm.entrypoints.launchers.app.build_app"),
         ("0.32.0", {"endpoint_plugins": False}, "vllm.plugins.load_endpoint_plugins"),
         ("0.32.0", {"build_app": build_app_018}, "model_config"),
+        ("0.27.1", {"relocated": True}, "not the relocated vllm.entrypoints.launchers"),
+        ("0.28.0", {"endpoint_plugins": False}, "vllm.plugins.load_endpoint_plugins"),
+        ("0.29.0", {"relocated": False}, "vllm.entrypoints.launchers.app.build_app"),
+        ("0.31.0", {"chat": False}, "ChatCompletionRequest"),
     ],
 )
 def test_a_family_failing_its_probes_stops_vllm_serve_naming_the_feature(
@@ -223,10 +239,11 @@ def test_0_32_attaches_through_the_endpoint_plugin_first():
         check(environ={}, argv=(*SERVE, '--additional-config={"nnrp": {"enabled": true}}'), version="0.32.0")
 
 
-@pytest.mark.parametrize("version", ["0.18.1", "0.22.1", "0.26.0", "0.32.0"])
+@pytest.mark.parametrize("version", EVERY_ANCHOR)
 def test_the_middleware_flag_alone_enables_and_attaches(version):
     attachment = check(environ={}, argv=WITH_MIDDLEWARE, version=version)
-    assert attachment.attach_path == MIDDLEWARE and attachment.binding.anchor == version
+    assert attachment.attach_path == MIDDLEWARE
+    assert attachment.binding.anchor_for(families.family_of(version)) == version
 
 
 @pytest.mark.parametrize("version", ["0.18.1", "0.22.1"])

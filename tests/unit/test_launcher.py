@@ -13,9 +13,9 @@ from tests.support import ROOT
 from vllm_nnrp_plugin.vllm_binding.families import BINDINGS, ENDPOINT_PLUGIN, MIDDLEWARE_PATH
 
 
-@pytest.mark.parametrize("binding", BINDINGS, ids=lambda b: b.name)
-def test_each_line_is_enabled_through_its_first_attach_path(binding):
-    env, args = attach_options(binding.family)
+@pytest.mark.parametrize("binding, family", [(b, f) for b in BINDINGS for f in b.families], ids=str)
+def test_each_line_is_enabled_through_its_first_attach_path(binding, family):
+    env, args = attach_options(family)
     assert env == {"VLLM_PLUGINS": "nnrp"}
     assert args == (() if binding.attach_paths[0] == ENDPOINT_PLUGIN else ("--middleware", MIDDLEWARE_PATH))
 

@@ -19,7 +19,7 @@ from vllm_nnrp_plugin.vllm_binding.backend import VLLMBackend
 from vllm_nnrp_plugin.vllm_binding.endpoint import NNRPEndpointPlugin
 from vllm_nnrp_plugin.vllm_binding.models import ModelsBinding
 
-VERSIONS = ("0.22.1", "0.26.0", "0.32.0")
+VERSIONS = ("0.22.1", "0.26.0", "0.27.1", "0.32.0")
 
 
 def recorded(case: str, version: str = "0.26.0") -> dict:

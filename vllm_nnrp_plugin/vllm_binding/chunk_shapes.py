@@ -1,12 +1,12 @@
 """One shape for vLLM's chat output on every supported line, before the profile mapper sees it.
 
-The 0.18, 0.22, 0.26 and 0.32 lines emit the same model output in slightly different JSON (recorded from real vLLM
-in ``compat/fixtures/vllm/<anchor>/``, one folder per anchor with the requests that produced them). This module
-rewrites every stream chunk and every non-streaming body into the *normal form* below, so the profile events
+The supported lines (0.18, 0.22, 0.26 to 0.32) emit the same model output in slightly different JSON (recorded
+from real vLLM in ``compat/fixtures/vllm/<anchor>/``, one folder per anchor with the requests that produced them).
+This module rewrites every stream chunk and every non-streaming body into the *normal form* below, so the profile events
 are identical across anchors for the same model output. Each rule is a no-op on the lines that already have
 the normal form, so the functions are safe on any supported line.
 
-Stream chunks (``chat.completion.chunk`` dicts), normal form = the 0.26 shape (0.32 streams the same shapes),
+Stream chunks (``chat.completion.chunk`` dicts), normal form = the 0.26 shape (0.27 to 0.32 stream the same shapes),
 minus the build-specific fields:
 
 * ``system_fingerprint`` is removed: ``vllm-<version>-<hash>`` from 0.22 on (absent on 0.18); it names the
@@ -35,7 +35,7 @@ profile mapper, in production and in the tests and benchmarks that replay record
 
 Non-streaming bodies (``chat.completion`` dicts) lose ``system_fingerprint``; the null fields only newer lines
 send (``prompt_text`` and ``choices[i].routed_experts`` from 0.22, ``ec_transfer_params`` and ``metrics`` on
-0.26); ``usage.completion_tokens_details: null`` (0.32, beside the ``prompt_tokens_details: null`` every line
+0.26); ``usage.completion_tokens_details: null`` (from 0.28, beside the ``prompt_tokens_details: null`` every line
 sends); and ``message.tool_calls: []`` (0.18/0.22 when there are no calls; 0.26 omits the key).
 """
 

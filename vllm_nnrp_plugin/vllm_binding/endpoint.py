@@ -1,8 +1,8 @@
 """The ``vllm.endpoint_plugins`` entry point ``nnrp`` and the router lifespan that runs the NNRP service.
 
-:class:`NNRPEndpointPlugin` (vLLM 0.26 and 0.32, loaded in the API-server process when ``VLLM_PLUGINS`` names
-``nnrp``; ``vllm/plugins/__init__.py``): ``build_app`` (``vllm/entrypoints/openai/api_server.py`` on 0.26,
-``vllm/entrypoints/launchers/app.py`` through ``vllm/plugins/endpoint_plugins/interface.py`` on 0.32) calls
+:class:`NNRPEndpointPlugin` (vLLM 0.26 to 0.32, loaded in the API-server process when ``VLLM_PLUGINS`` names
+``nnrp``; ``vllm/plugins/__init__.py``): ``build_app`` (``vllm/entrypoints/openai/api_server.py`` up to 0.28,
+``vllm/entrypoints/launchers/app.py`` through ``vllm/plugins/endpoint_plugins/interface.py`` from 0.29) calls
 ``attach_router``, which adds an ``APIRouter`` whose lifespan FastAPI runs nested inside vLLM's own: it starts
 the service after ``app.state`` is complete and stops it before vLLM's lifespan deletes the state.
 
@@ -25,7 +25,7 @@ from vllm_nnrp_plugin.vllm_binding.lifecycle import claim, log_like_vllm, start_
 
 
 class NNRPEndpointPlugin:
-    """vLLM's ``EndpointPlugin`` (the same protocol on 0.26 and 0.32): no HTTP routes, only a lifespan that runs
+    """vLLM's ``EndpointPlugin`` (the same protocol on 0.26 to 0.32): no HTTP routes, only a lifespan that runs
     the NNRP service."""
 
     name = "nnrp"

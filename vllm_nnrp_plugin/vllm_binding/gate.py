@@ -11,7 +11,7 @@ starts empty).
 
 vLLM surfaces read: which general plugins run (``vllm/plugins/__init__.py``, filtered by ``VLLM_PLUGINS``,
 split on ``,``), the ``--middleware`` and ``--additional-config`` flags (``vllm/entrypoints/openai/cli_args.py``,
-on 0.32 ``vllm/entrypoints/launchers/cli_args.py``; ``vllm/engine/arg_utils.py``), ``--config`` YAML, the
+from 0.29 on ``vllm/entrypoints/launchers/cli_args.py``; ``vllm/engine/arg_utils.py``), ``--config`` YAML, the
 API-server-less modes ``--headless`` and ``--grpc`` (``vllm/entrypoints/cli/serve.py``) and
 ``VLLM_USE_RUST_FRONTEND`` (0.32's ``--grpc-port`` belongs to that Rust frontend).
 """
@@ -33,6 +33,7 @@ from vllm_nnrp_plugin.vllm_binding.families import (
     Binding,
     NNRPStartupError,
     Surface,
+    line_name,
     read_surface,
     select_binding,
 )
@@ -94,7 +95,7 @@ def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surf
     Raises :class:`NNRPStartupError` for a vLLM without a binding or failing its probes
     (:func:`select_binding`), a mode without a Python API server (``--headless``, ``--grpc``,
     ``VLLM_USE_RUST_FRONTEND``), invalid settings or listen addresses, or no attach path (0.18/0.22 without the
-    ``--middleware`` flag; 0.26/0.32 with neither ``VLLM_PLUGINS=nnrp`` nor the flag) — each with the exact fix.
+    ``--middleware`` flag; 0.26–0.32 with neither ``VLLM_PLUGINS=nnrp`` nor the flag) — each with the exact fix.
     """
     block = _nnrp_block(argv)
     additional = {} if block is None else {CONFIG_KEY: block}
@@ -126,7 +127,7 @@ def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surf
         )
     raise NNRPStartupError(
         f"vllm-nnrp-plugin: NNRP is enabled, but vLLM {surface.version} has no API-server plugin hook: on the "
-        f"{binding.family[0]}.{binding.family[1]}.x line the listener attaches through vLLM's --middleware flag. "
+        f"{line_name(tuple(surface.version_tuple[:2]))} line the listener attaches through vLLM's --middleware flag. "
         f"Fix: add {MIDDLEWARE_FLAG} to vllm serve (in a --config YAML file: "
         f"'middleware: {MIDDLEWARE_PATH}')."
     )

@@ -31,8 +31,8 @@ def is_serve_process(argv: Sequence[str], main_module: str | None, spawned: bool
     ``ApiServer_i``; ``vllm/v1/utils.py``) carry the same argv, so being spawned excludes them; the
     model-inspection subprocess (``python -m vllm.model_executor.models.registry``), ``vllm bench``,
     ``vllm run-batch`` … have another argv. Up to 0.26 vLLM imports the API-server module wherever it serves the
-    API, which is how this was recognised there (kept, so those lines decide exactly as before); 0.32 never
-    imports it.
+    API, which is how this was recognised there (kept, so those lines decide exactly as before); 0.29 and later
+    never import it.
     """
     if api_server_loaded:
         return True

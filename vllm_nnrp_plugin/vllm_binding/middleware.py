@@ -1,6 +1,6 @@
 """The explicit-configuration attach path: ``vllm serve --middleware vllm_nnrp_plugin.vllm_binding.middleware.NNRPMiddleware``.
 
-vLLM 0.18 and 0.22 have no API-server plugin hook; their documented ``--middleware`` flag (also on 0.26 and 0.32,
+vLLM 0.18 and 0.22 have no API-server plugin hook; their documented ``--middleware`` flag (also on 0.26 to 0.32,
 also ``middleware: <path>`` in a ``--config`` YAML file) makes vLLM call ``app.add_middleware(NNRPMiddleware)``.
 (vLLM's ``build_app`` in ``vllm/entrypoints/openai/api_server.py``, on 0.32 ``init_entrypoints_middleware`` in
 ``vllm/entrypoints/serve/middleware/register.py``, adds a class with ``app.add_middleware``, so it is constructed
