@@ -1,8 +1,8 @@
 """The official ``openai`` SDK against a real ``vllm serve``: the same temperature-0 requests once over HTTP and
 once over NNRP (``NNRPTransport`` / ``AsyncNNRPTransport``) give the same answers, usage, tool calls, streamed
-logprobs and reasoning (a second server runs ``--reasoning-parser olmo3``) and exceptions — ``chat.completions``, ``responses`` (streamed through the SDK's own ``responses.stream()``
-accumulator too), ``models.list`` and, on a pooling server, ``embeddings``; closing a stream aborts the vLLM
-request."""
+logprobs and reasoning (a second server runs ``--reasoning-parser olmo3``) and exceptions —
+``chat.completions``, ``responses`` (streamed through the SDK's own ``responses.stream()`` accumulator too),
+``models.list`` and, on a pooling server, ``embeddings``; closing a stream aborts the vLLM request."""
 
 from __future__ import annotations
 
@@ -62,12 +62,16 @@ def transport(server):
 def sdks(server, transport):
     """{"http": the SDK over vLLM's HTTP API, "nnrp": the SDK over NNRP}."""
     over_http = httpx.Client(timeout=120)
-    over_nnrp = httpx.Client(transport=transport, timeout=120)
-    yield {
-        "http": openai.OpenAI(base_url=f"{server.http}/v1", api_key="unused", http_client=over_http, max_retries=0),
+    yield sdk_pair(server.http, over_http, httpx.Client(transport=transport, timeout=120))
+    over_http.close()
+
+
+def sdk_pair(http: str, over_http: httpx.Client, over_nnrp: httpx.Client) -> dict:
+    """{"http": the SDK on ``over_http`` to vLLM's base URL ``http``, "nnrp": the SDK on ``over_nnrp``}."""
+    return {
+        "http": openai.OpenAI(base_url=f"{http}/v1", api_key="unused", http_client=over_http, max_retries=0),
         "nnrp": openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=over_nnrp, max_retries=0),
     }
-    over_http.close()
 
 
 def both(sdks, call):
@@ -304,12 +308,7 @@ INPUTS = ["The quick brown fox", "jumps over the lazy dog"]
 def pooling_sdks(vllm_pooling_server):
     over_http = httpx.Client(timeout=120)
     over_nnrp = httpx.Client(transport=NNRPTransport(vllm_pooling_server.nnrp["tcp"]), timeout=120)
-    yield {
-        "http": openai.OpenAI(base_url=f"{vllm_pooling_server.http}/v1", api_key="unused", http_client=over_http,
-                              max_retries=0),
-        "nnrp": openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=over_nnrp,
-                              max_retries=0),
-    }  # fmt: skip
+    yield sdk_pair(vllm_pooling_server.http, over_http, over_nnrp)
     over_http.close()
     over_nnrp.close()
 
@@ -357,12 +356,7 @@ def reasoning_sdks(tmp_path_factory, vllm_version):
     over_http, over_nnrp = httpx.Client(timeout=120), httpx.Client(transport=transport, timeout=120)
     try:
         server.wait_ready()
-        yield {
-            "http": openai.OpenAI(base_url=f"{server.http}/v1", api_key="unused", http_client=over_http,
-                                  max_retries=0),
-            "nnrp": openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=over_nnrp,
-                                  max_retries=0),
-        }  # fmt: skip
+        yield sdk_pair(server.http, over_http, over_nnrp)
     finally:
         over_http.close()
         transport.close()
@@ -383,8 +377,8 @@ def test_streamed_reasoning_is_vllms_delta_reasoning(reasoning_sdks):
 def test_streamed_responses_reasoning_items_are_vllms(reasoning_sdks):
     def stream(sdk):
         events = list(sdk.responses.create(**RTEXT, stream=True))
-        reasoning = [(e.type, getattr(e, "delta", None), getattr(e, "text", None))
-                     for e in events if "reasoning" in e.type or getattr(getattr(e, "item", None), "type", "") == "reasoning"]  # fmt: skip
+        reasoning = [(e.type, getattr(e, "delta", None), getattr(e, "text", None)) for e in events
+                     if "reasoning" in e.type or getattr(getattr(e, "item", None), "type", "") == "reasoning"]
         return reasoning, [i.type for i in events[-1].response.output]
 
     http, nnrp = both(reasoning_sdks, stream)

@@ -72,7 +72,7 @@ def test_logprob_stream_reaches_the_sdk_with_vllms_logprobs_and_top_logprobs(ver
     # each of vLLM's token chunks is one SDK chunk with its text and its logprobs, in order
     with_logprobs = [ch for c in sdk_chunks for ch in c["choices"] if ch["logprobs"] is not None]
     vllm_with = [ch for c in chunks for ch in c["choices"] if ch["logprobs"] is not None]
-    assert [(ch["delta"], ch["logprobs"]) for ch in with_logprobs] == [(ch["delta"], ch["logprobs"]) for ch in vllm_with]
+    assert [(c["delta"], c["logprobs"]) for c in with_logprobs] == [(c["delta"], c["logprobs"]) for c in vllm_with]
     assert [ch["finish_reason"] for c in sdk_chunks for ch in c["choices"] if ch["finish_reason"]] == ["length"]
     assert body["choices"][0]["logprobs"] == {"content": vllm_tokens}
 
