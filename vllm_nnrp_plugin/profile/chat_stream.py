@@ -6,8 +6,8 @@ delta}``; a choice whose chunk carries token logprobs (``choices[i].logprobs`` n
 when the request asked with ``logprobs``) or reasoning (``delta.reasoning``: vLLM runs a ``--reasoning-parser``)
 -> ``response.output_text.delta {index: i, delta: <its content or "">, openai_chunk: <the chunk, reduced to that
 choice>}`` (the ``vllm.openai_chunk`` extension of :mod:`vllm_nnrp_plugin.profile.events`), before the choice's
-tool-call events; a chunk with ``choices: []`` and ``usage`` (vLLM's final usage chunk) -> ``response.usage`` when the
-request asked for it (``stream_options.include_usage``, :func:`usage_asked`); ``usage`` anywhere else only
+tool-call events; a chunk with ``choices: []`` and ``usage`` (vLLM's final usage chunk) -> ``response.usage``
+when the request asked for it (``stream_options.include_usage``, :func:`usage_asked`); ``usage`` anywhere else only
 reaches the completed body; an ``{"error": {...}}`` chunk -> :class:`ProfileError` ``backend_error``; a stream
 that ends while a choice has no ``finish_reason`` (vLLM ended it without saying why) -> ``backend_error`` from
 :meth:`ChatStreamMapper.finish`. :meth:`ChatStreamMapper.completed_body` assembles the ``chat.completion``
