@@ -21,6 +21,10 @@ accumulator, ``openai/lib/streaming/responses/_responses.py``, checks every item
   ``response.tool_call.completed`` ``response.function_call_arguments.done`` and ``response.output_item.done``
   (``status: "completed"``); on ``response.tool_call.error`` the same with the arguments streamed so far and
   ``status: "incomplete"``;
+* a delta carrying vLLM's own event (``openai_chunk``, the ``vllm.openai_chunk`` extension of
+  :mod:`vllm_nnrp_plugin.profile.events`: the events of a reasoning item when vLLM runs a reasoning parser):
+  that event as vLLM streamed it, in this stream's ``sequence_number`` order (an ``output_item.added`` first ends
+  the open text items, as a tool call's does);
 * ``response.completed {response}``: the terminal body, whose ``id`` is replaced by the stream's own (the
   events carry no Response id before the end, and the SDK's accumulator refuses a Response whose id changed);
 * a ``response.error`` after the stream began: ``event: error`` with vLLM's error body
@@ -40,6 +44,8 @@ import orjson
 from vllm_nnrp_plugin import openai_sse
 from vllm_nnrp_plugin.profile import events
 
+#: the keys of a replayed vLLM event (``openai_chunk``) that :meth:`ResponsesEventStream._event` writes itself
+_RENUMBERED = frozenset({"type", "sequence_number"})
 #: request fields the in-progress Response repeats, with vLLM's default when the request has none
 _REQUEST_FIELDS = {
     "instructions": None, "max_output_tokens": None, "metadata": None, "parallel_tool_calls": True,
@@ -121,7 +127,12 @@ class ResponsesEventStream:
         ``response.usage`` gives none: the completed Response carries the usage)."""
         out = self._start()
         kind = event.get("type")
-        if kind == events.OUTPUT_TEXT_DELTA:
+        if kind == events.OUTPUT_TEXT_DELTA and "openai_chunk" in event:
+            replay = event["openai_chunk"]
+            if replay["type"] == "response.output_item.added":
+                out += self._close_texts()
+            out += self._event(replay["type"], **{k: v for k, v in replay.items() if k not in _RENUMBERED})
+        elif kind == events.OUTPUT_TEXT_DELTA:
             index = event["index"]
             out += self._open_text(index)
             self._texts[index] += event["delta"]

@@ -18,9 +18,12 @@ Used by :mod:`vllm_nnrp_plugin.openai_transport`, which feeds it the events of o
   ``models.list``; :func:`route_reply` is FastAPI's answer to a path or method vLLM does not serve
   (``{"detail": "Not Found"}``, 404; ``Method Not Allowed``, 405).
 
-What the profile does not carry is not invented: streamed chunks get one locally made ``id`` and the request's
-``model`` (the events have neither), no ``logprobs``, no ``delta.reasoning``, and error bodies carry
-``param: null``.
+A delta carrying vLLM's chunk (``openai_chunk``, the ``vllm.openai_chunk`` extension of
+:mod:`vllm_nnrp_plugin.profile.events`: the request asked for ``logprobs``, or vLLM runs a reasoning parser)
+becomes a chunk with that chunk's ``delta.content`` / ``delta.reasoning`` and ``choices[].logprobs``, exactly as
+vLLM streamed them over HTTP. What the profile does not carry is not invented: streamed chunks get one locally
+made ``id`` and the request's ``model`` (the events have neither), chunks of deltas without ``openai_chunk``
+have ``logprobs: null`` and no ``delta.reasoning``, and error bodies carry ``param: null``.
 """
 
 from __future__ import annotations
@@ -117,13 +120,22 @@ class ChatChunkStream:
         self._include_usage = include_usage
         self._roles_sent: set[int] = set()
 
-    def _chunk(self, choice: int, delta: dict[str, Any], finish: dict[str, Any] | None = None) -> bytes:
+    def _chunk(self, choice: int, delta: dict[str, Any], finish: dict[str, Any] | None = None,
+               logprobs: dict[str, Any] | None = None) -> bytes:  # fmt: skip
         out = b""
         if choice not in self._roles_sent:
             self._roles_sent.add(choice)
             out = self._chunk(choice, {"role": "assistant", "content": ""})
-        entry = {"index": choice, "delta": delta, "logprobs": None, "finish_reason": None, **(finish or {})}
+        entry = {"index": choice, "delta": delta, "logprobs": logprobs, "finish_reason": None, **(finish or {})}
         return out + sse({**self._head, "choices": [entry]})
+
+    def _replay(self, index: int, openai_chunk: dict[str, Any]) -> bytes:
+        """The chunk of a delta carrying vLLM's own (``openai_chunk``): its choice's ``delta`` (``content``,
+        ``reasoning``) and ``logprobs`` as vLLM sent them; ``role`` and ``tool_calls`` have chunks of their own,
+        the finish reason comes with :meth:`finish`."""
+        choice = next(c for c in openai_chunk["choices"] if c.get("index", 0) == index)
+        delta = {k: v for k, v in (choice.get("delta") or {}).items() if k not in ("role", "tool_calls")}
+        return self._chunk(index, delta, logprobs=choice.get("logprobs"))
 
     def feed(self, event: dict[str, Any]) -> bytes:
         """The chunk(s) of one non-terminal profile event (``b""`` for events with no chunk of their own:
@@ -131,6 +143,8 @@ class ChatChunkStream:
         which :meth:`finish` sends from the final body)."""
         kind = event.get("type")
         if kind == events.OUTPUT_TEXT_DELTA:
+            if "openai_chunk" in event:
+                return self._replay(event["index"], event["openai_chunk"])
             return self._chunk(event["index"], {"content": event["delta"]})
         if kind == events.TOOL_CALL_STARTED:
             call = {"id": event["call_id"], "type": "function", "index": event["index"],

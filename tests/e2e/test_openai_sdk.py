@@ -1,10 +1,11 @@
 """The official ``openai`` SDK against a real ``vllm serve``: the same temperature-0 requests once over HTTP and
-once over NNRP (``NNRPTransport`` / ``AsyncNNRPTransport``) give the same answers, usage, tool calls and
-exceptions — ``chat.completions``, ``responses`` (streamed through the SDK's own ``responses.stream()``
-accumulator too), ``models.list`` and, on a pooling server, ``embeddings``; closing a stream aborts the vLLM
-request. Fan-out: 16/64/128 concurrent calls on one client complete as over HTTP (``httpx`` and ``httpx2``
-clients), a closed or abandoned client leaves no session and prints nothing; an openai-agents run (tool
-loop, streamed and not) is the same over NNRP, and cancelling it aborts the vLLM request."""
+once over NNRP (``NNRPTransport`` / ``AsyncNNRPTransport``) give the same answers, usage, tool calls, streamed
+logprobs and reasoning (a second server runs ``--reasoning-parser olmo3``) and exceptions —
+``chat.completions``, ``responses`` (streamed through the SDK's own ``responses.stream()`` accumulator too),
+``models.list`` and, on a pooling server, ``embeddings``; closing a stream aborts the vLLM request. Fan-out:
+16/64/128 concurrent calls on one client complete as over HTTP (``httpx`` and ``httpx2`` clients), a closed or
+abandoned client leaves no session and prints nothing; an openai-agents run (tool loop, streamed and not) is the
+same over NNRP, and cancelling it aborts the vLLM request."""
 
 from __future__ import annotations
 
@@ -70,12 +71,16 @@ def transport(server):
 def sdks(server, transport):
     """{"http": the SDK over vLLM's HTTP API, "nnrp": the SDK over NNRP}."""
     over_http = httpx.Client(timeout=120)
-    over_nnrp = httpx.Client(transport=transport, timeout=120)
-    yield {
-        "http": openai.OpenAI(base_url=f"{server.http}/v1", api_key="unused", http_client=over_http, max_retries=0),
+    yield sdk_pair(server.http, over_http, httpx.Client(transport=transport, timeout=120))
+    over_http.close()
+
+
+def sdk_pair(http: str, over_http: httpx.Client, over_nnrp: httpx.Client) -> dict:
+    """{"http": the SDK on ``over_http`` to vLLM's base URL ``http``, "nnrp": the SDK on ``over_nnrp``}."""
+    return {
+        "http": openai.OpenAI(base_url=f"{http}/v1", api_key="unused", http_client=over_http, max_retries=0),
         "nnrp": openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=over_nnrp, max_retries=0),
     }
-    over_http.close()
 
 
 def both(sdks, call):
@@ -451,6 +456,19 @@ def test_closing_a_responses_stream_aborts_the_vllm_request(server, sdks):
     assert wait_idle(server, 10.0), "vLLM still runs the request of the closed Responses stream"
 
 
+def test_streamed_logprobs_are_vllms_token_logprobs_and_top_logprobs(sdks):
+    """``logprobs`` asked: every token's logprob and its top 2 reach the SDK over NNRP as over HTTP (the
+    ``vllm.openai_chunk`` extension)."""
+    def stream(sdk):
+        chunks = list(sdk.chat.completions.create(**HELLO, stream=True, logprobs=True, top_logprobs=2))
+        tokens = [(t.token, t.logprob, [(top.token, top.logprob) for top in t.top_logprobs])
+                  for c in chunks for ch in c.choices if ch.logprobs for t in ch.logprobs.content or ()]  # fmt: skip
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), tokens
+
+    http, nnrp = both(sdks, stream)
+    assert nnrp == http and len(http[1]) > 1 and all(len(top) == 2 for _, _, top in http[1])
+
+
 def test_embeddings_on_a_generate_server_are_not_found(sdks):
     def refused(sdk):
         with pytest.raises(openai.APIStatusError) as caught:
@@ -470,12 +488,7 @@ INPUTS = ["The quick brown fox", "jumps over the lazy dog"]
 def pooling_sdks(vllm_pooling_server):
     over_http = httpx.Client(timeout=120)
     over_nnrp = httpx.Client(transport=NNRPTransport(vllm_pooling_server.nnrp["tcp"]), timeout=120)
-    yield {
-        "http": openai.OpenAI(base_url=f"{vllm_pooling_server.http}/v1", api_key="unused", http_client=over_http,
-                              max_retries=0),
-        "nnrp": openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=over_nnrp,
-                              max_retries=0),
-    }  # fmt: skip
+    yield sdk_pair(vllm_pooling_server.http, over_http, over_nnrp)
     over_http.close()
     over_nnrp.close()
 
@@ -501,3 +514,52 @@ def test_embeddings_refusals_and_models_match_http(pooling_sdks):
     assert type(nnrp) is type(http) is openai.NotFoundError and nnrp.body["message"] == http.body["message"]
     http, nnrp = both(pooling_sdks, lambda sdk: [(m.id, m.max_model_len) for m in sdk.models.list()])
     assert nnrp == http == [(SERVED_NAME, http[0][1])]
+
+
+# -- reasoning (a server with a reasoning parser) -----------------------------------------------------------
+
+#: vLLM's ``olmo3`` parser works on the text (``<think>`` … ``</think>``, no special tokens) and starts inside the
+#: reasoning block, so the small model's answer, which never writes ``</think>``, streams as ``delta.reasoning``
+REASONING_ARGS = ("--reasoning-parser", "olmo3")
+
+
+@pytest.fixture(scope="module")
+def reasoning_sdks(tmp_path_factory, vllm_version):
+    """{"http", "nnrp"}: the SDK over HTTP and over NNRP to a server that runs a reasoning parser."""
+    workdir = tmp_path_factory.mktemp("vllm-reasoning")
+    tcp = f"tcp://127.0.0.1:{free_port()}"
+    env, args = attach_options(vllm_version[1])
+    config = {"nnrp": {"enabled": True, "listen": [tcp]}}
+    server = VLLMServer(model_dir(), workdir, env=env,
+                        extra_args=(*args, "--additional-config", json.dumps(config), *REASONING_ARGS))  # fmt: skip
+    transport = NNRPTransport(tcp)
+    over_http, over_nnrp = httpx.Client(timeout=120), httpx.Client(transport=transport, timeout=120)
+    try:
+        server.wait_ready()
+        yield sdk_pair(server.http, over_http, over_nnrp)
+    finally:
+        over_http.close()
+        transport.close()
+        server.stop()
+
+
+def test_streamed_reasoning_is_vllms_delta_reasoning(reasoning_sdks):
+    def stream(sdk):
+        chunks = list(sdk.chat.completions.create(**HELLO, stream=True))
+        deltas = [ch.delta for c in chunks for ch in c.choices]
+        return [getattr(d, "reasoning", None) for d in deltas if getattr(d, "reasoning", None)], \
+            "".join(d.content or "" for d in deltas)
+
+    http, nnrp = both(reasoning_sdks, stream)
+    assert nnrp == http and len(http[0]) > 1
+
+
+def test_streamed_responses_reasoning_items_are_vllms(reasoning_sdks):
+    def stream(sdk):
+        events = list(sdk.responses.create(**RTEXT, stream=True))
+        reasoning = [(e.type, getattr(e, "delta", None), getattr(e, "text", None)) for e in events
+                     if "reasoning" in e.type or getattr(getattr(e, "item", None), "type", "") == "reasoning"]
+        return reasoning, [i.type for i in events[-1].response.output]
+
+    http, nnrp = both(reasoning_sdks, stream)
+    assert nnrp == http and any(kind == "response.reasoning_text.delta" for kind, _, _ in http[0])

@@ -19,10 +19,23 @@ def test_runtime_document_has_the_profile_shape():
          "cancellation": True}
     ]  # fmt: skip
     assert document["models"] == [{"id": "example-model", "owned_by": "vllm"}, {"id": "alias", "owned_by": "vllm"}]
-    assert document["extensions"] == [
-        {"name": "vllm.diagnostics", "critical": False, "description": document["extensions"][0]["description"]}
+    assert [(e["name"], e["critical"]) for e in document["extensions"]] == [
+        ("vllm.diagnostics", False), ("vllm.openai_chunk", False)
     ]
+    assert all(e["description"] for e in document["extensions"])
     assert operation_names(document) == {"chat.completions.create"}
+
+
+def test_openai_chunk_is_declared_where_an_operation_streams_and_reaches_the_conformance_manifest():
+    streaming = runtime_document(models=["m"], owned_by="vllm", operations=[chat_operation(tool_calls=False)])
+    assert {"name": "vllm.openai_chunk", "critical": False} == {
+        k: v for k, v in conformance_manifest(streaming)["extensions"][1].items() if k != "description"
+    }
+    pooling = runtime_document(models=["m"], owned_by="vllm", operations=[
+        operation("models.list", streaming=False, non_streaming=True),
+        operation("embeddings.create", streaming=False, non_streaming=True),
+    ])  # fmt: skip
+    assert [e["name"] for e in pooling["extensions"]] == ["vllm.diagnostics"]
 
 
 @pytest.mark.parametrize("tool_calls", [True, False])

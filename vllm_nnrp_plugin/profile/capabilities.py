@@ -4,8 +4,9 @@ Two shapes from one source:
 
 * the **runtime capability document** (the profile's shape, fetched by clients):
   ``{profile, schema_version, compatibility_levels: [1, …], operations: [{name, streaming, non_streaming,
-  tool_calls, cancellation, …options}], models: [{id, owned_by}], extensions: [{name, critical, description}]}``,
-  plus the server's ``limits`` (:func:`with_limits`);
+  tool_calls, cancellation, …options}], models: [{id, owned_by}], extensions: [{name, critical, description}]}``
+  (the non-critical extensions ``vllm.diagnostics`` and ``vllm.openai_chunk``), plus the server's ``limits``
+  (:func:`with_limits`);
 * the **conformance capabilities manifest** (the suite's ``api-profile-capabilities`` schema, which forbids
   ``models``): ``{adapter, profile, schema_version, compatibility_levels, operations, extensions}``.
 
@@ -33,6 +34,14 @@ DIAGNOSTICS_EXTENSION = {
     "description": "Opt-in per operation with the envelope hint nnrp.diagnostics: true: the terminal event gets a "
     "'diagnostics' object (schema vllm.diagnostics/1: ids, timing, usage, cancellation, trace context) derived "
     "from the operation's observation record; never needed to use the profile.",
+}
+OPENAI_CHUNK_EXTENSION = {
+    "name": "vllm.openai_chunk",
+    "critical": False,
+    "description": "response.output_text.delta may carry 'openai_chunk' (the profile's optional replay field): the "
+    "chat.completion.chunk or Responses event vLLM streamed for it, only when that object carries token logprobs "
+    "(the request asked with logprobs) or reasoning (vLLM runs a reasoning parser); such an object without text "
+    "rides on a delta with an empty 'delta'. Other streams carry none; never needed to use the profile.",
 }
 
 
@@ -63,7 +72,8 @@ def compatibility_levels(operations: list[dict[str, Any]]) -> list[int]:
 
 def runtime_document(*, models: list[str], owned_by: str, operations: list[dict[str, Any]]) -> dict[str, Any]:
     """The runtime document for ``models`` (vLLM's served model names, in order) serving ``operations``
-    (entries of :func:`operation`, in the order given). Raises ValueError when ``operations`` make up no whole
+    (entries of :func:`operation`, in the order given); ``vllm.openai_chunk`` is declared when an operation
+    streams (the only place it occurs). Raises ValueError when ``operations`` make up no whole
     compatibility level (the suite's manifest needs at least one)."""
     levels = compatibility_levels(operations)
     if not levels:
@@ -75,7 +85,8 @@ def runtime_document(*, models: list[str], owned_by: str, operations: list[dict[
         "compatibility_levels": levels,
         "operations": [dict(op) for op in operations],
         "models": [{"id": model, "owned_by": owned_by} for model in models],
-        "extensions": [dict(DIAGNOSTICS_EXTENSION)],
+        "extensions": [dict(DIAGNOSTICS_EXTENSION)]
+        + ([dict(OPENAI_CHUNK_EXTENSION)] if any(op["streaming"] for op in operations) else []),
     }
 
 

@@ -2,14 +2,19 @@
 
 Input is the chunk *normal form* of :mod:`vllm_nnrp_plugin.vllm_binding.chunk_shapes` (what vLLM streams, with
 its finish reasons made truthful). ``choices[i].delta.content`` -> ``response.output_text.delta {index: i,
-delta}``; a chunk with ``choices: []`` and ``usage`` (vLLM's final usage chunk) -> ``response.usage`` when the
-request asked for it (``stream_options.include_usage``, :func:`usage_asked`); ``usage`` anywhere else only
+delta}``; a choice whose chunk carries token logprobs (``choices[i].logprobs`` not null: vLLM sends them only
+when the request asked with ``logprobs``) or reasoning (``delta.reasoning``: vLLM runs a ``--reasoning-parser``)
+-> ``response.output_text.delta {index: i, delta: <its content or "">, openai_chunk: <the chunk, reduced to that
+choice>}`` (the ``vllm.openai_chunk`` extension of :mod:`vllm_nnrp_plugin.profile.events`), before the choice's
+tool-call events; a chunk with ``choices: []`` and ``usage`` (vLLM's final usage chunk) -> ``response.usage``
+when the request asked for it (``stream_options.include_usage``, :func:`usage_asked`); ``usage`` anywhere else only
 reaches the completed body; an ``{"error": {...}}`` chunk -> :class:`ProfileError` ``backend_error``; a stream
 that ends while a choice has no ``finish_reason`` (vLLM ended it without saying why) -> ``backend_error`` from
 :meth:`ChatStreamMapper.finish`. :meth:`ChatStreamMapper.completed_body` assembles the ``chat.completion``
 object the terminal ``response.completed`` carries, in the shape of vLLM's non-streaming body: ``content``
 (a string once any delta carried the key, as vLLM's role delta ``content: ""`` does), ``reasoning`` (when
-streamed), ``tool_calls`` (completed calls only), ``finish_reason``, ``stop_reason``, ``usage``.
+streamed), ``tool_calls`` (completed calls only), ``logprobs`` (``{"content": [...]}``, every streamed token
+entry in order, when streamed), ``finish_reason``, ``stop_reason``, ``usage``.
 
 Tool calls (``choices[i].delta.tool_calls[]``; the profile's tool-call ordering rule: per ``call_id``, started once
 first, deltas, exactly one completed or error last):
@@ -98,13 +103,20 @@ class ChatStreamMapper:
             if state is None:
                 state = self._choices[index] = _Choice(index, self._no_argument_tools)
             delta = choice.get("delta") or {}
-            if "content" in delta:
-                state.content_seen = True
-                if delta["content"]:
-                    state.text.append(delta["content"])
-                    out.append(events.output_text_delta(index, delta["content"]))
+            content = delta.get("content") or ""
+            state.content_seen = state.content_seen or "content" in delta
+            if content:
+                state.text.append(content)
             if delta.get("reasoning"):
                 state.reasoning.append(delta["reasoning"])
+            logprobs = choice.get("logprobs")
+            if logprobs is not None:
+                state.logprobs.extend(logprobs.get("content") or ())
+            if logprobs is not None or delta.get("reasoning"):
+                replay = chunk if len(choices) == 1 else {**chunk, "choices": [choice]}
+                out.append(events.output_text_delta(index, content, replay))
+            elif content:
+                out.append(events.output_text_delta(index, content))
             for call in delta.get("tool_calls") or ():
                 out.extend(state.add_tool_call_delta(call))
             if choice.get("finish_reason") is not None:
@@ -211,8 +223,8 @@ class _ToolCall:
 
 
 class _Choice:
-    __slots__ = ("index", "text", "content_seen", "reasoning", "finish_reason", "stop_reason", "calls", "latest",
-                 "no_argument_tools")
+    __slots__ = ("index", "text", "content_seen", "reasoning", "logprobs", "finish_reason", "stop_reason", "calls",
+                 "latest", "no_argument_tools")
 
     def __init__(self, index: int, no_argument_tools: frozenset[str]) -> None:
         self.index = index
@@ -220,6 +232,7 @@ class _Choice:
         self.text: list[str] = []
         self.content_seen = False
         self.reasoning: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []  # vLLM's per-token entries, in order
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.calls: list[_ToolCall] = []  # in the order vLLM began them
@@ -262,7 +275,8 @@ class _Choice:
                 for c in completed
             ]
         finish_reason = "stop" if self.finish_reason == "tool_calls" and not completed else self.finish_reason
-        return {"index": self.index, "message": message, "logprobs": None, "finish_reason": finish_reason,
+        logprobs = {"content": self.logprobs} if self.logprobs else None
+        return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
                 "stop_reason": self.stop_reason}
 
 

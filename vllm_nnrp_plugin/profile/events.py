@@ -5,6 +5,16 @@ per PARTIAL_RESULT; terminals (``response.completed``, ``response.error``, ``res
 A delta is a fragment of its output (the profile's "Events" section: ``delta`` is text, ``arguments_delta`` a piece
 of the call's JSON arguments, both concatenated in order by the client), so two consecutive deltas of the same
 output may travel as one event carrying both fragments (:func:`merge`).
+
+**The ``vllm.openai_chunk`` extension** (:data:`~vllm_nnrp_plugin.profile.capabilities.OPENAI_CHUNK_EXTENSION`):
+the profile's "Events" section gives ``response.output_text.delta`` an optional ``openai_chunk``, "replay data,
+never required". This server puts there the provider object a delta came from when that object carries what the
+profile's events do not — token logprobs (``choices[].logprobs``, sent by vLLM only when the request asked with
+``logprobs``) or reasoning (``delta.reasoning`` of a chat chunk, Responses reasoning-item events, sent by vLLM only
+when it runs a ``--reasoning-parser``): the ``chat.completion.chunk`` (reduced to that delta's choice) or the
+Responses event, as vLLM streams it over HTTP. Such an object with no text of its own (a reasoning-only chunk,
+a chunk whose token decodes to no text) rides on a delta whose ``delta`` is ``""``, so a client that ignores
+``openai_chunk`` reads the same text and every other event unchanged. Every other stream carries none.
 """
 
 from __future__ import annotations
@@ -26,9 +36,12 @@ ERROR = "response.error"
 CANCELLED = "response.cancelled"
 
 
-def output_text_delta(index: int, delta: str) -> dict[str, Any]:
-    """``{"type": "response.output_text.delta", "index": <choice index>, "delta": <text>}``."""
-    return {"type": OUTPUT_TEXT_DELTA, "index": index, "delta": delta}
+def output_text_delta(index: int, delta: str, openai_chunk: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"type": "response.output_text.delta", "index": <choice index>, "delta": <text>}``, plus
+    ``"openai_chunk": <provider object>`` when given (the ``vllm.openai_chunk`` extension above)."""
+    if openai_chunk is None:
+        return {"type": OUTPUT_TEXT_DELTA, "index": index, "delta": delta}
+    return {"type": OUTPUT_TEXT_DELTA, "index": index, "delta": delta, "openai_chunk": openai_chunk}
 
 
 def tool_call_started(index: int, item_id: str, call_id: str, name: str) -> dict[str, Any]:
@@ -90,8 +103,8 @@ def merge(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
 
     Only deltas of the same output merge: two ``response.output_text.delta`` of the same choice ``index``
     (texts concatenated), or two ``response.tool_call.delta`` of the same call (``index``, ``item_id``,
-    ``call_id``; ``arguments_delta`` concatenated). Events with any other key never merge. Neither input is
-    changed.
+    ``call_id``; ``arguments_delta`` concatenated). Events with any other key never merge — a delta carrying
+    ``openai_chunk`` is one provider object and stays its own event. Neither input is changed.
     """
     kind = first["type"]
     if kind != then["type"] or len(first) != len(then):

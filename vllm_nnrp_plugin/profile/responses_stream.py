@@ -25,7 +25,12 @@ item in the Response's ``output``; it is the profile event's ``index``.
   of the terminal ``response.completed``, the same object the non-streaming call returns;
 * vLLM's mid-stream error (``{"type": "error", …}`` or ``{"error": {…}}``) -> :class:`ProfileError`
   ``backend_error``;
-* every other event (``response.created``, ``response.in_progress``, ``content_part``, ``*.done``, reasoning, …)
+* every event of a reasoning item (vLLM runs a ``--reasoning-parser``: ``response.output_item.added`` / ``.done``
+  of a ``reasoning`` item, ``response.reasoning_part.*``, ``response.reasoning_text.*``) ->
+  ``response.output_text.delta {index: output_index, delta: "", openai_chunk: <vLLM's event>}`` (the
+  ``vllm.openai_chunk`` extension of :mod:`vllm_nnrp_plugin.profile.events`; the text is empty: reasoning is
+  not output text);
+* every other event (``response.created``, ``response.in_progress``, ``content_part``, ``*.done``, …)
   gives nothing: its content reaches the client through the events above or the completed body.
 
 Per ``call_id``: started first, once; deltas; one completed/error last (the profile's tool-call ordering rule).
@@ -64,6 +69,8 @@ class ResponsesStreamMapper:
         Raises :class:`ProfileError` ``backend_error`` for vLLM's mid-stream error event.
         """
         kind = item.get("type")
+        if _is_reasoning(item):
+            return [events.output_text_delta(item["output_index"], "", item)]
         if kind == "response.output_text.delta":
             return [events.output_text_delta(item["output_index"], item["delta"])] if item["delta"] else []
         if kind == "response.output_item.added" and item["item"]["type"] == "function_call":
@@ -164,6 +171,16 @@ def _invalid_arguments(call: _Call, cut: bool) -> E.ProfileError:
                               E.SERVER_ERROR)  # fmt: skip
     return E.ProfileError(E.TOOL_CALL_INVALID, f"tool call {call.call_id} has arguments that are not one complete "
                           "JSON value", E.SERVER_ERROR)  # fmt: skip
+
+
+def _is_reasoning(item: dict[str, Any]) -> bool:
+    """True for vLLM's events of a reasoning item: ``response.reasoning_*`` (part added/done, text delta/done) and
+    ``response.output_item.added`` / ``.done`` of an item of type ``reasoning``
+    (``vllm/entrypoints/openai/responses/streaming_events.py``)."""
+    kind = item.get("type") or ""
+    if kind.startswith("response.reasoning_"):
+        return True
+    return kind.startswith("response.output_item.") and (item.get("item") or {}).get("type") == "reasoning"
 
 
 def _stream_error(item: dict[str, Any]) -> E.ProfileError:
