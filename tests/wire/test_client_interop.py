@@ -5,6 +5,7 @@ cancelling the task that iterates), two sessions on one connection, close; and c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import threading
 import time
@@ -15,14 +16,13 @@ from nnrp.core import MessageType, PayloadKind, ResultFlags, ResultPushMetadata,
 from nnrp.native import NativeRuntimeError, NativeWouldBlockError
 from nnrp.runtime import PartialResultMetadata, ResultDropReasonCode, ResultDropReasonMetadata, RuntimeRole
 from nnrp.server import (
-    NativeServerAcceptOptions,
     NativeServerBootstrapOptions,
     NativeServerProviderRoute,
     NativeServerSessionOptions,
     listen_native_server,
 )
 
-from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
 from vllm_nnrp_plugin.nnrp_client import ClientConnectionError, connect
 
 DATA = pathlib.Path(__file__).parent / "data" / "captures"
@@ -66,14 +66,17 @@ class NativeEcho:
             self.uri = str(getattr(bound, "uri", bound))
             self._ready.set()
             sessions, held = [], {}
-            accept = asyncio.ensure_future(server.accept(NativeServerAcceptOptions(timeout_ms=50)))
+            # The product's Acceptor keeps its accept ticket across deadlines: nnrp-py's own
+            # NativeServer.accept gives it up at each one and loses a session whose handshake straddles it.
+            acceptor = sdk_sync.Acceptor(server)
+            accept = asyncio.ensure_future(asyncio.to_thread(acceptor.accept, 50))
             while not self._stop:
                 if accept.done():
                     try:
                         sessions.append(accept.result())
                     except NativeWouldBlockError:
                         pass
-                    accept = asyncio.ensure_future(server.accept(NativeServerAcceptOptions(timeout_ms=50)))
+                    accept = asyncio.ensure_future(asyncio.to_thread(acceptor.accept, 50))
                 for session in list(sessions):
                     try:
                         polled = session.poll_events(max_events=16, timeout_ms=1)
@@ -82,10 +85,12 @@ class NativeEcho:
                     for event in polled:
                         if not await self._handle(session, event, held):
                             sessions.remove(session)
-                            session.close()
+                            with contextlib.suppress(NativeRuntimeError):  # the client already went away
+                                session.close()
                             self.closed_sessions += 1
                 await asyncio.sleep(0.001)
-            accept.cancel()
+            with contextlib.suppress(NativeWouldBlockError):
+                await accept  # not cancelled: the thread would still hold the native accept
 
     async def _handle(self, session, event, held) -> bool:
         submit = event.as_submit()
