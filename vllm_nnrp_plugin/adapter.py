@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from vllm_nnrp_plugin.eager import start_now
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
@@ -116,6 +117,10 @@ class OperationSink(Protocol):
     def dispatch(self) -> TraceContext | None:
         """The operation is handed to the backend now: freeze and return its trace context."""
 
+    def abort_with(self, abort: Callable[[], None] | None) -> None:
+        """``abort()`` stops the backend request at once (``None``: nothing to stop any more); the operation's
+        owner calls it the moment the operation is told to stop, before its task sees the cancel."""
+
 
 @attrs.frozen
 class AdapterLimits:
@@ -182,6 +187,8 @@ async def run_operation(
     finished = False
     stream: AsyncIterator[dict[str, Any]] | None = None
     mapper: StreamMapper | None = None
+    abort = _BackendAbort(backend, envelope.operation, request_id, record)
+    sink.abort_with(abort.now)
     try:
         trace = sink.dispatch()
         call = await backend.create(
@@ -189,6 +196,7 @@ async def run_operation(
         )
         if call.stream is None:
             finished = True
+            sink.abort_with(None)
             record.backend_done(time.monotonic_ns())
             _record_usage(record, call.body)
             sink.complete(call.body)
@@ -201,6 +209,7 @@ async def run_operation(
             for event in mapper.feed(chunk):
                 sink.partial(event)
         finished = True
+        sink.abort_with(None)
         for event in mapper.finish():
             sink.partial(event)
         record.backend_done(time.monotonic_ns())
@@ -213,9 +222,9 @@ async def run_operation(
         logger.exception("NNRP operation %s failed in the backend", request_id)
         _fail(sink, mapper, E.backend_error(f"{type(exc).__name__}: {exc}"))
     finally:
+        sink.abort_with(None)
         if stream is not None or not finished:
-            abort = None if finished else (backend, envelope.operation, request_id, record)
-            await _through_cancels(asyncio.ensure_future(_release(stream, abort)))
+            await _through_cancels(asyncio.ensure_future(_release(stream, None if finished else abort)))
 
 
 def _record_usage(record: Observation, body: dict[str, Any]) -> None:
@@ -241,14 +250,12 @@ def _fail(sink: OperationSink, mapper: StreamMapper | None, err: E.ProfileError)
     sink.fail(err)
 
 
-async def _release(
-    stream: AsyncIterator[dict[str, Any]] | None, abort: tuple[Backend, str, str, Observation] | None
-) -> None:
-    """Close the backend stream, then abort the backend request (``abort``: what :func:`_abort` takes)."""
+async def _release(stream: AsyncIterator[dict[str, Any]] | None, abort: _BackendAbort | None) -> None:
+    """Close the backend stream, then abort the backend request (unless it finished: ``abort`` is ``None``)."""
     if stream is not None:
         await _close(stream)
     if abort is not None:
-        await _abort(*abort)
+        await abort.last()
 
 
 async def _through_cancels(release: asyncio.Future) -> None:
@@ -265,15 +272,45 @@ async def _through_cancels(release: asyncio.Future) -> None:
         raise asyncio.CancelledError
 
 
-async def _abort(backend: Backend, operation: str, request_id: str, record: Observation) -> None:
-    issued = time.monotonic_ns()
-    try:
-        await backend.abort(operation, request_id)
-    except Exception:  # the engine may already be gone (shutdown); nothing is left to stop then
-        logger.warning("aborting backend request %s failed", request_id, exc_info=True)
-        record.aborted(issued, accepted=False)
-    else:
-        record.aborted(issued, accepted=True)
+class _BackendAbort:
+    """The abort of one operation's backend request: :meth:`now` when its owner stops it (started at once, in
+    that very callback, :func:`~vllm_nnrp_plugin.eager.start_now`), and :meth:`last` on the adapter's way out.
+    ``last`` aborts again unless the first abort came after the backend had streamed (then the engine surely
+    knew the request): an abort that came while vLLM was still preparing the request may precede the engine's
+    knowing of it, and vLLM ignores ids it does not know (``AsyncLLM.abort`` in
+    ``vllm/v1/engine/async_llm.py``). The record keeps the first abort."""
+
+    __slots__ = ("_backend", "_operation", "_request_id", "_record", "_early", "_early_sure")
+
+    def __init__(self, backend: Backend, operation: str, request_id: str, record: Observation) -> None:
+        self._backend, self._operation, self._request_id, self._record = backend, operation, request_id, record
+        self._early: asyncio.Future[bool] | None = None
+        self._early_sure = False
+
+    def now(self) -> None:
+        if self._early is None:
+            self._early_sure = self._record.backend_first_chunk_ns is not None
+            self._early = start_now(self._issue())
+
+    async def last(self) -> None:
+        if self._early is not None:
+            accepted = await self._early
+            if self._early_sure or not accepted:  # not accepted: the engine is gone (shutdown)
+                return
+        await self._issue()
+
+    async def _issue(self) -> bool:
+        issued = time.monotonic_ns()
+        try:
+            await self._backend.abort(self._operation, self._request_id)
+        except Exception:  # the engine may already be gone (shutdown); nothing is left to stop then
+            logger.warning("aborting backend request %s failed", self._request_id, exc_info=True)
+            accepted = False
+        else:
+            accepted = True
+        if self._record.abort_ns is None:
+            self._record.aborted(issued, accepted=accepted)
+        return accepted
 
 
 async def _close(stream: AsyncIterator[dict[str, Any]]) -> None:

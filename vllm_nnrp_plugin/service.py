@@ -158,9 +158,9 @@ class NNRPService:
                     listener.stop_accepting()
             tasks = list(self._tasks.items())
             logger.info("NNRP stopping: no new sessions; ending %d in-flight operations", len(tasks))
-            for sop, task in tasks:
+            for sop, _task in tasks:
                 sop.shut_down()  # decided now, before the engine's own shutdown can fail the stream
-                task.cancel()
+                self.stop_operation(sop)
             if tasks:
                 await asyncio.wait([task for _sop, task in tasks], timeout=ABORT_WAIT_S)
             await self._close_listeners()
@@ -224,9 +224,12 @@ class NNRPService:
         self._timers[sop] = asyncio.get_running_loop().call_later(delay_s, self._expire, sop)
 
     def stop_operation(self, sop: ServerOperation) -> None:
-        """Cancel ``sop``'s task (its adapter aborts the vLLM request)."""
+        """Abort ``sop``'s vLLM request at once (in this very callback), then cancel its task (the adapter
+        releases vLLM's stream and makes sure of the abort)."""
         task = self._tasks.get(sop)
         if task is not None:
+            if sop.abort_backend is not None:
+                sop.abort_backend()
             task.cancel()
 
     def _expire(self, sop: ServerOperation) -> None:

@@ -158,6 +158,9 @@ class RecordingSink:
     def limit_time(self, timeout_ms):
         pass
 
+    def abort_with(self, abort):
+        pass
+
     def dispatch(self):
         return self.machine.dispatch(None)
 

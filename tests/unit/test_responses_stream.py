@@ -184,6 +184,9 @@ class ListSink:
     def limit_time(self, timeout_ms):
         pass
 
+    def abort_with(self, abort):
+        pass
+
     def dispatch(self):
         return None
 

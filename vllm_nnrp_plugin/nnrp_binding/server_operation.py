@@ -98,7 +98,8 @@ class ServerOperation:
     (read ``rules.admits_partials`` freely; change it only through this object's methods, which hold the
     lock); ``owner`` is set by whoever runs its backend work."""
 
-    __slots__ = ("operation_id", "frame_id", "transport", "native", "envelope", "owner", "rules", "_link", "_lock")
+    __slots__ = ("operation_id", "frame_id", "transport", "native", "envelope", "owner", "rules", "abort_backend",
+                 "_link", "_lock")  # fmt: skip
 
     def __init__(
         self,
@@ -119,6 +120,8 @@ class ServerOperation:
         self.frame_id = frame_id
         self.transport = transport
         self.owner: OperationOwner | None = None
+        #: stops the backend request at once (set by the adapter while one runs); its owner calls it on a stop
+        self.abort_backend: Callable[[], None] | None = None
         self._link = link
         self._lock = threading.Lock()
         self.rules = Operation(obs.Observation(
@@ -192,6 +195,10 @@ class ServerOperation:
         session's default)."""
         with self._lock:
             return self.rules.dispatch(self._link.session_trace)
+
+    def abort_with(self, abort: Callable[[], None] | None) -> None:
+        """What stops the backend request at once (``None``: nothing to stop any more); vLLM's loop only."""
+        self.abort_backend = abort
 
     # -- the service (vLLM's loop) ------------------------------------------------------------------------------
 
