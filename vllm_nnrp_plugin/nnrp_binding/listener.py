@@ -46,7 +46,8 @@ from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.nodelay import NoDelaySetter
 from vllm_nnrp_plugin.nnrp_binding.sender import Sender
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
-from vllm_nnrp_plugin.nnrp_binding.session import SessionHandler, SessionPump
+from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
+from vllm_nnrp_plugin.nnrp_binding.session import SessionPump
 
 logger = logging.getLogger(__name__)
 

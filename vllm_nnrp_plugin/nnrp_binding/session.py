@@ -15,7 +15,7 @@ listener's current gap (:meth:`.cadence.PollCadence.active_gap_s`), doubling up 
 the current gap when longer) while no event goes out — and sleeps in between without touching the GIL; when
 idle it waits in one long poll (:meth:`.cadence.PollCadence.idle_poll_ms`) that a submit ends at once.
 
-What comes off the wire goes to the :class:`SessionHandler` on the loop (``loop.call_soon_threadsafe``):
+What comes off the wire goes to the :class:`.handler.SessionHandler` on the loop (``loop.call_soon_threadsafe``):
 a submit (its envelope already unwrapped, :class:`.server_operation.ServerOperation`), a peer cancel or the
 client's departure (``on_stop``), an NNRP DEADLINE (``on_deadline``), and an operation whose terminal went
 out last (``on_finished``). The operation's rules (cancel → drop, sealing the terminal once) are in
@@ -49,7 +49,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from nnrp.core import MessageType
 from nnrp.native import NativeInvalidStateError, NativeRuntimeError, NativeRuntimeServerSession
@@ -58,6 +58,13 @@ from nnrp.runtime import PressureMetadata
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
 from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
+from vllm_nnrp_plugin.nnrp_binding.handler import (
+    CANCEL_DETAIL,
+    PRESSURE_LEVEL_FULL,
+    PRESSURE_REASON_IN_FLIGHT,
+    RETRY_AFTER_MS,
+    SessionHandler,
+)
 from vllm_nnrp_plugin.nnrp_binding.sender import Sender
 from vllm_nnrp_plugin.nnrp_binding.server_operation import PRESSURE, SendProbe, ServerOperation, SessionLink
 from vllm_nnrp_plugin.operation import DropReason, EarlyDeadlines, PartialResult, ResultDrop, ResultPush, Terminal
@@ -69,37 +76,8 @@ logger = logging.getLogger(__name__)
 ACTIVE_POLL_MS = 1  # the shortest poll nnrp-py offers; an empty one lasts ~2.2 ms and blocks our sends
 MAX_POLL_GAP_S = 0.016  # the gap after an empty poll doubles up to this while no event went out
 PEER_GONE_AFTER = 3  # consecutive failing polls that mean the client is gone (one can be a stale cancel)
-# BACKPRESSURE frame after a refused submit: this plugin's values (NNRP leaves level/reason to the server)
-PRESSURE_LEVEL_FULL = 1
-PRESSURE_REASON_IN_FLIGHT = 1
-RETRY_AFTER_MS = 100
 
 _SESSION_IDS = itertools.count(1)  # the accept counter standing in for a connection id (see Observation)
-
-
-CANCEL_DETAIL = {
-    MessageType.FRAME_CANCEL: "client_cancelled",
-    MessageType.CANCEL: "client_cancelled",
-    MessageType.ABORT: "client_aborted",
-}
-
-
-class SessionHandler(Protocol):
-    """What comes off the wire, posted to ``loop`` (never called on the pump thread, but ``on_session``)."""
-
-    def on_submit(self, sop: ServerOperation) -> None: ...
-
-    def on_stop(self, sop: ServerOperation) -> None:
-        """The operation must stop: peer cancel or client gone. Abort its backend work."""
-
-    def on_deadline(self, sop: ServerOperation, deadline_unix_ms: int) -> None:
-        """An NNRP DEADLINE (wall-clock ms) for a submitted operation."""
-
-    def on_finished(self, sop: ServerOperation) -> None:
-        """``sop.observation`` is complete: the terminal went out after the operation's task had ended."""
-
-    def on_session(self, transport: str, opened: bool) -> None:
-        """A session started or ended. Called on the pump thread: must not block."""
 
 
 class SessionPump:

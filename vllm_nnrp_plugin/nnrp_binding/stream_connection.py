@@ -20,7 +20,7 @@ Everything here runs on the loop, so every piece of state has one owner and noth
   ``session_error_code`` 0x00010007); a session counts from its SESSION_OPEN_ACK until the client's close
   handshake or the end of the connection.
 
-What came off the wire goes to the :class:`.session.SessionHandler` (the service) directly: a submit (its
+What came off the wire goes to the :class:`.handler.SessionHandler` (the service) directly: a submit (its
 envelope unwrapped), a cancel or a lost client (``on_stop``), an NNRP DEADLINE (``on_deadline``; one that came
 before its submit is kept until the submit, :class:`vllm_nnrp_plugin.operation.EarlyDeadlines`), an operation
 whose terminal went out last (``on_finished``), sessions opened and closed (``on_session``). TRACE_CONTEXT at
@@ -51,7 +51,7 @@ from vllm_nnrp_plugin.nnrp_binding.server_operation import (
     SessionLink,
     envelope_of,
 )
-from vllm_nnrp_plugin.nnrp_binding.session import (
+from vllm_nnrp_plugin.nnrp_binding.handler import (
     CANCEL_DETAIL,
     PRESSURE_LEVEL_FULL,
     PRESSURE_REASON_IN_FLIGHT,

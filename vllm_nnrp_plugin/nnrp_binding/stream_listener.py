@@ -25,7 +25,7 @@ from vllm_nnrp_plugin.nnrp_binding import exposure
 from vllm_nnrp_plugin.nnrp_binding.endpoints import Carrier
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
-from vllm_nnrp_plugin.nnrp_binding.session import SessionHandler
+from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
 from vllm_nnrp_plugin.nnrp_binding.stream_connection import ConnectionProtocol, SessionGate
 
 #: pending connections the kernel queues per listening socket (a burst of clients connecting at once)

@@ -1,0 +1,42 @@
+"""What both carriers — :mod:`.stream_connection` (TCP, unix sockets) and :mod:`.session` (nnrp-py's native
+runtime) — share: the :class:`SessionHandler` they report to (the service), the BACKPRESSURE values they send
+after a refused submit, and what each cancel control is called in an operation's record."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from nnrp.core import MessageType
+
+from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation
+
+# BACKPRESSURE frame after a refused submit: this plugin's values (NNRP leaves level and reason to the server)
+PRESSURE_LEVEL_FULL = 1
+PRESSURE_REASON_IN_FLIGHT = 1
+RETRY_AFTER_MS = 100
+
+#: runtime control -> the ``response.cancelled`` reason recorded for the operation it stops
+CANCEL_DETAIL = {
+    MessageType.FRAME_CANCEL: "client_cancelled",
+    MessageType.CANCEL: "client_cancelled",
+    MessageType.ABORT: "client_aborted",
+}
+
+
+class SessionHandler(Protocol):
+    """What comes off the wire, on vLLM's loop (the native carrier posts it there; ``on_session`` may come
+    from its pump thread)."""
+
+    def on_submit(self, sop: ServerOperation) -> None: ...
+
+    def on_stop(self, sop: ServerOperation) -> None:
+        """The operation must stop: peer cancel or client gone. Abort its backend work."""
+
+    def on_deadline(self, sop: ServerOperation, deadline_unix_ms: int) -> None:
+        """An NNRP DEADLINE (wall-clock ms) for a submitted operation."""
+
+    def on_finished(self, sop: ServerOperation) -> None:
+        """``sop.observation`` is complete: the terminal went out after the operation's task had ended."""
+
+    def on_session(self, transport: str, opened: bool) -> None:
+        """A session started or ended. Must not block."""
