@@ -7,7 +7,8 @@ Replays every ``<case>.request.json`` of a reference folder (default ``compat/fi
 flags the recorded anchors had (the launcher's base flags; the generate server also ``--enable-auto-tool-choice
 --tool-call-parser hermes --chat-template compat/tool_chat_template_hermes.jinja``; the pooling server
 :data:`compat.launcher.POOLING_ARGS`), one request at a time, and stores each response body byte for byte as it
-arrived: ``<case>.sse`` for a streamed request (``"stream": true``), else ``<case>.json``. The endpoint follows
+arrived (also a body the server cut short: what came before the connection closed): ``<case>.sse`` for a
+streamed request (``"stream": true``), else ``<case>.json``. The endpoint follows
 the case name: ``responses-*`` ``POST /v1/responses``, ``models-*`` ``GET /v1/models``, ``embeddings-*`` ``POST
 /v1/embeddings`` (pooling server), every other case ``POST /v1/chat/completions``. ``version.json`` is ``GET
 /version``. Standard library only (runs in the line's vLLM environment).
@@ -16,6 +17,7 @@ the case name: ``responses-*`` ``POST /v1/responses``, ``models-*`` ``GET /v1/mo
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import pathlib
 import shutil
@@ -41,13 +43,16 @@ def endpoint(case: str) -> str:
 
 
 def fetch(base: str, path: str, body: bytes | None) -> bytes:
-    """The response body, also for an error status (vLLM's error bodies are fixtures too)."""
+    """The response body, also for an error status (vLLM's error bodies are fixtures too) and one cut short (the
+    bytes that arrived: vLLM 0.18.1 breaks some Responses streams off before their first event)."""
     request = urllib.request.Request(
         base + path, data=body, headers={"Content-Type": "application/json"} if body is not None else {}
     )
     try:
         with urllib.request.urlopen(request, timeout=300) as response:
             return response.read()
+    except http.client.IncompleteRead as exc:
+        return exc.partial
     except urllib.error.HTTPError as exc:
         return exc.read()
 

@@ -15,6 +15,7 @@ from vllm_nnrp_plugin.profile import RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, operation, runtime_document
 from vllm_nnrp_plugin.profile.responses_stream import ResponsesStreamMapper
+from vllm_nnrp_plugin.vllm_binding.families import family_of, responses_stream_fails
 from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
 from tests.support import FIXTURES, error_response
 
@@ -161,6 +162,56 @@ def test_a_stream_ending_without_response_completed_is_a_backend_error():
 )
 def test_vllms_recorded_error_bodies_map_to_typed_errors(case, code):
     assert error_from_response(error_response(case)).code == code
+
+
+def recorded_request(case: str, version: str) -> dict:
+    return orjson.loads((FIXTURES.parent / version / f"{case}.request.json").read_bytes())
+
+
+@pytest.mark.parametrize(
+    "version", sorted(p.parent.name for p in FIXTURES.parent.glob("*/responses-d-stream-tool-required.sse"))
+)
+def test_a_streamed_required_call_is_refused_exactly_on_the_lines_whose_recorded_stream_is_empty(version):
+    """0.18.1's /v1/responses answers the streamed required call with 200 and not one event (recorded), so the
+    binding refuses it there; every other line streams it, and it passes there."""
+    events = recorded_events("responses-d-stream-tool-required", version)
+    request = recorded_request("responses-d-stream-tool-required", version)
+    assert responses_stream_fails(family_of(version), request, tool_parser=True) is (events == [])
+    assert (events == []) is (version < "0.22")
+
+
+def test_on_0_18_the_refused_stream_is_one_a_non_streaming_call_answers():
+    """What the refusal tells the client to do works there: the same request with stream: false is answered with
+    the call (recorded on 0.18.1), and the rule lets it through, as it does a stream with tool_choice auto. Let
+    through, the recorded stream would end in a backend_error with no event at all."""
+    streamed = recorded_request("responses-d-stream-tool-required", "0.18.1")
+    plain = recorded_request("responses-f-nonstream-tool-required", "0.18.1")
+    assert {**streamed, "stream": False} == plain
+    with pytest.raises(E.ProfileError) as failed:
+        run(recorded_events("responses-d-stream-tool-required", "0.18.1"))
+    assert failed.value.code == "backend_error"
+    assert not responses_stream_fails((0, 18), plain, tool_parser=True)
+    reference = recorded("responses-f-nonstream-tool-required", "0.18.1")
+    assert [(o["type"], o["name"], json.loads(o["arguments"])) for o in reference["output"]] == [
+        ("function_call", "lookup", {"city": "Paris"})
+    ]
+    assert not responses_stream_fails((0, 18), recorded_request("responses-l-stream-tool-parameterless", "0.18.1"),
+                                      tool_parser=True)
+
+
+@pytest.mark.parametrize(
+    "change, fails",
+    [({}, True), ({"tool_choice": {"type": "function", "name": "lookup"}}, True), ({"tool_choice": "auto"}, False),
+     ({"tool_choice": "none"}, False), ({"tools": []}, False),
+     ({"tool_choice": "auto", "text": {"format": {"type": "json_schema", "name": "n", "schema": {}}}}, True),
+     ({"tool_choice": "auto", "text": {"format": {"type": "text"}}}, False)],
+)
+def test_on_0_18_a_stream_fails_when_its_text_format_is_a_json_schema(change, fails):
+    body = {**recorded_request("responses-d-stream-tool-required", "0.18.1"), **change}
+    assert responses_stream_fails((0, 18), body, tool_parser=True) is fails
+    forced = "text" not in change  # the schema vLLM's tool parser sets: none without a parser
+    assert responses_stream_fails((0, 18), body, tool_parser=False) is (fails and not forced)
+    assert not responses_stream_fails((0, 22), body, tool_parser=True)
 
 
 # -- the adapter serving responses.create with the registered mapper ---------------------------------------

@@ -5,8 +5,9 @@ have a binding, each line tested on its own anchor (:data:`TESTED_ANCHORS`). Eve
 that this package depends on is decided here (attach paths, and probes of the serving surfaces that differ:
 ``build_app``'s signature and module — ``vllm/entrypoints/openai/api_server.py`` up to 0.28,
 ``vllm/entrypoints/launchers/app.py`` from 0.29 on, where the old module is a deprecated re-export —,
-``vllm.plugins.load_endpoint_plugins``, the chat protocol module), in :func:`has_tool_parser`, or in
-:mod:`.chunk_shapes` (stream and body shapes); the rest of the package is line-independent.
+``vllm.plugins.load_endpoint_plugins``, the chat protocol module), in :func:`has_tool_parser`, in
+:func:`responses_stream_fails` (a Responses stream a line cannot produce), or in :mod:`.chunk_shapes` (stream and
+body shapes); the rest of the package is line-independent.
 
 One binding serves every line whose surfaces are the same: ``vllm-0.26`` the 0.26–0.28 lines (``build_app`` in
 ``vllm/entrypoints/openai/api_server.py``, which ``vllm/entrypoints/cli/serve.py`` imports), ``vllm-0.32`` the
@@ -231,6 +232,35 @@ def has_tool_parser(serving: object) -> bool:
         return True
     parser = getattr(serving, "parser_cls", None)
     return parser is not None and getattr(parser, "tool_parser_cls", None) is not None
+
+
+#: lines whose Responses stream breaks off before its first event when the request's ``text.format`` is a JSON
+#: schema: 0.18.x's ``OpenAIServingResponses.responses_stream_generator``
+#: (``vllm/entrypoints/openai/responses/serving.py``) dumps its initial Response with ``model_dump()``, which names
+#: the format's schema ``schema_`` (openai's ``ResponseFormatTextJSONSchemaConfig.schema_``, alias ``schema``), so
+#: ``ResponseCreatedEvent(response=…)`` fails validation (``schema`` is required) and ``/v1/responses`` answers 200
+#: with no byte of body (recorded: ``compat/fixtures/vllm/0.18.1/responses-d-stream-tool-required.sse``); 0.22.x on
+#: dump it with ``model_dump(mode="json", by_alias=True)``
+JSON_SCHEMA_STREAM_FAILS = frozenset({(0, 18)})
+
+
+def responses_stream_fails(family: tuple[int, int], body: dict, tool_parser: bool) -> bool:
+    """True when the ``/v1/responses`` body ``body`` (a ``ResponsesRequest`` as JSON) is one the (major, minor)
+    line ``family`` cannot stream (:data:`JSON_SCHEMA_STREAM_FAILS`): ``stream: true`` with a JSON-schema
+    ``text.format``, the client's own (``{"type": "json_schema", …}``) or the one vLLM sets itself when it has a
+    tool parser (``tool_parser``), the request has ``tools`` and its ``tool_choice`` forces a call (``"required"``
+    or ``{"type": "function", "name"}``): ``ToolParser.adjust_request`` (``vllm/tool_parsers/abstract_tool_parser.py``,
+    0.18.1) replaces ``text`` with the schema of the calls (``get_json_schema_from_tools`` in
+    ``vllm/tool_parsers/utils.py``)."""
+    if tuple(family) not in JSON_SCHEMA_STREAM_FAILS or body.get("stream") is not True:
+        return False
+    text = body.get("text")
+    text_format = text.get("format") if isinstance(text, dict) else None
+    if isinstance(text_format, dict) and text_format.get("type") == "json_schema":
+        return True
+    choice = body.get("tool_choice")
+    forced = choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function")
+    return tool_parser and bool(body.get("tools")) and forced
 
 
 def _importable(module: str) -> bool:

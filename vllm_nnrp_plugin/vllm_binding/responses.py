@@ -16,7 +16,10 @@ as ``<request_id>_0`` (``OpenAIServingResponses._generate_with_builtin_tools`` n
 0.32.0, and on 0.18.1 where that method lives in ``vllm/entrypoints/openai/engine/serving.py``).
 
 Refused with ``invalid_request``: ``background: true`` (vLLM would run the request as a background task that
-outlives the NNRP operation, beyond its cancellation and timeout).
+outlives the NNRP operation, beyond its cancellation and timeout); a streamed request the line's Responses stream
+breaks off before its first event (:func:`~vllm_nnrp_plugin.vllm_binding.families.responses_stream_fails`: on
+0.18.x a JSON-schema ``text.format``, also the one a forced tool choice gets), where vLLM's ``/v1/responses``
+answers 200 with an empty body: the refusal says to send it with ``stream: false``, which vLLM answers.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.profile import RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation
+from vllm_nnrp_plugin.vllm_binding.families import family_of, responses_stream_fails
 from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate
 
 #: vLLM's sub-request number of the first (and, without a tool server, only) engine request of a Responses request
@@ -41,30 +45,39 @@ class ResponsesBinding:
     name = RESPONSES_CREATE
 
     def __init__(self, serving: Any) -> None:
+        import vllm
         from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
         self._request_cls = ResponsesRequest
         self._serving = serving
+        self._family = family_of(vllm.__version__)
+        parser = getattr(serving, "parser", None)
+        self._tool_parser = parser is not None and getattr(parser, "tool_parser_cls", None) is not None
 
     def operation(self) -> dict[str, Any]:
         """The capability entry: tool calls only when vLLM's Responses serving object has a tool-call parser
         (``serving.parser.tool_parser_cls``, from ``--enable-auto-tool-choice --tool-call-parser``): only then
         does it parse function calls out of the model's output."""
-        parser = getattr(self._serving, "parser", None)
-        tool_calls = parser is not None and getattr(parser, "tool_parser_cls", None) is not None
-        return operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=tool_calls)
+        return operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=self._tool_parser)
 
     async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None) -> Call:
         """Validate ``body`` as vLLM's ``ResponsesRequest`` and run it under ``resp_<request_id>``, with
         ``traceparent`` (W3C header value) as the parent of vLLM's span when given.
 
-        Raises :class:`ProfileError`: ``invalid_request`` (validation, ``background: true``, vLLM 4xx),
+        Raises :class:`ProfileError`: ``invalid_request`` (validation, ``background: true``, a stream this line
+        cannot produce, vLLM 4xx),
         ``model_not_found`` (404 on ``model``), ``backend_error`` (5xx, engine errors).
         """
         request = validate(self._request_cls.model_validate, {**body, "request_id": f"resp_{request_id}"}, self.name)
         if request.background:
             raise E.ProfileError(E.INVALID_REQUEST, "background responses are not served over NNRP: the operation "
                                  "is the request (cancel it, or set nnrp.timeout_ms)")  # fmt: skip
+        if responses_stream_fails(self._family, body, self._tool_parser):
+            raise E.ProfileError(E.INVALID_REQUEST, f"vLLM {self._family[0]}.{self._family[1]}.x cannot stream a "
+                                 "response whose text format is a JSON schema (text.format json_schema, or the "
+                                 "schema of the calls a tool_choice of \"required\" or a named function forces): "
+                                 "its stream fails before its first event. Send it with stream: false, or serve "
+                                 "it with vLLM 0.22 or later")  # fmt: skip
         result = await call_serving(self._serving, "create_responses", request, traceparent, "/v1/responses")
         if inspect.isasyncgen(result):
             return Call(stream=_event_dicts(result))
