@@ -18,6 +18,7 @@ from tests.e2e.test_vllm_serve import wait_idle
 from tests.support import envelope
 from tests.unit.test_responses_stream import one_lookup_call
 from vllm_nnrp_plugin.client import ProfileClient
+from vllm_nnrp_plugin.vllm_binding.families import responses_stream_fails
 
 pytestmark = pytest.mark.vllm
 
@@ -127,9 +128,20 @@ def test_non_streaming_returns_vllms_response_object(vllm_server, client):
 
 
 @pytest.mark.binding_core
-def test_a_required_function_call_streams_as_tool_call_events_like_vllms_http_stream(vllm_tools_server, tools_client):
+def test_a_required_function_call_streams_as_tool_call_events_like_vllms_http_stream(vllm_version, vllm_tools_server,
+                                                                                      tools_client):  # fmt: skip
     body = {**TOOL, "stream": True}
     events, terminal = over_nnrp(tools_client, body)
+    if responses_stream_fails(vllm_version[1], body, tool_parser=True):
+        # vLLM's own stream of it is a 200 whose body ends before its first event: NNRP refuses it, typed
+        assert events == [] and terminal["type"] == "response.error", terminal
+        assert terminal["error"]["code"] == "invalid_request" and "stream" in terminal["error"]["message"]
+        try:
+            http = over_http(vllm_tools_server, body)
+        except httpx.RemoteProtocolError:  # the chunked body is cut before its end
+            http = []
+        assert http == []
+        return
     ids, arguments, usage = one_lookup_call(events)
     assert ids["index"] == 0
     http = over_http(vllm_tools_server, body)
