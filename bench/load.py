@@ -46,7 +46,7 @@ the note; ``no_terminal_within_10s`` (must be 0) and ``failed``.
 
 Connect burst (``load.burst.*``): ``burst_clients`` clients from the client processes released at once, each
 connecting (NNRP: connect + open session) and sending one 8-token request; open and served times (ms) and
-failures (not served within 10 s), over NNRP and, for comparison, HTTP; then again over NNRP while
+failures (not served within 10 s), over NNRP and, for comparison, HTTP; then both again while
 ``burst_load_streams`` NNRP streams (a session each) of :data:`RUNNING_TOKENS` tokens run
 (``load.burst_under_load.*``, with ``load_failed`` for those streams).
 
@@ -349,7 +349,8 @@ def burst_rows(server: Any, engine: Sequence[int], *, clients: int, load_streams
                workdir: str) -> list[Result]:  # fmt: skip
     """``clients`` connecting at once, one 8-token request each: over NNRP then HTTP on the idle server
     (``load.burst.*``), then over NNRP again while ``load_streams`` NNRP streams of ``max_tokens`` tokens
-    (a session each) run (``load.burst_under_load.*``; skipped when ``load_streams`` is 0)."""
+    (a session each) run, and over HTTP under the same NNRP load (``load.burst_under_load.*``; skipped when
+    ``load_streams`` is 0)."""
     body = chat_body(PROMPT, 8)
     rows: list[Result] = []
     params = {"clients": clients, "client_processes": len(shares(clients)), "nnrp_transport": transport}
@@ -360,18 +361,21 @@ def burst_rows(server: Any, engine: Sequence[int], *, clients: int, load_streams
     rows[1].versus(rows[4])
     if not load_streams:
         return rows
-    background = client_args(server, "stream", "nnrp", load_streams, chat_body(PROMPT, max_tokens), transport=transport)
-    with Clients(background, workdir) as load:
-        load.read()  # the streams' sessions are open
-        load.tell()
-        time.sleep(0.5)  # the streams are running
-        w = window(server, engine, "burst", "nnrp", clients, body, transport=transport, workdir=workdir)
-        streams = [r for line in load.read() for r in orjson.loads(line)["requests"]]
-        load.tell()
     under = {**params, "load_streams": load_streams, "load_max_tokens": max_tokens}
-    running = Window(streams, w.wall_s, 0.0, 0.0, 0.0)
-    rows += [*_burst_results(w, "load.burst_under_load", "nnrp", under),
-             _failed("load.burst_under_load.load_failed.nnrp", [running], under)]  # fmt: skip
+    for protocol in ("nnrp", "http"):  # the same NNRP load under both bursts: HTTP's shows the machine's floor
+        background = client_args(server, "stream", "nnrp", load_streams, chat_body(PROMPT, max_tokens), transport=transport)
+        with Clients(background, workdir) as load:
+            load.read()  # the streams' sessions are open
+            load.tell()
+            time.sleep(0.5)  # the streams are running
+            w = window(server, engine, "burst", protocol, clients, body, transport=transport, workdir=workdir)
+            streams = [r for line in load.read() for r in orjson.loads(line)["requests"]]
+            load.tell()
+        running = Window(streams, w.wall_s, 0.0, 0.0, 0.0)
+        rows += [*_burst_results(w, "load.burst_under_load", protocol, under),
+                 _failed(f"load.burst_under_load.load_failed.{protocol}", [running], under)]  # fmt: skip
+    rows[-8].versus(rows[-4])
+    rows[-7].versus(rows[-3])
     return rows
 
 

@@ -50,9 +50,12 @@ def test_quick_load_benchmark_runs_both_protocols_without_failures():
     assert rows["load.c4.shared2.failed.nnrp"].max == 0, rows["load.c4.shared2.failed.nnrp"].note
     assert rows["load.c4.shared2.ttft.nnrp"].samples == 4
     assert rows["load.burst.open_ms.nnrp"].samples == 8
-    assert rows["load.burst_under_load.open_ms.nnrp"].samples == 8
-    for name in ("load.burst_under_load.failed.nnrp", "load.burst_under_load.load_failed.nnrp", "load.cancel.c8.failed.nnrp"):
-        assert rows[name].max == 0, rows[name].note
+    for protocol in ("http", "nnrp"):  # both bursts under the same NNRP load
+        assert rows[f"load.burst_under_load.open_ms.{protocol}"].samples == 8
+        for name in (f"load.burst_under_load.failed.{protocol}", f"load.burst_under_load.load_failed.{protocol}"):
+            assert rows[name].max == 0, rows[name].note
+    assert rows["load.burst_under_load.open_ms.nnrp"].compare["against"] == "load.burst_under_load.open_ms.http"
+    assert rows["load.cancel.c8.failed.nnrp"].max == 0, rows["load.cancel.c8.failed.nnrp"].note
     assert rows["load.cancel.c8.no_terminal_within_10s.nnrp"].max == 0
     assert rows["load.cancel.c8.client_cancel_to_terminal_ms.nnrp"].samples == 4  # 256-token streams outlast the cancels
     assert rows["load.cancel.c8.server_cancel_to_abort_ms.nnrp"].samples == 4
