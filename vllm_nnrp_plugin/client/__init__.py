@@ -7,6 +7,7 @@
   (:mod:`vllm_nnrp_plugin.nnrp_wire.client`): :class:`Connection`, :class:`Session`, :class:`Operation`;
 * :mod:`.openai` — the official ``openai`` SDK over NNRP: :class:`NNRPTransport` and :class:`AsyncNNRPTransport`
   (``httpx`` / ``httpx2`` transports on :mod:`.connection`), with their SSE renderers and error mapping;
+* :mod:`.errors` — :class:`ClientError`, the one base of every error both clients raise, and its subclasses;
 * :mod:`.cli` — the ``vllm-nnrp`` command; :mod:`.conformance` — the conformance driver
   (``python -m vllm_nnrp_plugin.client.conformance``).
 
@@ -22,18 +23,18 @@ from typing import Any
 
 #: the module (under this package) each exported name is defined in
 _EXPORTS = {
-    "ClientAddressError": "profile_client",
-    "ClientError": "profile_client",
+    "ClientAddressError": "errors",
+    "ClientConnectionError": "errors",
+    "ClientError": "errors",
+    "ClientResponseError": "errors",
+    "ClientTimeout": "errors",
+    "ClientTransportError": "errors",
+    "SessionOpenError": "errors",
     "ClientEvent": "profile_client",
-    "ClientResponseError": "profile_client",
-    "ClientTimeout": "profile_client",
-    "ClientTransportError": "profile_client",
     "ProfileClient": "profile_client",
-    "ClientConnectionError": "connection",
     "Connection": "connection",
     "Operation": "connection",
     "Session": "connection",
-    "SessionOpenError": "connection",
     "connect": "connection",
     "AsyncNNRPTransport": "openai.transport",
     "NNRPTransport": "openai.transport",

@@ -116,7 +116,8 @@ def _operation_parser(commands: Any, name: str, help_text: str, *, timeout: floa
 
 async def _connect(endpoint: str) -> Any:
     """A connected :class:`ProfileClient`, or None after saying why on stderr."""
-    from vllm_nnrp_plugin.client.profile_client import ClientError, ProfileClient
+    from vllm_nnrp_plugin.client.errors import ClientError
+    from vllm_nnrp_plugin.client.profile_client import ProfileClient
 
     try:
         return await ProfileClient.connect(endpoint)
@@ -126,7 +127,7 @@ async def _connect(endpoint: str) -> Any:
 
 
 async def _capabilities(args: argparse.Namespace) -> int:
-    from vllm_nnrp_plugin.client.profile_client import ClientError
+    from vllm_nnrp_plugin.client.errors import ClientError
     from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
 
     client = await _connect(args.endpoint)
@@ -179,7 +180,7 @@ def embed_envelope(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any) -> int:
     """Submit ``envelope`` and show its events with ``printer`` until the terminal; the exit status."""
-    from vllm_nnrp_plugin.client.profile_client import ClientError, ClientTimeout
+    from vllm_nnrp_plugin.client.errors import ClientError, ClientTimeout
 
     client = await _connect(args.endpoint)
     if client is None:

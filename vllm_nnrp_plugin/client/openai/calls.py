@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin.client.connection import ClientError
+from vllm_nnrp_plugin.client.errors import ClientError
 from vllm_nnrp_plugin.client.openai import sse
 from vllm_nnrp_plugin.client.openai.responses_sse import ResponsesEventStream
 from vllm_nnrp_plugin.client.profile_client import ClientEvent

@@ -40,7 +40,8 @@ from typing import Any
 
 from opentelemetry import trace as otel_trace
 
-from vllm_nnrp_plugin.client.connection import ClientError, Operation
+from vllm_nnrp_plugin.client.connection import Operation
+from vllm_nnrp_plugin.client.errors import ClientError
 from vllm_nnrp_plugin.client.openai.calls import RESUBMIT, Call, Item
 from vllm_nnrp_plugin.client.openai.pool import Pool
 from vllm_nnrp_plugin.client.profile_client import ClientEvent
