@@ -7,7 +7,7 @@ server and OpenAI layer, detokenisation, the plugin's NNRP sessions) and the eng
 window) and NNRP on a TCP port and a unix socket (``transport`` picks which one the clients use;
 ``python -m bench load --load-transport ipc``), allowing 1536 NNRP sessions, 1024 in-flight operations and 64
 per session (:data:`NNRP_CONFIG`) so that sessions of one window still closing on the server never refuse the
-next window's. The NNRP load generator is :mod:`vllm_nnrp_plugin.nnrp_client` on one event loop per client
+next window's. The NNRP load generator is :mod:`vllm_nnrp_plugin.client.connection` on one event loop per client
 process, one task per stream, as the HTTP one is aiohttp.
 
 Per concurrency level (default 32, 128, 256) the same streamed chat request (``max_tokens`` tokens,

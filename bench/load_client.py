@@ -1,5 +1,5 @@
 """Client process of :mod:`bench.load`: drives one share of the load on one asyncio event loop, one task per
-stream, with the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.nnrp_client`).
+stream, with the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.client.connection`).
 
     python -m bench.load_client stream http|nnrp TARGET STREAMS BODY_JSON [--per-session K] [--cancel M]
     python -m bench.load_client burst http|nnrp TARGET CLIENTS BODY_JSON
@@ -39,7 +39,7 @@ import attrs
 import orjson
 
 from bench.e2e import Clock
-from vllm_nnrp_plugin.nnrp_client import Session, connect
+from vllm_nnrp_plugin.client import Session, connect
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
 
 STREAM_TIMEOUT_S = 600
@@ -128,7 +128,7 @@ async def _http_main(mode: str, base: str, count: int, body: bytes) -> None:
     await asyncio.gather(*(s.close() for s in sessions))
 
 
-# -- NNRP: vllm_nnrp_plugin.nnrp_client, one task per stream -------------------------------------------------
+# -- NNRP: vllm_nnrp_plugin.client.connection, one task per stream -------------------------------------------------
 
 
 def _envelope(body: dict[str, Any]) -> dict[str, Any]:

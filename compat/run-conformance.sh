@@ -6,7 +6,7 @@
 # Builds or reuses the anchor's venv (build-vllm-env.sh) and the small model (build-model.sh), then runs three
 # deployments in sequence, each its own `vllm serve` of the model as `example-model` with NNRP on a free TCP
 # port through the checkout's launcher (python -m compat.launcher, the anchor's attach path), each followed by
-# `python -m vllm_nnrp_plugin.conformance` with the suite from $NNRP_CONFORMANCE_ROOT (default
+# `python -m vllm_nnrp_plugin.client.conformance` with the suite from $NNRP_CONFORMANCE_ROOT (default
 # ../shared/nnrp-conformance next to this checkout):
 #
 #   level1          generate server restricted to Level 1 (nnrp.operations ["chat.completions.create"]): the
@@ -85,7 +85,7 @@ serve_and_run() {
   mkdir -p "$OUT/$name"
   echo "run-conformance: [$name] vllm serve $VERSION (log $OUT/$name.log), NNRP $nnrp" >&2
   "$PY" -m compat.launcher --listen "$nnrp" --log "$OUT/$name.log" "$MODEL" "${serve[@]}" \
-    -- "$PY" -m vllm_nnrp_plugin.conformance --endpoint "$nnrp" --suite "$SUITE" --out "$OUT/$name" \
+    -- "$PY" -m vllm_nnrp_plugin.client.conformance --endpoint "$nnrp" --suite "$SUITE" --out "$OUT/$name" \
     "$@" ${RUNNER_ARGS[@]+"${RUNNER_ARGS[@]}"}
 }
 

@@ -118,7 +118,7 @@ def level1_only():
 
 
 def vllm_nnrp(endpoint, *args):
-    done = subprocess.run([sys.executable, "-m", "vllm_nnrp_plugin.cli", args[0], "--endpoint", endpoint, *args[1:]],
+    done = subprocess.run([sys.executable, "-m", "vllm_nnrp_plugin.client.cli", args[0], "--endpoint", endpoint, *args[1:]],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr
     return done

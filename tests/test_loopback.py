@@ -428,8 +428,8 @@ def test_without_fault_injection_the_backend_error_model_reaches_the_backend(ser
 
 def test_conformance_runner_exits_non_zero_when_a_selected_case_fails(served, tmp_path):
     pytest.importorskip("jsonschema")
-    from vllm_nnrp_plugin.conformance.runner import main
-    from vllm_nnrp_plugin.conformance.suite import locate_suite
+    from vllm_nnrp_plugin.client.conformance.runner import main
+    from vllm_nnrp_plugin.client.conformance.suite import locate_suite
 
     try:
         locate_suite()

@@ -1,4 +1,4 @@
-"""Many concurrent openai SDK calls on one client over NNRP (the fan-out of :mod:`vllm_nnrp_plugin.openai_pool`)
+"""Many concurrent openai SDK calls on one client over NNRP (the fan-out of :mod:`vllm_nnrp_plugin.client.openai.pool`)
 against the real server path on loopback (the plugin's own wire core, :class:`tests.support.ServedNNRP`) with
 vLLM 0.26.0's recorded streams: every call completes as over HTTP, within the server's per-session and
 per-process limits (no refusal is provoked), a refusal caused by another client is resubmitted, closing leaves
@@ -22,9 +22,9 @@ import pytest
 
 from tests.support import RecordedBackend, ServedNNRP, free_port, recorded_json, wait_until
 from tests.test_openai_transport import recorded_stream
-from vllm_nnrp_plugin import openai_exchange
 from vllm_nnrp_plugin.client import ProfileClient
-from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.client.openai import exchange
+from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
 from vllm_nnrp_plugin.profile import errors as E
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -180,7 +180,7 @@ def test_a_refusal_from_slots_another_client_holds_is_resubmitted_until_it_runs(
 
 
 def test_a_refusal_that_outlasts_the_retries_is_a_rate_limit_error(monkeypatch):
-    monkeypatch.setattr(openai_exchange, "REFUSAL_RETRIES", 2)
+    monkeypatch.setattr(exchange, "REFUSAL_RETRIES", 2)
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_in_flight=1)
     try:
         other, op = asyncio.run(_held_by_another_client(served.bound[0], 0.2))
@@ -235,7 +235,7 @@ def test_a_lost_connection_fails_the_calls_in_flight_with_api_connection_error()
 
 EXIT_SCRIPT = """
 import asyncio, httpx, httpx2, openai
-from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
 URI = {uri!r}
 body = dict(model="c-nonstream-text", messages=[{{"role": "user", "content": "hi"}}])
 for lib in {libraries}:

@@ -95,7 +95,7 @@ def test_the_openai_transports_speak_tls_over_tcp(served, trusted):
     import httpx
     import openai
 
-    from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
+    from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
 
     (uri,) = [u for u in served.bound if u.startswith("nnrps://")]
     der = served.der if trusted == "server" else served.other_der

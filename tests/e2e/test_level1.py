@@ -18,7 +18,7 @@ from tests.e2e.conftest import SERVED_NAME
 from tests.e2e.test_vllm_serve import LONG, wait_idle
 from tests.support import envelope
 from vllm_nnrp_plugin.client import ProfileClient
-from vllm_nnrp_plugin.conformance.suite import Suite, locate_suite
+from vllm_nnrp_plugin.client.conformance.suite import Suite, locate_suite
 
 pytestmark = pytest.mark.vllm
 
@@ -122,7 +122,7 @@ def test_capability_document_says_what_each_server_supports(plain_client, tools_
 
 
 def test_cli_prints_the_document_and_a_manifest_valid_for_the_suite(vllm_server):
-    cli = [sys.executable, "-m", "vllm_nnrp_plugin.cli", "capabilities", "--endpoint", vllm_server.nnrp["tcp"]]
+    cli = [sys.executable, "-m", "vllm_nnrp_plugin.client.cli", "capabilities", "--endpoint", vllm_server.nnrp["tcp"]]
     done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["models"][0]["id"] == SERVED_NAME

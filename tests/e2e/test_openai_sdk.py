@@ -24,7 +24,7 @@ import pytest
 from tests.e2e.conftest import TOOL_TEMPLATE, SERVED_NAME, VLLMServer, attach_options, model_dir
 from tests.e2e.test_vllm_serve import wait_idle
 from tests.support import free_port, wait_until
-from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
 
 pytestmark = pytest.mark.vllm
 
@@ -262,7 +262,7 @@ def test_concurrent_threads_on_one_sync_client_complete_as_over_http(sdks):
 EXIT_SCRIPT = """
 import asyncio, httpx, openai
 {lib_import}
-from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
 body = dict(model={model!r}, messages=[{{"role": "user", "content": "Say hello."}}], max_tokens=4, temperature=0)
 sdk = openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="x",
                     http_client={lib}.Client(transport=NNRPTransport({uri!r})))

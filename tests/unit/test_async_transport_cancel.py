@@ -3,7 +3,7 @@ around an event's arrival or while it waits for a session: the task raises ``Can
 gets its FRAME_CANCEL (or is never submitted).
 
 No NNRP session: the transport's pool is a stand-in whose one session makes a real client
-:class:`~vllm_nnrp_plugin.nnrp_client.Operation` that the test feeds as the connection would, so the test decides
+:class:`~vllm_nnrp_plugin.client.connection.Operation` that the test feeds as the connection would, so the test decides
 in which loop iteration each event reaches the transport and in which one ``task.cancel()`` runs.
 (Before Python 3.12, ``asyncio.wait_for`` returns the awaited result instead of raising when the cancel comes in
 the iterations between that result being ready and the waiting task resuming, CPython gh-86296.)
@@ -18,9 +18,9 @@ import httpx
 import orjson
 import pytest
 
-from vllm_nnrp_plugin.nnrp_client import Operation
+from vllm_nnrp_plugin.client import Operation
+from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport
 from vllm_nnrp_plugin.nnrp_wire import events as ev
-from vllm_nnrp_plugin.openai_transport import AsyncNNRPTransport
 
 CHAT = "http://nnrp.invalid/v1/chat/completions"
 BODY = {"model": "example-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from vllm_nnrp_plugin.conformance.suite import locate_suite
+from vllm_nnrp_plugin.client.conformance.suite import locate_suite
 from vllm_nnrp_plugin.config import load_config
 from vllm_nnrp_plugin.profile.capabilities import (
     chat_operation, conformance_manifest, operation, operation_names, runtime_document,

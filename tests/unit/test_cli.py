@@ -8,8 +8,7 @@ import struct
 import pytest
 
 from tests.support import recorded_json
-from vllm_nnrp_plugin import cli
-from vllm_nnrp_plugin.client import ClientEvent
+from vllm_nnrp_plugin.client import ClientEvent, cli
 from vllm_nnrp_plugin.profile import events as ev
 
 

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("jsonschema")
 
-from vllm_nnrp_plugin.conformance.driver import submission  # noqa: E402
-from vllm_nnrp_plugin.conformance.plan import build_plan, capability_tokens  # noqa: E402
-from vllm_nnrp_plugin.conformance.rules import case_problems, matches, results_problems  # noqa: E402
-from vllm_nnrp_plugin.conformance.suite import Suite, locate_suite, read_json  # noqa: E402
+from vllm_nnrp_plugin.client.conformance.driver import submission  # noqa: E402
+from vllm_nnrp_plugin.client.conformance.plan import build_plan, capability_tokens  # noqa: E402
+from vllm_nnrp_plugin.client.conformance.rules import case_problems, matches, results_problems  # noqa: E402
+from vllm_nnrp_plugin.client.conformance.suite import Suite, locate_suite, read_json  # noqa: E402
 from vllm_nnrp_plugin.profile.capabilities import conformance_manifest, chat_operation, runtime_document  # noqa: E402
 
 RECIPES = pathlib.Path(__file__).resolve().parents[2] / "recipes"
@@ -133,7 +133,7 @@ def test_harness_controls_are_consumed_not_sent():
 
 
 def test_no_suite_recipes_runs_only_the_given_directories(suite):
-    from vllm_nnrp_plugin.conformance.runner import load_recipes
+    from vllm_nnrp_plugin.client.conformance.runner import load_recipes
 
     both = load_recipes(suite, [RECIPES])
     ours = load_recipes(suite, [RECIPES], suite_recipes=False)
@@ -145,7 +145,7 @@ def test_no_suite_recipes_runs_only_the_given_directories(suite):
 
 
 def test_no_suite_recipes_without_recipe_directories_is_unusable(suite, capsys):
-    from vllm_nnrp_plugin.conformance.runner import main
+    from vllm_nnrp_plugin.client.conformance.runner import main
 
     assert main(["--endpoint", "tcp://127.0.0.1:1", "--suite", str(suite.root), "--no-suite-recipes"]) == 2
     assert "no recipes to run" in capsys.readouterr().err

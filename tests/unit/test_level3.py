@@ -218,8 +218,8 @@ EMBEDDINGS_ENTRY = {"name": "embeddings.create", "streaming": False, "non_stream
 
 def level3_plan(operations):
     pytest.importorskip("jsonschema")
-    from vllm_nnrp_plugin.conformance.plan import build_plan
-    from vllm_nnrp_plugin.conformance.suite import Suite, locate_suite
+    from vllm_nnrp_plugin.client.conformance.plan import build_plan
+    from vllm_nnrp_plugin.client.conformance.suite import Suite, locate_suite
     from vllm_nnrp_plugin.profile.capabilities import conformance_manifest, operation, runtime_document
 
     try:
@@ -245,8 +245,8 @@ def test_level3_recipes_are_planned_where_their_operations_are_served():
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_recorded_vllm_bodies_pass_the_success_recipes(version):
-    from vllm_nnrp_plugin.conformance.plan import substitute
-    from vllm_nnrp_plugin.conformance.rules import case_problems
+    from vllm_nnrp_plugin.client.conformance.plan import substitute
+    from vllm_nnrp_plugin.client.conformance.rules import case_problems
 
     recipes, _ = level3_plan([MODELS_ENTRY, EMBEDDINGS_ENTRY])
     bodies = {"embeddings-two-inputs": "embeddings-a-float", "embeddings-base64": "embeddings-b-base64",

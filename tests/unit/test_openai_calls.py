@@ -1,5 +1,5 @@
 """Routing an ``openai`` SDK request to a profile operation and turning its terminal into vLLM's HTTP answer
-(vllm_nnrp_plugin.openai_calls), with plain ``httpx`` requests and profile events; the bodies are vLLM 0.26.0's
+(vllm_nnrp_plugin.client.openai.calls), with plain ``httpx`` requests and profile events; the bodies are vLLM 0.26.0's
 recorded ones (compat/fixtures)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from tests.support import recorded_json
 from vllm_nnrp_plugin.client import ClientEvent
-from vllm_nnrp_plugin.openai_calls import RESUBMIT, Call
-from vllm_nnrp_plugin.openai_responses_sse import ResponsesEventStream
-from vllm_nnrp_plugin.openai_sse import ChatChunkStream, error_status
+from vllm_nnrp_plugin.client.openai.calls import RESUBMIT, Call
+from vllm_nnrp_plugin.client.openai.responses_sse import ResponsesEventStream
+from vllm_nnrp_plugin.client.openai.sse import ChatChunkStream, error_status
 
 URL = "http://nnrp.invalid/v1"
 

@@ -21,8 +21,8 @@ from tests.unit.test_merge_and_cadence import operation
 from tests.unit.test_openai_responses_sse import blocks, sdk_final
 from tests.unit.test_openai_sse import items
 from tests.unit.test_responses_stream import recorded_events, run
-from vllm_nnrp_plugin import openai_sse
-from vllm_nnrp_plugin.openai_responses_sse import ResponsesEventStream
+from vllm_nnrp_plugin.client.openai import sse
+from vllm_nnrp_plugin.client.openai.responses_sse import ResponsesEventStream
 from vllm_nnrp_plugin.profile import events as ev
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 
@@ -42,7 +42,7 @@ def mapped(chunks: list[dict]) -> tuple[list[dict], dict]:
 
 def rendered(profile_events: list[dict], body: dict) -> list[dict]:
     """The chunks the SDK transport writes for these events (``[DONE]`` left out)."""
-    stream = openai_sse.ChatChunkStream(completion_id="chatcmpl-x", created=1, model="example-model",
+    stream = sse.ChatChunkStream(completion_id="chatcmpl-x", created=1, model="example-model",
                                         include_usage=False)  # fmt: skip
     return [c for c in items(b"".join(stream.feed(e) for e in profile_events) + stream.finish(body)) if c != "[DONE]"]
 

@@ -1,4 +1,4 @@
-"""vLLM's /v1/responses server-sent events rebuilt from profile events (vllm_nnrp_plugin.openai_responses_sse):
+"""vLLM's /v1/responses server-sent events rebuilt from profile events (vllm_nnrp_plugin.client.openai.responses_sse):
 streams recorded from real vLLM (compat/fixtures/vllm/<version>/responses-*) go through the production mapper
 (ResponsesStreamMapper), then through ResponsesEventStream, then through the ``openai`` SDK's own parser and
 ``responses.stream()`` accumulator; the result is compared with what vLLM itself streamed."""
@@ -13,7 +13,7 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import ResponseStreamEvent
 
 from tests.unit.test_responses_stream import VERSIONS, recorded_events, run
-from vllm_nnrp_plugin.openai_responses_sse import ResponsesEventStream
+from vllm_nnrp_plugin.client.openai.responses_sse import ResponsesEventStream
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events
 

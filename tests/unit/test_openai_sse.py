@@ -1,11 +1,11 @@
-"""The OpenAI wire shapes made from profile events (vllm_nnrp_plugin.openai_sse), checked against what real
+"""The OpenAI wire shapes made from profile events (vllm_nnrp_plugin.client.openai.sse), checked against what real
 vLLM 0.26.0 sent over HTTP for the same requests (compat/fixtures)."""
 
 import orjson
 import pytest
 
 from tests.support import FIXTURES, recorded_chunks, recorded_json
-from vllm_nnrp_plugin import openai_sse
+from vllm_nnrp_plugin.client.openai import sse
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
@@ -47,7 +47,7 @@ def accumulate(chunks: list) -> dict:
 def through_profile(case: str, include_usage: bool) -> bytes:
     """The recorded stream through the real mapper, then through ChatChunkStream."""
     mapper = ChatStreamMapper(usage_events=include_usage)
-    stream = openai_sse.ChatChunkStream(completion_id="chatcmpl-x", created=1, model="example-model",
+    stream = sse.ChatChunkStream(completion_id="chatcmpl-x", created=1, model="example-model",
                                         include_usage=include_usage)
     out = b"".join(stream.feed(e) for chunk in recorded_chunks(case) for e in mapper.feed(chunk))
     mapper.finish()
@@ -93,7 +93,7 @@ def test_error_reply_has_vllms_status_type_and_message_and_the_profile_code(case
     recorded = recorded_json(case)["error"]
     code = E.MODEL_NOT_FOUND if status == 404 else E.INVALID_REQUEST
     event = events.error(E.ProfileError(code, recorded["message"], status=status))
-    assert openai_sse.error_reply(event, status) == (
+    assert sse.error_reply(event, status) == (
         status, {"error": {"message": recorded["message"], "type": kind, "param": None, "code": code}})
 
 
@@ -105,24 +105,24 @@ def test_error_reply_has_vllms_status_type_and_message_and_the_profile_code(case
 ])
 def test_error_status_comes_from_the_result_push_status_else_from_the_code(err, status, kind):
     event = events.error(err)
-    assert openai_sse.error_reply(event, err.status)[0] == status
-    assert openai_sse.error_reply(event, None) == (status, {"error": {"message": err.message, "type": kind, "param": None, "code": err.code}})
-    assert openai_sse.error_reply(event, 200)[0] == status  # not an error status: by code
+    assert sse.error_reply(event, err.status)[0] == status
+    assert sse.error_reply(event, None) == (status, {"error": {"message": err.message, "type": kind, "param": None, "code": err.code}})
+    assert sse.error_reply(event, 200)[0] == status  # not an error status: by code
 
 
 def test_an_error_after_the_stream_began_is_vllms_in_stream_error_item():
-    stream = openai_sse.ChatChunkStream(completion_id="c", created=1, model="m", include_usage=True)
+    stream = sse.ChatChunkStream(completion_id="c", created=1, model="m", include_usage=True)
     out = items(stream.feed(events.output_text_delta(0, "Hi")) + stream.fail(events.error(E.backend_error("boom")), 500))
     assert [c["choices"][0]["delta"] for c in out[:2]] == [{"role": "assistant", "content": ""}, {"content": "Hi"}]
     assert out[2:] == [{"error": {"message": "boom", "type": "InternalServerError", "param": None, "code": "backend_error"}}, "[DONE]"]
 
 
 def test_routes_vllm_does_not_serve_get_fastapis_answers():
-    assert openai_sse.route_reply("/v1/completions", "POST") == (404, {"detail": "Not Found"})
-    assert openai_sse.route_reply("/v1/chat/completions", "GET") == (405, {"detail": "Method Not Allowed"})
+    assert sse.route_reply("/v1/completions", "POST") == (404, {"detail": "Not Found"})
+    assert sse.route_reply("/v1/chat/completions", "GET") == (405, {"detail": "Method Not Allowed"})
 
 
 def test_model_list_from_the_capability_document():
     document = {"models": [{"id": "example-model", "owned_by": "vllm"}]}
-    assert openai_sse.model_list(document, 7) == {"object": "list", "data": [
+    assert sse.model_list(document, 7) == {"object": "list", "data": [
         {"id": "example-model", "object": "model", "created": 7, "owned_by": "vllm"}]}

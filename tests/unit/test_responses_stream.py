@@ -313,8 +313,8 @@ def test_the_adapter_returns_the_non_streaming_response_object():
 
 @pytest.mark.parametrize("tool_calls", [True, False])
 def test_responses_recipes_validate_and_are_planned_only_for_a_level_2_server(tool_calls):
-    from vllm_nnrp_plugin.conformance.plan import build_plan
-    from vllm_nnrp_plugin.conformance.suite import Suite, locate_suite
+    from vllm_nnrp_plugin.client.conformance.plan import build_plan
+    from vllm_nnrp_plugin.client.conformance.suite import Suite, locate_suite
     from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
 
     try:

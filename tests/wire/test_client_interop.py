@@ -1,4 +1,4 @@
-"""Our asyncio client (``vllm_nnrp_plugin.nnrp_client``) against nnrp-py's NATIVE server, over TCP and a unix
+"""Our asyncio client (``vllm_nnrp_plugin.client.connection``) against nnrp-py's NATIVE server, over TCP and a unix
 socket: hello, open, submit -> partial results -> RESULT_PUSH, FRAME_CANCEL -> RESULT_DROP_REASON (also by
 cancelling the task that iterates), two sessions on one connection, close; and connection loss."""
 
@@ -22,8 +22,8 @@ from nnrp.server import (
     listen_native_server,
 )
 
+from vllm_nnrp_plugin.client import ClientConnectionError, connect
 from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
-from vllm_nnrp_plugin.nnrp_client import ClientConnectionError, connect
 
 DATA = pathlib.Path(__file__).parent / "data" / "captures"
 CANCELLED = b'{"type":"response.cancelled","reason":"client"}'

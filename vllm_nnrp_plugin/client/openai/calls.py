@@ -1,21 +1,21 @@
 """One ``openai`` SDK request over NNRP: which operation it is, what to submit, and how that operation's events
-become the ``httpx`` answer vLLM's HTTP server would give (used by :mod:`vllm_nnrp_plugin.openai_transport`,
+become the ``httpx`` answer vLLM's HTTP server would give (used by :mod:`vllm_nnrp_plugin.client.openai.transport`,
 which does the I/O).
 
 Routes (vLLM's paths, ``vllm/entrypoints/openai/*/api_router.py``, ``vllm/entrypoints/pooling/embed/``):
 
 * ``POST …/chat/completions`` → ``chat.completions.create``; streamed as ``chat.completion.chunk`` events
-  (:class:`vllm_nnrp_plugin.openai_sse.ChatChunkStream`);
+  (:class:`vllm_nnrp_plugin.client.openai.sse.ChatChunkStream`);
 * ``POST …/responses`` → ``responses.create``; streamed as Responses events
-  (:class:`vllm_nnrp_plugin.openai_responses_sse.ResponsesEventStream`);
+  (:class:`vllm_nnrp_plugin.client.openai.responses_sse.ResponsesEventStream`);
 * ``POST …/embeddings`` → ``embeddings.create`` (non-streaming);
 * ``GET …/models`` → ``models.list`` (vLLM's own model list); a server that does not serve it refuses with
   ``unsupported_operation`` and the call is resubmitted as ``nnrp.capabilities``, whose document's ``models``
-  make the list (:func:`vllm_nnrp_plugin.openai_sse.model_list`);
-* anything else → FastAPI's 404 / 405 (:func:`vllm_nnrp_plugin.openai_sse.route_reply`).
+  make the list (:func:`vllm_nnrp_plugin.client.openai.sse.model_list`);
+* anything else → FastAPI's 404 / 405 (:func:`vllm_nnrp_plugin.client.openai.sse.route_reply`).
 
 A non-streamed answer is the ``response.completed`` body as JSON (200); a terminal ``response.error`` is its HTTP
-status and vLLM's error body (:func:`vllm_nnrp_plugin.openai_sse.error_reply`), except ``request_timeout``
+status and vLLM's error body (:func:`vllm_nnrp_plugin.client.openai.sse.error_reply`), except ``request_timeout``
 (``httpx.ReadTimeout``); a drop or an NNRP failure is ``httpx.ReadError``.
 
 Responses and errors are made by the library of the request: ``httpx`` for an ``httpx`` client's request,
@@ -34,10 +34,10 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin import openai_sse
-from vllm_nnrp_plugin.client import ClientEvent
-from vllm_nnrp_plugin.nnrp_client import ClientError
-from vllm_nnrp_plugin.openai_responses_sse import ResponsesEventStream
+from vllm_nnrp_plugin.client.errors import ClientError
+from vllm_nnrp_plugin.client.openai import sse
+from vllm_nnrp_plugin.client.openai.responses_sse import ResponsesEventStream
+from vllm_nnrp_plugin.client.profile_client import ClientEvent
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION, events
 from vllm_nnrp_plugin.profile import errors as E
@@ -48,8 +48,8 @@ from vllm_nnrp_plugin.profile.chat_stream import usage_asked
 GRACE_S = 5.0
 #: the operation of each POST path
 _POST_OPERATIONS = {
-    openai_sse.CHAT_PATH: CHAT_COMPLETIONS_CREATE, openai_sse.RESPONSES_PATH: RESPONSES_CREATE,
-    openai_sse.EMBEDDINGS_PATH: EMBEDDINGS_CREATE,
+    sse.CHAT_PATH: CHAT_COMPLETIONS_CREATE, sse.RESPONSES_PATH: RESPONSES_CREATE,
+    sse.EMBEDDINGS_PATH: EMBEDDINGS_CREATE,
 }  # fmt: skip
 #: :meth:`Call.answer`'s "submit :attr:`Call.envelope` again" (``models.list`` refused: fetch the capabilities)
 RESUBMIT: Any = object()
@@ -81,7 +81,7 @@ class Call:
         self.lib = library(request)
         self.operation: str | None = None
         self.envelope: dict[str, Any] | None = None
-        self.stream: openai_sse.ChatChunkStream | ResponsesEventStream | None = None
+        self.stream: sse.ChatChunkStream | ResponsesEventStream | None = None
         self.timeout_s: float | None = None
         timeouts = request.extensions.get("timeout") or {}
         #: the longest wait for a free session (the request's pool timeout, s; None: no bound)
@@ -101,12 +101,12 @@ class Call:
     def plan(self) -> Any:
         """Set :attr:`envelope` (what to submit) and return None, or return the immediate answer."""
         path, method = self.request.url.path, self.request.method
-        if path.endswith(openai_sse.MODELS_PATH) and method == "GET":
+        if path.endswith(sse.MODELS_PATH) and method == "GET":
             self.operation, self.envelope = MODELS_LIST, _envelope(MODELS_LIST, {})
             return None
         self.operation = next((op for p, op in _POST_OPERATIONS.items() if path.endswith(p)), None)
         if self.operation is None or method != "POST":
-            return _json(*openai_sse.route_reply(path, method), self.request)
+            return _json(*sse.route_reply(path, method), self.request)
         try:
             body = orjson.loads(self.request.content)
         except orjson.JSONDecodeError as exc:
@@ -123,11 +123,11 @@ class Call:
             self.stream = self._stream_of(body)
         return None
 
-    def _stream_of(self, body: dict[str, Any]) -> openai_sse.ChatChunkStream | ResponsesEventStream:
+    def _stream_of(self, body: dict[str, Any]) -> sse.ChatChunkStream | ResponsesEventStream:
         if self.operation == RESPONSES_CREATE:
             return ResponsesEventStream(response_id=f"resp_nnrp-{uuid.uuid4().hex}", created_at=int(time.time()),
                                         request=body)  # fmt: skip
-        return openai_sse.ChatChunkStream(completion_id=f"chatcmpl-nnrp-{uuid.uuid4().hex}", created=int(time.time()),
+        return sse.ChatChunkStream(completion_id=f"chatcmpl-nnrp-{uuid.uuid4().hex}", created=int(time.time()),
                                           model=body.get("model"), include_usage=usage_asked(body))  # fmt: skip
 
     def failure(self, exc: ClientError | None) -> Exception:
@@ -172,10 +172,10 @@ class Call:
                 self.operation, self.envelope = CAPABILITIES_OPERATION, _envelope(CAPABILITIES_OPERATION, {})
                 self.ended = False
                 return RESUBMIT
-            return _json(*openai_sse.error_reply(event, item.status), self.request)
+            return _json(*sse.error_reply(event, item.status), self.request)
         body = event.get("body") or {}
         if self.operation == CAPABILITIES_OPERATION:
-            return _json(200, openai_sse.model_list(body, int(time.time())), self.request)
+            return _json(200, sse.model_list(body, int(time.time())), self.request)
         return None if self.stream is not None else _json(200, body, self.request)
 
     def render(self, item: Item) -> bytes:

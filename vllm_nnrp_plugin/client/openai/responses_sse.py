@@ -1,5 +1,5 @@
 """vLLM's ``/v1/responses`` server-sent events built from the profile events of one streamed ``responses.create``:
-no I/O, plain data in, bytes out (used by :mod:`vllm_nnrp_plugin.openai_transport`).
+no I/O, plain data in, bytes out (used by :mod:`vllm_nnrp_plugin.client.openai.transport`).
 
 The profile carries only what a client needs (``response.output_text.delta {index, delta}``,
 ``response.tool_call.started`` / ``.delta`` / ``.completed`` / ``.error``, ``response.usage`` and the terminal
@@ -28,7 +28,7 @@ accumulator, ``openai/lib/streaming/responses/_responses.py``, checks every item
 * ``response.completed {response}``: the terminal body, whose ``id`` is replaced by the stream's own (the
   events carry no Response id before the end, and the SDK's accumulator refuses a Response whose id changed);
 * a ``response.error`` after the stream began: ``event: error`` with vLLM's error body
-  (``{"error": {"message", "type", "param", "code"}}``, :func:`vllm_nnrp_plugin.openai_sse.error_reply`),
+  (``{"error": {"message", "type", "param", "code"}}``, :func:`vllm_nnrp_plugin.client.openai.sse.error_reply`),
   on which the SDK raises ``APIError``.
 
 Not invented: message item ids are made locally (``msg_<stream id>_<index>``; vLLM's own streamed message ids
@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin import openai_sse
+from vllm_nnrp_plugin.client.openai import sse
 from vllm_nnrp_plugin.profile import events
 
 #: the keys of a replayed vLLM event (``openai_chunk``) that :meth:`ResponsesEventStream._event` writes itself
@@ -163,5 +163,5 @@ class ResponsesEventStream:
 
     def fail(self, error_event: dict[str, Any], status: int | None) -> bytes:
         """A ``response.error`` after the stream began: ``event: error`` with vLLM's error body."""
-        body = openai_sse.error_reply(error_event, status)[1]
-        return self._start() + b"event: error\n" + openai_sse.sse(body)
+        body = sse.error_reply(error_event, status)[1]
+        return self._start() + b"event: error\n" + sse.sse(body)

@@ -1,6 +1,6 @@
 """The OpenAI HTTP answers vLLM's server gives, built from profile events: no I/O, plain data in, bytes out.
 
-Used by :mod:`vllm_nnrp_plugin.openai_transport`, which feeds it the events of one operation:
+Used by :mod:`vllm_nnrp_plugin.client.openai.transport`, which feeds it the events of one operation:
 
 * :class:`ChatChunkStream` turns the non-terminal events of a streamed ``chat.completions.create``
   (``response.output_text.delta``, ``response.tool_call.started`` / ``.delta``) into the server-sent events of

@@ -24,10 +24,10 @@ e.g. "peer_cancelled">}``. :meth:`Operation.cancel` sends FRAME_CANCEL; the term
 cancelled while it waits in ``async for`` or :meth:`Operation.result` gets its ``CancelledError`` and the
 operation is cancelled (FRAME_CANCEL) on the way out.
 
-Errors, all :class:`ClientError`: :class:`ClientConnectionError` (cannot connect, the connection was lost
-or ended on a protocol error: every pending open, operation and close fails with it),
-:class:`SessionOpenError` (the server refused a session), :class:`ClientResponseError` (an event or terminal
-that does not decode).
+Errors (:mod:`vllm_nnrp_plugin.client.errors`), all :class:`ClientError`: :class:`ClientConnectionError`
+(cannot connect, the connection was lost or ended on a protocol error: every pending open, operation and close
+fails with it; an unusable URI is also a :class:`ClientAddressError`), :class:`SessionOpenError` (the server
+refused a session), :class:`ClientResponseError` (an event or terminal that does not decode).
 """
 
 from __future__ import annotations
@@ -45,49 +45,20 @@ import orjson
 from nnrp.core.enums import MessageType
 from nnrp.runtime.types import ResultDropReasonCode
 
+from vllm_nnrp_plugin.client.errors import (
+    ClientConnectionError,
+    ClientError,
+    ClientResponseError,
+    SessionOpenError,
+    _ConnectAddressError,
+)
 from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.framing import MAX_PACKET_BYTES
 from vllm_nnrp_plugin.profile import errors as profile_errors
 
-__all__ = [
-    "ClientConnectionError",
-    "ClientError",
-    "ClientResponseError",
-    "Connection",
-    "Operation",
-    "Session",
-    "SessionOpenError",
-    "connect",
-]
-
-
-class ClientError(Exception):
-    """An NNRP client call failed; the base of every error this module raises."""
-
-
-class ClientConnectionError(ClientError, ConnectionError):
-    """No connection, or it is gone (lost, closed by the server, or ended on a protocol violation)."""
-
-
-class SessionOpenError(ClientError):
-    """The server refused the session: ``session_error_code`` (NNRP u32, 0 when this client refused a
-    malformed SESSION_OPEN_ACK) and the server's ``diagnostic``."""
-
-    def __init__(self, session_error_code: int, diagnostic: str) -> None:
-        super().__init__(f"session refused ({session_error_code:#010x}): {diagnostic}")
-        self.session_error_code = session_error_code
-        self.diagnostic = diagnostic
-
-
-class ClientResponseError(ClientError):
-    """The server's event or terminal does not decode (not JSON, or a RESULT_PUSH body outside the
-    profile's typed-body mapping)."""
-
-
-class _AddressError(ClientConnectionError, ValueError):
-    """An endpoint URI :func:`connect` cannot use."""
+__all__ = ["Connection", "Operation", "Session", "connect"]
 
 
 async def connect(
@@ -97,8 +68,8 @@ async def connect(
     carrier serves it: plain TLS, no ALPN, the host checked against the certificate; ``trusted_cert_der``: the
     server certificate or its CA, DER, else the system's trust store) or ``unix:///absolute/path``.
     ``max_packet_bytes``: the largest packet accepted from the server (bytes). Raises
-    :class:`ClientConnectionError` (nothing listens, the TLS handshake failed, or an unusable URI; also a
-    ``ValueError``)."""
+    :class:`ClientConnectionError` (nothing listens, the TLS handshake failed, or an unusable URI: then also a
+    :class:`ClientAddressError`, a ``ValueError``)."""
     loop = asyncio.get_running_loop()
     parsed = urllib.parse.urlsplit(uri)
     factory = lambda: Connection(max_packet_bytes)  # noqa: E731
@@ -111,7 +82,9 @@ async def connect(
         elif parsed.scheme == "unix" and not parsed.netloc and parsed.path.startswith("/"):
             _, conn = await loop.create_unix_connection(factory, parsed.path)
         else:
-            raise _AddressError(f"{uri!r} is neither tcp:// nor nnrps://host:port nor unix:///absolute/path")
+            raise _ConnectAddressError(f"{uri!r} is neither tcp:// nor nnrps://host:port nor unix:///absolute/path")
+    except _ConnectAddressError:
+        raise  # a ConnectionError too, but no connect was tried
     except (OSError, ssl.SSLError) as exc:
         raise ClientConnectionError(f"cannot connect to {uri}: {exc}") from exc
     return conn

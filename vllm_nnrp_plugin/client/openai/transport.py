@@ -7,24 +7,25 @@ vLLM's HTTP server would.
                     http_client=httpx2.Client(transport=NNRPTransport("tcp://127.0.0.1:9400")))
 
 (``AsyncNNRPTransport`` with ``httpx2.AsyncClient`` / ``httpx.AsyncClient`` and ``AsyncOpenAI``; ``httpx.Client``
-works as well: each answer is made by the library of the request, :func:`vllm_nnrp_plugin.openai_calls.library`.)
+works as well: each answer is made by the library of the request, :func:`vllm_nnrp_plugin.client.openai.calls.library`.)
 The host in ``base_url`` is never contacted; the transport speaks to the NNRP endpoint given, ``tcp://HOST:PORT``,
 ``nnrps://HOST:PORT`` (TLS: ``trusted_cert_der``, the server certificate or its CA in DER, else the system's trust
-store) or ``unix:///PATH`` (the project's asyncio client, :mod:`vllm_nnrp_plugin.nnrp_client`; the WebSocket and
-QUIC carriers are :class:`vllm_nnrp_plugin.client.ProfileClient`'s).
+store) or ``unix:///PATH`` (the project's asyncio client, :mod:`vllm_nnrp_plugin.client.connection`; the WebSocket and
+QUIC carriers are :class:`vllm_nnrp_plugin.client.profile_client.ProfileClient`'s).
 
 * ``POST …/chat/completions``, ``POST …/responses``, ``POST …/embeddings`` → one ``chat.completions.create``,
   ``responses.create``, ``embeddings.create`` submit; streamed answers flow as the events arrive
-  (:mod:`vllm_nnrp_plugin.openai_sse` and :mod:`vllm_nnrp_plugin.openai_responses_sse` make the bytes),
+  (:mod:`vllm_nnrp_plugin.client.openai.sse` and :mod:`vllm_nnrp_plugin.client.openai.responses_sse` make the bytes),
   non-streamed ones are the ``response.completed`` body. ``GET …/models`` → ``models.list`` (the capability
   document on a server without it). Anything else → FastAPI's 404/405. The routing and the answers are
-  :mod:`vllm_nnrp_plugin.openai_calls`; the exchange (submit, refusals, timeouts, cancel) is
-  :mod:`vllm_nnrp_plugin.openai_exchange`; the sessions it runs on are :mod:`vllm_nnrp_plugin.openai_pool`.
+  :mod:`vllm_nnrp_plugin.client.openai.calls`; the exchange (submit, refusals, timeouts, cancel) is
+  :mod:`vllm_nnrp_plugin.client.openai.exchange`; the sessions it runs on are
+  :mod:`vllm_nnrp_plugin.client.openai.pool`.
 * ``response.error`` → its HTTP status and vLLM's error body (so the SDK raises ``NotFoundError``,
   ``BadRequestError``, ``RateLimitError``, ``InternalServerError``, …), except ``request_timeout``, which is
   ``ReadTimeout`` (the SDK's ``APITimeoutError``), as when the SDK's own timeout fires over HTTP.
 * Fan-out: concurrent calls share the transport's sessions and connections, which grow with the calls by the
-  server's credit (``max_connections``, ``max_sessions_per_connection``: :mod:`vllm_nnrp_plugin.openai_pool`),
+  server's credit (``max_connections``, ``max_sessions_per_connection``: :mod:`vllm_nnrp_plugin.client.openai.pool`),
   and calls beyond that wait their turn (the request's pool timeout) instead of being refused.
 * Closing the response (``stream.close()``, leaving ``with``, a cancelled asyncio task) before its terminal sends
   a FRAME_CANCEL, so the server aborts the vLLM request. Cancelling the task that awaits or iterates a call
@@ -32,7 +33,7 @@ QUIC carriers are :class:`vllm_nnrp_plugin.client.ProfileClient`'s).
 * The request's read timeout (``extensions["timeout"]``, what the SDK's ``timeout`` sets) becomes
   ``nnrp.timeout_ms``: a bound on the whole operation, not on the gap between chunks as over HTTP.
 * An active valid OpenTelemetry span of the caller becomes the operation's TRACE_CONTEXT (the low 64 bits of its
-  trace id, :func:`vllm_nnrp_plugin.openai_exchange.trace_of_caller`).
+  trace id, :func:`vllm_nnrp_plugin.client.openai.exchange.trace_of_caller`).
 
 Threads and loops: :class:`AsyncNNRPTransport` runs in the caller's event loop (no thread; its sessions belong
 to the loop of its first call, and a call from another loop starts a new pool there). :class:`NNRPTransport`
@@ -56,9 +57,9 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from types import ModuleType
 from typing import Any, TypeVar
 
-from vllm_nnrp_plugin.openai_calls import Call, Item
-from vllm_nnrp_plugin.openai_exchange import Exchange, trace_of_caller
-from vllm_nnrp_plugin.openai_pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
+from vllm_nnrp_plugin.client.openai.calls import Call, Item
+from vllm_nnrp_plugin.client.openai.exchange import Exchange, trace_of_caller
+from vllm_nnrp_plugin.client.openai.pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
 
 __all__ = ["AsyncNNRPTransport", "NNRPTransport"]
 
@@ -140,9 +141,9 @@ def _stop_at_exit() -> None:
 
 class NNRPTransport(_Transport):
     """A sync ``httpx.Client`` / ``httpx2.Client`` transport to an NNRP endpoint (module docstring). Thread-safe.
-    ``max_connections`` / ``max_sessions_per_connection``: the pool's bounds (:mod:`vllm_nnrp_plugin.openai_pool`).
-    ``trusted_cert_der``: for ``nnrps://``. Raises ``ValueError`` for an endpoint that is not ``tcp://HOST:PORT``,
-    ``nnrps://HOST:PORT`` or ``unix:///PATH``."""
+    ``max_connections`` / ``max_sessions_per_connection``: the pool's bounds
+    (:mod:`vllm_nnrp_plugin.client.openai.pool`). ``trusted_cert_der``: for ``nnrps://``. Raises ``ValueError``
+    for an endpoint that is not ``tcp://HOST:PORT``, ``nnrps://HOST:PORT`` or ``unix:///PATH``."""
 
     def __init__(self, uri: str, **pool_options: Any) -> None:
         super().__init__(uri, **pool_options)

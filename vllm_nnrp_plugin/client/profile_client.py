@@ -1,7 +1,7 @@
 """A small ``openai-compatible/1`` client over nnrp-py's native client (used by ``vllm-nnrp``, the conformance
 driver and the tests, as the oracle of nnrp-py's own client). One session, no fan-out: more operations at once
 than the session's ``max_in_flight_per_session`` get ``too_many_requests`` (the ``openai`` transports fan out,
-:mod:`vllm_nnrp_plugin.openai_pool`).
+:mod:`vllm_nnrp_plugin.client.openai.pool`).
 
 ::
 
@@ -16,10 +16,11 @@ NNRP runtime metadata: ``submit(..., deadline_ms=N)`` sends a DEADLINE control (
 operation right after its submit; ``trace_context(...)`` sends a TRACE_CONTEXT (session scope, or one
 operation's); ``capabilities()`` fetches the server's capability document (operation ``nnrp.capabilities``).
 
-Errors: every failure is a :class:`ClientError` — :class:`ClientAddressError` (an unusable endpoint URI),
-:class:`ClientTransportError` (nnrp-py's native layer failed a call: connect, open session, submit, control,
-poll), :class:`ClientTimeout` (no terminal in time), :class:`ClientResponseError` (the server answered, but not
-as asked). nnrp-py's own exceptions never leave this module.
+Errors (:mod:`vllm_nnrp_plugin.client.errors`): every failure is a :class:`ClientError` —
+:class:`ClientAddressError` (an unusable endpoint URI), :class:`ClientTransportError` (nnrp-py's native layer
+failed a call: connect, open session, submit, control, poll), :class:`ClientTimeout` (no terminal in time),
+:class:`ClientResponseError` (the server answered, but not as asked). nnrp-py's own exceptions never leave this
+module.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ from nnrp.native import (
 from nnrp.runtime import TraceContextMetadata
 from nnrp.schema import StreamSemantics
 
+from vllm_nnrp_plugin.client.errors import (
+    ClientAddressError,
+    ClientError,
+    ClientResponseError,
+    ClientTimeout,
+    ClientTransportError,
+)
 from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.nnrp_binding.endpoints import EndpointError, parse_endpoint
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
@@ -64,35 +72,6 @@ _POLICY = {
     "websocket": TransportPolicy.FORCE_WEBSOCKET,
     "quic": TransportPolicy.FORCE_QUIC,
 }
-
-
-class ClientError(Exception):
-    """An NNRP client call failed; the base of every error :class:`ProfileClient` raises."""
-
-
-class ClientTimeout(ClientError, TimeoutError):
-    """No terminal arrived in time (the server is gone, or the operation is slower than the timeout)."""
-
-
-class ClientAddressError(ClientError, ValueError):
-    """The endpoint URI cannot be used: not one of the forms of :mod:`vllm_nnrp_plugin.nnrp_binding.endpoints`,
-    or a TLS URI without ``trusted_cert_der``."""
-
-
-class ClientTransportError(ClientError, NativeRuntimeError):
-    """nnrp-py failed a native call (``nnrp.native.NativeRuntimeError`` and its kinds, or
-    ``NativeArtifactError`` when no native transport loads); the original is the ``__cause__``, its
-    ``status`` (``nnrp.native.NativeStatus``, None for an artifact error) is kept. Also a
-    ``NativeRuntimeError``, so code written against nnrp-py's own errors still catches it."""
-
-    def __init__(self, message: str, status: Any = None) -> None:
-        RuntimeError.__init__(self, message)
-        self.status = status
-
-
-class ClientResponseError(ClientError):
-    """The server answered, but not with what was asked for (e.g. a capability fetch ending in
-    ``response.error``)."""
 
 
 @contextlib.contextmanager

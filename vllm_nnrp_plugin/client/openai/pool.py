@@ -30,7 +30,7 @@ Policy (the server's side is README *Limits and backpressure*; its defaults are 
   first once it has no session.
 * **Refused opens**: a session the server refuses (``max_sessions`` reached) is not asked for again on that
   connection for :data:`REFUSED_OPEN_BACKOFF_S`; waiting calls keep their place. A call fails
-  (:class:`~vllm_nnrp_plugin.nnrp_client.ClientError`) only when the pool has no session at all and cannot
+  (:class:`~vllm_nnrp_plugin.client.errors.ClientError`) only when the pool has no session at all and cannot
   open one: the connect failed or the server refused the first session.
 * **Lost connections** are forgotten when found lost; their operations fail (the connection fails them) and the
   next call connects again, so a restarted server is picked up.
@@ -48,7 +48,8 @@ from typing import Any
 
 from nnrp.core.enums import MessageType
 
-from vllm_nnrp_plugin.nnrp_client import ClientConnectionError, ClientError, Connection, Session, connect
+from vllm_nnrp_plugin.client.connection import Connection, Session, connect
+from vllm_nnrp_plugin.client.errors import ClientConnectionError, ClientError
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
@@ -113,7 +114,7 @@ class _Link:
 
 class Pool:
     """Sessions to ``uri`` (``tcp://``, ``nnrps://`` with ``trusted_cert_der`` or the system's trust store, or
-    ``unix://``: :func:`vllm_nnrp_plugin.nnrp_client.connect`) for one client, on the running loop it is made on (module docstring for the policy)."""
+    ``unix://``: :func:`vllm_nnrp_plugin.client.connection.connect`) for one client, on the running loop it is made on (module docstring for the policy)."""
 
     def __init__(
         self, uri: str, *, max_connections: int = MAX_CONNECTIONS,

@@ -20,11 +20,12 @@ import sys
 
 import orjson
 
-from vllm_nnrp_plugin.client import ClientError, ProfileClient
-from vllm_nnrp_plugin.conformance.driver import run_cases, summary_line
-from vllm_nnrp_plugin.conformance.plan import build_plan
-from vllm_nnrp_plugin.conformance.rules import results_problems
-from vllm_nnrp_plugin.conformance.suite import ROOT_ENV, Suite, locate_suite
+from vllm_nnrp_plugin.client.conformance.driver import run_cases, summary_line
+from vllm_nnrp_plugin.client.conformance.plan import build_plan
+from vllm_nnrp_plugin.client.conformance.rules import results_problems
+from vllm_nnrp_plugin.client.conformance.suite import ROOT_ENV, Suite, locate_suite
+from vllm_nnrp_plugin.client.errors import ClientError
+from vllm_nnrp_plugin.client.profile_client import ProfileClient
 from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
 
 

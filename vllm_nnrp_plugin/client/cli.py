@@ -20,10 +20,10 @@ NNRP with the operation ``nnrp.capabilities``), or with ``--conformance`` the co
 it; exit 2 when it cannot be fetched.
 
 ``vllm-nnrp conformance --endpoint URI [--suite DIR] [--recipes DIR] [--no-suite-recipes] [--out DIR]`` runs the
-conformance suite against the server (:mod:`vllm_nnrp_plugin.conformance.runner`); exit 0 only when every
+conformance suite against the server (:mod:`vllm_nnrp_plugin.client.conformance.runner`); exit 0 only when every
 selected case passed.
 
-Also runnable as ``python -m vllm_nnrp_plugin.cli``. (The benchmarks are not part of the package: ``python -m
+Also runnable as ``python -m vllm_nnrp_plugin.client.cli``. (The benchmarks are not part of the package: ``python -m
 bench`` from a checkout.)
 """
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "capabilities":
         return asyncio.run(_capabilities(args))
     if args.command == "conformance":
-        from vllm_nnrp_plugin.conformance.runner import run
+        from vllm_nnrp_plugin.client.conformance.runner import run
 
         return run(args)
     envelope, printer = COMMANDS[args.command](args)
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     _endpoint_option(caps)
     caps.add_argument("--conformance", action="store_true", help="print the derived conformance manifest instead")
     caps.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
-    from vllm_nnrp_plugin.conformance.runner import add_arguments
+    from vllm_nnrp_plugin.client.conformance.runner import add_arguments
 
     add_arguments(commands.add_parser("conformance", help="run the conformance suite against the server"))
     return parser
@@ -116,7 +116,8 @@ def _operation_parser(commands: Any, name: str, help_text: str, *, timeout: floa
 
 async def _connect(endpoint: str) -> Any:
     """A connected :class:`ProfileClient`, or None after saying why on stderr."""
-    from vllm_nnrp_plugin.client import ClientError, ProfileClient
+    from vllm_nnrp_plugin.client.errors import ClientError
+    from vllm_nnrp_plugin.client.profile_client import ProfileClient
 
     try:
         return await ProfileClient.connect(endpoint)
@@ -126,7 +127,7 @@ async def _connect(endpoint: str) -> Any:
 
 
 async def _capabilities(args: argparse.Namespace) -> int:
-    from vllm_nnrp_plugin.client import ClientError
+    from vllm_nnrp_plugin.client.errors import ClientError
     from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
 
     client = await _connect(args.endpoint)
@@ -179,7 +180,7 @@ def embed_envelope(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any) -> int:
     """Submit ``envelope`` and show its events with ``printer`` until the terminal; the exit status."""
-    from vllm_nnrp_plugin.client import ClientError, ClientTimeout
+    from vllm_nnrp_plugin.client.errors import ClientError, ClientTimeout
 
     client = await _connect(args.endpoint)
     if client is None:

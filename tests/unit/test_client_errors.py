@@ -1,0 +1,16 @@
+"""Both clients raise one error hierarchy (:mod:`vllm_nnrp_plugin.client.errors`): an unusable endpoint URI is a
+``ClientAddressError`` (a ``ValueError``) from either, and ``connect``'s is still a ``ClientConnectionError``."""
+
+import asyncio
+
+import pytest
+
+from vllm_nnrp_plugin.client import ClientAddressError, ClientConnectionError, ClientError, ProfileClient, connect
+
+
+@pytest.mark.parametrize("connect_to", [connect, ProfileClient.connect], ids=["asyncio", "profile_client"])
+def test_an_unusable_uri_is_a_client_address_error_from_either_client(connect_to):
+    with pytest.raises(ClientAddressError) as raised:
+        asyncio.run(connect_to("http://127.0.0.1:9400"))
+    assert isinstance(raised.value, ClientError) and isinstance(raised.value, ValueError)
+    assert isinstance(raised.value, ClientConnectionError) == (connect_to is connect)
