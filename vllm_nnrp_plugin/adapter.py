@@ -3,7 +3,9 @@
 It joins the profile (envelope, stream mapping) to a :class:`Backend` (vLLM's serving objects in
 production, a scripted backend fed with recorded vLLM outputs in unit tests) and to an
 :class:`OperationSink` (the NNRP operation in production, a list in unit tests). It owns the rule that a
-backend request is always aborted unless it finished: on cancel, client loss, error, timeout or shutdown.
+backend request is always aborted unless it finished: on cancel, client loss, error, timeout or shutdown — on
+a stop by the operation's owner at once, in the callback that decided the stop (:meth:`OperationSink.abort_with`),
+before the operation's task even sees its cancel.
 
 Before dispatch it decodes the envelope (already unwrapped from the submit frame by the NNRP binding) against
 the capability document (only advertised operations, plus the capability fetch ``nnrp.capabilities``),
