@@ -203,3 +203,22 @@ def test_closing_the_normalised_stream_closes_vllms_stream():
 
     asyncio.run(take_one())
     assert closed == [True]
+
+
+@pytest.mark.parametrize("text", ["a\x85b", "line\u2028separator", "para\u2029graph", "cr\rlf"])
+def test_text_with_unicode_line_breaks_is_one_chunk(text):
+    """vLLM's JSON leaves U+0085, U+2028 and U+2029 unescaped: they are inside the ``data:`` line, not ends of it."""
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}  # fmt: skip
+    raw = json.dumps(chunk, ensure_ascii=False)  # as pydantic's model_dump_json writes them
+    assert ("\r" in text) == ("\\r" in raw)  # a real CR is escaped in JSON; the others are not
+
+    async def strings():
+        yield f"data: {raw}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def collect():
+        return [c async for c in vllm_chunks(strings())]
+
+    (parsed,) = asyncio.run(collect())
+    assert parsed["choices"][0]["delta"]["content"] == text

@@ -93,10 +93,12 @@ class VLLMStream:
     def feed(self, item: str) -> list[Chunk]:
         """Normal-form chunks for one string of vLLM's stream, in order."""
         out: list[Chunk] = []
-        for line in item.splitlines():
+        # SSE lines end at "\n" (vLLM yields "data: <json>\n\n"); not str.splitlines(), which also breaks at
+        # U+0085, U+2028 and U+2029, characters JSON text carries unescaped (model_dump_json leaves them as they are)
+        for line in item.split("\n"):
             if self.done or not line.startswith(_DATA):
                 continue
-            data = line[len(_DATA):]
+            data = line[len(_DATA):].rstrip("\r")
             if data == _DONE:
                 self.done = True
                 out.extend(self.end())
