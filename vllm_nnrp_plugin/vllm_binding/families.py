@@ -1,6 +1,6 @@
 """The vLLM support band: one named binding per family, chosen by version family *and* feature probes.
 
-The installation band is ``vllm>=0.18.0,<0.33``; inside it only the 0.18.x, 0.22.x and 0.26.x–0.32.x lines
+The installation band is ``vllm>=0.18.0,<0.33``; inside it only the 0.18.x, 0.22.x, 0.26.x–0.30.x and 0.32.x lines
 have a binding, each line tested on its own anchor (:data:`TESTED_ANCHORS`). Every difference between those lines
 that this package depends on is decided here (attach paths, and probes of the serving surfaces that differ:
 ``build_app``'s signature and module — ``vllm/entrypoints/openai/api_server.py`` up to 0.28,
@@ -63,6 +63,17 @@ def family_of(version: str) -> tuple[int, int]:
 def line_name(family: tuple[int, int]) -> str:
     """``0.27.x`` for the family (0, 27)."""
     return f"{family[0]}.{family[1]}.x"
+
+
+def line_ranges(families: list[tuple[int, int]]) -> list[str]:
+    """Sorted (major, minor) lines as runs of consecutive minors: ``["0.26.x–0.30.x", "0.32.x"]``."""
+    runs: list[list[tuple[int, int]]] = []
+    for family in families:
+        if runs and family == (runs[-1][-1][0], runs[-1][-1][1] + 1):
+            runs[-1].append(family)
+        else:
+            runs.append([family])
+    return [line_name(r[0]) + ("" if len(r) == 1 else f"–{line_name(r[-1])}") for r in runs]
 
 
 @attrs.frozen
@@ -178,8 +189,7 @@ def select_binding(surface: Surface) -> Binding:
     family = tuple(surface.version_tuple[:2])
     binding = binding_for(family)
     if binding is None:
-        lines = ", ".join(line_name(b.families[0]) + ("" if len(b.families) == 1 else f"–{line_name(b.families[-1])}")
-                          for b in BINDINGS)
+        lines = ", ".join(line_ranges(sorted(f for b in BINDINGS for f in b.families)))
         untested = UNTESTED_LINES.get(family)
         why = (f"is not yet tested: {untested}" if untested is not None
                else f"is not supported: this release has bindings for the {lines} lines only")
