@@ -191,10 +191,8 @@ def test_closing_a_stream_after_the_first_chunk_aborts_the_vllm_request(server, 
 SHORT = {**HELLO, "max_tokens": 8}
 
 
-def fan_out_sizes(vllm_version) -> tuple[int, ...]:
-    """Concurrent calls per fan-out case: 16, 64 and 128 on 0.26 (the anchor the default run serves first),
-    16 on the others (same code path; keeps the default run's time)."""
-    return (16, 64, 128) if tuple(vllm_version[1]) == (0, 26) else (16,)
+#: concurrent calls per fan-out case
+FAN_OUT_SIZES = (16, 64, 128)
 
 
 async def fan_out(sdk: openai.AsyncOpenAI, n: int) -> list[str]:
@@ -210,22 +208,24 @@ async def fan_out(sdk: openai.AsyncOpenAI, n: int) -> list[str]:
     return await asyncio.gather(*(streamed() for _ in range(n // 2)), *(whole() for _ in range(n - n // 2)))
 
 
-def test_concurrent_async_calls_on_one_client_complete_as_over_http(server, vllm_version):
-    """One ``AsyncOpenAI`` client on the SDK's own HTTP library (httpx2) per side, SDK retries off: every fan-out
-    case completes over NNRP as over HTTP, with the same answers; the NNRP client used more than one session for
-    more than 16 calls and leaves none open once closed (the server's ``nnrp_sessions_active``)."""
-    sizes = fan_out_sizes(vllm_version)
-    baseline = server.metric("nnrp_sessions_active")  # the module's sync transport keeps its session
+@pytest.mark.binding_core
+def test_concurrent_async_calls_on_one_client_complete_as_over_http(vllm_server):
+    """One ``AsyncOpenAI`` client on the SDK's own HTTP library (httpx2; httpx for openai < 3) per side, SDK
+    retries off: every fan-out case completes over NNRP as over HTTP, with the same answers; the NNRP client used
+    more than one session for more than 16 calls and leaves none open once closed (the server's
+    ``nnrp_sessions_active``). On the session's plain generate server, which every anchor's binding core starts."""
+    server = vllm_server
+    baseline = server.metric("nnrp_sessions_active")  # sessions other tests' clients still hold
 
     async def main():
         over_http = openai.AsyncOpenAI(base_url=f"{server.http}/v1", api_key="unused", max_retries=0,
                                        http_client=SDK_HTTPX.AsyncClient(timeout=300))  # fmt: skip
         over_nnrp = openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0,
-                                       http_client=SDK_HTTPX.AsyncClient(transport=AsyncNNRPTransport(server.nnrp),
+                                       http_client=SDK_HTTPX.AsyncClient(transport=AsyncNNRPTransport(server.nnrp["tcp"]),
                                                                       timeout=300))  # fmt: skip
         results = {}
         try:
-            for n in sizes:
+            for n in FAN_OUT_SIZES:
                 results[n] = (await fan_out(over_http, n), await fan_out(over_nnrp, n))
             peak_sessions = server.metric("nnrp_sessions_active") - baseline
         finally:
@@ -237,7 +237,7 @@ def test_concurrent_async_calls_on_one_client_complete_as_over_http(server, vllm
     for n, (http, nnrp) in results.items():
         assert len(nnrp) == n and all(nnrp), n
         assert sorted(nnrp) == sorted(http), n
-    assert peak_sessions >= (2 if max(sizes) > 16 else 1)
+    assert peak_sessions >= 2  # more than 16 calls: more than one session
     assert wait_until(lambda: server.metric("nnrp_sessions_active") == baseline)
     assert wait_idle(server, 10.0)
 
