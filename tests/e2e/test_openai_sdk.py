@@ -75,6 +75,16 @@ def sdks(server, transport):
     over_http.close()
 
 
+@pytest.fixture(scope="module")
+def core_sdks(vllm_server):
+    """The same pair on the session's plain generate server, which every anchor's binding core starts."""
+    transport = NNRPTransport(vllm_server.nnrp["tcp"])
+    over_http = httpx.Client(timeout=120)
+    yield sdk_pair(vllm_server.http, over_http, httpx.Client(transport=transport, timeout=120))
+    over_http.close()
+    transport.close()
+
+
 def sdk_pair(http: str, over_http: httpx.Client, over_nnrp: httpx.Client) -> dict:
     """{"http": the SDK on ``over_http`` to vLLM's base URL ``http``, "nnrp": the SDK on ``over_nnrp``}."""
     return {
@@ -276,12 +286,14 @@ asyncio.run(main())
 """
 
 
-def test_a_program_that_never_closes_its_clients_prints_nothing_at_exit(server):
+@pytest.mark.binding_core
+def test_a_program_that_never_closes_its_clients_prints_nothing_at_exit(vllm_server):
     """Sync (the SDK's library) and async (httpx) clients, never closed, in a process of their own: its stderr is empty
     (every ResourceWarning shown) and its sessions are gone from the server once it exited."""
+    server = vllm_server
     baseline = server.metric("nnrp_sessions_active")
     run = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c",
-                          EXIT_SCRIPT.format(model=SERVED_NAME, uri=server.nnrp, lib=SDK_HTTPX.__name__,
+                          EXIT_SCRIPT.format(model=SERVED_NAME, uri=server.nnrp["tcp"], lib=SDK_HTTPX.__name__,
                                              lib_import=f"import {SDK_HTTPX.__name__}")],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert (run.returncode, run.stderr) == (0, "")
@@ -456,9 +468,12 @@ def test_closing_a_responses_stream_aborts_the_vllm_request(server, sdks):
     assert wait_idle(server, 10.0), "vLLM still runs the request of the closed Responses stream"
 
 
-def test_streamed_logprobs_are_vllms_token_logprobs_and_top_logprobs(sdks):
+@pytest.mark.binding_core
+def test_streamed_logprobs_are_vllms_token_logprobs_and_top_logprobs(core_sdks):
     """``logprobs`` asked: every token's logprob and its top 2 reach the SDK over NNRP as over HTTP (the
     ``vllm.openai_chunk`` extension)."""
+    sdks = core_sdks
+
     def stream(sdk):
         chunks = list(sdk.chat.completions.create(**HELLO, stream=True, logprobs=True, top_logprobs=2))
         tokens = [(t.token, t.logprob, [(top.token, top.logprob) for top in t.top_logprobs])
