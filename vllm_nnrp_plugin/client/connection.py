@@ -72,12 +72,16 @@ async def connect(
     :class:`ClientAddressError`, a ``ValueError``)."""
     loop = asyncio.get_running_loop()
     parsed = urllib.parse.urlsplit(uri)
+    try:
+        port = parsed.port
+    except ValueError:  # urllib: "Port could not be cast to integer value" or out of range
+        port = None
     factory = lambda: Connection(max_packet_bytes)  # noqa: E731
     try:
-        if parsed.scheme in ("tcp", "nnrps") and parsed.hostname and parsed.port:
+        if parsed.scheme in ("tcp", "nnrps") and parsed.hostname and port:
             tls = _tls_context(trusted_cert_der) if parsed.scheme == "nnrps" else None
             _, conn = await loop.create_connection(
-                factory, parsed.hostname, parsed.port, ssl=tls, server_hostname=parsed.hostname if tls else None
+                factory, parsed.hostname, port, ssl=tls, server_hostname=parsed.hostname if tls else None
             )
         elif parsed.scheme == "unix" and not parsed.netloc and parsed.path.startswith("/"):
             _, conn = await loop.create_unix_connection(factory, parsed.path)
