@@ -228,8 +228,7 @@ class NNRPService:
         releases vLLM's stream and makes sure of the abort)."""
         task = self._tasks.get(sop)
         if task is not None:
-            if sop.abort_backend is not None:
-                sop.abort_backend()
+            sop.abort_now()
             task.cancel()
 
     def _expire(self, sop: ServerOperation) -> None:

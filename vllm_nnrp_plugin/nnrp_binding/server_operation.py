@@ -98,7 +98,7 @@ class ServerOperation:
     (read ``rules.admits_partials`` freely; change it only through this object's methods, which hold the
     lock); ``owner`` is set by whoever runs its backend work."""
 
-    __slots__ = ("operation_id", "frame_id", "transport", "native", "envelope", "owner", "rules", "abort_backend",
+    __slots__ = ("operation_id", "frame_id", "transport", "native", "envelope", "owner", "rules", "_abort",
                  "_link", "_lock")  # fmt: skip
 
     def __init__(
@@ -120,8 +120,7 @@ class ServerOperation:
         self.frame_id = frame_id
         self.transport = transport
         self.owner: OperationOwner | None = None
-        #: stops the backend request at once (set by the adapter while one runs); its owner calls it on a stop
-        self.abort_backend: Callable[[], None] | None = None
+        self._abort: Callable[[], None] | None = None  # the adapter's, while a backend request runs
         self._link = link
         self._lock = threading.Lock()
         self.rules = Operation(obs.Observation(
@@ -198,7 +197,12 @@ class ServerOperation:
 
     def abort_with(self, abort: Callable[[], None] | None) -> None:
         """What stops the backend request at once (``None``: nothing to stop any more); vLLM's loop only."""
-        self.abort_backend = abort
+        self._abort = abort
+
+    def abort_now(self) -> None:
+        """The owner stops the operation: abort its backend request now, if one runs; vLLM's loop only."""
+        if self._abort is not None:
+            self._abort()
 
     # -- the service (vLLM's loop) ------------------------------------------------------------------------------
 

@@ -73,9 +73,6 @@ _DROP_CODES = {
     DropReason.TRANSPORT_CLOSED: int(ResultDropReasonCode.TRANSPORT_CLOSED),
 }
 
-#: what a cancel control is called in the operation's record (``response.cancelled`` reason)
-_CANCEL_DETAIL = {int(kind): detail for kind, detail in CANCEL_DETAIL.items()}
-
 #: transport write buffer (bytes) above which the connection stops taking from the outboxes, and below which
 #: it starts again (``transport.set_write_buffer_limits``)
 WRITE_HIGH_WATER = 1 << 20
@@ -281,7 +278,8 @@ class ConnectionProtocol(asyncio.Protocol):
         sop = session.ops.get(cancelled.operation_id) if session is not None else None
         if sop is None:
             return
-        drop = sop.cancel(DropReason.PEER_CANCELLED, _CANCEL_DETAIL[cancelled.kind])
+        # CANCEL_DETAIL is keyed by MessageType, an IntEnum: the event's int kind finds its entry
+        drop = sop.cancel(DropReason.PEER_CANCELLED, CANCEL_DETAIL[cancelled.kind])
         if drop is not None:
             session.link.put(sop, drop)  # type: ignore[union-attr]
         # else a terminal is already queued: sealing turns it into the drop
