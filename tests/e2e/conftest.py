@@ -84,6 +84,7 @@ def vllm_tools_server(tmp_path_factory, vllm_version):
         "--otlp-traces-endpoint", collector.endpoint,
     ))  # fmt: skip
     server.nnrp = {"tcp": tcp}
+    server.version, server.family = vllm_version
     server.collector = collector
     try:
         server.wait_ready()
@@ -102,6 +103,7 @@ def vllm_pooling_server(tmp_path_factory, vllm_version):
     env, args = attach_options(vllm_version[1])
     server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": tcp}, extra_args=(*args, *POOLING_ARGS))
     server.nnrp = {"tcp": tcp}
+    server.version, server.family = vllm_version
     try:
         server.wait_ready()
         yield server
