@@ -6,8 +6,9 @@ Everything here runs on the loop, so every piece of state has one owner and noth
 * reads are event-driven: ``data_received`` feeds the core and handles each event at once (a FRAME_CANCEL
   reaches its operation, and the operation's task is cancelled, in the same loop iteration its bytes arrived);
 * sends are batched: what the operations decide goes to their session's outbox
-  (:class:`.server_operation.SessionLink`); the first entry of an iteration schedules one flush, which encodes
-  every waiting action of every session of the connection and hands the bytes to ``transport.write`` in one
+  (:class:`.server_operation.SessionLink`); the first entry of an iteration puts the connection on the
+  listener's :class:`FlushRound`, whose one callback per loop iteration flushes every connection on it: each
+  encodes every waiting action of every one of its sessions and hands the bytes to ``transport.write`` in one
   call (TCP_NODELAY is set on accepted TCP sockets, :mod:`.stream_listener`);
 * write back-pressure: while the transport's buffer is above its high-water mark (``pause_writing``) nothing
   is taken from the outboxes; deltas decided meanwhile join the one still waiting (:mod:`vllm_nnrp_plugin.operation`)
@@ -31,6 +32,7 @@ it overrides that operation's until it is dispatched (``openai-compatible/1`` pr
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import socket
@@ -98,6 +100,34 @@ class SessionGate:
         self.open -= 1
 
 
+class FlushRound:
+    """The connections that have packets decided in this loop iteration: one ``loop.call_soon`` callback per
+    iteration flushes them all, in the order they were added (one callback per connection and iteration would
+    cost a handle each; with one stream per connection that is one per chunk). On the loop only."""
+
+    __slots__ = ("_loop", "_pending", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pending: list[ConnectionProtocol] = []
+        self._scheduled = False
+
+    def add(self, connection: ConnectionProtocol) -> None:
+        self._pending.append(connection)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, []
+        for connection in pending:
+            try:
+                connection.flush()
+            except Exception:  # a bug in one connection's flush must not strand the others on this round
+                logger.exception("NNRP connection %d: flush failed", connection.connection_id)
+
+
 class StreamSession:
     """One NNRP session of a :class:`ConnectionProtocol`: its operations by id and frame, its outbox, its
     early deadlines, and whether a BACKPRESSURE awaits its CREDIT_UPDATE."""
@@ -112,7 +142,7 @@ class StreamSession:
         probe: SendProbe | None,
     ) -> None:
         self.session_id = session_id
-        self.link = SessionLink(max_queued_events, lambda: mark(self), probe)
+        self.link = SessionLink(max_queued_events, functools.partial(mark, self), probe)
         #: operations without a sent terminal, by operation id (FRAME_CANCEL's frame is mapped by the core)
         self.ops: dict[int, ServerOperation] = {}
         self.early_deadlines = EarlyDeadlines()
@@ -121,7 +151,8 @@ class StreamSession:
 
 class ConnectionProtocol(asyncio.Protocol):
     """One accepted connection. ``transport_name`` is the carrier (``tcp`` or ``ipc``); ``gate`` the
-    listener's session count; ``on_lost`` is told when the connection ended (the listener forgets it)."""
+    listener's session count; ``flush_round`` the listener's :class:`FlushRound`; ``on_lost`` is told when the
+    connection ended (the listener forgets it)."""
 
     def __init__(
         self,
@@ -130,6 +161,7 @@ class ConnectionProtocol(asyncio.Protocol):
         transport_name: str,
         limits: SessionLimits,
         gate: SessionGate,
+        flush_round: FlushRound,
         on_lost: Callable[[ConnectionProtocol], None],
         probe: SendProbe | None = None,
         tcp_nodelay: bool = True,
@@ -138,6 +170,7 @@ class ConnectionProtocol(asyncio.Protocol):
         self.transport_name = transport_name
         self._limits = limits
         self._gate = gate
+        self._round = flush_round
         self._on_lost = on_lost
         self._probe = probe
         self._tcp_nodelay = tcp_nodelay
@@ -145,8 +178,7 @@ class ConnectionProtocol(asyncio.Protocol):
         self._core = ServerConnection(max_in_flight_per_session=limits.max_in_flight)
         self._sessions: dict[int, StreamSession] = {}
         self._transport: asyncio.Transport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._flush_scheduled = False
+        self._flush_scheduled = False  # on the round's list
         self._dirty: dict[int, StreamSession] = {}  # sessions whose outbox has entries, in order
         self._paused = False
         self._stopping = False
@@ -155,7 +187,6 @@ class ConnectionProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._loop = asyncio.get_running_loop()
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
         sock = transport.get_extra_info("socket")
         if self._tcp_nodelay and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -164,7 +195,7 @@ class ConnectionProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         for event in self._core.receive_data(data):
             self._handle(event)
-        self._flush()
+        self.flush()
 
     def eof_received(self) -> bool:
         for event in self._core.receive_data(b""):
@@ -197,7 +228,7 @@ class ConnectionProtocol(asyncio.Protocol):
             for sop in list(session.ops.values()):
                 sop.shut_down()
                 self._handler.on_stop(sop)
-        self._flush()
+        self.flush()
         if self._transport is not None:
             self._transport.close()
 
@@ -335,11 +366,11 @@ class ConnectionProtocol(asyncio.Protocol):
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled and self._loop is not None:
+        if not self._flush_scheduled and self._transport is not None:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            self._round.add(self)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         """Encode every waiting action of every session (unless the transport's buffer is full), then write."""
         self._flush_scheduled = False
         if not self._paused:
@@ -384,7 +415,7 @@ class ConnectionProtocol(asyncio.Protocol):
         started = time.monotonic_ns() if probe is not None else 0  # one clock read per event unless measured
         if self._core.send_partial_result(session.session_id, sop.frame_id, sop.operation_id, taken.sequence, taken.body):
             ended = time.monotonic_ns()
-            sop.observation.event_sent(ended)
+            sop.rules.observation.event_sent(ended)
             if probe is not None:
                 probe.sent(action, started, ended)
 

@@ -26,7 +26,7 @@ from vllm_nnrp_plugin.nnrp_binding.endpoints import Carrier
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
-from vllm_nnrp_plugin.nnrp_binding.stream_connection import ConnectionProtocol, SessionGate
+from vllm_nnrp_plugin.nnrp_binding.stream_connection import ConnectionProtocol, FlushRound, SessionGate
 
 #: pending connections the kernel queues per listening socket (a burst of clients connecting at once)
 BACKLOG = 1024
@@ -54,6 +54,7 @@ class StreamListener:
         self._probe = probe
         self._tcp_nodelay = tcp_nodelay
         self._gate = SessionGate(max_sessions, other_sessions)
+        self._round: FlushRound | None = None  # made on the loop, by start()
         self._servers: list[asyncio.Server] = []
         self._connections: set[ConnectionProtocol] = set()
         self._socket_files: list[str] = []
@@ -67,6 +68,7 @@ class StreamListener:
 
     async def start(self) -> list[str]:
         """Bind every address and start accepting. Raises :class:`ListenError`; binds nothing on failure."""
+        self._round = FlushRound(asyncio.get_running_loop())
         try:
             for carrier in self._carriers:
                 await self._bind(carrier)
@@ -99,7 +101,7 @@ class StreamListener:
     def _protocol(self, transport_name: str) -> ConnectionProtocol:
         connection = ConnectionProtocol(
             self._handler, transport_name=transport_name, limits=self._limits, gate=self._gate,
-            on_lost=self._connections.discard, probe=self._probe, tcp_nodelay=self._tcp_nodelay,
+            flush_round=self._round, on_lost=self._connections.discard, probe=self._probe, tcp_nodelay=self._tcp_nodelay,
         )  # fmt: skip
         self._connections.add(connection)
         return connection

@@ -92,20 +92,28 @@ class VLLMStream:
 
     def feed(self, item: str) -> list[Chunk]:
         """Normal-form chunks for one string of vLLM's stream, in order."""
+        if self.done:
+            return []
+        # vLLM's generator yields one "data: <json>\n\n" per chunk: that shape is parsed without splitting
+        if item.startswith(_DATA) and item.endswith("\n\n") and item.count("\n") == 2:
+            return self._line(item[len(_DATA):-2].rstrip("\r"))
         out: list[Chunk] = []
-        # SSE lines end at "\n" (vLLM yields "data: <json>\n\n"); not str.splitlines(), which also breaks at
-        # U+0085, U+2028 and U+2029, characters JSON text carries unescaped (model_dump_json leaves them as they are)
+        # SSE lines end at "\n"; not str.splitlines(), which also breaks at U+0085, U+2028 and U+2029,
+        # characters JSON text carries unescaped (model_dump_json leaves them as they are)
         for line in item.split("\n"):
-            if self.done or not line.startswith(_DATA):
-                continue
-            data = line[len(_DATA):].rstrip("\r")
-            if data == _DONE:
-                self.done = True
-                out.extend(self.end())
-                continue
-            for chunk in _normalise_parsed(orjson.loads(data)):
-                out.extend(self._truthful(chunk))
+            if not self.done and line.startswith(_DATA):
+                out.extend(self._line(line[len(_DATA):].rstrip("\r")))
         return out
+
+    def _line(self, data: str) -> list[Chunk]:
+        """The chunks of one ``data:`` line's payload."""
+        if data == _DONE:
+            self.done = True
+            return self.end()
+        chunks = _normalise_parsed(orjson.loads(data))
+        if len(chunks) == 1:
+            return self._truthful(chunks[0])
+        return [out for chunk in chunks for out in self._truthful(chunk)]
 
     def end(self) -> list[Chunk]:
         """The chunks still held back (the stream ended without the usage they waited for)."""
@@ -116,15 +124,20 @@ class VLLMStream:
         choices = chunk.get("choices")
         if not isinstance(choices, list):
             return [*self.end(), chunk]  # an error chunk
-        usage = chunk.get("usage") if isinstance(chunk.get("usage"), dict) else None
-        self._choices.update(c.get("index", 0) for c in choices if isinstance(c, dict))
+        usage = chunk.get("usage")
+        if not isinstance(usage, dict):
+            usage = None
+        tool_calls_finish = False
+        for choice in choices:
+            if isinstance(choice, dict):
+                self._choices.add(choice.get("index", 0))
+                tool_calls_finish = tool_calls_finish or choice.get("finish_reason") == "tool_calls"
         if not choices:
             if usage is not None:
                 for held in self._held:
                     self._settle(held, usage, len(self._choices))
             return [*self.end(), chunk]
-        if self._budget is None or not any(isinstance(c, dict) and c.get("finish_reason") == "tool_calls"
-                                           for c in choices):
+        if self._budget is None or not tool_calls_finish:
             return [chunk]
         if usage is not None:  # continuous usage stats: this choice's own count
             self._settle(chunk, usage, 1)
@@ -173,20 +186,22 @@ def _normalise_parsed(chunk: Chunk) -> list[Chunk]:
     chunk.pop("system_fingerprint", None)
     if "prompt_text" in chunk and chunk["prompt_text"] is None:
         del chunk["prompt_text"]
-    per_choice = []
-    for choice in choices:
+    per_choice: list[list[Any]] | None = None  # the pieces of each choice, once one of them splits
+    for position, choice in enumerate(choices):
         pieces = [choice]
         delta = choice.get("delta") if isinstance(choice, dict) else None
-        if isinstance(delta, dict):
-            later = _normalise_delta(delta)
-            if later:
-                ending = {k: choice.pop(k) for k in ("finish_reason", "stop_reason") if k in choice}
-                choice["finish_reason"] = None
-                bare = {k: v for k, v in choice.items() if k != "delta"}
-                pieces += [{**bare, "delta": {"tool_calls": calls}} for calls in later]
-                pieces[-1].update(ending)  # the choice ends with its last piece
-        per_choice.append(pieces)
-    if all(len(p) == 1 for p in per_choice):
+        later = _normalise_delta(delta) if isinstance(delta, dict) else None
+        if later:
+            ending = {k: choice.pop(k) for k in ("finish_reason", "stop_reason") if k in choice}
+            choice["finish_reason"] = None
+            bare = {k: v for k, v in choice.items() if k != "delta"}
+            pieces += [{**bare, "delta": {"tool_calls": calls}} for calls in later]
+            pieces[-1].update(ending)  # the choice ends with its last piece
+            if per_choice is None:
+                per_choice = [[c] for c in choices[:position]]
+        if per_choice is not None:
+            per_choice.append(pieces)
+    if per_choice is None:
         return [chunk]
     head = {k: v for k, v in chunk.items() if k != "choices"}
     return [{**head, "choices": [p[k] for p in per_choice if k < len(p)]} for k in range(max(map(len, per_choice)))]
