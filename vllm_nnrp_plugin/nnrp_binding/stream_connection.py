@@ -152,7 +152,8 @@ class StreamSession:
 class ConnectionProtocol(asyncio.Protocol):
     """One accepted connection. ``transport_name`` is the carrier (``tcp`` or ``ipc``); ``gate`` the
     listener's session count; ``flush_round`` the listener's :class:`FlushRound`; ``on_lost`` is told when the
-    connection ended (the listener forgets it)."""
+    connection ended (the listener forgets it); ``first``: bytes the listener read from the socket as it
+    accepted it, taken as the connection's first read."""
 
     def __init__(
         self,
@@ -165,8 +166,10 @@ class ConnectionProtocol(asyncio.Protocol):
         on_lost: Callable[[ConnectionProtocol], None],
         probe: SendProbe | None = None,
         tcp_nodelay: bool = True,
+        first: bytes = b"",
     ) -> None:
         self._handler = handler
+        self._first = first
         self.transport_name = transport_name
         self._limits = limits
         self._gate = gate
@@ -191,6 +194,9 @@ class ConnectionProtocol(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if self._tcp_nodelay and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        first, self._first = self._first, b""
+        if first:
+            self.data_received(first)
 
     def data_received(self, data: bytes) -> None:
         for event in self._core.receive_data(data):

@@ -1,8 +1,18 @@
 """NNRP listeners on vLLM's own event loop for the byte-stream carriers: ``tcp://HOST:PORT`` and
-``unix:///ABS/PATH`` (plain, :func:`.endpoints.Carrier.own_wire`). Each address is one listening socket served
-by ``loop.create_server`` / ``loop.create_unix_server``; every accepted connection is a
-:class:`.stream_connection.ConnectionProtocol` speaking the project's own wire core. No thread, no poll: an
-idle connection costs nothing but its socket.
+``unix:///ABS/PATH`` (plain, :func:`.endpoints.Carrier.own_wire`). Each address is one listening socket; every
+accepted connection is a :class:`.stream_connection.ConnectionProtocol` speaking the project's own wire core
+over the transport ``loop.connect_accepted_socket`` makes of it. No thread, no poll: an idle connection costs
+nothing but its socket.
+
+Accepting is the listener's own (``loop.add_reader`` on the listening socket), not ``loop.create_server``'s:
+one callback accepts every connection waiting and reads the first bytes each already sent (a client sends its
+CLIENT_HELLO and SESSION_OPEN right after connecting), which the connection takes as its first read. uvloop,
+vLLM's loop, calls back into Python once per I/O event and takes the GIL again for each; while other threads
+of the API server run Python (vLLM's tokenizer and chat-template executors, busy with a burst's requests),
+every such callback may wait out a switch interval (``sys.getswitchinterval()``, 5 ms by default). A connect
+burst served one accept and one first read per callback therefore had its last sessions opened hundreds of
+ms after their TCP handshakes; accepted in one callback and answered in the loop's next round of ready
+callbacks (one GIL hold), its sessions open together.
 
 The exposure rules are :mod:`.exposure`'s (the non-loopback warning, stale socket files removed, socket files
 made owner-only or group-shared right after the bind); a bind failure raises :class:`~.exposure.ListenError`
@@ -15,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import urllib.parse
@@ -28,8 +39,12 @@ from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
 from vllm_nnrp_plugin.nnrp_binding.stream_connection import ConnectionProtocol, FlushRound, SessionGate
 
+logger = logging.getLogger(__name__)
+
 #: pending connections the kernel queues per listening socket (a burst of clients connecting at once)
 BACKLOG = 1024
+#: bytes read from a connection as it is accepted (a client's CLIENT_HELLO + SESSION_OPEN take 150)
+FIRST_READ_BYTES = 64 * 1024
 
 
 class StreamListener:
@@ -55,7 +70,9 @@ class StreamListener:
         self._tcp_nodelay = tcp_nodelay
         self._gate = SessionGate(max_sessions, other_sessions)
         self._round: FlushRound | None = None  # made on the loop, by start()
-        self._servers: list[asyncio.Server] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listening: list[socket.socket] = []  # read by the loop (add_reader) until stop_accepting
+        self._adopting: set[asyncio.Task] = set()  # accepted sockets becoming transports
         self._connections: set[ConnectionProtocol] = set()
         self._socket_files: list[str] = []
         #: the bound addresses, in the order of ``carriers`` (``:0`` replaced by the real port)
@@ -68,7 +85,8 @@ class StreamListener:
 
     async def start(self) -> list[str]:
         """Bind every address and start accepting. Raises :class:`ListenError`; binds nothing on failure."""
-        self._round = FlushRound(asyncio.get_running_loop())
+        self._loop = asyncio.get_running_loop()
+        self._round = FlushRound(self._loop)
         try:
             for carrier in self._carriers:
                 await self._bind(carrier)
@@ -79,45 +97,89 @@ class StreamListener:
 
     async def _bind(self, carrier: Carrier) -> None:
         exposure.before_bind(carrier, self._exposure)
-        loop = asyncio.get_running_loop()
         if carrier.transport == "ipc":
             path = urllib.parse.urlsplit(carrier.provider_uri).path
             sock = _bound_socket(carrier, socket.AF_UNIX, path)
             self._socket_files.append(path)
             exposure.after_bind(carrier, self._exposure)
-            server = await loop.create_unix_server(lambda: self._protocol("ipc"), sock=sock, backlog=BACKLOG)
+            self._listen(sock, "ipc")
             self.bound.append(carrier.uri)
         else:
             host = carrier.host or "127.0.0.1"
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             port = urllib.parse.urlsplit(carrier.provider_uri).port
             sock = _bound_socket(carrier, family, (host, port))
-            server = await loop.create_server(lambda: self._protocol("tcp"), sock=sock, backlog=BACKLOG)
+            self._listen(sock, "tcp")
             bound_port = sock.getsockname()[1]
             configured = urllib.parse.urlsplit(carrier.uri)
             self.bound.append(configured._replace(netloc=f"{configured.netloc.rsplit(':', 1)[0]}:{bound_port}").geturl())
-        self._servers.append(server)
 
-    def _protocol(self, transport_name: str) -> ConnectionProtocol:
+    def _listen(self, sock: socket.socket, transport_name: str) -> None:
+        sock.listen(BACKLOG)
+        self._listening.append(sock)
+        self._loop.add_reader(sock.fileno(), self._accept, sock, transport_name)  # type: ignore[union-attr]
+
+    def _accept(self, sock: socket.socket, transport_name: str) -> None:
+        """Every connection waiting on ``sock``, each with the bytes it already sent (module docstring)."""
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of file descriptors, ...: the rest wait for the next readiness
+                logger.warning("NNRP cannot accept a connection on %s: %s", transport_name, exc)
+                return
+            conn.setblocking(False)
+            try:
+                first = conn.recv(FIRST_READ_BYTES)
+            except (BlockingIOError, InterruptedError):
+                first = b""  # nothing sent yet: the transport reads it
+            except OSError:
+                conn.close()
+                continue
+            else:
+                if not first:  # the client already left
+                    conn.close()
+                    continue
+            task = self._loop.create_task(self._adopt(conn, transport_name, first))  # type: ignore[union-attr]
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
+
+    async def _adopt(self, conn: socket.socket, transport_name: str, first: bytes) -> None:
+        """``conn`` becomes a transport of the loop with a new connection protocol that reads ``first`` first."""
+        try:
+            await self._loop.connect_accepted_socket(  # type: ignore[union-attr]
+                lambda: self._protocol(transport_name, first), sock=conn
+            )
+        except Exception:  # the socket failed before it became a transport: only this connection is lost
+            logger.warning("NNRP connection on %s lost while being set up", transport_name, exc_info=True)
+            conn.close()
+
+    def _protocol(self, transport_name: str, first: bytes) -> ConnectionProtocol:
         connection = ConnectionProtocol(
             self._handler, transport_name=transport_name, limits=self._limits, gate=self._gate,
-            flush_round=self._round, on_lost=self._connections.discard, probe=self._probe, tcp_nodelay=self._tcp_nodelay,
+            flush_round=self._round, on_lost=self._connections.discard, probe=self._probe,
+            tcp_nodelay=self._tcp_nodelay, first=first,
         )  # fmt: skip
         self._connections.add(connection)
         return connection
 
     def stop_accepting(self) -> None:
         """No new connection from now on; open ones go on until :meth:`close`."""
-        for server in self._servers:
-            server.close()
+        for sock in self._listening:
+            if self._loop is not None:
+                self._loop.remove_reader(sock.fileno())
+            sock.close()
+        self._listening.clear()
 
     async def close(self) -> None:
         """Stop accepting, end every connection (in-flight operations get ``server_shutdown``, what is queued
         is written first), unbind and remove the socket files."""
         self.stop_accepting()
+        for task in list(self._adopting):  # accepted, not a transport yet: dropped with their sockets
+            task.cancel()
         for connection in list(self._connections):
             connection.shut_down()
-        self._servers.clear()
         for path in self._socket_files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
