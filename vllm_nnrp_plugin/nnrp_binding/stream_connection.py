@@ -189,6 +189,9 @@ class ConnectionProtocol(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._stopping:  # the server stopped between the accept and this call
+            transport.close()
+            return
         self._transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
         sock = transport.get_extra_info("socket")

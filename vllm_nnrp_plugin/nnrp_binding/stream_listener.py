@@ -5,14 +5,13 @@ over the transport ``loop.connect_accepted_socket`` makes of it. No thread, no p
 nothing but its socket.
 
 Accepting is the listener's own (``loop.add_reader`` on the listening socket), not ``loop.create_server``'s:
-one callback accepts every connection waiting and reads the first bytes each already sent (a client sends its
-CLIENT_HELLO and SESSION_OPEN right after connecting), which the connection takes as its first read. uvloop,
-vLLM's loop, calls back into Python once per I/O event and takes the GIL again for each; while other threads
-of the API server run Python (vLLM's tokenizer and chat-template executors, busy with a burst's requests),
-every such callback may wait out a switch interval (``sys.getswitchinterval()``, 5 ms by default). A connect
-burst served one accept and one first read per callback therefore had its last sessions opened hundreds of
-ms after their TCP handshakes; accepted in one callback and answered in the loop's next round of ready
-callbacks (one GIL hold), its sessions open together.
+one callback accepts every connection waiting and reads the bytes each already sent (a client sends its
+CLIENT_HELLO and SESSION_OPEN right after connecting), which the connection takes as its first read, so a
+session can open without an I/O callback of its connection's own. uvloop, vLLM's loop, takes the GIL again for
+every I/O callback, and while vLLM's tokenizer and chat-template executor threads serve a burst's first
+requests each such callback waits for it: with one accept and one first read per connection, the last
+sessions of a connect burst under load opened long after their TCP handshakes had completed
+(``python -m bench load``, ``load.burst_under_load``; ``docs/benchmarks/README.md``, Load).
 
 The exposure rules are :mod:`.exposure`'s (the non-loopback warning, stale socket files removed, socket files
 made owner-only or group-shared right after the bind); a bind failure raises :class:`~.exposure.ListenError`
@@ -72,7 +71,8 @@ class StreamListener:
         self._round: FlushRound | None = None  # made on the loop, by start()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listening: list[socket.socket] = []  # read by the loop (add_reader) until stop_accepting
-        self._adopting: set[asyncio.Task] = set()  # accepted sockets becoming transports
+        self._adopting: set[asyncio.Task] = set()  # accepted sockets becoming transports (held: tasks are weak)
+        self._closed = False
         self._connections: set[ConnectionProtocol] = set()
         self._socket_files: list[str] = []
         #: the bound addresses, in the order of ``carriers`` (``:0`` replaced by the real port)
@@ -146,7 +146,12 @@ class StreamListener:
             task.add_done_callback(self._adopting.discard)
 
     async def _adopt(self, conn: socket.socket, transport_name: str, first: bytes) -> None:
-        """``conn`` becomes a transport of the loop with a new connection protocol that reads ``first`` first."""
+        """``conn`` becomes a transport of the loop with a new connection protocol that reads ``first`` first
+        (unless the listener closed meanwhile: then it is closed). The protocol and the transport are made
+        before the first wait; a close that comes after that shuts the protocol down with the others."""
+        if self._closed:
+            conn.close()
+            return
         try:
             await self._loop.connect_accepted_socket(  # type: ignore[union-attr]
                 lambda: self._protocol(transport_name, first), sock=conn
@@ -176,8 +181,7 @@ class StreamListener:
         """Stop accepting, end every connection (in-flight operations get ``server_shutdown``, what is queued
         is written first), unbind and remove the socket files."""
         self.stop_accepting()
-        for task in list(self._adopting):  # accepted, not a transport yet: dropped with their sockets
-            task.cancel()
+        self._closed = True  # connections accepted but not adopted yet are closed (_adopt)
         for connection in list(self._connections):
             connection.shut_down()
         for path in self._socket_files:
