@@ -1,12 +1,13 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
-    python -m bench [all|mapper|latency|cancel|e2e|load …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
+    python -m bench [all|mapper|latency|cancel|framework|e2e|load …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
         [--load-transport tcp|ipc]
 
 (from the checkout's root: the benchmarks are not part of the installed package).
 
-``--quick`` runs each with tiny sizes (the smoke the tests run: it must run, not meet a number). The e2e and
-load benchmarks need vLLM installed in this interpreter and a model directory (``--model`` or
+``--quick`` runs each with tiny sizes (the smoke the tests run: it must run, not meet a number). The
+framework benchmark needs vLLM's environment (FastAPI, uvicorn, uvloop); the e2e and load benchmarks need vLLM
+installed in this interpreter and a model directory (``--model`` or
 ``VLLM_NNRP_TEST_MODEL``; load serves a tiny model made from it, :mod:`bench.tiny_model`).
 """
 
@@ -24,6 +25,7 @@ FULL: dict[str, Callable[..., list[Result]]] = {
     "mapper": lambda **_: mapper.run(),
     "latency": lambda **_: event_latency.run(),
     "cancel": lambda **_: cancel_latency.run(),
+    "framework": lambda **_: _framework().run(),
     "e2e": lambda model=None, **_: _e2e().run(model=model),
     "load": lambda model=None, load_transport="tcp", **_: _load().run(model=model, transport=load_transport),
 }
@@ -33,6 +35,7 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
         light_events=50, heavy_streams=8, rate=2000, heavy_seconds=0.3, layouts=(("heavy", 1, 2, None),), warmup=5
     ),
     "cancel": lambda **_: cancel_latency.run(operations=5),
+    "framework": lambda **_: _framework().run(levels=(4,), rounds=2, tokens=16),
     "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
     "load": lambda model=None, load_transport="tcp", **_: _load().run(
         model=model, levels=(4,), rounds=1, max_tokens=16, shared={4: 2}, burst_clients=8, burst_load_streams=4,
@@ -40,6 +43,12 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
         transport=load_transport,
     ),
 }
+
+
+def _framework():
+    from bench import framework  # its server needs vLLM's environment (FastAPI, uvicorn, uvloop)
+
+    return framework
 
 
 def _e2e():
