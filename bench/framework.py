@@ -21,8 +21,6 @@ environment (FastAPI, uvicorn, uvloop, vLLM's middleware).
 from __future__ import annotations
 
 import asyncio
-import os
-import pathlib
 import subprocess
 import sys
 import tempfile
@@ -146,15 +144,9 @@ async def _serve(http_port: int, nnrp_uri: str) -> None:
     ticking.cancel()
 
 
-def _times(pid: int) -> tuple[int, int]:
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]), int(fields[12])  # utime, stime (clock ticks)
-
-
 def run(*, levels: tuple[int, ...] = LEVELS, rounds: int = 2, tokens: int = 1024) -> list[Result]:
     from bench import load
 
-    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
     http_port, nnrp_uri = free_port(), f"tcp://127.0.0.1:{free_port()}"
     server = subprocess.Popen([sys.executable, "-m", "bench.framework", "--serve", str(http_port), nnrp_uri],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env(), cwd=ROOT)  # fmt: skip
@@ -170,13 +162,13 @@ def run(*, levels: tuple[int, ...] = LEVELS, rounds: int = 2, tokens: int = 1024
                 got: dict[str, dict[str, list[float]]] = {p: {"user": [], "sys": []} for p in ("http", "nnrp")}
                 for r in range(rounds):
                     for protocol in ("http", "nnrp") if r % 2 == 0 else ("nnrp", "http"):
-                        before = _times(server.pid)
+                        before = load.cpu_times(server.pid)
                         w = load.window(target, [], "stream", protocol, c, body, transport="tcp", workdir=workdir)
-                        after = _times(server.pid)
+                        after = load.cpu_times(server.pid)
                         if w.failed:
                             raise RuntimeError(f"framework benchmark: {w.failed[0]['error']}")
                         for i, part in enumerate(("user", "sys")):
-                            got[protocol][part].append((after[i] - before[i]) * tick_us / w.tokens)
+                            got[protocol][part].append((after[i] - before[i]) * 1e6 / w.tokens)
                 params = {"concurrency": c, "rounds": rounds, "tokens_per_stream": tokens, "tick_ms": TICK_S * 1000}
                 made = {}
                 for protocol, parts in got.items():

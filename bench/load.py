@@ -96,13 +96,15 @@ ALL_ANSWERED = Target("max", "<=", 0)
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of ``pid`` (every thread), s, from ``/proc/<pid>/stat``."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) * _TICK_S, int(fields[12]) * _TICK_S  # fields 14 and 15 of proc(5)
+
+
 def cpu_s(pids: Sequence[int]) -> float:
-    """utime + stime of ``pids`` (every thread of each), s, from ``/proc/<pid>/stat``."""
-    total = 0
-    for pid in pids:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5): utime, stime
-    return total * _TICK_S
+    """utime + stime of ``pids`` (every thread of each), s."""
+    return sum(sum(cpu_times(pid)) for pid in pids)
 
 
 def _children(pid: int) -> list[int]:

@@ -424,7 +424,7 @@ class ConnectionProtocol(asyncio.Protocol):
         started = time.monotonic_ns() if probe is not None else 0  # one clock read per event unless measured
         if self._core.send_partial_result(session.session_id, sop.frame_id, sop.operation_id, taken.sequence, taken.body):
             ended = time.monotonic_ns()
-            sop.rules.observation.event_sent(ended)
+            sop.observation.event_sent(ended)
             if probe is not None:
                 probe.sent(action, started, ended)
 

@@ -129,18 +129,10 @@ class StreamListener:
             except OSError as exc:  # out of file descriptors, ...: the rest wait for the next readiness
                 logger.warning("NNRP cannot accept a connection on %s: %s", transport_name, exc)
                 return
-            conn.setblocking(False)
-            try:
-                first = conn.recv(FIRST_READ_BYTES)
-            except (BlockingIOError, InterruptedError):
-                first = b""  # nothing sent yet: the transport reads it
-            except OSError:
+            first = _first_bytes(conn)
+            if first is None:  # the client already left
                 conn.close()
                 continue
-            else:
-                if not first:  # the client already left
-                    conn.close()
-                    continue
             task = self._loop.create_task(self._adopt(conn, transport_name, first))  # type: ignore[union-attr]
             self._adopting.add(task)
             task.add_done_callback(self._adopting.discard)
@@ -188,6 +180,18 @@ class StreamListener:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         self._socket_files.clear()
+
+
+def _first_bytes(conn: socket.socket) -> bytes | None:
+    """What the client of the just-accepted ``conn`` already sent (``b""``: nothing yet, the transport reads
+    it), or ``None`` when it already left; ``conn`` is made non-blocking."""
+    conn.setblocking(False)
+    try:
+        return conn.recv(FIRST_READ_BYTES) or None
+    except (BlockingIOError, InterruptedError):
+        return b""
+    except OSError:
+        return None
 
 
 def _bound_socket(carrier: Carrier, family: int, address: object) -> socket.socket:

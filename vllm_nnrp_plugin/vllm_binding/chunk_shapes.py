@@ -188,19 +188,19 @@ def _normalise_parsed(chunk: Chunk) -> list[Chunk]:
         del chunk["prompt_text"]
     per_choice: list[list[Any]] | None = None  # the pieces of each choice, once one of them splits
     for position, choice in enumerate(choices):
-        pieces = [choice]
         delta = choice.get("delta") if isinstance(choice, dict) else None
         later = _normalise_delta(delta) if isinstance(delta, dict) else None
         if later:
             ending = {k: choice.pop(k) for k in ("finish_reason", "stop_reason") if k in choice}
             choice["finish_reason"] = None
             bare = {k: v for k, v in choice.items() if k != "delta"}
-            pieces += [{**bare, "delta": {"tool_calls": calls}} for calls in later]
+            pieces = [choice, *({**bare, "delta": {"tool_calls": calls}} for calls in later)]
             pieces[-1].update(ending)  # the choice ends with its last piece
             if per_choice is None:
                 per_choice = [[c] for c in choices[:position]]
-        if per_choice is not None:
             per_choice.append(pieces)
+        elif per_choice is not None:
+            per_choice.append([choice])
     if per_choice is None:
         return [chunk]
     head = {k: v for k, v in chunk.items() if k != "choices"}
