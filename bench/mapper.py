@@ -36,8 +36,9 @@ def recorded_streams() -> list[list[str]]:
             for path in sorted(FIXTURES.glob("*.sse")) if not path.name.startswith("responses-")]
 
 
-def normal_form(stream: list[str]) -> list[dict]:
-    """The chunks :func:`vllm_chunks` yields for ``stream`` (through its core, :class:`VLLMStream`)."""
+def normal_form(stream: list[str]) -> list:
+    """The chunks :func:`vllm_chunks` yields for ``stream`` (through its core, :class:`VLLMStream`): dicts, text-only
+    ones as :class:`~vllm_nnrp_plugin.profile.chat_stream.TextDelta`."""
     parser = VLLMStream()
     return [chunk for item in stream for chunk in parser.feed(item)] + parser.end()
 

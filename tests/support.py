@@ -19,6 +19,7 @@ import orjson
 from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
 from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
+from vllm_nnrp_plugin.profile.chat_stream import TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, VLLMStream, vllm_chunks
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -42,9 +43,15 @@ def recorded_budget(case: str, version: str = "0.26.0") -> TokenBudget:
 
 def recorded_chunks(case: str, version: str = "0.26.0") -> list[dict[str, Any]]:
     """The chunks of a recorded stream as production hands them to the mapper (:class:`VLLMStream`, the core
-    of :func:`vllm_chunks`, with the recorded request's budget)."""
+    of :func:`vllm_chunks`, with the recorded request's budget), each as a dict (a text-only chunk handed over as a
+    :class:`TextDelta` is given as the chunk it stands for)."""
     stream = VLLMStream(recorded_budget(case, version))
-    return [chunk for item in sse_items(case, version) for chunk in stream.feed(item)] + stream.end()
+    return [as_dict(chunk) for item in sse_items(case, version) for chunk in stream.feed(item)] + stream.end()
+
+
+def as_dict(chunk: dict[str, Any] | TextDelta) -> dict[str, Any]:
+    """The chunk dict a :class:`TextDelta` stands for (a dict as it is)."""
+    return chunk.chunk() if isinstance(chunk, TextDelta) else chunk
 
 
 def recorded_json(case: str) -> dict[str, Any]:

@@ -49,9 +49,9 @@ logger = logging.getLogger(__name__)
 @attrs.frozen
 class Call:
     """What the backend returned: ``body`` (the operation's OpenAI object, e.g. a ``chat.completion``) when not
-    streaming, else ``stream`` (an async iterator of the operation's stream items as dicts: ``chat.completion.chunk``
-    for chat, vLLM's Responses streaming events for ``responses.create``; an error item reports a mid-stream
-    error)."""
+    streaming, else ``stream`` (an async iterator of the operation's stream items: ``chat.completion.chunk`` dicts
+    for chat, a text-only one possibly as a :class:`~vllm_nnrp_plugin.profile.chat_stream.TextDelta`; vLLM's
+    Responses streaming events as dicts for ``responses.create``; an error item reports a mid-stream error)."""
 
     body: dict[str, Any] | None = None
     stream: AsyncIterator[dict[str, Any]] | None = None
@@ -80,7 +80,7 @@ class Backend(Protocol):
 class StreamMapper(Protocol):
     """Turns one operation's backend stream items into profile events (:mod:`vllm_nnrp_plugin.profile`)."""
 
-    def feed(self, item: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    def feed(self, item: Any) -> Iterable[dict[str, Any]]:
         """The events one stream item gives; raises :class:`ProfileError` for an error item."""
 
     def finish(self) -> Iterable[dict[str, Any]]:

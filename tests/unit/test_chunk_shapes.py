@@ -10,7 +10,7 @@ import json
 import orjson
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, as_dict
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body, normalise_chunk, vllm_chunks
 from vllm_nnrp_plugin.vllm_binding.families import family_of
@@ -30,7 +30,8 @@ def sse_items(anchor, case):
 
 def chunks(anchor, case, normalise=True):
     """The chunk dicts of a recording as the backend yields them: vLLM's SSE strings through
-    :func:`vllm_chunks` (or, with ``normalise=False``, only parsed as JSON)."""
+    :func:`vllm_chunks`, text-only chunks as the dicts they stand for (or, with ``normalise=False``, only parsed as
+    JSON)."""
     if not normalise:
         return [orjson.loads(item[len("data: "):]) for item in sse_items(anchor, case) if "[DONE]" not in item]
 
@@ -39,7 +40,7 @@ def chunks(anchor, case, normalise=True):
             for item in sse_items(anchor, case):
                 yield item
 
-        return [c async for c in vllm_chunks(replay())]
+        return [as_dict(c) async for c in vllm_chunks(replay())]
 
     return asyncio.run(collect())
 

@@ -58,9 +58,12 @@ class SessionLink:
     of the session's ``io_lock`` pops; ``notify`` is called after every append), the count of decided events
     not sent yet (``waiting``, bounded by ``max_queued_events``; a delta that joined a queued one counts too)
     and the session-scoped TRACE_CONTEXT (frame 0, written by the pump), the default of operations dispatched
-    later."""
+    later. ``send_now``: set by a carrier whose sends never block its caller (the stream carrier on vLLM's
+    loop, while its transport takes writes) — a partial result decided while nothing of the session waits is
+    handed to it at once (``send_now(sop, partial)``, which takes it, :meth:`ServerOperation.take`) instead of
+    queued; ``None``: everything queues."""
 
-    __slots__ = ("items", "notify", "max_queued_events", "waiting", "probe", "session_trace", "_lock")
+    __slots__ = ("items", "notify", "max_queued_events", "waiting", "probe", "session_trace", "send_now", "_lock")
 
     def __init__(self, max_queued_events: int, notify: Callable[[], None], probe: SendProbe | None = None) -> None:
         self.items: collections.deque[tuple[ServerOperation, Any]] = collections.deque()
@@ -69,6 +72,7 @@ class SessionLink:
         self.waiting = 0
         self.probe = probe
         self.session_trace: trace.TraceContext | None = None
+        self.send_now: Callable[[ServerOperation, PartialResult], None] | None = None
         self._lock = threading.Lock()
 
     def put(self, sop: ServerOperation, action: Any) -> None:
@@ -157,17 +161,26 @@ class ServerOperation:
     def partial(self, event: dict[str, Any]) -> None:
         """Queue one non-terminal event (or let it join the delta still queued); ignored once a terminal was
         decided. When the session's outbox is full the operation ends with ``client_too_slow`` instead and its
-        owner stops it."""
+        owner stops it. With the link's ``send_now`` set and nothing of the session waiting, the event is
+        numbered and sent at once instead."""
         outbox = self._link
         with self._lock:
             if self.rules.finished:
                 return
-            overflow = not outbox.admit()
-            if overflow:
-                action: Action | None = self.rules.overflow(outbox.max_queued_events)
+            send_now = outbox.send_now
+            overflow = False
+            if send_now is not None and not outbox.items and outbox.admit():
+                action: Action | None = self.rules.partial(event)  # nothing waits, so it joins nothing: out now
             else:
-                action = self.rules.partial(event)  # None when it joined the delta still queued
-        if action is not None:
+                send_now = None
+                overflow = not outbox.admit()
+                if overflow:
+                    action = self.rules.overflow(outbox.max_queued_events)
+                else:
+                    action = self.rules.partial(event)  # None when it joined the delta still queued
+        if send_now is not None:
+            send_now(self, action)  # type: ignore[arg-type]
+        elif action is not None:
             outbox.put(self, action)
         if overflow and self.owner is not None:
             self.owner.stop_operation(self)

@@ -5,15 +5,16 @@ Everything here runs on the loop, so every piece of state has one owner and noth
 
 * reads are event-driven: ``data_received`` feeds the core and handles each event at once (a FRAME_CANCEL
   reaches its operation, and the operation's task is cancelled, in the same loop iteration its bytes arrived);
-* sends are batched: what the operations decide goes to their session's outbox
-  (:class:`.server_operation.SessionLink`); the first entry of an iteration puts the connection on the
+* sends are batched: a partial result decided while nothing of its session waits is framed into the wire
+  core's send buffer at once (the link's ``send_now``); everything else goes to the session's outbox
+  (:class:`.server_operation.SessionLink`). The first packet of an iteration puts the connection on the
   listener's :class:`FlushRound`, whose one callback per loop iteration flushes every connection on it: each
-  encodes every waiting action of every one of its sessions and hands the bytes to ``transport.write`` in one
-  call (TCP_NODELAY is set on accepted TCP sockets, :mod:`.stream_listener`);
+  encodes every waiting action of every one of its sessions and hands all its bytes to ``transport.write`` in
+  one call (TCP_NODELAY is set on accepted TCP sockets, :mod:`.stream_listener`);
 * write back-pressure: while the transport's buffer is above its high-water mark (``pause_writing``) nothing
-  is taken from the outboxes; deltas decided meanwhile join the one still waiting (:mod:`vllm_nnrp_plugin.operation`)
-  and an outbox holding ``max_queued_events`` decided events ends the operation that overflows it with
-  ``client_too_slow`` — the same bound as on every carrier;
+  is sent at once and nothing is taken from the outboxes; deltas decided meanwhile join the one still waiting
+  (:mod:`vllm_nnrp_plugin.operation`) and an outbox holding ``max_queued_events`` decided events ends the
+  operation that overflows it with ``client_too_slow`` — the same bound as on every carrier;
 * per-session admission: a submit over ``SessionLimits.max_in_flight`` is answered at once with
   ``response.error`` ``too_many_requests`` (it never reaches the service, so never vLLM), after a BACKPRESSURE
   (credit window 0); once an operation of that session finished, a CREDIT_UPDATE with the free window;
@@ -132,17 +133,19 @@ class StreamSession:
     """One NNRP session of a :class:`ConnectionProtocol`: its operations by id and frame, its outbox, its
     early deadlines, and whether a BACKPRESSURE awaits its CREDIT_UPDATE."""
 
-    __slots__ = ("session_id", "link", "ops", "early_deadlines", "pressured")
+    __slots__ = ("session_id", "link", "sender", "ops", "early_deadlines", "pressured")
 
     def __init__(
         self,
         session_id: int,
         max_queued_events: int,
         mark: Callable[[StreamSession], None],
+        send_now: Callable[[StreamSession, ServerOperation, PartialResult], None],
         probe: SendProbe | None,
     ) -> None:
         self.session_id = session_id
         self.link = SessionLink(max_queued_events, functools.partial(mark, self), probe)
+        self.sender = functools.partial(send_now, self)  # the link's ``send_now`` while the transport takes writes
         #: operations without a sent terminal, by operation id (FRAME_CANCEL's frame is mapped by the core)
         self.ops: dict[int, ServerOperation] = {}
         self.early_deadlines = EarlyDeadlines()
@@ -218,9 +221,13 @@ class ConnectionProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        for session in self._sessions.values():
+            session.link.send_now = None
 
     def resume_writing(self) -> None:
         self._paused = False
+        for session in self._sessions.values():
+            session.link.send_now = session.sender
         self._schedule_flush()
 
     # -- the listener ---------------------------------------------------------------------------------------
@@ -280,7 +287,9 @@ class ConnectionProtocol(asyncio.Protocol):
             )  # fmt: skip
             return
         session_id = self._core.accept_session(request.request)
-        session = StreamSession(session_id, self._limits.max_queued_events, self._mark, self._probe)
+        session = StreamSession(session_id, self._limits.max_queued_events, self._mark, self._send_now, self._probe)
+        if not self._paused:
+            session.link.send_now = session.sender
         self._sessions[session_id] = session
         self._handler.on_session(self.transport_name, True)
 
@@ -418,6 +427,17 @@ class ConnectionProtocol(asyncio.Protocol):
             except (ValueError, TypeError, OverflowError, struct.error):
                 self._drop_unsendable(session, sop)
 
+    def _send_now(self, session: StreamSession, sop: ServerOperation, action: PartialResult) -> None:
+        """``action`` was decided while nothing of ``session`` waited: numbered and framed now, written with
+        this iteration's flush."""
+        if self._probe is not None:
+            self._probe.queued(action)
+        try:
+            self._send_partial(session, sop, action)
+        except (ValueError, TypeError, OverflowError, struct.error):
+            self._drop_unsendable(session, sop)
+        self._schedule_flush()
+
     def _send_partial(self, session: StreamSession, sop: ServerOperation, action: PartialResult) -> None:
         taken = sop.take(action)
         probe = self._probe
@@ -426,7 +446,7 @@ class ConnectionProtocol(asyncio.Protocol):
             ended = time.monotonic_ns()
             sop.observation.event_sent(ended)
             if probe is not None:
-                probe.sent(action, started, ended)
+                probe.sent(taken, started, ended)
 
     def _send_terminal(self, session: StreamSession, sop: ServerOperation, action: Any) -> None:
         sealed, elapsed_ms = sop.seal(action)

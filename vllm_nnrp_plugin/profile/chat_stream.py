@@ -53,6 +53,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events
 from vllm_nnrp_plugin.profile.tool_calls import ending_arguments
@@ -70,6 +72,25 @@ def usage_asked(body: dict[str, Any]) -> bool:
     return flag is True or (type(flag) is int and flag == 1)
 
 
+@attrs.define(slots=True)
+class TextDelta:
+    """A normal-form chunk whose only news is text: :meth:`chunk` — ``template`` (an earlier chunk of the same
+    stream with exactly one choice, whose delta is ``{"content": <text>}`` and whose ``logprobs``,
+    ``finish_reason`` and ``usage`` are null or absent) with that choice's ``delta.content`` = ``content``
+    (non-empty). A binding hands this over instead of the dict when it can tell without building the dict
+    (:class:`~vllm_nnrp_plugin.vllm_binding.chunk_shapes.VLLMStream`); :meth:`ChatStreamMapper.feed` gives the
+    same events and state for both."""
+
+    index: int
+    content: str
+    template: dict[str, Any]
+
+    def chunk(self) -> dict[str, Any]:
+        """The chunk dict this stands for."""
+        (choice,) = self.template["choices"]
+        return {**self.template, "choices": [{**choice, "delta": {"content": self.content}}]}
+
+
 class ChatStreamMapper:
     """Feed chunks in arrival order with :meth:`feed`, then :meth:`finish`; read the final body with
     :meth:`completed_body`. ``usage_events``: emit ``response.usage`` for the final usage chunk (the request's
@@ -85,12 +106,20 @@ class ChatStreamMapper:
         self._usage_events = usage_events
         self._no_argument_tools = no_argument_tools
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """Events for one chunk, in order (often one, sometimes none).
+    def feed(self, chunk: dict[str, Any] | TextDelta) -> list[dict[str, Any]]:
+        """Events for one chunk (a dict, or a :class:`TextDelta`), in order (often one, sometimes none).
 
         Raises :class:`ProfileError` ``backend_error`` for an error chunk (vLLM's mid-stream
         ``data: {"error": {...}}``).
         """
+        if chunk.__class__ is TextDelta:
+            state = self._choices.get(chunk.index)  # type: ignore[union-attr]
+            if state is None or self._head is None:  # not after its template: the general path
+                return self.feed(chunk.chunk())  # type: ignore[union-attr]
+            content = chunk.content  # type: ignore[union-attr]
+            state.content_seen = True
+            state.text.append(content)
+            return [events.output_text_delta(state.index, content)]
         if "error" in chunk:
             raise _stream_error(chunk["error"])
         if self._head is None:

@@ -30,8 +30,12 @@ minus the build-specific fields:
   completed (:mod:`vllm_nnrp_plugin.profile.chat_stream`).
 
 Parsing: :func:`vllm_chunks` (and its I/O-free core :class:`VLLMStream`) turns the ``data: <json>`` strings
-vLLM's generator yields into normal-form chunk dicts; it is the one way vLLM's stream output reaches the
-profile mapper, in production and in the tests and benchmarks that replay recordings.
+vLLM's generator yields into normal-form chunks; it is the one way vLLM's stream output reaches the profile
+mapper, in production and in the tests and benchmarks that replay recordings. Most chunks of a stream only
+carry the next piece of text, and vLLM writes them all alike (its pydantic models dump their fields in a fixed
+order): once a stream had one such chunk, a later ``data:`` line that is byte for byte the same around its
+``content`` string is that chunk with other text, and it is handed over as a
+:class:`~vllm_nnrp_plugin.profile.chat_stream.TextDelta` without building its dict (:class:`_TextLane`).
 
 Non-streaming bodies (``chat.completion`` dicts) lose ``system_fingerprint``; the null fields only newer lines
 send (``prompt_text`` and ``choices[i].routed_experts`` from 0.22, ``ec_transfer_params`` and ``metrics`` on
@@ -48,7 +52,11 @@ from typing import Any
 import attrs
 import orjson
 
+from vllm_nnrp_plugin.profile.chat_stream import TextDelta
+
 Chunk = dict[str, Any]
+#: what :class:`VLLMStream` hands on: a normal-form chunk dict, or a text-only chunk as a :class:`TextDelta`
+Item = Chunk | TextDelta
 
 #: top-level fields of a non-streaming body that only newer lines send, always null in these outputs
 _NEWER_NULL_FIELDS = frozenset({"prompt_text", "ec_transfer_params", "metrics"})
@@ -82,22 +90,28 @@ class VLLMStream:
     choice spent it (ask for ``stream_options.continuous_usage_stats`` to get each choice's count).
     Raises ``orjson.JSONDecodeError`` for a ``data:`` line that is not JSON."""
 
-    __slots__ = ("_budget", "_held", "_choices", "done")
+    __slots__ = ("_budget", "_held", "_choices", "_lane", "done")
 
     def __init__(self, budget: TokenBudget | None = None) -> None:
         self._budget = budget
         self._held: list[Chunk] = []  # "tool_calls" finish chunks waiting for vLLM's usage
         self._choices: set[int] = set()
+        self._lane: _TextLane | None = None  # the byte shape of this stream's text-only chunks, once seen
         self.done = False
 
-    def feed(self, item: str) -> list[Chunk]:
+    def feed(self, item: str) -> list[Item]:
         """Normal-form chunks for one string of vLLM's stream, in order."""
         if self.done:
             return []
+        lane = self._lane
+        if lane is not None:
+            text = lane.text(item)
+            if text is not None:
+                return [TextDelta(lane.index, text, lane.template)]
         # vLLM's generator yields one "data: <json>\n\n" per chunk: that shape is parsed without splitting
         if item.startswith(_DATA) and item.endswith("\n\n") and item.count("\n") == 2:
             return self._line(item[len(_DATA):-2].rstrip("\r"))
-        out: list[Chunk] = []
+        out: list[Item] = []
         # SSE lines end at "\n"; not str.splitlines(), which also breaks at U+0085, U+2028 and U+2029,
         # characters JSON text carries unescaped (model_dump_json leaves them as they are)
         for line in item.split("\n"):
@@ -105,22 +119,24 @@ class VLLMStream:
                 out.extend(self._line(line[len(_DATA):].rstrip("\r")))
         return out
 
-    def _line(self, data: str) -> list[Chunk]:
+    def _line(self, data: str) -> list[Item]:
         """The chunks of one ``data:`` line's payload."""
         if data == _DONE:
             self.done = True
             return self.end()
         chunks = _normalise_parsed(orjson.loads(data))
         if len(chunks) == 1:
+            if self._lane is None:
+                self._lane = _TextLane.learn(data, chunks[0])
             return self._truthful(chunks[0])
         return [out for chunk in chunks for out in self._truthful(chunk)]
 
-    def end(self) -> list[Chunk]:
+    def end(self) -> list[Item]:
         """The chunks still held back (the stream ended without the usage they waited for)."""
         held, self._held = self._held, []
         return held
 
-    def _truthful(self, chunk: Chunk) -> list[Chunk]:
+    def _truthful(self, chunk: Chunk) -> list[Item]:
         choices = chunk.get("choices")
         if not isinstance(choices, list):
             return [*self.end(), chunk]  # an error chunk
@@ -154,10 +170,76 @@ class VLLMStream:
                         choice["finish_reason"] = "length"
 
 
-async def vllm_chunks(stream: AsyncGenerator[str, None], budget: TokenBudget | None = None) -> AsyncIterator[Chunk]:
-    """The normal-form chunk dicts of vLLM's chat stream ``stream`` (the strings ``create_chat_completion``'s
-    generator yields), in order, through :class:`VLLMStream`; stops at ``[DONE]``. Closing this generator, or
-    reaching its end, closes ``stream`` (vLLM's generator is never left to garbage collection)."""
+class _TextLane:
+    """The byte shape of one stream's text-only chunks, as vLLM's generator yields them (``data: <json>\\n\\n``):
+    ``head`` (up to and including ``"delta":{"content":``) and ``tail`` (everything after the content string)
+    of a chunk whose normal form is ``template`` (one choice, index ``index``, delta ``{"content": <non-empty
+    text>}``, no logprobs, finish reason or usage). A string that starts with ``head``, ends with ``tail`` and
+    has one JSON string between them is one ``data:`` line (a JSON string holds no raw line break) that parses
+    to ``template`` with that string as its content: everything else in it is the same bytes."""
+
+    __slots__ = ("head", "tail", "index", "template", "_start", "_end")
+
+    _MARK = '"delta":{"content":'  # no JSON string holds it: inside one, every '"' is escaped
+
+    def __init__(self, head: str, tail: str, index: int, template: Chunk) -> None:
+        self.head, self.tail, self.index, self.template = head, tail, index, template
+        self._start, self._end = len(head), len(tail)
+
+    @classmethod
+    def learn(cls, data: str, chunk: Chunk) -> _TextLane | None:
+        """The lane of ``chunk`` (the normal form of payload ``data``), or ``None`` when it is not text-only."""
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or len(choices) != 1 or chunk.get("usage") is not None:
+            return None
+        (choice,) = choices
+        if not isinstance(choice, dict) or choice.get("logprobs") is not None or choice.get("finish_reason") is not None:
+            return None
+        delta = choice.get("delta")
+        content = delta.get("content") if isinstance(delta, dict) else None
+        if not isinstance(content, str) or not content or len(delta) != 1:  # type: ignore[arg-type]
+            return None
+        start = data.find(cls._MARK)
+        if start < 0:
+            return None
+        start += len(cls._MARK)
+        end = _string_end(data, start)
+        if end is None or orjson.loads(data[start:end]) != content:
+            return None
+        return cls(_DATA + data[:start], data[end:] + "\n\n", choice.get("index", 0), chunk)
+
+    def text(self, item: str) -> str | None:
+        """The content of ``item`` (a string vLLM's generator yielded) when it is a chunk of this lane with
+        non-empty text, else ``None``."""
+        if len(item) <= self._start + self._end or not (item.startswith(self.head) and item.endswith(self.tail)):
+            return None
+        try:
+            text = orjson.loads(item[self._start:len(item) - self._end])
+        except orjson.JSONDecodeError:
+            return None
+        return text if text.__class__ is str and text else None
+
+
+def _string_end(data: str, start: int) -> int | None:
+    """The index after the JSON string that starts at ``data[start]`` (``None``: no string starts there)."""
+    if data[start:start + 1] != '"':
+        return None
+    at = start + 1
+    while (at := data.find('"', at)) >= 0:
+        escapes = at - 1
+        while data[escapes] == "\\":
+            escapes -= 1
+        if (at - 1 - escapes) % 2 == 0:  # not escaped
+            return at + 1
+        at += 1
+    return None
+
+
+async def vllm_chunks(stream: AsyncGenerator[str, None], budget: TokenBudget | None = None) -> AsyncIterator[Item]:
+    """The normal-form chunks (dicts; text-only ones as :class:`TextDelta`) of vLLM's chat stream ``stream`` (the
+    strings ``create_chat_completion``'s generator yields), in order, through :class:`VLLMStream`; stops at
+    ``[DONE]``. Closing this generator, or reaching its end, closes ``stream`` (vLLM's generator is never left to
+    garbage collection)."""
     parser = VLLMStream(budget)
     try:
         async for item in stream:
