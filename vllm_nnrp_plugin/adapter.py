@@ -54,7 +54,7 @@ class Call:
     Responses streaming events as dicts for ``responses.create``; an error item reports a mid-stream error)."""
 
     body: dict[str, Any] | None = None
-    stream: AsyncIterator[dict[str, Any]] | None = None
+    stream: AsyncIterator[Any] | None = None
 
 
 class Backend(Protocol):
@@ -187,7 +187,7 @@ async def run_operation(
         sink.complete(capabilities)
         return
     finished = False
-    stream: AsyncIterator[dict[str, Any]] | None = None
+    stream: AsyncIterator[Any] | None = None
     mapper: StreamMapper | None = None
     abort = _BackendAbort(backend, envelope.operation, request_id, record)
     sink.abort_with(abort.now)

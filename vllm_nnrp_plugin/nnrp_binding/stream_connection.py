@@ -142,10 +142,13 @@ class StreamSession:
         mark: Callable[[StreamSession], None],
         send_now: Callable[[StreamSession, ServerOperation, PartialResult], None],
         probe: SendProbe | None,
+        *,
+        paused: bool,
     ) -> None:
         self.session_id = session_id
         self.link = SessionLink(max_queued_events, functools.partial(mark, self), probe)
         self.sender = functools.partial(send_now, self)  # the link's ``send_now`` while the transport takes writes
+        self.link.send_now = None if paused else self.sender
         #: operations without a sent terminal, by operation id (FRAME_CANCEL's frame is mapped by the core)
         self.ops: dict[int, ServerOperation] = {}
         self.early_deadlines = EarlyDeadlines()
@@ -287,9 +290,8 @@ class ConnectionProtocol(asyncio.Protocol):
             )  # fmt: skip
             return
         session_id = self._core.accept_session(request.request)
-        session = StreamSession(session_id, self._limits.max_queued_events, self._mark, self._send_now, self._probe)
-        if not self._paused:
-            session.link.send_now = session.sender
+        session = StreamSession(session_id, self._limits.max_queued_events, self._mark, self._send_now, self._probe,
+                                paused=self._paused)  # fmt: skip
         self._sessions[session_id] = session
         self._handler.on_session(self.transport_name, True)
 
