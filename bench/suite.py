@@ -1,7 +1,7 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
     python -m bench [all|mapper|latency|cancel|framework|e2e|load …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
-        [--load-transport tcp|ipc]
+        [--load-transport tcp|ipc] [--load-rounds N]
 
 (from the checkout's root: the benchmarks are not part of the installed package).
 
@@ -27,7 +27,9 @@ FULL: dict[str, Callable[..., list[Result]]] = {
     "cancel": lambda **_: cancel_latency.run(),
     "framework": lambda **_: _framework().run(),
     "e2e": lambda model=None, **_: _e2e().run(model=model),
-    "load": lambda model=None, load_transport="tcp", **_: _load().run(model=model, transport=load_transport),
+    "load": lambda model=None, load_transport="tcp", load_rounds=2, **_: _load().run(
+        model=model, transport=load_transport, rounds=load_rounds
+    ),
 }
 QUICK: dict[str, Callable[..., list[Result]]] = {
     "mapper": lambda **_: mapper.run(repetitions=3, rounds=5),
@@ -37,8 +39,8 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
     "cancel": lambda **_: cancel_latency.run(operations=5),
     "framework": lambda **_: _framework().run(levels=(4,), rounds=2, tokens=16),
     "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
-    "load": lambda model=None, load_transport="tcp", **_: _load().run(
-        model=model, levels=(4,), rounds=1, max_tokens=16, shared={4: 2}, burst_clients=8, burst_load_streams=4,
+    "load": lambda model=None, load_transport="tcp", load_rounds=1, **_: _load().run(
+        model=model, levels=(4,), rounds=load_rounds, max_tokens=16, shared={4: 2}, burst_clients=8, burst_load_streams=4,
         cancel_streams=8, cancel_per_session=4, cancel_sample=4, idle_sessions=8, idle_seconds=2, stream_interval=None,
         transport=load_transport,
     ),
@@ -71,6 +73,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="results", help="file name without extension (default results)")
     p.add_argument("--model", help="model directory for e2e and load (default $VLLM_NNRP_TEST_MODEL)")
     p.add_argument("--load-transport", choices=["tcp", "ipc"], default="tcp", help="NNRP transport of load (default tcp)")
+    p.add_argument("--load-rounds", type=int, help="windows per protocol and level in load, alternating A/B/B/A "
+                   "(default 2; --quick: 1)")
     return p
 
 
@@ -81,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Result] = []
     for name in which:
         print(f"bench: running {name} …", file=sys.stderr, flush=True)
-        rows += table[name](model=args.model, load_transport=args.load_transport)
+        options = {} if args.load_rounds is None else {"load_rounds": args.load_rounds}
+        rows += table[name](model=args.model, load_transport=args.load_transport, **options)
     extra = {}
     if "e2e" in which or "load" in which:
         import vllm

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 
 import orjson
 
@@ -38,3 +39,30 @@ def test_bench_quick_writes_json_and_markdown_rows(tmp_path):
     assert rows["event_latency.light.ipc"]["compare"]["against"] == "event_latency.light.tcp"
     table = (tmp_path / "smoke.md").read_text()
     assert "| `cancel.no_more_events.ipc` | us |" in table and "logical CPUs" in table
+
+
+def test_load_rounds_reach_the_load_benchmark(monkeypatch, tmp_path):
+    from bench import suite
+    from bench.results import Result
+
+    seen = []
+
+    class Load:
+        @staticmethod
+        def run(**kw):
+            seen.append(kw)
+            return [Result.of("load.c4.tokens_per_s.http", "tokens/s", [1.0])]
+
+    monkeypatch.setattr(suite, "_load", lambda: Load)
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.0"))  # the unit run has no vLLM
+    monkeypatch.setattr(suite, "document", lambda rows, **_: {"rows": [r.id for r in rows]})
+    monkeypatch.setattr(suite, "write", lambda doc, out, name: (out / f"{name}.json", _md(out, name)))
+    for argv, rounds in ((["load", "--load-rounds", "4"], 4), (["load"], 2), (["load", "--quick"], 1)):
+        assert suite.main([*argv, "--out", str(tmp_path), "--model", "m"]) == 0
+        assert seen.pop()["rounds"] == rounds
+
+
+def _md(out, name):
+    path = out / f"{name}.md"
+    path.write_text("rows\n")
+    return path

@@ -13,8 +13,8 @@ from nnrp.core import MessageType
 from nnrp.native import NativeRuntimeError
 
 from tests.support import ServedNNRP, envelope, free_port, wait_until
+from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ProfileClient
-from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 
@@ -144,7 +144,7 @@ def test_a_client_slower_than_the_stream_ends_with_client_too_slow_and_the_reque
     (opened,) = [e for e in _read(sock, conn, lambda es: any(isinstance(e, ev.SessionOpenAccepted) for e in es))]
     assert opened.request == request
     burst = envelope({"model": "a-stream-text", "messages": [], "stream": True, "repeat": 100_000, "pace_s": 1e-6})
-    conn.submit(opened.session_id, wire.typed_body(orjson.dumps(burst)))
+    conn.submit(opened.session_id, wire_mapping.typed_body(orjson.dumps(burst)))
     sock.sendall(conn.data_to_send())  # then read nothing
     assert wait_until(lambda: limited.backend.aborted, timeout_s=30), "the stream was never stopped"
     request_id = limited.backend.started[-1]
@@ -152,13 +152,13 @@ def test_a_client_slower_than_the_stream_ends_with_client_too_slow_and_the_reque
     received = _read(sock, conn, lambda es: isinstance(es[-1], (ev.ResultPushed, ev.ResultDropReasonReceived)))
     partials = [e for e in received if isinstance(e, ev.PartialResultReceived)]
     assert [p.result_sequence for p in partials] == list(range(1, len(partials) + 1))
-    terminal = orjson.loads(wire.unwrap_typed_body(16, 1, received[-1].body))
+    terminal = orjson.loads(wire_mapping.unwrap_typed_body(16, 1, received[-1].body))
     assert terminal["type"] == "response.error" and terminal["error"]["code"] == "client_too_slow", terminal
     assert len(partials) < 100_000  # stopped well before the end of the stream
-    conn.submit(opened.session_id, wire.typed_body(orjson.dumps(QUICK)))
+    conn.submit(opened.session_id, wire_mapping.typed_body(orjson.dumps(QUICK)))
     sock.sendall(conn.data_to_send())
     again = _read(sock, conn, lambda es: isinstance(es[-1], ev.ResultPushed))
-    assert orjson.loads(wire.unwrap_typed_body(16, 1, again[-1].body))["type"] == "response.completed"
+    assert orjson.loads(wire_mapping.unwrap_typed_body(16, 1, again[-1].body))["type"] == "response.completed"
     sock.close()
 
 

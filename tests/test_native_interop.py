@@ -20,7 +20,7 @@ from nnrp.core import TransportPolicy
 
 from tests.support import ServedNNRP, envelope, free_port, wait_until
 from vllm_nnrp_plugin.client import ProfileClient
-from vllm_nnrp_plugin.nnrp_binding.endpoints import parse_endpoint
+from vllm_nnrp_plugin.endpoints import parse_endpoint
 
 QUICK = envelope({"model": "c-nonstream-text", "messages": []})
 SLOW = envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.2, "repeat": 50})

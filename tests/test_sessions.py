@@ -112,9 +112,9 @@ def test_stop_ends_every_in_flight_operation_once_and_aborts_it(tmp_path):
 
 
 def test_a_frame_that_cannot_be_built_costs_its_operation_not_the_session(served, monkeypatch):
-    from vllm_nnrp_plugin.nnrp_binding import wire
+    from vllm_nnrp_plugin import wire_mapping
 
-    real, calls = wire.result_push, []
+    real, calls = wire_mapping.result_push, []
 
     def first_push_fails(action, server_total_ms=0):
         calls.append(action)
@@ -122,7 +122,7 @@ def test_a_frame_that_cannot_be_built_costs_its_operation_not_the_session(served
             raise struct.error("ushort format requires 0 <= number <= 65535")
         return real(action, server_total_ms)
 
-    monkeypatch.setattr(wire, "result_push", first_push_fails)
+    monkeypatch.setattr(wire_mapping, "result_push", first_push_fails)
     client = asyncio.run(ProfileClient.connect(served.bound[0]))
     try:
         slow = client.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05}))

@@ -26,7 +26,7 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``operations`` | list of operation names or null | null: every operation the server's vLLM serving objects offer | serve only these ``openai-compatible/1`` operations over NNRP (e.g. ``["chat.completions.create"]``: a Level-1-only deployment; any other operation gets ``unsupported_operation``) |
 
 Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys, wrong types and
-listen URIs outside the forms of :mod:`vllm_nnrp_plugin.nnrp_binding.endpoints` are errors
+listen URIs outside the forms of :mod:`vllm_nnrp_plugin.endpoints` are errors
 (:class:`ConfigError`), never ignored; so are a non-loopback address without TLS unless ``allow_non_loopback``
 is true, a TLS address without ``tls_cert_file`` / ``tls_key_file``, unreadable certificate or key files, an
 unknown ``ipc_socket_group`` and an ``operations`` entry that is not an operation of the profile
@@ -44,13 +44,13 @@ from typing import Any
 import attrs
 import cattrs
 
-from vllm_nnrp_plugin.errors import NNRPStartupError
-from vllm_nnrp_plugin.nnrp_binding.endpoints import (
+from vllm_nnrp_plugin.endpoints import (
     DEFAULT_LISTEN,
     EndpointError,
     is_loopback,
     parse_endpoint,
 )
+from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import LEVELS
 
 #: every operation of the ``openai-compatible/1`` profile, by level

@@ -37,7 +37,7 @@ from vllm_nnrp_plugin.adapter import AdapterLimits, Backend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.fault_injection import with_fault_injection
 from vllm_nnrp_plugin.limits import SessionLimits, Slots
-from vllm_nnrp_plugin.nnrp_binding.endpoints import Carrier, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.endpoints import Carrier, EndpointError, parse_endpoint
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.listener import Listener, ListenerHooks
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation

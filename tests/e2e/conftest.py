@@ -9,6 +9,7 @@ by the checkout's launcher (:mod:`compat.launcher`), enabled through the install
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 
@@ -16,6 +17,7 @@ import pytest
 
 from compat.launcher import POOLING_ARGS, SERVED_NAME, VLLMServer, attach_options, installed_vllm
 from tests.support import free_port
+from vllm_nnrp_plugin.client import ProfileClient
 
 __all__ = ["LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir"]
 
@@ -109,3 +111,11 @@ def vllm_pooling_server(tmp_path_factory, vllm_version):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def plain_client(vllm_server):
+    """A profile client on the shared server's NNRP TCP address (a server without a tool parser)."""
+    client = asyncio.run(ProfileClient.connect(vllm_server.nnrp["tcp"]))
+    yield client
+    client.close()

@@ -51,13 +51,6 @@ def tools_client(vllm_tools_server):
     client.close()
 
 
-@pytest.fixture
-def plain_client(vllm_server):
-    client = connect(vllm_server.nnrp["tcp"])
-    yield client
-    client.close()
-
-
 # -- tool calls --------------------------------------------------------------------------------------------
 
 

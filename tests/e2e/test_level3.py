@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import SERVED_NAME, VLLMServer, attach_options, model_dir
-from tests.e2e.test_level1 import connect, plain_client  # noqa: F401 (plain_client: a fixture)
+from tests.e2e.test_level1 import connect
 from tests.e2e.test_vllm_serve import wait_idle
 
 pytestmark = pytest.mark.vllm

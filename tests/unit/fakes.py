@@ -8,8 +8,8 @@ import types
 
 from nnrp.core import MessageType
 
+from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
 from vllm_nnrp_plugin.nnrp_binding.sender import Sender
 from vllm_nnrp_plugin.nnrp_binding.session import SessionPump
@@ -37,12 +37,12 @@ def pump(max_in_flight: int = 16, max_queued_events: int = 1024) -> tuple[Sessio
 
 
 def submit(operation_id: int, payload: bytes = b"{}") -> types.SimpleNamespace:
-    metadata = types.SimpleNamespace(payload_kind_bitmap=wire.STRUCTURED_EVENT, payload_frame_count=1)
+    metadata = types.SimpleNamespace(payload_kind_bitmap=wire_mapping.STRUCTURED_EVENT, payload_frame_count=1)
     native = types.SimpleNamespace(
         operation_id=operation_id, frame_id=operation_id,
         submit=types.SimpleNamespace(header=types.SimpleNamespace(session_id=1),
                                      metadata=types.SimpleNamespace(value=metadata),
-                                     tail=types.SimpleNamespace(body=wire.typed_body(payload))),
+                                     tail=types.SimpleNamespace(body=wire_mapping.typed_body(payload))),
     )  # fmt: skip
     return types.SimpleNamespace(as_submit=lambda: native, as_runtime=lambda: None)
 

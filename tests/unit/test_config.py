@@ -6,7 +6,7 @@ from vllm_nnrp_plugin.config import ConfigError, load_config
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import capabilities
 from vllm_nnrp_plugin.vllm_binding import backend as backend_module
-from vllm_nnrp_plugin.nnrp_binding.endpoints import EndpointError, parse_endpoint
+from vllm_nnrp_plugin.endpoints import EndpointError, parse_endpoint
 
 
 def test_installed_but_not_enabled_by_default():
@@ -154,11 +154,11 @@ class _Binding:
 
 def _backend(monkeypatch, served, operations):
     """A VLLMBackend over a state whose serving objects offer ``served`` (bindings stand in for vLLM's)."""
-    monkeypatch.setattr(backend_module, "_bindings", lambda state: [_Binding(name) for name in served])
+    monkeypatch.setattr(backend_module, "_bindings", lambda state, family: [_Binding(name) for name in served])
     state = types.SimpleNamespace(
         engine_client=None, openai_serving_models=types.SimpleNamespace(base_model_paths=[types.SimpleNamespace(name="m")])
     )
-    return backend_module.VLLMBackend(state, operations)
+    return backend_module.VLLMBackend(state, operations, vllm_version="0.26.0")
 
 
 ALL = ("chat.completions.create", "responses.create", "models.list", "embeddings.create")

@@ -18,3 +18,19 @@ print("ok")
 def test_the_package_imports_and_registers_without_vllm():
     done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+CLIENT_ONLY = """
+import sys
+import vllm_nnrp_plugin.client.cli, vllm_nnrp_plugin.client.conformance.runner, vllm_nnrp_plugin.client.connection
+import vllm_nnrp_plugin.client.openai.transport, vllm_nnrp_plugin.client.profile_client
+from vllm_nnrp_plugin.client import *
+server_side = ("vllm_nnrp_plugin.nnrp_binding", "vllm_nnrp_plugin.vllm_binding", "vllm_nnrp_plugin.service",
+               "vllm_nnrp_plugin.adapter", "vllm_nnrp_plugin.operation")
+print(sorted(m for m in sys.modules if m.startswith(server_side)))
+"""
+
+
+def test_the_client_side_imports_nothing_of_the_server_side():
+    done = subprocess.run([sys.executable, "-c", CLIENT_ONLY], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)

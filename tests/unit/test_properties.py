@@ -1,7 +1,7 @@
 """Property-based tests (hypothesis): any input yields either well-ordered events with exactly one terminal or
 one typed error — never an exception escaping, never two terminals.
 
-Covered: frame unwrapping (``wire.unwrap_typed_body``) and envelope decoding (``decode_envelope``) on arbitrary
+Covered: frame unwrapping (``wire_mapping.unwrap_typed_body``) and envelope decoding (``decode_envelope``) on arbitrary
 bytes and on mutated envelopes; chunk -> event mapping (``ChatStreamMapper``) on realistic and on arbitrary
 chunk streams, end to end through ``run_operation`` with the real :class:`Operation`; the operation's rules
 (:class:`Operation`) on arbitrary sequences of decisions and wire events. Example counts are bounded so the default test run stays fast.
@@ -23,7 +23,7 @@ from hypothesis import strategies as st  # noqa: E402
 from tests.support import envelope  # noqa: E402
 from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
 from vllm_nnrp_plugin.profile.capabilities import operation_names, chat_operation, runtime_document
-from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.operation import DropReason, Operation, PartialResult, ResultDrop, ResultPush, Terminal
 from vllm_nnrp_plugin.profile import errors as E
@@ -83,7 +83,7 @@ def test_mutated_envelopes_decode_or_fail_typed(mutation, drop_messages):
 @given(st.integers(0, 64), st.integers(0, 4), st.binary(max_size=300))
 def test_any_submit_body_unwraps_to_a_payload_or_invalid_frame(bitmap, frame_count, body):
     try:
-        payload = wire.unwrap_typed_body(bitmap, frame_count, body)
+        payload = wire_mapping.unwrap_typed_body(bitmap, frame_count, body)
     except E.ProfileError as err:
         assert err.code == E.INVALID_FRAME
     else:
@@ -93,7 +93,7 @@ def test_any_submit_body_unwraps_to_a_payload_or_invalid_frame(bitmap, frame_cou
 @FAST
 @given(st.binary(max_size=500))
 def test_a_wrapped_payload_unwraps_to_itself(payload):
-    assert wire.unwrap_typed_body(wire.STRUCTURED_EVENT, 1, wire.typed_body(payload)) == payload
+    assert wire_mapping.unwrap_typed_body(wire_mapping.STRUCTURED_EVENT, 1, wire_mapping.typed_body(payload)) == payload
 
 
 # -- chunk -> event mapping, end to end through the adapter -------------------------------------------------

@@ -10,8 +10,8 @@ import asyncio
 
 import orjson
 
+from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.nnrp_binding.stream_connection import ConnectionProtocol, FlushRound, SessionGate
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
@@ -74,7 +74,7 @@ def connected(operations: int):
     (accepted,) = client.receive_data(b"".join(transport.writes))
     transport.writes.clear()
     for _ in range(operations):
-        client.submit(accepted.session_id, wire.typed_body(ENVELOPE))
+        client.submit(accepted.session_id, wire_mapping.typed_body(ENVELOPE))
     protocol.data_received(client.data_to_send())
     return protocol, transport, client, handler.submitted
 

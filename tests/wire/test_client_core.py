@@ -13,7 +13,7 @@ import pytest
 from nnrp.core import MessageType as T
 from nnrp.runtime import PartialResultMetadata, PressureMetadata, ResultDropReasonMetadata, TraceContextMetadata
 
-from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.framing import HEADER_LENGTH, encode
@@ -73,20 +73,20 @@ def test_basic_scenario_bytes_and_events():
     assert peer.feed(2) == [ev.SessionOpenAccepted(token, 7, 4, 2)]
     core.trace_context(7, 0, 91, 92, 90, stage_code=5, flags=3)
     peer.sends()
-    assert core.submit(7, wire.typed_body(b'{"hello":1}'), operation_id=101, trace_id=0x1122334455667788) == (1, 101)
+    assert core.submit(7, wire_mapping.typed_body(b'{"hello":1}'), operation_id=101, trace_id=0x1122334455667788) == (1, 101)
     peer.sends()
     partials = peer.feed(1) + peer.feed(1)
     assert [(e.operation_id, e.result_sequence, e.body) for e in partials] == [(101, 1, b'{"d":"He"}'), (101, 2, b'{"d":"llo"}')]
     (push,) = peer.feed()
     assert isinstance(push, ev.ResultPushed) and (push.frame_id, push.operation_id) == (1, 101)
-    assert wire.unwrap_typed_body(int(push.metadata.payload_kind_bitmap), push.metadata.payload_frame_count, push.body) \
+    assert wire_mapping.unwrap_typed_body(int(push.metadata.payload_kind_bitmap), push.metadata.payload_frame_count, push.body) \
         == b'{"type":"response.completed"}'  # fmt: skip
-    assert core.submit(7, wire.typed_body(b'{"long":true}'), operation_id=202) == (2, 202)
+    assert core.submit(7, wire_mapping.typed_body(b'{"long":true}'), operation_id=202) == (2, 202)
     peer.sends()
     core.frame_cancel(7, 2)
     peer.sends()
     assert peer.feed() == [ev.ResultDropReasonReceived(7, 2, 202, 0, 3, 2, b"peer cancelled")]
-    assert core.submit(7, wire.typed_body(b'{"x":3}'), operation_id=303) == (3, 303)
+    assert core.submit(7, wire_mapping.typed_body(b'{"x":3}'), operation_id=303) == (3, 303)
     peer.sends()
     deadline_ms = struct.unpack_from("<Q", peer.packets["c2s"][peer._c2s], HEADER_LENGTH + 20)[0]
     core.deadline(7, 3, deadline_ms)
@@ -109,9 +109,9 @@ def test_two_sessions_on_one_connection():
     a, b = core.open_session(max_in_flight_operations=4), core.open_session(max_in_flight_operations=4)
     peer.sends(3)  # one CLIENT_HELLO, two SESSION_OPEN
     assert peer.feed(3) == [ev.SessionOpenAccepted(a, 1, 4, 2), ev.SessionOpenAccepted(b, 2, 4, 2)]
-    assert core.submit(1, wire.typed_body(b'{"s":"A","n":1}'), operation_id=1001) == (1, 1001)
+    assert core.submit(1, wire_mapping.typed_body(b'{"s":"A","n":1}'), operation_id=1001) == (1, 1001)
     peer.sends()
-    assert core.submit(2, wire.typed_body(b'{"s":"B","n":1}'), operation_id=2001) == (1, 2001)
+    assert core.submit(2, wire_mapping.typed_body(b'{"s":"B","n":1}'), operation_id=2001) == (1, 2001)
     peer.sends()
     got = peer.feed(4)
     assert [(type(e).__name__, e.session_id, e.operation_id) for e in got] == [
@@ -120,7 +120,7 @@ def test_two_sessions_on_one_connection():
     ]  # fmt: skip
     core.close_session(2)
     peer.sends()
-    assert core.submit(1, wire.typed_body(b'{"s":"A","n":2}'), operation_id=1002) == (2, 1002)
+    assert core.submit(1, wire_mapping.typed_body(b'{"s":"A","n":2}'), operation_id=1002) == (2, 1002)
     peer.sends()
     got = peer.feed(2)
     assert got[0] == ev.SessionCloseAcked(2) and (got[1].session_id, got[1].operation_id) == (1, 1002)
@@ -137,7 +137,7 @@ def test_native_server_control_frames():
     core.open_session(requested_session_id=21, max_in_flight_operations=4)
     peer.sends(2)
     peer.feed(2)
-    core.submit(21, wire.typed_body(b'{"q":"deadline-first"}'), operation_id=501)
+    core.submit(21, wire_mapping.typed_body(b'{"q":"deadline-first"}'), operation_id=501)
     core.data_to_send()
     peer.skip_c2s(2)  # the native client's pre-submit DEADLINE + FRAME_SUBMIT
     got = peer.feed(8)
@@ -150,7 +150,7 @@ def test_native_server_control_frames():
     assert got[6] == ev.ErrorRecoverableReceived(21, 0, 11, 1, 0, 100, 0, got[6].diagnostic)
     assert len(got[6].diagnostic) == 9
     assert got[7] == ev.RetryAfterReceived(21, 0, 250, 10, 0, b"")
-    assert core.submit(21, wire.typed_body(b'{"q":"controls"}'), operation_id=502, trace_id=0x77) == (2, 502)
+    assert core.submit(21, wire_mapping.typed_body(b'{"q":"controls"}'), operation_id=502, trace_id=0x77) == (2, 502)
     peer.sends()
     core.trace_context(21, 2, 0x77, 0x78, 0, stage_code=5)
     peer.sends()
@@ -184,7 +184,7 @@ def opened(session_id: int = 5) -> ClientConnection:
     core = ClientConnection()
     core.open_session()
     core.receive_data(packets[0] + open_ack(session_id))
-    core.submit(session_id, wire.typed_body(b"{}"))
+    core.submit(session_id, wire_mapping.typed_body(b"{}"))
     core.data_to_send()
     return core
 
@@ -201,7 +201,7 @@ def partial(session_id: int, frame_id: int, op: int, seq: int = 1, body: bytes =
 
 def push(session_id: int, frame_id: int) -> bytes:
     meta = struct.pack("<HHHHHHHHHHIIQQBBHIHHIHH", 200, *[0] * 19, 0x10, 1, 0)
-    return encode(T.RESULT_PUSH, session_id, frame_id, meta, wire.typed_body(b'{"type":"response.completed"}'))
+    return encode(T.RESULT_PUSH, session_id, frame_id, meta, wire_mapping.typed_body(b'{"type":"response.completed"}'))
 
 
 def credit(session_id: int, meta_len: int = 32) -> bytes:
@@ -221,7 +221,7 @@ def test_after_frame_cancel_partials_are_dropped_and_the_terminal_still_comes():
     got = core.receive_data(partial(5, 1, 1) + push(5, 1) + push(5, 1) + push(5, 77) + credit(5))
     assert kinds(got) == ["PacketRejected", "ResultPushed", "PacketRejected", "PacketRejected", "PressureReceived"]
     assert "FRAME_CANCEL" in got[0].reason and "finished" in got[2].reason and "unknown" in got[3].reason
-    assert core.submit(5, wire.typed_body(b"{}")) == (2, 2)
+    assert core.submit(5, wire_mapping.typed_body(b"{}")) == (2, 2)
     with pytest.raises(LocalProtocolError):
         core.frame_cancel(5, 1)  # finished
 

@@ -22,8 +22,9 @@ from nnrp.server import (
     listen_native_server,
 )
 
+from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ClientConnectionError, connect
-from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
+from vllm_nnrp_plugin.nnrp_binding import sdk_sync
 
 DATA = pathlib.Path(__file__).parent / "data" / "captures"
 CANCELLED = b'{"type":"response.cancelled","reason":"client"}'
@@ -96,7 +97,7 @@ class NativeEcho:
         submit = event.as_submit()
         if submit is not None:
             meta = submit.submit.metadata.value
-            request = orjson.loads(wire.unwrap_typed_body(int(meta.payload_kind_bitmap), meta.payload_frame_count,
+            request = orjson.loads(wire_mapping.unwrap_typed_body(int(meta.payload_kind_bitmap), meta.payload_frame_count,
                                                           submit.submit.tail.body))  # fmt: skip
             for seq in range(1, request["n"] + 1):
                 body = orjson.dumps({"type": "response.output_text.delta", "delta": f"t{seq}"})
@@ -104,7 +105,7 @@ class NativeEcho:
             if request.get("hold"):
                 held[id(session), submit.frame_id] = submit
             else:
-                await submit.send_result(_push_metadata(), wire.typed_body(b'{"type":"response.completed","n":%d}' % request["n"]))
+                await submit.send_result(_push_metadata(), wire_mapping.typed_body(b'{"type":"response.completed","n":%d}' % request["n"]))
             return True
         runtime = event.as_runtime()
         if runtime is None:

@@ -39,7 +39,7 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin.nnrp_binding.endpoints import DEFAULT_LISTEN
+from vllm_nnrp_plugin.endpoints import DEFAULT_LISTEN
 from vllm_nnrp_plugin.profile import (
     CHAT_COMPLETIONS_CREATE,
     EMBEDDINGS_CREATE,

@@ -17,7 +17,7 @@ events wake the waiting operations; calls queue bytes in the core and one write 
 (``loop.call_soon``) sends whatever was queued. No threads, no polling, no timers.
 
 An :class:`Operation` yields each PARTIAL_RESULT body as JSON (``orjson``), then its terminal: the
-RESULT_PUSH's typed body (``vllm_nnrp_plugin.nnrp_binding.wire.unwrap_typed_body``) or the
+RESULT_PUSH's typed body (``vllm_nnrp_plugin.wire_mapping.unwrap_typed_body``) or the
 RESULT_DROP_REASON's diagnostic (the server's ``response.cancelled``); a drop whose diagnostic is not a JSON
 object, or a header-only RESULT_DROP, yields ``{"type": "response.cancelled", "reason": <drop reason name,
 e.g. "peer_cancelled">}``. :meth:`Operation.cancel` sends FRAME_CANCEL; the terminal still comes. A task
@@ -45,6 +45,7 @@ import orjson
 from nnrp.core.enums import MessageType
 from nnrp.runtime.types import ResultDropReasonCode
 
+from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client.errors import (
     ClientConnectionError,
     ClientError,
@@ -52,7 +53,6 @@ from vllm_nnrp_plugin.client.errors import (
     SessionOpenError,
     _ConnectAddressError,
 )
-from vllm_nnrp_plugin.nnrp_binding import wire
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.framing import MAX_PACKET_BYTES
@@ -293,7 +293,7 @@ class Session:
         conn._check()
         payload = envelope if isinstance(envelope, bytes) else orjson.dumps(envelope)
         try:
-            frame_id, operation_id = conn._core.submit(self.session_id, wire.typed_body(payload), trace_id=trace_id)
+            frame_id, operation_id = conn._core.submit(self.session_id, wire_mapping.typed_body(payload), trace_id=trace_id)
             if trace is not None:
                 conn._core.trace_context(self.session_id, frame_id, trace[0], trace[1], 0, flags=trace[2])
         except LocalProtocolError as exc:
@@ -477,7 +477,7 @@ class Operation:
             meta = event.metadata
             self.status_code = meta.status_code
             try:
-                body = wire.unwrap_typed_body(int(meta.payload_kind_bitmap), meta.payload_frame_count, event.body)
+                body = wire_mapping.unwrap_typed_body(int(meta.payload_kind_bitmap), meta.payload_frame_count, event.body)
                 return orjson.loads(body)
             except (profile_errors.ProfileError, orjson.JSONDecodeError) as exc:
                 raise ClientResponseError(f"operation {self.operation_id}: RESULT_PUSH body: {exc}") from None

@@ -40,7 +40,7 @@ class ClientError(Exception):
 
 class ClientAddressError(ClientError, ValueError):
     """The endpoint URI cannot be used: for :class:`~vllm_nnrp_plugin.client.profile_client.ProfileClient` not
-    one of the forms of :mod:`vllm_nnrp_plugin.nnrp_binding.endpoints`, or a TLS URI without ``trusted_cert_der``;
+    one of the forms of :mod:`vllm_nnrp_plugin.endpoints`, or a TLS URI without ``trusted_cert_der``;
     for :func:`~vllm_nnrp_plugin.client.connection.connect` neither ``tcp://`` nor ``nnrps://HOST:PORT`` nor
     ``unix:///PATH`` (there also a :class:`ClientConnectionError`)."""
 

@@ -54,6 +54,7 @@ from nnrp.native import (
 from nnrp.runtime import TraceContextMetadata
 from nnrp.schema import StreamSemantics
 
+from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client.errors import (
     ClientAddressError,
     ClientError,
@@ -61,8 +62,7 @@ from vllm_nnrp_plugin.client.errors import (
     ClientTimeout,
     ClientTransportError,
 )
-from vllm_nnrp_plugin.nnrp_binding import wire
-from vllm_nnrp_plugin.nnrp_binding.endpoints import EndpointError, parse_endpoint
+from vllm_nnrp_plugin.endpoints import EndpointError, parse_endpoint
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
 
@@ -116,7 +116,7 @@ class ProfileClient:
 
     @classmethod
     async def connect(cls, uri: str, *, trusted_cert_der: bytes | None = None) -> ProfileClient:
-        """Connect to any URI of :mod:`vllm_nnrp_plugin.nnrp_binding.endpoints` and open a session.
+        """Connect to any URI of :mod:`vllm_nnrp_plugin.endpoints` and open a session.
         TLS URIs (``nnrps``, ``wss``, ``quic``) need ``trusted_cert_der``: the server certificate (or its CA), DER.
         Raises :class:`ClientAddressError`, or :class:`ClientTransportError` when nothing answers or the server
         refuses the session (e.g. over its ``max_sessions``)."""
@@ -263,7 +263,7 @@ def _decode(kind: MessageType, raw: Any) -> ClientEvent | None:
     if kind is MessageType.PARTIAL_RESULT:
         return ClientEvent("partial_result", orjson.loads(raw.tail.body))
     if kind is MessageType.RESULT_PUSH:
-        body = wire.unwrap_typed_body(int(metadata.payload_kind_bitmap), metadata.payload_frame_count, raw.tail.body)
+        body = wire_mapping.unwrap_typed_body(int(metadata.payload_kind_bitmap), metadata.payload_frame_count, raw.tail.body)
         return ClientEvent("result_push", orjson.loads(body), status=metadata.status_code)
     if kind is MessageType.RESULT_DROP_REASON:
         diagnostic = raw.tail.diagnostic

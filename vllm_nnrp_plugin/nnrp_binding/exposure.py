@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509 import load_pem_x509_certificate
 from nnrp.native import NativeTransportServerSecurity
 
+from vllm_nnrp_plugin.endpoints import Carrier, is_loopback
 from vllm_nnrp_plugin.errors import NNRPStartupError
-from vllm_nnrp_plugin.nnrp_binding.endpoints import Carrier, is_loopback
 
 logger = logging.getLogger(__name__)
 

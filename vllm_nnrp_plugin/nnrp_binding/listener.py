@@ -41,7 +41,7 @@ from nnrp.server import (
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import exposure, sdk_sync
 from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
-from vllm_nnrp_plugin.nnrp_binding.endpoints import Carrier, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.endpoints import Carrier, EndpointError, parse_endpoint
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.nodelay import NoDelaySetter
 from vllm_nnrp_plugin.nnrp_binding.sender import Sender
@@ -70,7 +70,7 @@ class ListenerHooks:
 
 
 class Listener:
-    """Binds every URI of ``listen`` (forms in :mod:`.endpoints`) and serves sessions until :meth:`close`.
+    """Binds every URI of ``listen`` (forms in :mod:`vllm_nnrp_plugin.endpoints`) and serves sessions until :meth:`close`.
 
     ``accept_timeout_ms``: how long one accept call waits (ms); long waits avoid losing sessions whose
     handshake straddles an accept deadline (nnrp-py 1.0.0rc4.post20's ``NativeServer.accept`` gives up its

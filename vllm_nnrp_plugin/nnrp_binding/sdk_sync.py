@@ -80,7 +80,7 @@ def direct_policy(server: NativeServer, decide: Callable[[object], tuple[bool, i
 
 def send_partial_result(native: NativeRuntimeServerOperation, payload: bytes) -> None:
     """One PARTIAL_RESULT (non-terminal); ``payload`` is its packed metadata followed by the body
-    (:func:`.wire.partial_result`). One native call and nothing else: what nnrp-py's
+    (:func:`vllm_nnrp_plugin.wire_mapping.partial_result`). One native call and nothing else: what nnrp-py's
     ``_send_operation_runtime_frame`` does after it validated and packed the metadata (one event per token
     makes each µs count)."""
     native._begin_reply(terminal=False)

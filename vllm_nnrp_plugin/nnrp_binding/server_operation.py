@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from vllm_nnrp_plugin import observation as obs
-from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.operation import Action, DropReason, Operation, PartialResult, ResultDrop, ResultPush, Terminal
 from vllm_nnrp_plugin.profile import trace
 from vllm_nnrp_plugin.profile.errors import ProfileError
@@ -300,8 +300,8 @@ class ServerOperation:
 
 def envelope_of(payload_kind_bitmap: int, payload_frame_count: int, body: bytes) -> bytes | ProfileError:
     """The JSON envelope inside a submit's typed body, or the ``invalid_frame`` error that body raises
-    (:func:`.wire.unwrap_typed_body`)."""
+    (:func:`vllm_nnrp_plugin.wire_mapping.unwrap_typed_body`)."""
     try:
-        return wire.unwrap_typed_body(payload_kind_bitmap, payload_frame_count, body)
+        return wire_mapping.unwrap_typed_body(payload_kind_bitmap, payload_frame_count, body)
     except ProfileError as err:
         return err

@@ -55,8 +55,9 @@ from nnrp.core import MessageType
 from nnrp.native import NativeInvalidStateError, NativeRuntimeError, NativeRuntimeServerSession
 from nnrp.runtime import PressureMetadata
 
+from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.nnrp_binding import sdk_sync, wire
+from vllm_nnrp_plugin.nnrp_binding import sdk_sync
 from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
 from vllm_nnrp_plugin.nnrp_binding.handler import (
     CANCEL_DETAIL,
@@ -337,7 +338,7 @@ class SessionPump:
 
     def _send(self, sop: ServerOperation, action: PartialResult | Terminal) -> None:
         if isinstance(action, PartialResult):
-            payload = wire.partial_result(sop.operation_id, sop.take(action))
+            payload = wire_mapping.partial_result(sop.operation_id, sop.take(action))
             try:
                 if self._probe is None:
                     sdk_sync.send_partial_result(sop.native, payload)
@@ -356,7 +357,7 @@ class SessionPump:
             return  # a terminal went out already
         try:
             if isinstance(sealed, ResultPush):
-                metadata, body = wire.result_push(sealed, elapsed_ms)
+                metadata, body = wire_mapping.result_push(sealed, elapsed_ms)
                 try:
                     sdk_sync.send_result(sop.native, metadata, body)
                 except NativeRuntimeError:
@@ -369,7 +370,7 @@ class SessionPump:
         self._terminal_done(sop)
 
     def _send_drop(self, sop: ServerOperation, drop: ResultDrop) -> None:
-        metadata, diagnostic = wire.result_drop(sop.operation_id, drop)
+        metadata, diagnostic = wire_mapping.result_drop(sop.operation_id, drop)
         sdk_sync.send_result_drop(sop.native, metadata, diagnostic)
 
     def _terminal_done(self, sop: ServerOperation) -> None:

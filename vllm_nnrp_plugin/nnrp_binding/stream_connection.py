@@ -43,10 +43,9 @@ from collections.abc import Callable
 from typing import Any
 
 from nnrp.native import SESSION_ERROR_LIMIT_REACHED
-from nnrp.runtime import ResultDropReasonCode
 
 from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.nnrp_binding import wire
+from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.nnrp_binding.server_operation import (
     PRESSURE,
     SendProbe,
@@ -70,11 +69,6 @@ from vllm_nnrp_plugin.profile import trace
 logger = logging.getLogger(__name__)
 
 _CONNECTION_IDS = itertools.count(1)
-
-_DROP_CODES = {
-    DropReason.PEER_CANCELLED: int(ResultDropReasonCode.PEER_CANCELLED),
-    DropReason.TRANSPORT_CLOSED: int(ResultDropReasonCode.TRANSPORT_CLOSED),
-}
 
 #: transport write buffer (bytes) above which the connection stops taking from the outboxes, and below which
 #: it starts again (``transport.set_write_buffer_limits``)
@@ -455,7 +449,7 @@ class ConnectionProtocol(asyncio.Protocol):
         if sealed is None:
             return  # a terminal went out already
         if isinstance(sealed, ResultPush):
-            metadata, body = wire.result_push(sealed, elapsed_ms)
+            metadata, body = wire_mapping.result_push(sealed, elapsed_ms)
             self._core.send_result_push(session.session_id, sop.frame_id, metadata.pack(), body)
         else:
             self._send_drop(session, sop, sealed)
@@ -463,7 +457,7 @@ class ConnectionProtocol(asyncio.Protocol):
 
     def _send_drop(self, session: StreamSession, sop: ServerOperation, drop: ResultDrop) -> None:
         self._core.send_result_drop_reason(
-            session.session_id, sop.frame_id, sop.operation_id, drop.sequence, _DROP_CODES[drop.reason], drop.diagnostic
+            session.session_id, sop.frame_id, sop.operation_id, drop.sequence, wire_mapping.drop_code(drop.reason), drop.diagnostic
         )
 
     def _drop_unsendable(self, session: StreamSession, sop: ServerOperation) -> None:

@@ -1,5 +1,5 @@
 """NNRP listeners on vLLM's own event loop for the byte-stream carriers: ``tcp://HOST:PORT`` and
-``unix:///ABS/PATH`` (plain, :func:`.endpoints.Carrier.own_wire`). Each address is one listening socket; every
+``unix:///ABS/PATH`` (plain, :func:`vllm_nnrp_plugin.endpoints.Carrier.own_wire`). Each address is one listening socket; every
 accepted connection is a :class:`.stream_connection.ConnectionProtocol` speaking the project's own wire core
 over the transport ``loop.connect_accepted_socket`` makes of it. No thread, no poll: an idle connection costs
 nothing but its socket.
@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import exposure
-from vllm_nnrp_plugin.nnrp_binding.endpoints import Carrier
+from vllm_nnrp_plugin.endpoints import Carrier
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
@@ -47,7 +47,7 @@ FIRST_READ_BYTES = 64 * 1024
 
 
 class StreamListener:
-    """Serves ``carriers`` (TCP and unix-socket :class:`~.endpoints.Carrier` s) until :meth:`close`."""
+    """Serves ``carriers`` (TCP and unix-socket :class:`~vllm_nnrp_plugin.endpoints.Carrier` s) until :meth:`close`."""
 
     def __init__(
         self,

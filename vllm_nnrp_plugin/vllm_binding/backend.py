@@ -25,20 +25,21 @@ from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.vllm_binding.chat import ChatBinding
 from vllm_nnrp_plugin.vllm_binding.embeddings import EmbeddingsBinding
+from vllm_nnrp_plugin.vllm_binding.families import family_of
 from vllm_nnrp_plugin.vllm_binding.models import ModelsBinding
 from vllm_nnrp_plugin.vllm_binding.responses import ResponsesBinding
 
 
 class VLLMBackend:
     """:class:`vllm_nnrp_plugin.adapter.Backend` over ``app.state`` (its serving objects, ``engine_client``,
-    ``openai_serving_models``), serving ``operations`` (profile operation names; None: every operation the
-    serving objects offer). Raises ``NNRPStartupError`` when ``operations`` names one this server does not
+    ``openai_serving_models``) of vLLM ``vllm_version`` (the start-up gate's, :mod:`.gate`), serving
+    ``operations`` (profile operation names; None: every operation the serving objects offer). Raises ``NNRPStartupError`` when ``operations`` names one this server does not
     serve, or what is served makes up no whole profile level."""
 
-    def __init__(self, state: Any, operations: tuple[str, ...] | None = None) -> None:
+    def __init__(self, state: Any, operations: tuple[str, ...] | None = None, *, vllm_version: str) -> None:
         self._engine = state.engine_client
         self._models = state.openai_serving_models
-        self._bindings = {binding.name: binding for binding in _bindings(state)}
+        self._bindings = {binding.name: binding for binding in _bindings(state, family_of(vllm_version))}
         if operations is not None:
             missing = [name for name in operations if name not in self._bindings]
             if missing:
@@ -81,13 +82,14 @@ class VLLMBackend:
             await self._engine.abort(targets)
 
 
-def _bindings(state: Any) -> list[Any]:
-    """The bindings of the serving objects ``state`` has, in the capability document's order."""
+def _bindings(state: Any, family: tuple[int, int]) -> list[Any]:
+    """The bindings of the serving objects ``state`` of vLLM line ``family`` has, in the capability document's
+    order."""
     bindings: list[Any] = []
     if getattr(state, "openai_serving_chat", None) is not None:
         bindings.append(ChatBinding(state.openai_serving_chat))
     if getattr(state, "openai_serving_responses", None) is not None:
-        bindings.append(ResponsesBinding(state.openai_serving_responses))
+        bindings.append(ResponsesBinding(state.openai_serving_responses, family))
     bindings.append(ModelsBinding(state.openai_serving_models))
     if getattr(state, "serving_embedding", None) is not None:
         bindings.append(EmbeddingsBinding(state.serving_embedding))

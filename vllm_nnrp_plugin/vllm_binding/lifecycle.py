@@ -67,7 +67,7 @@ async def start_service(state: Any, attach_path: str) -> None:
     config = attrs.evolve(
         config, listen=rank_listen(config.listen, rank, count), metrics_listen=config.metrics_listen if rank == 0 else None
     )
-    backend = VLLMBackend(state, config.operations)
+    backend = VLLMBackend(state, config.operations, vllm_version=decision.vllm_version)
     service = NNRPService(config, backend, asyncio.get_running_loop())
     bound = await service.start()
     setattr(state, _SERVICE, service)

@@ -31,7 +31,7 @@ from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.profile import RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation
-from vllm_nnrp_plugin.vllm_binding.families import family_of, responses_stream_fails
+from vllm_nnrp_plugin.vllm_binding.families import responses_stream_fails
 from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate
 
 #: vLLM's sub-request number of the first (and, without a tool server, only) engine request of a Responses request
@@ -40,17 +40,16 @@ _FIRST_SUB_REQUEST = 0
 
 class ResponsesBinding:
     """``responses.create`` over ``app.state.openai_serving_responses`` (present when the server runs the
-    ``generate`` task)."""
+    ``generate`` task) of the vLLM line ``family`` ((major, minor))."""
 
     name = RESPONSES_CREATE
 
-    def __init__(self, serving: Any) -> None:
-        import vllm
+    def __init__(self, serving: Any, family: tuple[int, int]) -> None:
         from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
         self._request_cls = ResponsesRequest
         self._serving = serving
-        self._family = family_of(vllm.__version__)
+        self._family = family
         parser = getattr(serving, "parser", None)
         self._tool_parser = parser is not None and getattr(parser, "tool_parser_cls", None) is not None
 

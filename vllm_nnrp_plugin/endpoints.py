@@ -1,4 +1,4 @@
-"""Listen/connect addresses, one URI per nnrp-py carrier (``nnrp.native.load_native_transport_binding``
+"""Listen/connect addresses (the server's and the client's), one URI per nnrp-py carrier (``nnrp.native.load_native_transport_binding``
 names: ``tcp``, ``ipc``, ``websocket``, ``quic``):
 
 | URI | carrier | TLS |
@@ -11,7 +11,7 @@ names: ``tcp``, ``ipc``, ``websocket``, ``quic``):
 | ``quic://HOST:PORT`` | QUIC | always |
 
 Plain TCP and unix sockets are served by the project's own wire core on vLLM's event loop
-(:mod:`.stream_listener`); the others by nnrp-py's native runtime, each carrier with its own listener (in
+(:mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); the others by nnrp-py's native runtime, each carrier with its own listener (in
 nnrp-py 1.0.0rc4.post20 one ``NativeServer`` serving several carriers loses sessions at accept deadlines). :func:`is_loopback` tells the exposure rule (config.py) which addresses stay
 on this host.
 """
@@ -59,8 +59,8 @@ class Carrier:
     @property
     def own_wire(self) -> bool:
         """Served by the project's own wire core on vLLM's loop (plain TCP and unix sockets,
-        :mod:`.stream_listener`); the other carriers (``nnrps``, ``ws``, ``wss``, ``quic``) by nnrp-py's native
-        runtime (:mod:`.listener`)."""
+        :mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); the other carriers (``nnrps``, ``ws``, ``wss``, ``quic``) by nnrp-py's native
+        runtime (:mod:`vllm_nnrp_plugin.nnrp_binding.listener`)."""
         return self.transport in ("tcp", "ipc") and not self.tls
 
 

@@ -10,6 +10,8 @@ around the terminal event, or a RESULT_DROP_REASON (PEER_CANCELLED / TRANSPORT_C
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from nnrp.core import (
     PayloadKind,
     ResultFlags,
@@ -23,15 +25,12 @@ from nnrp.core import (
 from nnrp.runtime import PartialResultMetadata, ResultDropReasonCode, ResultDropReasonMetadata, RuntimeRole
 from nnrp.schema import StreamSemantics
 
-from vllm_nnrp_plugin.operation import DropReason, PartialResult, ResultDrop, ResultPush
 from vllm_nnrp_plugin.profile import errors as E
 
-STRUCTURED_EVENT = int(PayloadKind.STRUCTURED_EVENT)
+if TYPE_CHECKING:  # the server's decisions; the client uses only the typed bodies and never imports them
+    from vllm_nnrp_plugin.operation import DropReason, PartialResult, ResultDrop, ResultPush
 
-_DROP_CODES = {
-    DropReason.PEER_CANCELLED: ResultDropReasonCode.PEER_CANCELLED,
-    DropReason.TRANSPORT_CLOSED: ResultDropReasonCode.TRANSPORT_CLOSED,
-}
+STRUCTURED_EVENT = int(PayloadKind.STRUCTURED_EVENT)
 
 
 def typed_body(payload: bytes) -> bytes:
@@ -115,11 +114,16 @@ def result_push(action: ResultPush, server_total_ms: int = 0) -> tuple[ResultPus
     return metadata, typed_body(action.event)
 
 
+def drop_code(reason: DropReason) -> int:
+    """The NNRP ``ResultDropReasonCode`` of ``reason`` (the member of the same name)."""
+    return int(ResultDropReasonCode[reason.name])
+
+
 def result_drop(operation_id: int, action: ResultDrop) -> tuple[ResultDropReasonMetadata, bytes]:
     """RESULT_DROP_REASON metadata + diagnostic bytes (the ``response.cancelled`` JSON), source SERVER."""
     diagnostic = action.diagnostic
     metadata = ResultDropReasonMetadata(
-        operation_id, action.sequence, _DROP_CODES[action.reason], RuntimeRole.SERVER, 0, len(diagnostic)
+        operation_id, action.sequence, drop_code(action.reason), RuntimeRole.SERVER, 0, len(diagnostic)
     )
     return metadata, diagnostic
 
