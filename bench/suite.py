@@ -40,8 +40,8 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
     "framework": lambda **_: _framework().run(levels=(4,), rounds=2, tokens=16),
     "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
     "load": lambda model=None, load_transport="tcp", load_rounds=1, **_: _load().run(
-        model=model, levels=(4,), rounds=load_rounds, max_tokens=16, shared={4: 2}, burst_clients=8, burst_load_streams=4,
-        cancel_streams=8, cancel_per_session=4, cancel_sample=4, idle_sessions=8, idle_seconds=2, stream_interval=None,
+        model=model, levels=(4,), rounds=load_rounds, max_tokens=16, shared={4: 2}, burst_clients=8,
+        burst_load_streams=4, cancel_streams=8, cancel_per_session=4, cancel_sample=4, idle_sessions=8, idle_seconds=2, stream_interval=None,
         transport=load_transport,
     ),
 }

@@ -1,5 +1,5 @@
-"""Listen/connect addresses (the server's and the client's), one URI per nnrp-py carrier (``nnrp.native.load_native_transport_binding``
-names: ``tcp``, ``ipc``, ``websocket``, ``quic``):
+"""Listen/connect addresses (the server's and the client's), one URI per nnrp-py carrier
+(``nnrp.native.load_native_transport_binding`` names: ``tcp``, ``ipc``, ``websocket``, ``quic``):
 
 | URI | carrier | TLS |
 |---|---|---|
@@ -11,9 +11,9 @@ names: ``tcp``, ``ipc``, ``websocket``, ``quic``):
 | ``quic://HOST:PORT`` | QUIC | always |
 
 Plain TCP and unix sockets are served by the project's own wire core on vLLM's event loop
-(:mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); the others by nnrp-py's native runtime, each carrier with its own listener (in
-nnrp-py 1.0.0rc4.post20 one ``NativeServer`` serving several carriers loses sessions at accept deadlines). :func:`is_loopback` tells the exposure rule (config.py) which addresses stay
-on this host.
+(:mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); the others by nnrp-py's native runtime, each carrier
+with its own listener (in nnrp-py 1.0.0rc4.post20 one ``NativeServer`` serving several carriers loses sessions
+at accept deadlines). :func:`is_loopback` tells the exposure rule (config.py) which addresses stay on this host.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ class Carrier:
     @property
     def own_wire(self) -> bool:
         """Served by the project's own wire core on vLLM's loop (plain TCP and unix sockets,
-        :mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); the other carriers (``nnrps``, ``ws``, ``wss``, ``quic``) by nnrp-py's native
-        runtime (:mod:`vllm_nnrp_plugin.nnrp_binding.listener`)."""
+        :mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); the other carriers (``nnrps``, ``ws``, ``wss``,
+        ``quic``) by nnrp-py's native runtime (:mod:`vllm_nnrp_plugin.nnrp_binding.listener`)."""
         return self.transport in ("tcp", "ipc") and not self.tls
 
 

@@ -293,7 +293,8 @@ class Session:
         conn._check()
         payload = envelope if isinstance(envelope, bytes) else orjson.dumps(envelope)
         try:
-            frame_id, operation_id = conn._core.submit(self.session_id, wire_mapping.typed_body(payload), trace_id=trace_id)
+            body = wire_mapping.typed_body(payload)
+            frame_id, operation_id = conn._core.submit(self.session_id, body, trace_id=trace_id)
             if trace is not None:
                 conn._core.trace_context(self.session_id, frame_id, trace[0], trace[1], 0, flags=trace[2])
         except LocalProtocolError as exc:
@@ -477,7 +478,8 @@ class Operation:
             meta = event.metadata
             self.status_code = meta.status_code
             try:
-                body = wire_mapping.unwrap_typed_body(int(meta.payload_kind_bitmap), meta.payload_frame_count, event.body)
+                kinds, count = int(meta.payload_kind_bitmap), meta.payload_frame_count
+                body = wire_mapping.unwrap_typed_body(kinds, count, event.body)
                 return orjson.loads(body)
             except (profile_errors.ProfileError, orjson.JSONDecodeError) as exc:
                 raise ClientResponseError(f"operation {self.operation_id}: RESULT_PUSH body: {exc}") from None

@@ -263,7 +263,8 @@ def _decode(kind: MessageType, raw: Any) -> ClientEvent | None:
     if kind is MessageType.PARTIAL_RESULT:
         return ClientEvent("partial_result", orjson.loads(raw.tail.body))
     if kind is MessageType.RESULT_PUSH:
-        body = wire_mapping.unwrap_typed_body(int(metadata.payload_kind_bitmap), metadata.payload_frame_count, raw.tail.body)
+        kinds, count = int(metadata.payload_kind_bitmap), metadata.payload_frame_count
+        body = wire_mapping.unwrap_typed_body(kinds, count, raw.tail.body)
         return ClientEvent("result_push", orjson.loads(body), status=metadata.status_code)
     if kind is MessageType.RESULT_DROP_REASON:
         diagnostic = raw.tail.diagnostic

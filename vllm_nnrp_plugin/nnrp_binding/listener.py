@@ -70,7 +70,8 @@ class ListenerHooks:
 
 
 class Listener:
-    """Binds every URI of ``listen`` (forms in :mod:`vllm_nnrp_plugin.endpoints`) and serves sessions until :meth:`close`.
+    """Binds every URI of ``listen`` (forms in :mod:`vllm_nnrp_plugin.endpoints`) and serves sessions until
+    :meth:`close`.
 
     ``accept_timeout_ms``: how long one accept call waits (ms); long waits avoid losing sessions whose
     handshake straddles an accept deadline (nnrp-py 1.0.0rc4.post20's ``NativeServer.accept`` gives up its

@@ -457,7 +457,8 @@ class ConnectionProtocol(asyncio.Protocol):
 
     def _send_drop(self, session: StreamSession, sop: ServerOperation, drop: ResultDrop) -> None:
         self._core.send_result_drop_reason(
-            session.session_id, sop.frame_id, sop.operation_id, drop.sequence, wire_mapping.drop_code(drop.reason), drop.diagnostic
+            session.session_id, sop.frame_id, sop.operation_id, drop.sequence, wire_mapping.drop_code(drop.reason),
+            drop.diagnostic,
         )
 
     def _drop_unsendable(self, session: StreamSession, sop: ServerOperation) -> None:

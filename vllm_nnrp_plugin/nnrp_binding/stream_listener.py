@@ -1,8 +1,8 @@
 """NNRP listeners on vLLM's own event loop for the byte-stream carriers: ``tcp://HOST:PORT`` and
-``unix:///ABS/PATH`` (plain, :func:`vllm_nnrp_plugin.endpoints.Carrier.own_wire`). Each address is one listening socket; every
-accepted connection is a :class:`.stream_connection.ConnectionProtocol` speaking the project's own wire core
-over the transport ``loop.connect_accepted_socket`` makes of it. No thread, no poll: an idle connection costs
-nothing but its socket.
+``unix:///ABS/PATH`` (plain, :func:`vllm_nnrp_plugin.endpoints.Carrier.own_wire`). Each address is one
+listening socket; every accepted connection is a :class:`.stream_connection.ConnectionProtocol` speaking the
+project's own wire core over the transport ``loop.connect_accepted_socket`` makes of it. No thread, no poll:
+an idle connection costs nothing but its socket.
 
 Accepting is the listener's own (``loop.add_reader`` on the listening socket), not ``loop.create_server``'s:
 one callback accepts every connection waiting and reads the bytes each already sent (a client sends its

@@ -33,8 +33,9 @@ from vllm_nnrp_plugin.vllm_binding.responses import ResponsesBinding
 class VLLMBackend:
     """:class:`vllm_nnrp_plugin.adapter.Backend` over ``app.state`` (its serving objects, ``engine_client``,
     ``openai_serving_models``) of vLLM ``vllm_version`` (the start-up gate's, :mod:`.gate`), serving
-    ``operations`` (profile operation names; None: every operation the serving objects offer). Raises ``NNRPStartupError`` when ``operations`` names one this server does not
-    serve, or what is served makes up no whole profile level."""
+    ``operations`` (profile operation names; None: every operation the serving objects offer). Raises
+    ``NNRPStartupError`` when ``operations`` names one this server does not serve, or what is served makes up
+    no whole profile level."""
 
     def __init__(self, state: Any, operations: tuple[str, ...] | None = None, *, vllm_version: str) -> None:
         self._engine = state.engine_client
