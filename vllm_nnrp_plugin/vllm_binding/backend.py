@@ -22,6 +22,7 @@ from typing import Any
 
 from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.errors import NNRPStartupError
+from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.vllm_binding.chat import ChatBinding
 from vllm_nnrp_plugin.vllm_binding.embeddings import EmbeddingsBinding
@@ -58,6 +59,15 @@ class VLLMBackend:
             )
         except ValueError as exc:
             raise NNRPStartupError(f"NNRP cannot serve this vLLM server: {exc}") from None
+
+    def chat_stream_path(self) -> str | None:
+        """How chat streams reach the profile mapper, for the start-up log (``None``: no chat on this server)."""
+        chat = self._bindings.get(CHAT_COMPLETIONS_CREATE)
+        if chat is None:
+            return None
+        if chat.lane_off is None:
+            return "text outputs straight from the engine, vLLM's chunk strings for the rest (engine lane)"
+        return f"vLLM's chunk strings for every chunk (engine lane off: {chat.lane_off})"
 
     def model_ids(self) -> list[str]:
         """Served model names (``--served-model-name``, else ``--model``)."""

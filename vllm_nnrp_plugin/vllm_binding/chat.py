@@ -7,6 +7,9 @@ of ``"data: <json>\\n\\n"`` strings ending with ``data: [DONE]``; it may also ra
 :class:`~vllm_nnrp_plugin.adapter.Call` or :class:`ProfileError`. The engine knows the request as
 ``"chatcmpl-" + request_id``.
 
+A stream whose middle outputs are all text takes the engine lane (:mod:`.engine_lane`): vLLM formats its first,
+finish and usage chunks, the text in between comes from the engine's outputs without vLLM's chunk strings.
+
 Trace context: vLLM reads a W3C ``traceparent`` only from ``raw_request.headers`` (and on 0.18–0.26 only
 when tracing is on, ``--otlp-traces-endpoint``), so an operation with a trace context is run with a
 synthetic request carrying it (:func:`.serving.trace_request`); vLLM's ``llm_request`` span then has its
@@ -23,13 +26,15 @@ from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile.capabilities import chat_operation
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_body, vllm_chunks
+from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, lane_serving, serving_fits
 from vllm_nnrp_plugin.vllm_binding.families import has_tool_parser
 from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate
 
 
 class ChatBinding:
     """``chat.completions.create`` over ``app.state.openai_serving_chat`` (present when the server runs the
-    ``generate`` task)."""
+    ``generate`` task). ``lane_off``: why streams cannot take the engine lane on this server (``None``: they can,
+    :func:`~.engine_lane.serving_fits`)."""
 
     name = CHAT_COMPLETIONS_CREATE
 
@@ -40,6 +45,8 @@ class ChatBinding:
         annotation = ChatCompletionRequest.model_fields["stream_options"].annotation
         self._stream_options_cls = next(a for a in typing.get_args(annotation) if a is not type(None))
         self._serving = serving
+        self.lane_off = serving_fits(serving)
+        self._streaming = serving if self.lane_off is not None else lane_serving(serving)
 
     def operation(self) -> dict[str, Any]:
         """The capability entry: tool calls only when vLLM has a tool-call parser (``--tool-call-parser``;
@@ -66,7 +73,10 @@ class ChatBinding:
                 include_usage=True,
                 continuous_usage_stats=bool(asked and asked.continuous_usage_stats) or (request.n or 1) > 1,
             )
-        result = await call_serving(self._serving, "create_chat_completion", request, traceparent, "/v1/chat/completions")
+        serving = self._streaming if request.stream else self._serving
+        result = await call_serving(serving, "create_chat_completion", request, traceparent, "/v1/chat/completions")
+        if result.__class__ is EngineStream:
+            return Call(stream=result.items(self._token_budget(request)))
         if inspect.isasyncgen(result):
             return Call(stream=vllm_chunks(result, self._token_budget(request)))
         if hasattr(result, "choices"):

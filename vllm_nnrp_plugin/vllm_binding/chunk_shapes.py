@@ -99,6 +99,12 @@ class VLLMStream:
         self._lane: _TextLane | None = None  # the byte shape of this stream's text-only chunks, once seen
         self.done = False
 
+    @property
+    def text_lane(self) -> _TextLane | None:
+        """The byte shape of this stream's text-only chunks (its ``index`` and ``template``), once a string fed in
+        was one."""
+        return self._lane
+
     def feed(self, item: str) -> list[Item]:
         """Normal-form chunks for one string of vLLM's stream, in order."""
         if self.done:

@@ -85,6 +85,9 @@ async def start_service(state: Any, attach_path: str) -> None:
         count,
         ", ".join(backend.model_ids()),
     )
+    chat_stream_path = backend.chat_stream_path()
+    if chat_stream_path is not None:
+        logger.info("NNRP chat streams: %s", chat_stream_path)
     if service.metrics_address is not None:
         logger.info("NNRP metrics also served on http://%s/metrics (nnrp.metrics_listen)", service.metrics_address)
 

@@ -1,0 +1,94 @@
+"""The engine lane inside a real ``vllm serve`` (every anchor): a plain chat stream's events and completed body over
+NNRP are exactly what vLLM's own stream gives for the same request — its HTTP/SSE answer, read through the
+plugin's SSE parser and the profile mapper (the path every chat stream took before the lane) —, for plain text,
+usage, a token budget, a stop string and ``echo``; a server with a tool parser keeps vLLM's generator and says so.
+Cancels, dropped clients and concurrent streams on the lane are the binding core's tests on the same server
+(``vllm_server``, which has no parser: every plain stream there takes the lane).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import SERVED_NAME
+from tests.support import envelope
+from vllm_nnrp_plugin.client import ProfileClient
+from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
+
+pytestmark = pytest.mark.vllm
+
+BASE = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Tell me about the sea."}],
+        "max_tokens": 40, "temperature": 0, "stream": True}  # fmt: skip
+CASES = {
+    "text": BASE,
+    "usage": {**BASE, "stream_options": {"include_usage": True}},
+    "budget": {**BASE, "max_tokens": 5},
+    "stop-string": {**BASE, "stop": ["."], "max_tokens": 60},
+    "min-tokens-ignore-eos": {**BASE, "max_tokens": 24, "min_tokens": 24, "ignore_eos": True},
+    "echo": {**BASE, "echo": True, "messages": [*BASE["messages"], {"role": "assistant", "content": "The sea"}],
+             "add_generation_prompt": False, "continue_final_message": True},
+}
+VOLATILE = ("id", "created")
+
+
+def over_http(server, body):
+    """(events, completed body) of ``body`` through vLLM's HTTP/SSE stream, the plugin's SSE parser and the profile
+    mapper; vLLM is asked for usage as the plugin always asks it (``include_usage``)."""
+    sent = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+    with httpx.stream("POST", f"{server.http}/v1/chat/completions", json=sent, timeout=120) as response:
+        assert response.status_code == 200
+        strings = [line + "\n\n" for line in response.iter_lines() if line.startswith("data: ")]
+
+    async def parse():
+        async def replay():
+            for string in strings:
+                yield string
+
+        mapper = ChatStreamMapper(usage_events=usage_asked(body))
+        events = [event async for chunk in vllm_chunks(replay()) for event in mapper.feed(chunk)]
+        return events, mapper.completed_body()
+
+    return asyncio.run(parse())
+
+
+def over_nnrp(client, body):
+    *partials, terminal = client.events(client.submit(envelope(body)), timeout_s=120)
+    assert terminal.event["type"] == "response.completed", terminal.event
+    return [p.event for p in partials], terminal.event["body"]
+
+
+@pytest.fixture
+def lane_client(vllm_server):
+    client = asyncio.run(ProfileClient.connect(vllm_server.nnrp["tcp"]))
+    yield client
+    client.close()
+
+
+@pytest.mark.binding_core
+def test_the_start_up_log_says_chat_streams_take_the_engine_lane(vllm_server, vllm_tools_server):
+    assert "NNRP chat streams: text outputs straight from the engine" in vllm_server.output()
+    assert "engine lane off: a tool-call or reasoning parser is configured" in vllm_tools_server.output()
+
+
+@pytest.mark.binding_core
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_plain_stream_gives_what_vllms_own_stream_gives(vllm_server, lane_client, case):
+    body = CASES[case]
+    events, completed = over_nnrp(lane_client, body)
+    reference_events, reference = over_http(vllm_server, body)
+    assert events == reference_events
+    assert {k: v for k, v in completed.items() if k not in VOLATILE} == {
+        k: v for k, v in reference.items() if k not in VOLATILE
+    }
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert len(deltas) >= 3  # most of them came through the lane
+    if case == "usage":
+        assert completed["usage"]["completion_tokens"] == reference["usage"]["completion_tokens"] > 3
+    if case == "budget":
+        assert completed["choices"][0]["finish_reason"] == "length"
+    if case == "min-tokens-ignore-eos":
+        assert completed["usage"]["completion_tokens"] == 24
