@@ -6,7 +6,8 @@ parameters on 0.18–0.32), reads the engine's ``RequestOutput`` objects from ``
 a ``chat.completion.chunk``: it builds ``DeltaMessage``, ``ChatCompletionResponseStreamChoice`` and
 ``ChatCompletionStreamResponse`` (pydantic models), dumps them as JSON and yields ``data: <json>\\n\\n``, which
 :class:`~vllm_nnrp_plugin.vllm_binding.chunk_shapes.VLLMStream` parses back. For most outputs of a plain chat
-stream all of that carries one piece of text. The engine lane takes those outputs straight from the engine:
+stream all of that carries one piece of text. The engine lane takes those outputs straight from the engine
+(HTTP/SSE clients of the same server are not affected):
 
 * :func:`lane_serving` gives a view of vLLM's serving object (same state, same methods) whose stream generator,
   for a request that :func:`request_fits`, returns an :class:`EngineStream` instead of vLLM's generator. vLLM still
@@ -15,10 +16,10 @@ stream all of that carries one piece of text. The engine lane takes those output
   error chunks come from vLLM's own generator, which reads its outputs from a :class:`_Feed` the lane fills.
 * :meth:`EngineStream.items` reads ``result_generator`` itself. Once vLLM's own strings showed the stream's
   text-only chunk shape (``VLLMStream.text_lane``), an output of one choice with new text and no finish reason is
-  handed on as a :class:`~vllm_nnrp_plugin.profile.chat_stream.TextDelta` of that shape — exactly the chunk vLLM
-  would have built for it — and never reaches vLLM's generator; every other output goes to vLLM's generator, with
-  the token ids of the outputs the lane took in front of its own, so that vLLM's token counts (usage,
-  ``previous_num_tokens``) are what they would have been.
+  handed on as a :class:`~vllm_nnrp_plugin.profile.chat_stream.TextDelta` of that shape — the text-only chunk vLLM
+  would have built for it, which gives the mapper the same events and state — and never reaches vLLM's generator.
+  Every other output goes to vLLM's generator, with the token ids of the outputs the lane took in front of its
+  own, so that vLLM's token counts (usage, ``previous_num_tokens``) are what they would have been.
 
 Only a configuration in which every middle output becomes a text-only chunk uses the lane (:func:`serving_fits`,
 :func:`request_fits`): no tool or reasoning parser, no harmony (``gpt_oss``) model, no output logging, no forced
