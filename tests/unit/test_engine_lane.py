@@ -67,7 +67,8 @@ class RecordedServing:
         self.closed = {"engine": False, "vllm": False}
 
     async def create_chat_completion(self, request, raw_request=None):
-        return self.chat_completion_stream_generator(request, self._engine(), "chatcmpl-x", "example-model", [], None, None)
+        return self.chat_completion_stream_generator(request, self._engine(), "chatcmpl-x", "example-model", [], None,
+                                                     None)
 
     async def _engine(self):
         try:
@@ -254,4 +255,5 @@ def test_the_view_shares_the_serving_objects_state_and_leaves_it_unchanged():
     serving.default_sampling_params = {"max_tokens": 7}  # set on vLLM's object after the view was made
     assert view.default_sampling_params == {"max_tokens": 7}
     assert isinstance(view, RecordedServing) and type(serving) is RecordedServing
-    assert type(serving).chat_completion_stream_generator is RecordedServing.__dict__["chat_completion_stream_generator"]
+    own = RecordedServing.__dict__["chat_completion_stream_generator"]
+    assert type(serving).chat_completion_stream_generator is own

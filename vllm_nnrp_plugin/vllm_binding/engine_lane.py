@@ -92,7 +92,8 @@ def lane_serving(serving: Any) -> Any:
     base = type(serving)
     vllm_generator = base.chat_completion_stream_generator
 
-    def chat_completion_stream_generator(self: Any, request: Any, result_generator: Any, *args: Any, **kwargs: Any):
+    def chat_completion_stream_generator(self: Any, request: Any, result_generator: Any, *args: Any,
+                                         **kwargs: Any) -> Any:
         if not request_fits(request):
             return vllm_generator(self, request, result_generator, *args, **kwargs)
         feed = _Feed()

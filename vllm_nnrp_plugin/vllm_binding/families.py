@@ -6,8 +6,9 @@ that this package depends on is decided here (attach paths, and probes of the se
 ``build_app``'s signature and module — ``vllm/entrypoints/openai/api_server.py`` up to 0.28,
 ``vllm/entrypoints/launchers/app.py`` from 0.29 on, where the old module is a deprecated re-export —,
 ``vllm.plugins.load_endpoint_plugins``, the chat protocol module), in :func:`has_tool_parser`, in
-:func:`responses_stream_fails` (a Responses stream a line cannot produce), or in :mod:`.chunk_shapes` (stream and
-body shapes); the rest of the package is line-independent.
+:func:`responses_stream_fails` (a Responses stream a line cannot produce), in :mod:`.chunk_shapes` (stream and
+body shapes), or in :mod:`.engine_lane` (the chat serving object's attributes, per line, that keep a server's
+streams off the engine lane); the rest of the package is line-independent.
 
 One binding serves every line whose surfaces are the same: ``vllm-0.26`` the 0.26–0.28 lines (``build_app`` in
 ``vllm/entrypoints/openai/api_server.py``, which ``vllm/entrypoints/cli/serve.py`` imports), ``vllm-0.32`` the
