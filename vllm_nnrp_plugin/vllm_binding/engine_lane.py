@@ -132,7 +132,7 @@ class EngineStream:
             while True:
                 try:
                     output = await next_output()
-                except StopAsyncIteration:
+                except StopAsyncIteration:  # after the finished output (``AsyncLLM.generate``), so ``taken`` is empty
                     feed.ended = True
                     break
                 except Exception as exc:  # the engine failed: vLLM's generator reports it
@@ -159,10 +159,12 @@ class EngineStream:
             for item in parser.end():
                 yield item
         finally:
-            await pump.close(feed)
-            aclose = getattr(self._outputs, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            try:
+                await pump.close(feed)
+            finally:
+                aclose = getattr(self._outputs, "aclose", None)
+                if aclose is not None:
+                    await aclose()
 
 
 def _only_text(output: Any) -> str | None:
