@@ -1,7 +1,8 @@
-"""The engine lane inside a real ``vllm serve`` (every anchor): a plain chat stream's events and completed body over
-NNRP are exactly what vLLM's own stream gives for the same request — its HTTP/SSE answer, read through the
-plugin's SSE parser and the profile mapper (the path every chat stream took before the lane) —, for plain text,
-usage, a token budget, a stop string and ``echo``; a server with a tool parser keeps vLLM's generator and says so.
+"""The engine lane inside a real ``vllm serve`` (every anchor): a plain chat stream's events (text deltas compared
+joined, :func:`merged`) and completed body over NNRP are what vLLM's own stream gives for the same request — its
+HTTP/SSE answer, read through the plugin's SSE parser and the profile mapper (the path every chat stream took
+before the lane) —, for plain text, usage, a token budget, a stop string and ``echo``; a server with a tool parser
+keeps vLLM's generator and says so.
 Cancels, dropped clients and concurrent streams on the lane are the binding core's tests on the same server
 (``vllm_server``, which has no parser: every plain stream there takes the lane).
 """
@@ -99,8 +100,7 @@ def test_a_plain_stream_gives_what_vllms_own_stream_gives(vllm_server, lane_clie
     assert {k: v for k, v in completed.items() if k not in VOLATILE} == {
         k: v for k, v in reference.items() if k not in VOLATILE
     }
-    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
-    assert len(deltas) >= 3  # most of them came through the lane
+    assert any(e["type"] == "response.output_text.delta" and e["delta"] for e in events)
     if case == "usage":
         assert completed["usage"]["completion_tokens"] == reference["usage"]["completion_tokens"] > 3
     if case == "budget":

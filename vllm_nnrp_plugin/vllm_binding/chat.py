@@ -8,7 +8,7 @@ of ``"data: <json>\\n\\n"`` strings ending with ``data: [DONE]``; it may also ra
 ``"chatcmpl-" + request_id``.
 
 A stream whose middle outputs are all text takes the engine lane (:mod:`.engine_lane`): vLLM formats its first,
-finish and usage chunks, the text in between comes from the engine's outputs without vLLM's chunk strings.
+finish and usage chunks; the text in between comes from the engine's outputs without vLLM's chunk strings.
 
 Trace context: vLLM reads a W3C ``traceparent`` only from ``raw_request.headers`` (and on 0.18–0.26 only
 when tracing is on, ``--otlp-traces-endpoint``), so an operation with a trace context is run with a
