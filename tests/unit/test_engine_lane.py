@@ -124,12 +124,12 @@ async def string_items(outputs, tail):
 def test_the_lane_gives_the_events_and_body_of_vllms_strings(anchor, case):
     outputs, tail = outputs_of(anchor, case)
     serving = RecordedServing(outputs, tail)
-    lane = asyncio.run(lane_items(serving))
-    assert profile(lane) == profile(asyncio.run(string_items(outputs, tail)))
+    lane, strings = asyncio.run(lane_items(serving)), asyncio.run(string_items(outputs, tail))
+    assert profile(lane) == profile(strings)
     taken = [i for i in lane if isinstance(i, TextDelta)]
     # vLLM formatted the role chunk, the first text chunk (which showed the text-only shape) and the finish chunk
     assert len(serving.seen) == 2 and len(taken) == len(outputs) - 2 > 0
-    assert [as_dict(i) for i in lane] == [as_dict(i) for i in asyncio.run(string_items(outputs, tail))]
+    assert [as_dict(i) for i in lane] == [as_dict(i) for i in strings]
     assert serving.closed == {"engine": True, "vllm": True}
 
 

@@ -46,7 +46,8 @@ class ChatBinding:
         self._stream_options_cls = next(a for a in typing.get_args(annotation) if a is not type(None))
         self._serving = serving
         self.lane_off = serving_fits(serving)
-        self._streaming = serving if self.lane_off is not None else lane_serving(serving)
+        # what requests are run on: the lane's view differs from ``serving`` only in its stream generator
+        self._calls = serving if self.lane_off is not None else lane_serving(serving)
 
     def operation(self) -> dict[str, Any]:
         """The capability entry: tool calls only when vLLM has a tool-call parser (``--tool-call-parser``;
@@ -73,8 +74,7 @@ class ChatBinding:
                 include_usage=True,
                 continuous_usage_stats=bool(asked and asked.continuous_usage_stats) or (request.n or 1) > 1,
             )
-        serving = self._streaming if request.stream else self._serving
-        result = await call_serving(serving, "create_chat_completion", request, traceparent, "/v1/chat/completions")
+        result = await call_serving(self._calls, "create_chat_completion", request, traceparent, "/v1/chat/completions")
         if result.__class__ is EngineStream:
             return Call(stream=result.items(self._token_budget(request)))
         if inspect.isasyncgen(result):

@@ -139,10 +139,10 @@ class EngineStream:
                     feed.error = exc
                     break
                 if lane is not None:
-                    text = _only_text(output)
-                    if text is not None:
-                        taken.extend(output.outputs[0].token_ids)
-                        yield TextDelta(lane.index, text, lane.template)
+                    completion = _text_only(output)
+                    if completion is not None:
+                        taken.extend(completion.token_ids)
+                        yield TextDelta(lane.index, completion.text, lane.template)
                         continue
                     if taken and len(output.outputs) == 1:
                         output, taken = _with_token_ids(output, taken), []
@@ -167,16 +167,16 @@ class EngineStream:
                     await aclose()
 
 
-def _only_text(output: Any) -> str | None:
-    """The new text of ``RequestOutput`` ``output`` when that is all it carries for its one choice (index 0, no
+def _text_only(output: Any) -> Any:
+    """The one ``CompletionOutput`` of ``RequestOutput`` ``output`` when new text is all it carries (index 0, no
     finish reason, non-empty text), else ``None``."""
     outputs = output.outputs
     if len(outputs) != 1:
         return None
     completion = outputs[0]
-    if completion.finish_reason is not None or completion.index != 0:
+    if completion.finish_reason is not None or completion.index != 0 or not completion.text:
         return None
-    return completion.text or None
+    return completion
 
 
 def _with_token_ids(output: Any, taken: list[int]) -> Any:
