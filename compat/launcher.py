@@ -98,15 +98,18 @@ class VLLMServer:
     """One ``vllm serve MODEL`` process, started by the constructor.
 
     ``env`` is added to the base environment and ``extra_args`` to the base flags as given (the caller chooses
-    whether and how NNRP is enabled; :func:`serve_with_nnrp` applies the line's attach path). ``http``: base
-    URL; ``port``; ``log``: its combined stdout/stderr; ``proc`` / ``pid``: the API-server process.
+    whether and how NNRP is enabled; :func:`serve_with_nnrp` applies the line's attach path). ``api_keys``: served
+    with ``--api-key K1 K2 …`` (one flag, vLLM takes a list; the readiness probe sends the first). ``http``: base URL; ``port``; ``log``: its combined
+    stdout/stderr; ``proc`` / ``pid``: the API-server process.
     """
 
     def __init__(
         self, model: str, workdir: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (), port: int | None = None, log: str | os.PathLike[str] | None = None,
+        api_keys: Sequence[str] = (),
     ) -> None:  # fmt: skip
         workdir = pathlib.Path(workdir)
+        self.api_key = api_keys[0] if api_keys else None
         self.port = port or free_port()
         self.http = f"http://127.0.0.1:{self.port}"
         self.log = pathlib.Path(log) if log is not None else workdir / f"vllm-{self.port}.log"
@@ -119,6 +122,7 @@ class VLLMServer:
             "--served-model-name", SERVED_NAME,
             "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager",
             *extra_args,
+            *(("--api-key", *api_keys) if api_keys else ()),
         ]  # fmt: skip
         self._log_file = open(self.log, "wb")
         self.proc = subprocess.Popen(
@@ -133,8 +137,10 @@ class VLLMServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServeError(f"vllm serve exited with {self.proc.returncode} (log {self.log}):\n{self.tail()}")
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            request = urllib.request.Request(f"{self.http}/v1/models", headers=headers)
             with contextlib.suppress(OSError):  # refused, reset, HTTP errors: not up yet
-                with urllib.request.urlopen(f"{self.http}/v1/models", timeout=2) as response:
+                with urllib.request.urlopen(request, timeout=2) as response:
                     if response.status == 200:
                         return
             time.sleep(1)

@@ -9,6 +9,8 @@ recorded request's token budget), error bodies through the error mapping of
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import pathlib
 import socket
 import types
@@ -150,19 +152,23 @@ def two_free_ports() -> int:
 
 class ServedNNRP:
     """An NNRPService with ``backend`` (default a :class:`RecordedBackend`) on its own event-loop thread
-    (standing in for vLLM's loop); ``config`` keys are :class:`NNRPConfig` fields."""
+    (standing in for vLLM's loop); ``config`` keys are :class:`NNRPConfig` fields; ``api_keys``: vLLM's API keys
+    the service requires on network carriers (none: no key)."""
 
-    def __init__(self, listen: tuple[str, ...], backend: Any = None, **config: Any) -> None:
+    def __init__(self, listen: tuple[str, ...], backend: Any = None, *, api_keys: tuple[str, ...] = (),
+                 **config: Any) -> None:  # fmt: skip
         import threading
 
         from vllm_nnrp_plugin.config import NNRPConfig
+        from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys
         from vllm_nnrp_plugin.service import NNRPService
 
         self.backend = backend if backend is not None else RecordedBackend()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
-        self.service = NNRPService(NNRPConfig(enabled=True, listen=listen, **config), self.backend, self.loop)
+        keys = APIKeys(api_keys) if api_keys else None
+        self.service = NNRPService(NNRPConfig(enabled=True, listen=listen, **config), self.backend, self.loop, keys=keys)
         self.bound = asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(30)
 
     def stop(self) -> None:
@@ -181,3 +187,37 @@ def wait_until(predicate, timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return bool(predicate())
+
+
+def self_signed(tmp_path, name="localhost"):
+    """A PEM certificate + key for ``name`` and 127.0.0.1; returns (cert path, key path, cert DER)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return str(cert_path), str(key_path), cert.public_bytes(serialization.Encoding.DER)
+
+

@@ -1,4 +1,4 @@
-"""The ``vllm-nnrp`` command against a real NNRP listener (nnrp-py native server, TCP on loopback).
+"""The ``vllm-nnrp`` command against a real NNRP listener (the service's own wire core, TCP on loopback).
 
 Chat is answered by :class:`tests.support.RecordedBackend` (recorded vLLM 0.26.0 streams); ``responses.create``,
 ``models.list`` and ``embeddings.create`` by :class:`ScriptedBackend` with small bodies of OpenAI's documented

@@ -12,7 +12,7 @@ import pytest
 from nnrp.core import MessageType
 from nnrp.native import NativeRuntimeError
 
-from tests.support import ServedNNRP, envelope, free_port, wait_until
+from tests.support import RecordedBackend, ServedNNRP, envelope, free_port, wait_until
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.nnrp_wire import events as ev
@@ -170,3 +170,49 @@ def _read(sock: socket.socket, conn: ClientConnection, done) -> list:
         assert data, f"connection closed after {len(received)} events"
         received += conn.receive_data(data)
     return received
+
+
+class _SlowClose:
+    """A backend stream whose close outlives its last chunk by 0.5 s (vLLM's generator finishing after the
+    operation's terminal went out)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        return await self.inner.__anext__()
+
+    async def aclose(self) -> None:
+        await asyncio.sleep(0.5)
+
+
+def test_a_sent_terminal_frees_its_slot_for_the_clients_next_submit():
+    """``nnrp.max_in_flight`` 1 and a stream that takes 0.5 s to close after its terminal: a client that submits
+    as soon as it read each terminal is served every time, never refused ``too_many_requests``."""
+    from vllm_nnrp_plugin.adapter import Call
+    from vllm_nnrp_plugin.client import connect
+
+    class Lingering(RecordedBackend):
+        async def create(self, operation, body, request_id, traceparent=None):
+            call = await super().create(operation, body, request_id, traceparent)
+            return Call(stream=_SlowClose(call.stream))
+
+    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), backend=Lingering(), max_in_flight=1)
+
+    async def main() -> list[str]:
+        conn = await connect(served.bound[0])
+        session = await conn.open_session()
+        terminals = []
+        for _ in range(3):
+            events = [e async for e in session.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True}))]
+            terminals.append(events[-1].get("error", {}).get("code") or events[-1]["type"])
+        await conn.close()
+        return terminals
+
+    try:
+        assert asyncio.run(main()) == ["response.completed"] * 3
+    finally:
+        served.stop()

@@ -85,7 +85,7 @@ def test_128_concurrent_async_calls_on_one_client_all_complete_without_a_refusal
     """128 streams + 128 whole answers at once, 16 operations per session allowed: the transport opens the
     sessions it needs (16 × 16 = the server's 256 in flight) instead of submitting into refusals."""
     backend = PeakBackend()
-    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), backend=backend)
+    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), backend=backend, max_in_flight_per_session=16, max_in_flight=256)
     refused = refusals()
 
     async def main():

@@ -4,46 +4,13 @@ TCP (``nnrps``), with a self-signed certificate made here (URI forms: vllm_nnrp_
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
-from tests.support import ServedNNRP, envelope, free_port, recorded_chunks
+from tests.support import ServedNNRP, envelope, free_port, recorded_chunks, self_signed
 from vllm_nnrp_plugin.client import ProfileClient
 
 STREAM = envelope({"model": "a-stream-text", "messages": [], "stream": True})
-
-
-def self_signed(tmp_path, name="localhost"):
-    """A PEM certificate + key for ``name`` and 127.0.0.1; returns (cert path, key path, cert DER)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return str(cert_path), str(key_path), cert.public_bytes(serialization.Encoding.DER)
 
 
 SCHEMES = ["tcp", "unix", "ws", "wss", "quic", "nnrps"]

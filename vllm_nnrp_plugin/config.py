@@ -13,9 +13,11 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``accept_timeout_ms`` | int, ms | 1000 | one accept wait of the native carriers; bounds shutdown time |
 | ``idle_poll_ms`` | int, ms | 100 | native carriers only: shortest poll timeout of an idle session (longer when many sessions are open, up to 6000 ms) |
 | ``max_sessions`` | int | 256 | open sessions per API-server process; more are refused at open |
-| ``max_in_flight_per_session`` | int | 16 | operations one session may have running; more get ``too_many_requests`` |
-| ``max_in_flight`` | int | 256 | operations one API-server process may have running; more get ``too_many_requests`` |
+| ``max_in_flight_per_session`` | int or null | null: vLLM's ``--max-num-seqs`` | operations one session may have running (its credit); more get ``too_many_requests`` |
+| ``max_in_flight`` | int or null | null: no limit (operations wait in vLLM's queue, as HTTP requests do) | operations one API-server process may have running; more get ``too_many_requests`` |
 | ``max_queued_events`` | int | 1024 | events one session may have waiting to be sent; beyond it the operation that overflows ends with ``client_too_slow`` |
+| ``allow_unauthenticated`` | bool | false | serve NNRP without a key although ``vllm serve`` requires one (``--api-key`` / ``VLLM_API_KEY``); logged as a warning |
+| ``handshake_timeout_ms`` | int, ms | 10000 | a new connection's TLS handshake, and then its CLIENT_HELLO and first SESSION_OPEN, must each complete within it; else it is closed |
 | ``allow_non_loopback`` | bool | false | allow a ``tcp://`` / ``ws://`` address other hosts can reach without TLS (logged as a warning) |
 | ``tls_cert_file`` | path | none | PEM certificate for ``nnrps://``, ``wss://`` and ``quic://`` |
 | ``tls_key_file`` | path | none | PEM private key for the same |
@@ -96,9 +98,11 @@ class NNRPConfig:
     accept_timeout_ms: int = attrs.field(default=1000, validator=_positive)
     idle_poll_ms: int = attrs.field(default=100, validator=_positive)
     max_sessions: int = attrs.field(default=256, validator=_positive)
-    max_in_flight_per_session: int = attrs.field(default=16, validator=_positive)
-    max_in_flight: int = attrs.field(default=256, validator=_positive)
+    max_in_flight_per_session: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    max_in_flight: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     max_queued_events: int = attrs.field(default=1024, validator=_positive)
+    allow_unauthenticated: bool = False
+    handshake_timeout_ms: int = attrs.field(default=10_000, validator=_positive)
     allow_non_loopback: bool = False
     tls_cert_file: str | None = None
     tls_key_file: str | None = None

@@ -1,8 +1,10 @@
-"""Admission limits: no unbounded queue anywhere, and nothing over a limit is dispatched to vLLM.
+"""Admission limits: nothing over a limit is dispatched to vLLM.
 
 Plain bookkeeping, no I/O. nnrp-py's credit and BACKPRESSURE frames are advisory (nnrp-py 1.0.0rc4.post20
-enforces no credit window on either side), so these counters are the enforcement: :class:`SessionLimits`
-by each session pump, :class:`Slots` by the service on vLLM's event loop (one thread: no lock).
+enforces no credit window on either side), so these counters are the enforcement: :class:`SessionLimits` by
+each session's policy (:mod:`vllm_nnrp_plugin.nnrp_binding.session_policy`), :class:`Slots` by the service on
+vLLM's event loop (one thread: no lock). The process-wide limit is off unless the operator sets one: vLLM
+queues what its HTTP server would queue.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ class SessionLimits:
 
 
 class Slots:
-    """``capacity`` slots; :meth:`try_take` refuses instead of waiting, :meth:`give_back` returns one."""
+    """``capacity`` slots (``None``: unbounded, only counted); :meth:`try_take` refuses instead of waiting,
+    :meth:`give_back` returns one."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int | None) -> None:
         self.capacity = capacity
         self._used = 0
 
@@ -32,7 +35,7 @@ class Slots:
 
     def try_take(self) -> bool:
         """Take one slot; False (nothing taken) when all ``capacity`` are in use."""
-        if self._used >= self.capacity:
+        if self.capacity is not None and self._used >= self.capacity:
             return False
         self._used += 1
         return True

@@ -20,6 +20,8 @@ HTTP server is started only when ``nnrp.metrics_listen`` is configured (:func:`s
 | ``nnrp_operation_duration_seconds`` | histogram | ``operation``, ``outcome`` | submit received -> terminal sent |
 | ``nnrp_sessions_active`` | gauge | ``transport`` | open NNRP sessions |
 | ``nnrp_sessions_total`` | counter | ``transport`` | sessions accepted |
+| ``nnrp_auth_refusals_total`` | counter | ``transport``, ``reason`` (``missing_key``/``wrong_key``) | session opens refused ``auth_failed`` |
+| ``nnrp_handshake_timeouts_total`` | counter | ``transport`` | connections closed with no session opened in time |
 """
 
 from __future__ import annotations
@@ -83,6 +85,14 @@ class NNRPMetrics:
             multiprocess_mode="livesum",
         )  # fmt: skip
         self.sessions = Counter("nnrp_sessions", "NNRP sessions accepted.", ("transport",), registry=registry)
+        self.auth_refusals = Counter(
+            "nnrp_auth_refusals", "NNRP session opens refused with auth_failed (no key, or a key vLLM does not hold).",
+            ("transport", "reason"), registry=registry,
+        )  # fmt: skip
+        self.handshake_timeouts = Counter(
+            "nnrp_handshake_timeouts", "NNRP connections closed because no session opened within "
+            "nnrp.handshake_timeout_ms.", ("transport",), registry=registry,
+        )  # fmt: skip
 
     def observe(self, record: Observation) -> None:
         """Count one finished operation."""

@@ -8,8 +8,10 @@ threads. What comes off the wire is a submit with its envelope unwrapped, a canc
 DEADLINE, an operation whose terminal went out last; everything else an operation needs on this side is owned
 here, on the loop:
 
-* the process-wide in-flight slots (``nnrp.max_in_flight``): taken at submit, given back when the operation's
-  task (including its vLLM abort) is done; a submit over the limit is refused with ``too_many_requests``;
+* the process-wide in-flight slots (``nnrp.max_in_flight``; unbounded by default, as vLLM's HTTP server
+  queues whatever comes): taken at submit, given back as soon as the operation's terminal went out (the client
+  may submit again at once) or its task ended, whichever is first; a submit over the limit is refused with
+  ``too_many_requests``;
 * the timers of operation deadlines (envelope ``nnrp.timeout_ms``, NNRP DEADLINE; the earliest wins): on
   expiry the operation's terminal is ``response.error`` ``request_timeout`` and its task is cancelled, which
   aborts the vLLM request;
@@ -38,6 +40,7 @@ from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.fault_injection import with_fault_injection
 from vllm_nnrp_plugin.limits import SessionLimits, Slots
 from vllm_nnrp_plugin.endpoints import Carrier, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.listener import Listener, ListenerHooks
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation
@@ -49,6 +52,9 @@ from vllm_nnrp_plugin.observation import COMPLETED, Observation, log_fields, log
 logger = logging.getLogger(__name__)
 
 ABORT_WAIT_S = 5.0  # longest wait at shutdown for the adapters to abort their vLLM requests
+#: operations one session may have in flight when neither ``nnrp.max_in_flight_per_session`` nor the server's
+#: scheduler (vLLM's ``max_num_seqs``, :mod:`.vllm_binding.lifecycle`) says otherwise
+DEFAULT_IN_FLIGHT_PER_SESSION = 256
 
 
 class NNRPService:
@@ -58,7 +64,8 @@ class NNRPService:
     ``registry``: where the NNRP metrics are registered (default ``prometheus_client.REGISTRY``, the one
     vLLM's ``/metrics`` serves); ``tracer``: where spans go (default: the package's tracer from the global
     provider); ``observers``: extra callables given each finished operation's record; ``hooks``: the
-    listener's benchmark hooks (:class:`~vllm_nnrp_plugin.nnrp_binding.listener.ListenerHooks`).
+    listener's benchmark hooks (:class:`~vllm_nnrp_plugin.nnrp_binding.listener.ListenerHooks`); ``keys``:
+    vLLM's API keys, required on every network carrier (``None``: no key required; :mod:`.nnrp_binding.authentication`).
     """
 
     def __init__(
@@ -71,7 +78,9 @@ class NNRPService:
         tracer: Tracer | None = None,
         observers: Sequence[Callable[[Observation], None]] = (),
         hooks: ListenerHooks = ListenerHooks(),
+        keys: APIKeys | None = None,
     ) -> None:
+        self._keys = keys
         self._backend = with_fault_injection(backend, config.fault_injection_backend_error_model)
         self._config = config
         self._registry = registry
@@ -83,20 +92,22 @@ class NNRPService:
         self.metrics_address: str | None = None
         self._limits = AdapterLimits(max_envelope_bytes=config.max_envelope_bytes)
         #: the runtime capability document, read once from the backend (vLLM's configuration is fixed)
+        per_session = config.max_in_flight_per_session or DEFAULT_IN_FLIGHT_PER_SESSION
         self.capabilities = with_limits(
             self._backend.capabilities(), max_in_flight=config.max_in_flight,
-            max_in_flight_per_session=config.max_in_flight_per_session, max_sessions=config.max_sessions,
+            max_in_flight_per_session=per_session, max_sessions=config.max_sessions,
         )  # fmt: skip
         self._tasks: dict[ServerOperation, asyncio.Task] = {}
         self._timers: dict[ServerOperation, asyncio.TimerHandle] = {}
         self._stopping = False
         self._stopped: asyncio.Future | None = None
         #: process-wide in-flight operations (``nnrp.max_in_flight``): taken at submit, given back when the
-        #: operation's task (including its vLLM abort) is done; both on the loop
+        #: operation's terminal went out or its task ended, whichever is first; both on the loop
         self.in_flight = Slots(config.max_in_flight)
+        self._holding: set[ServerOperation] = set()  # operations holding one of those slots
         self._loop = loop
         self._hooks = hooks
-        self._session_limits = SessionLimits(config.max_in_flight_per_session, config.max_queued_events)
+        self._session_limits = SessionLimits(per_session, config.max_queued_events)
         self._exposure = Exposure(config.tls_cert_file, config.tls_key_file, config.ipc_socket_group)
         self._stream: StreamListener | None = None
         self._native: Listener | None = None
@@ -112,11 +123,18 @@ class NNRPService:
         carriers = _carriers(self._config.listen)
         own = [carrier for carrier in carriers if carrier.own_wire]
         native = [carrier for carrier in carriers if not carrier.own_wire]
+        if native and self._keys is not None:
+            raise ListenError(
+                f"NNRP cannot require vLLM's API key on {', '.join(c.uri for c in native)}: these carriers run on "
+                "nnrp-py's native runtime, which cannot receive an authentication block. Fix: listen on tcp://, "
+                "nnrps:// or unix:// instead, or set nnrp.allow_unauthenticated to true to serve them without a key."
+            )
         config = self._config
         self._stream = StreamListener(
             own, self, max_sessions=config.max_sessions, session_limits=self._session_limits,
             exposure=self._exposure, probe=self._hooks.send_probe, tcp_nodelay=self._hooks.tcp_nodelay,
             other_sessions=lambda: self._native.sessions if self._native is not None else 0,
+            keys=self._keys, handshake_timeout_s=config.handshake_timeout_ms / 1000,
         )  # fmt: skip
         bound = dict(zip((c.uri for c in own), await self._stream.start(), strict=True))
         try:
@@ -182,6 +200,7 @@ class NNRPService:
             ))  # fmt: skip
             self._settle(sop)  # no task will run; it never reaches vLLM
             return
+        self._holding.add(sop)
         task = asyncio.get_running_loop().create_task(
             run_operation(sop, sop.envelope, self._backend, self._limits, self.capabilities)
         )
@@ -210,6 +229,19 @@ class NNRPService:
 
     def on_session(self, transport: str, opened: bool) -> None:
         self._metrics.session(transport, opened)
+
+    def on_terminal(self, sop: ServerOperation) -> None:
+        """``sop``'s terminal went out: its slot is free for the client's next submit (its task may still be
+        finishing its vLLM abort)."""
+        self._release(sop)
+
+    def on_auth_refused(self, transport: str, presented: bool) -> None:
+        reason = "wrong_key" if presented else "missing_key"
+        self._metrics.auth_refusals.labels(transport, reason).inc()
+        logger.info("NNRP session refused on %s: auth_failed (%s)", transport, reason.replace("_", " "))
+
+    def on_handshake_timeout(self, transport: str) -> None:
+        self._metrics.handshake_timeouts.labels(transport).inc()
 
     # OperationOwner: told directly by the operation, on the loop
 
@@ -241,8 +273,13 @@ class NNRPService:
         timer = self._timers.pop(sop, None)
         if timer is not None:
             timer.cancel()
-        self.in_flight.give_back()
+        self._release(sop)
         self._settle(sop)
+
+    def _release(self, sop: ServerOperation) -> None:
+        if sop in self._holding:
+            self._holding.discard(sop)
+            self.in_flight.give_back()
 
     def _settle(self, sop: ServerOperation) -> None:
         """The operation's task ended (or none will run); report it if its terminal went out already."""

@@ -13,10 +13,11 @@ import asyncio
 import os
 import pathlib
 
+import orjson
 import pytest
 
 from compat.launcher import POOLING_ARGS, SERVED_NAME, VLLMServer, attach_options, installed_vllm
-from tests.support import free_port
+from tests.support import free_port, self_signed
 from vllm_nnrp_plugin.client import ProfileClient
 
 __all__ = ["LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir"]
@@ -48,13 +49,17 @@ def vllm_version():
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory, vllm_version):
-    """The plugin enabled through the anchor's attach path, listening on a TCP port and a unix socket."""
+    """The plugin enabled through the anchor's attach path, listening on a TCP port, a unix socket and TLS over
+    TCP (``nnrps``, a self-signed certificate whose DER is ``server.der``)."""
     workdir = tmp_path_factory.mktemp("vllm")
-    tcp = f"tcp://127.0.0.1:{free_port()}"
-    ipc = f"unix://{workdir}/nnrp.sock"
+    cert, key, der = self_signed(workdir)
+    nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/nnrp.sock",
+            "nnrps": f"nnrps://127.0.0.1:{free_port()}"}  # fmt: skip
     env, args = attach_options(vllm_version[1])
-    server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": f"{tcp},{ipc}"}, extra_args=args)
-    server.nnrp = {"tcp": tcp, "ipc": ipc}
+    tls = orjson.dumps({"nnrp": {"tls_cert_file": cert, "tls_key_file": key}}).decode()
+    server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": ",".join(nnrp.values())},
+                        extra_args=(*args, "--additional-config", tls))  # fmt: skip
+    server.nnrp, server.der = nnrp, der
     server.version, server.family = vllm_version
     try:
         server.wait_ready()

@@ -90,7 +90,7 @@ class HeldPool:
 
 
 def held(transport: AsyncNNRPTransport, pool: HeldPool) -> None:
-    transport._pool_here = lambda: pool
+    transport._pool_here = lambda _api_key: pool
 
 
 def after_iterations(n: int, callback: Callable[[], None]) -> None:

@@ -78,8 +78,11 @@ def test_bad_listen_uris(uri):
 
 def test_limits_have_safe_defaults():
     config = load_config({}, {})
-    assert (config.max_sessions, config.max_in_flight_per_session, config.max_in_flight) == (256, 16, 256)
+    # no in-flight limit of the plugin's own by default: vLLM queues what HTTP would queue (the per-session
+    # credit follows vLLM's max_num_seqs, resolved at start-up)
+    assert (config.max_sessions, config.max_in_flight_per_session, config.max_in_flight) == (256, None, None)
     assert config.max_queued_events == 1024 and config.allow_non_loopback is False
+    assert config.allow_unauthenticated is False and config.handshake_timeout_ms == 10_000
 
 
 @pytest.mark.parametrize("uri", ["tcp://0.0.0.0:9400", "tcp://10.1.2.3:9400", "ws://[::]:9401", "tcp://example.com:1"])

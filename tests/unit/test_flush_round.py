@@ -13,6 +13,10 @@ from vllm_nnrp_plugin.nnrp_binding.stream_connection import FlushRound
 class Connection:
     def __init__(self, name: str, flushed: list[str], fails: bool = False) -> None:
         self.connection_id, self.name, self.flushed, self.fails = 0, name, flushed, fails
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
 
     def flush(self) -> None:
         self.flushed.append(self.name)
@@ -50,14 +54,19 @@ def test_connections_of_one_iteration_are_flushed_by_one_callback_in_order():
     asyncio.run(main())
 
 
-def test_a_failing_flush_is_logged_and_the_round_goes_on(caplog):
+def test_a_failing_flush_is_logged_the_connection_ends_and_the_round_goes_on(caplog):
+    """A connection whose flush failed is aborted (its encoded packets are never left stranded waiting for a
+    wake-up that will not come); the others on the round are flushed."""
+
     async def main():
         round_ = FlushRound(asyncio.get_running_loop())
         flushed: list[str] = []
-        round_.add(Connection("bad", flushed, fails=True))
-        round_.add(Connection("good", flushed))
+        bad, good = Connection("bad", flushed, fails=True), Connection("good", flushed)
+        round_.add(bad)
+        round_.add(good)
         await asyncio.sleep(0)
         assert flushed == ["bad", "good"]
+        assert bad.aborted and not good.aborted
         round_.add(Connection("next", flushed))
         await asyncio.sleep(0)
         assert flushed == ["bad", "good", "next"]

@@ -23,6 +23,7 @@ from typing import Any
 
 #: the module (under this package) each exported name is defined in
 _EXPORTS = {
+    "AuthenticationFailed": "errors",
     "ClientAddressError": "errors",
     "ClientConnectionError": "errors",
     "ClientError": "errors",
@@ -30,7 +31,7 @@ _EXPORTS = {
     "ClientTimeout": "errors",
     "ClientTransportError": "errors",
     "SessionOpenError": "errors",
-    "ClientEvent": "profile_client",
+    "ClientEvent": "events",
     "ProfileClient": "profile_client",
     "Connection": "connection",
     "Operation": "connection",

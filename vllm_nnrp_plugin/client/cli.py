@@ -15,6 +15,12 @@ Exit status of these four: 0 on ``response.completed``, 1 on ``response.error`` 
 ``unsupported_operation`` when the server does not serve the operation), 2 on a drop or a transport problem,
 3 on timeout.
 
+Every operation command and ``capabilities`` speak the project's asyncio client
+(:mod:`vllm_nnrp_plugin.client.connection`) to ``--endpoint`` (``tcp://HOST:PORT``, ``nnrps://HOST:PORT`` or
+``unix:///PATH``) with ``--api-key`` (default: ``$VLLM_API_KEY``, else ``$OPENAI_API_KEY``; sent only when set:
+what a ``vllm serve --api-key`` requires) and, for ``nnrps://``, ``--tls-ca FILE`` (PEM CA or server
+certificates; default: the system's trust store). A refused key exits 2 saying so.
+
 ``vllm-nnrp capabilities --endpoint URI [--conformance]`` prints the server's capability document (fetched over
 NNRP with the operation ``nnrp.capabilities``), or with ``--conformance`` the conformance manifest derived from
 it; exit 2 when it cannot be fetched.
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import os
 import struct
 import sys
 from collections.abc import Callable
@@ -40,6 +47,9 @@ from typing import Any
 import orjson
 
 from vllm_nnrp_plugin.endpoints import DEFAULT_LISTEN
+
+#: where the key comes from when ``--api-key`` is not given, in order (vLLM's server variable, the SDK's)
+API_KEY_ENVS = ("VLLM_API_KEY", "OPENAI_API_KEY")
 from vllm_nnrp_plugin.profile import (
     CHAT_COMPLETIONS_CREATE,
     EMBEDDINGS_CREATE,
@@ -102,7 +112,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _endpoint_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", default=DEFAULT_LISTEN, help=f"tcp://HOST:PORT or unix:///PATH (default {DEFAULT_LISTEN})")
+    parser.add_argument(
+        "--endpoint", default=DEFAULT_LISTEN,
+        help=f"tcp://HOST:PORT, nnrps://HOST:PORT or unix:///PATH (default {DEFAULT_LISTEN})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--api-key", default=None,
+        help=f"the server's API key (vllm serve --api-key; default: ${API_KEY_ENVS[0]}, else ${API_KEY_ENVS[1]})",
+    )  # fmt: skip
+    parser.add_argument("--tls-ca", metavar="FILE", help="PEM CA or server certificate(s) to trust for nnrps:// "
+                        "(default: the system's trust store)")  # fmt: skip
+
+
+def api_key_of(args: argparse.Namespace, environ: Any = None) -> str | None:
+    """``--api-key``, else the first of :data:`API_KEY_ENVS` set in the environment, else None."""
+    if args.api_key:
+        return args.api_key
+    environ = os.environ if environ is None else environ
+    return next((environ[name] for name in API_KEY_ENVS if environ.get(name)), None)
 
 
 def _operation_parser(commands: Any, name: str, help_text: str, *, timeout: float, raw: str) -> argparse.ArgumentParser:
@@ -114,32 +141,50 @@ def _operation_parser(commands: Any, name: str, help_text: str, *, timeout: floa
     return parser
 
 
-async def _connect(endpoint: str) -> Any:
-    """A connected :class:`ProfileClient`, or None after saying why on stderr."""
-    from vllm_nnrp_plugin.client.errors import ClientError
-    from vllm_nnrp_plugin.client.profile_client import ProfileClient
+async def _session(args: argparse.Namespace) -> tuple[Any, Any] | None:
+    """A connection and an open session to ``args.endpoint``, or None after saying why on stderr."""
+    from vllm_nnrp_plugin.client.connection import connect
+    from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
 
     try:
-        return await ProfileClient.connect(endpoint)
-    except ClientError as exc:  # an unusable address, or nnrp-py's transport failure
-        print(f"vllm-nnrp: cannot connect to {endpoint}: {exc}", file=sys.stderr)
+        conn = await asyncio.wait_for(connect(args.endpoint, api_key=api_key_of(args), tls_ca_file=args.tls_ca),
+                                      args.timeout)  # fmt: skip
+    except (ClientError, ValueError, TimeoutError) as exc:  # an unusable address or key, no server, TLS refused
+        print(f"vllm-nnrp: cannot connect to {args.endpoint}: {exc or 'timed out'}", file=sys.stderr)
         return None
+    try:
+        session = await asyncio.wait_for(conn.open_session(), args.timeout)
+    except AuthenticationFailed:
+        await conn.close()
+        print(f"vllm-nnrp: {args.endpoint} requires an API key and refused this one (or none was given): use "
+              f"--api-key or ${API_KEY_ENVS[0]}", file=sys.stderr)  # fmt: skip
+        return None
+    except (ClientError, TimeoutError) as exc:
+        await conn.close()
+        print(f"vllm-nnrp: {args.endpoint} did not open a session: {exc or 'timed out'}", file=sys.stderr)
+        return None
+    return conn, session
 
 
 async def _capabilities(args: argparse.Namespace) -> int:
-    from vllm_nnrp_plugin.client.errors import ClientError
-    from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
+    from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, conformance_manifest
 
-    client = await _connect(args.endpoint)
-    if client is None:
+    opened = await _session(args)
+    if opened is None:
         return 2
+    conn, session = opened
     try:
-        document = client.capabilities(timeout_s=args.timeout)
-    except ClientError as exc:  # ClientTimeout, a refused fetch, the transport failed
-        print(f"vllm-nnrp: cannot fetch capabilities from {args.endpoint}: {exc}", file=sys.stderr)
+        op = session.submit({"schema_version": SCHEMA_VERSION, "operation": CAPABILITIES_OPERATION, "body": {}})
+        terminal = await asyncio.wait_for(op.result(), args.timeout)
+    except Exception as exc:  # noqa: BLE001 - ClientError, a timeout: said plainly, exit 2
+        print(f"vllm-nnrp: cannot fetch capabilities from {args.endpoint}: {exc or 'timed out'}", file=sys.stderr)
         return 2
     finally:
-        client.close()
+        await conn.close()
+    if terminal.get("type") != ev.COMPLETED:
+        print(f"vllm-nnrp: cannot fetch capabilities from {args.endpoint}: {terminal}", file=sys.stderr)
+        return 2
+    document = terminal["body"]
     if args.conformance:
         document = conformance_manifest(document)
     _out(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
@@ -180,25 +225,30 @@ def embed_envelope(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any) -> int:
     """Submit ``envelope`` and show its events with ``printer`` until the terminal; the exit status."""
-    from vllm_nnrp_plugin.client.errors import ClientError, ClientTimeout
+    from vllm_nnrp_plugin.client.errors import ClientError
+    from vllm_nnrp_plugin.client.events import operation_event
 
-    client = await _connect(args.endpoint)
-    if client is None:
+    opened = await _session(args)
+    if opened is None:
         return 2
+    conn, session = opened
     try:
-        operation = client.submit(envelope)
-        for event in client.events(operation, timeout_s=args.timeout):
-            status = printer.show(event)
-            if status is not None:
-                return status
-    except ClientTimeout as exc:
-        print(f"vllm-nnrp: {exc}", file=sys.stderr)
+        async with asyncio.timeout(args.timeout):
+            op = session.submit(envelope)
+            while events := await op.batch():
+                last = len(events) - 1 if op.finished else -1
+                for n, event in enumerate(events):
+                    status = printer.show(operation_event(op, event, terminal=n == last))
+                    if status is not None:
+                        return status
+    except TimeoutError:
+        print(f"vllm-nnrp: no answer within {args.timeout:g} s", file=sys.stderr)
         return 3
-    except ClientError as exc:  # the transport failed mid-operation
+    except ClientError as exc:  # the connection failed mid-operation
         print(f"vllm-nnrp: {exc}", file=sys.stderr)
         return 2
     finally:
-        client.close()
+        await conn.close()
     return 2
 
 

@@ -27,7 +27,7 @@ operation is cancelled (FRAME_CANCEL) on the way out.
 Errors (:mod:`vllm_nnrp_plugin.client.errors`), all :class:`ClientError`: :class:`ClientConnectionError`
 (cannot connect, the connection was lost or ended on a protocol error: every pending open, operation and close
 fails with it; an unusable URI is also a :class:`ClientAddressError`), :class:`SessionOpenError` (the server
-refused a session), :class:`ClientResponseError` (an event or terminal that does not decode).
+refused a session; :class:`AuthenticationFailed` when for want of a valid API key), :class:`ClientResponseError` (an event or terminal that does not decode).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ from nnrp.core.enums import MessageType
 from nnrp.runtime.types import ResultDropReasonCode
 
 from vllm_nnrp_plugin import wire_mapping
+from vllm_nnrp_plugin.auth_block import bearer_block
 from vllm_nnrp_plugin.client.errors import (
+    AuthenticationFailed,
     ClientConnectionError,
     ClientError,
     ClientResponseError,
@@ -55,31 +57,45 @@ from vllm_nnrp_plugin.client.errors import (
 )
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
+from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
 from vllm_nnrp_plugin.nnrp_wire.framing import MAX_PACKET_BYTES
 from vllm_nnrp_plugin.profile import errors as profile_errors
 
 __all__ = ["Connection", "Operation", "Session", "connect"]
 
+#: the ALPN protocol id of NNRP/1 (NagareWorks/nnrp-doc ``docs/en/design/v1-preview1.md`` §5.1)
+ALPN = "nnrp/1"
+
 
 async def connect(
-    uri: str, *, trusted_cert_der: bytes | None = None, max_packet_bytes: int = MAX_PACKET_BYTES
+    uri: str,
+    *,
+    api_key: str | None = None,
+    trusted_cert_der: bytes | None = None,
+    tls_ca_file: str | None = None,
+    max_packet_bytes: int = MAX_PACKET_BYTES,
 ) -> Connection:
-    """Connect to ``tcp://host:port``, ``nnrps://host:port`` (TLS over TCP, as nnrp-py's native ``nnrps``
-    carrier serves it: plain TLS, no ALPN, the host checked against the certificate; ``trusted_cert_der``: the
-    server certificate or its CA, DER, else the system's trust store) or ``unix:///absolute/path``.
+    """Connect to ``tcp://host:port``, ``nnrps://host:port`` (TLS over TCP: the host name checked against the
+    server's certificate, ALPN ``nnrp/1`` offered; trusted: ``trusted_cert_der`` — the server certificate or its
+    CA, DER —, or ``tls_ca_file`` — a PEM file of CA or server certificates —, else the system's trust store) or
+    ``unix:///absolute/path``. ``api_key``: vLLM's API key, sent in CLIENT_HELLO's authentication block
+    (:mod:`vllm_nnrp_plugin.auth_block`; a server that requires none ignores it).
     ``max_packet_bytes``: the largest packet accepted from the server (bytes). Raises
     :class:`ClientConnectionError` (nothing listens, the TLS handshake failed, or an unusable URI: then also a
-    :class:`ClientAddressError`, a ``ValueError``)."""
+    :class:`ClientAddressError`, a ``ValueError``); ``ValueError`` (an :class:`~vllm_nnrp_plugin.auth_block.AuthBlockError`)
+    for a key no authentication block can carry. A wrong or missing key shows at :meth:`Connection.open_session`
+    (:class:`AuthenticationFailed`)."""
     loop = asyncio.get_running_loop()
+    block = bearer_block(api_key) if api_key else b""
     parsed = urllib.parse.urlsplit(uri)
     try:
         port = parsed.port
     except ValueError:  # urllib: "Port could not be cast to integer value" or out of range
         port = None
-    factory = lambda: Connection(max_packet_bytes)  # noqa: E731
+    factory = lambda: Connection(max_packet_bytes, auth_block=block)  # noqa: E731
     try:
         if parsed.scheme in ("tcp", "nnrps") and parsed.hostname and port:
-            tls = _tls_context(trusted_cert_der) if parsed.scheme == "nnrps" else None
+            tls = _tls_context(trusted_cert_der, tls_ca_file) if parsed.scheme == "nnrps" else None
             _, conn = await loop.create_connection(
                 factory, parsed.hostname, port, ssl=tls, server_hostname=parsed.hostname if tls else None
             )
@@ -94,17 +110,20 @@ async def connect(
     return conn
 
 
-def _tls_context(trusted_cert_der: bytes | None) -> ssl.SSLContext:
-    if trusted_cert_der is None:
-        return ssl.create_default_context()
-    return ssl.create_default_context(cadata=ssl.DER_cert_to_PEM_cert(trusted_cert_der))
+def _tls_context(trusted_cert_der: bytes | None, tls_ca_file: str | None) -> ssl.SSLContext:
+    if trusted_cert_der is not None:
+        context = ssl.create_default_context(cadata=ssl.DER_cert_to_PEM_cert(trusted_cert_der))
+    else:
+        context = ssl.create_default_context(cafile=tls_ca_file)
+    context.set_alpn_protocols([ALPN])
+    return context
 
 
 class Connection(asyncio.Protocol):
     """One NNRP connection (module docstring). Made by :func:`connect`."""
 
-    def __init__(self, max_packet_bytes: int = MAX_PACKET_BYTES) -> None:
-        self._core = ClientConnection(max_packet_bytes=max_packet_bytes)
+    def __init__(self, max_packet_bytes: int = MAX_PACKET_BYTES, *, auth_block: bytes = b"") -> None:
+        self._core = ClientConnection(max_packet_bytes=max_packet_bytes, auth_block=auth_block)
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._flush_pending = False
@@ -243,7 +262,8 @@ class Connection(asyncio.Protocol):
     def _on_open_rejected(self, event: ev.SessionOpenRejected) -> None:
         future = self._opens.pop(event.request)
         if not future.done():
-            future.set_exception(SessionOpenError(event.session_error_code, event.diagnostic))
+            refusal = AuthenticationFailed if event.session_error_code == SESSION_ERROR_AUTH_FAILED else SessionOpenError
+            future.set_exception(refusal(event.session_error_code, event.diagnostic))
 
     def _on_pressure(self, event: ev.PressureReceived) -> None:
         session = self._sessions.get(event.session_id)

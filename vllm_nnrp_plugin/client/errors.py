@@ -10,6 +10,7 @@ HTTP transport would.)
     ├── ClientAddressError     an endpoint URI the client cannot use (also a ValueError)
     ├── ClientConnectionError  asyncio client: no connection, or it is gone (also a ConnectionError)
     ├── SessionOpenError       asyncio client: the server refused the session
+    │   └── AuthenticationFailed   … because it requires vLLM's API key and none valid came
     ├── ClientTransportError   ProfileClient: nnrp-py failed a native call (also nnrp-py's NativeRuntimeError)
     ├── ClientTimeout          ProfileClient: no terminal in time (also a TimeoutError)
     └── ClientResponseError    the server answered, but not as asked
@@ -24,6 +25,7 @@ from typing import Any
 from nnrp.native import NativeRuntimeError
 
 __all__ = [
+    "AuthenticationFailed",
     "ClientAddressError",
     "ClientConnectionError",
     "ClientError",
@@ -63,6 +65,11 @@ class SessionOpenError(ClientError):
         super().__init__(f"session refused ({session_error_code:#010x}): {diagnostic}")
         self.session_error_code = session_error_code
         self.diagnostic = diagnostic
+
+
+class AuthenticationFailed(SessionOpenError):
+    """The server requires vLLM's API key and refused the session (``session_error_code`` ``auth_failed``,
+    0x00010001): none was given, or one the server does not hold."""
 
 
 class ClientTransportError(ClientError, NativeRuntimeError):

@@ -55,6 +55,7 @@ from nnrp.runtime import TraceContextMetadata
 from nnrp.schema import StreamSemantics
 
 from vllm_nnrp_plugin import wire_mapping
+from vllm_nnrp_plugin.client.events import ClientEvent
 from vllm_nnrp_plugin.client.errors import (
     ClientAddressError,
     ClientError,
@@ -83,25 +84,6 @@ def _native(action: str) -> Iterator[None]:
         if isinstance(exc, ClientError):
             raise
         raise ClientTransportError(f"{action}: {exc}", getattr(exc, "status", None)) from exc
-
-
-@attrs.frozen
-class ClientEvent:
-    """One event of an operation.
-
-    ``frame``: ``partial_result``, ``result_push`` or ``result_drop``; ``event``: the profile event (for a
-    drop, the ``response.cancelled`` carried as diagnostic bytes, or ``None``); ``drop_reason``: the NNRP
-    drop reason code for a drop; ``status``: RESULT_PUSH status code.
-    """
-
-    frame: str
-    event: dict[str, Any] | None
-    drop_reason: int | None = None
-    status: int | None = None
-
-    @property
-    def terminal(self) -> bool:
-        return self.frame != "partial_result"
 
 
 class ProfileClient:

@@ -1,7 +1,8 @@
 """Exposure rules of an NNRP listen address: who can reach it and with which credentials.
 
-* TLS carriers (``nnrps``, ``wss``, ``quic``) get the configured PEM certificate and unencrypted PEM key,
-  converted to the DER bytes nnrp-py's ``NativeTransportServerSecurity`` takes (:func:`server_security`);
+* TLS carriers get the configured PEM certificate and unencrypted PEM key: ``nnrps`` as an ``ssl.SSLContext``
+  for the asyncio carrier (:func:`server_ssl_context`), ``wss`` and ``quic`` converted to the DER bytes
+  nnrp-py's ``NativeTransportServerSecurity`` takes (:func:`server_security`);
 * a plain (non-TLS) address other hosts can reach is logged as a warning (``vllm_nnrp_plugin.config`` refuses
   it unless ``allow_non_loopback``);
 * a unix socket file is made owner-only (0600), or 0660 owned by ``ipc_socket_group``, right after the bind
@@ -18,6 +19,7 @@ import grp
 import logging
 import os
 import socket
+import ssl
 import urllib.parse
 
 import attrs
@@ -45,10 +47,9 @@ class Exposure:
     ipc_socket_group: str | None = None
 
 
-def before_bind(carrier: Carrier, exposure: Exposure) -> NativeTransportServerSecurity | None:
-    """Clear the way for ``carrier`` (stale socket file, taken TCP port), warn when a plain address is
-    reachable from other hosts, and return the TLS credentials it needs (``None`` without TLS). Raises
-    :class:`ListenError`."""
+def before_bind(carrier: Carrier) -> None:
+    """Clear the way for ``carrier`` (stale socket file, taken TCP port) and warn when a plain address is
+    reachable from other hosts. Raises :class:`ListenError`."""
     if carrier.transport == "ipc":
         _remove_stale_socket(carrier.provider_uri)
     elif carrier.transport != "quic":
@@ -58,7 +59,6 @@ def before_bind(carrier: Carrier, exposure: Exposure) -> NativeTransportServerSe
             "NNRP listens on %s without TLS: any host that reaches it can use the model (nnrp.allow_non_loopback)",
             carrier.uri,
         )
-    return server_security(exposure) if carrier.tls else None
 
 
 def after_bind(carrier: Carrier, exposure: Exposure) -> None:
@@ -82,6 +82,28 @@ def _check_tcp_free(carrier: Carrier) -> None:
                 f"cannot listen for NNRP on {carrier.uri}: {exc.strerror}. Fix: stop whatever holds that "
                 "address, or choose another one with nnrp.listen / VLLM_NNRP_LISTEN."
             ) from None
+
+
+#: the ALPN protocol id of NNRP/1 (NagareWorks/nnrp-doc ``docs/en/design/v1-preview1.md`` §5.1; nnrp-rs
+#: ``crates/nnrp-core/src/header.rs``), offered to TLS clients that negotiate ALPN; a client that offers none
+#: (nnrp-py's native ``nnrps`` client) is served without it
+ALPN = "nnrp/1"
+
+
+def server_ssl_context(exposure: Exposure) -> ssl.SSLContext:
+    """A server-side TLS context (TLS 1.2 or later) with the PEM certificate chain and key, offering ALPN
+    ``nnrp/1``. Raises :class:`ListenError`."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(exposure.tls_cert_file, exposure.tls_key_file)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ListenError(
+            f"cannot load the NNRP TLS certificate/key ({exposure.tls_cert_file}, {exposure.tls_key_file}): {exc}. "
+            "Fix: nnrp.tls_cert_file must be a PEM certificate and nnrp.tls_key_file an unencrypted PEM key."
+        ) from None
+    context.set_alpn_protocols([ALPN])
+    return context
 
 
 def server_security(exposure: Exposure) -> NativeTransportServerSecurity:

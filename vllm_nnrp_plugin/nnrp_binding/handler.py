@@ -40,3 +40,10 @@ class SessionHandler(Protocol):
 
     def on_session(self, transport: str, opened: bool) -> None:
         """A session started or ended. Must not block."""
+
+    def on_auth_refused(self, transport: str, presented: bool) -> None:
+        """A session was refused ``auth_failed``: a key was required and ``presented`` tells whether a wrong
+        one (True) or none (False) came. Never given the key."""
+
+    def on_handshake_timeout(self, transport: str) -> None:
+        """A connection was closed because no session opened on it within the handshake timeout."""

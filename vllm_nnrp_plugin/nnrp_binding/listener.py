@@ -158,7 +158,8 @@ class Listener:
         return True, 0, None
 
     def _bind(self, carrier: Carrier) -> None:
-        security = exposure.before_bind(carrier, self._exposure)
+        exposure.before_bind(carrier)
+        security = exposure.server_security(self._exposure) if carrier.tls else None
         options = NativeServerBootstrapOptions(
             endpoint=carrier.endpoint,
             provider_routes={

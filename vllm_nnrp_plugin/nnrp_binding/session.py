@@ -15,29 +15,13 @@ listener's current gap (:meth:`.cadence.PollCadence.active_gap_s`), doubling up 
 the current gap when longer) while no event goes out — and sleeps in between without touching the GIL; when
 idle it waits in one long poll (:meth:`.cadence.PollCadence.idle_poll_ms`) that a submit ends at once.
 
-What comes off the wire goes to the :class:`.handler.SessionHandler` on the loop (``loop.call_soon_threadsafe``):
-a submit (its envelope already unwrapped, :class:`.server_operation.ServerOperation`), a peer cancel or the
-client's departure (``on_stop``), an NNRP DEADLINE (``on_deadline``), and an operation whose terminal went
-out last (``on_finished``). The operation's rules (cancel → drop, sealing the terminal once) are in
-:class:`vllm_nnrp_plugin.operation.Operation`; the pump applies them through the :class:`ServerOperation`.
-
-Runtime metadata the pump reads besides cancels (``nnrp.runtime`` metadata types):
-
-* ``DEADLINE`` (``SchedulingMetadata.deadline_unix_ms``, wall-clock ms) bounds the named operation; one that
-  arrives before its submit (``submit_and_poll_result(timeout_ms=…)`` sends it first) is kept until the
-  submit (:class:`vllm_nnrp_plugin.operation.EarlyDeadlines`).
-* ``TRACE_CONTEXT``: frame 0 sets the session's default trace context; an operation's frame overrides it for
-  that operation until it is dispatched to vLLM. Ineligible contexts (zero ids) are ignored; the attribute
-  body is never read.
-
-nnrp-py's credit is advisory (it enforces no credit window), so the pump enforces the per-session limit: a
-submit over ``SessionLimits.max_in_flight`` for this session is answered at once with ``response.error``
-``too_many_requests`` and never reaches the handler (so never vLLM); the session then gets a BACKPRESSURE
-frame (credit window 0) and, once an operation finished, a CREDIT_UPDATE with the free window. The process
-limit is the service's (it queues :data:`.server_operation.PRESSURE` before its refusal). At most
-``SessionLimits.max_queued_events`` decided events wait in the outbox, deltas merged into a queued one included
-(the operation that overflows it ends with ``client_too_slow``); terminals are always queued, so the outbox
-never exceeds that bound plus one per operation.
+What comes off the wire goes to the session's :class:`.session_policy.SessionPolicy` — admission, cancels,
+DEADLINE, TRACE_CONTEXT, a terminal freeing its window, the same rules as every carrier's — which posts the
+handler's calls to vLLM's loop (``loop.call_soon_threadsafe``). The pump reads DEADLINE (``SchedulingMetadata``),
+TRACE_CONTEXT and the cancels (FRAME_CANCEL by frame, CANCEL and ABORT by operation id) from nnrp-py's runtime
+metadata. At most ``SessionLimits.max_queued_events`` decided events wait in the outbox, deltas merged into a
+queued one included (the operation that overflows it ends with ``client_too_slow``); terminals are always
+queued, so the outbox never exceeds that bound plus one per operation.
 """
 
 from __future__ import annotations
@@ -68,9 +52,8 @@ from vllm_nnrp_plugin.nnrp_binding.handler import (
 )
 from vllm_nnrp_plugin.nnrp_binding.sender import Sender
 from vllm_nnrp_plugin.nnrp_binding.server_operation import PRESSURE, SendProbe, ServerOperation, SessionLink
-from vllm_nnrp_plugin.operation import DropReason, EarlyDeadlines, PartialResult, ResultDrop, ResultPush, Terminal
-from vllm_nnrp_plugin.profile import errors as E
-from vllm_nnrp_plugin.profile import trace
+from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
+from vllm_nnrp_plugin.operation import PartialResult, ResultDrop, ResultPush, Terminal
 
 logger = logging.getLogger(__name__)
 
@@ -108,14 +91,12 @@ class SessionPump:
         self._sender = sender
         self.link = SessionLink(limits.max_queued_events, self._notify, probe)
         self._probe = probe
-        self._pressured = False  # a BACKPRESSURE frame was sent and no CREDIT_UPDATE since
         self._handler = handler
         self._loop = loop
         self._cadence = cadence
         self._on_exit = on_exit
-        self._ops: dict[int, ServerOperation] = {}
-        self._frames: dict[int, int] = {}
-        self._early_deadlines = EarlyDeadlines()
+        self.policy = SessionPolicy(handler, limits, self.link, send_credit=self._send_credit, post=self._post,
+                                    on_activity=self._activity)  # fmt: skip
         self._stopping = False
         self._closed = False  # the native session is closed: nothing more is sent
         self._wake = threading.Event()  # ends the wait between two polls (stop, the last operation finished)
@@ -128,6 +109,7 @@ class SessionPump:
     def stop(self) -> None:
         """Ask the pump to end: in-flight operations get a ``server_shutdown`` error terminal."""
         self._stopping = True
+        self.policy.closing = True
         self._wake.set()
 
     def join(self, timeout: float | None = None) -> None:
@@ -149,7 +131,7 @@ class SessionPump:
                     self.flush()
                     try:
                         polled = self.session.poll_events(
-                            max_events=1, timeout_ms=ACTIVE_POLL_MS if self._ops else cadence.idle_poll_ms()
+                            max_events=1, timeout_ms=ACTIVE_POLL_MS if self.policy.ops else cadence.idle_poll_ms()
                         )
                     except NativeInvalidStateError as exc:
                         # nnrp-py reports both "peer gone" and "stale cancel for a finished operation" as
@@ -168,7 +150,7 @@ class SessionPump:
                 if polled:
                     self._busy = True
                     continue  # more may be waiting: poll again at once
-                if self._ops:
+                if self.policy.ops:
                     # the window that just ended decides the next one: the listener's gap while events flow
                     floor = cadence.active_gap_s()
                     gap = floor if self._busy else min(max(gap * 2, floor), max(MAX_POLL_GAP_S, floor))
@@ -176,9 +158,7 @@ class SessionPump:
                     self._wake.wait(gap)
                     self._wake.clear()
             with lock:
-                for sop in list(self._ops.values()):
-                    sop.shut_down()
-                    self._post(self._handler.on_stop, sop)
+                self.policy.shut_down()
                 self.flush()
         except NativeRuntimeError as exc:
             logger.warning("NNRP session on %s failed: %s", self.transport, exc)
@@ -195,7 +175,7 @@ class SessionPump:
                     self.session.close()
                 except NativeRuntimeError:
                     pass
-            if self._ops:
+            if self.policy.ops:
                 cadence.activated(-1)
             cadence.opened(-1)
             self._handler.on_session(self.transport, False)
@@ -224,61 +204,34 @@ class SessionPump:
             return False
         if kind is MessageType.DEADLINE:
             metadata = runtime.metadata.value
-            sop = self._ops.get(metadata.operation_id)
-            if sop is None:  # not submitted yet, or already finished
-                self._early_deadlines.keep(metadata.operation_id, metadata.deadline_unix_ms)
-            elif metadata.deadline_unix_ms:
-                self._post(self._handler.on_deadline, sop, metadata.deadline_unix_ms)
+            self.policy.deadline(metadata.operation_id, metadata.deadline_unix_ms)
             return True
         if kind is MessageType.TRACE_CONTEXT:
-            self._on_trace_context(runtime.header.frame_id, runtime.metadata.value)
+            frame_id = runtime.header.frame_id
+            self.policy.trace_context(frame_id, self.policy.by_frame(frame_id), runtime.metadata.value)
             return True
         if kind in CANCEL_DETAIL:
             if kind is MessageType.FRAME_CANCEL:
-                operation_id = self._frames.get(runtime.header.frame_id)
+                sop = self.policy.by_frame(runtime.header.frame_id)
             else:
                 operation_id = getattr(runtime.metadata.value, "operation_id", None)
-            sop = self._ops.get(operation_id) if operation_id is not None else None
-            if sop is not None:
-                drop = sop.cancel(DropReason.PEER_CANCELLED, CANCEL_DETAIL[kind])
-                if drop is not None:
-                    self._send(sop, drop)
-                # else a terminal is already queued: sealing turns it into a drop
-                self._post(self._handler.on_stop, sop)
+                sop = self.policy.ops.get(operation_id) if operation_id is not None else None
+            self.policy.cancel(sop, kind)
         return True
 
     def _on_submit(self, native: Any) -> None:
         sop = ServerOperation.from_native(native, self.link, transport=self.transport, connection_id=self.connection_id,
                               now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns())  # fmt: skip
-        if len(self._ops) >= self.limits.max_in_flight:
-            self._signal_pressure()
-            sop.fail(E.too_many_requests(
-                f"this session already has {len(self._ops)} operations in flight; the limit is "
-                f"{self.limits.max_in_flight} (nnrp.max_in_flight_per_session)"
-            ))  # fmt: skip # the terminal goes out with the next flush; the handler never sees it
-            sop.settle()  # no task will run for it
-            return
-        if not self._ops:
+        self.policy.submit(sop)  # a refusal goes out with the next flush
+
+    def _activity(self, active: bool) -> None:
+        """The session got its first operation (``active``) or finished its last one."""
+        if active:
             self._cadence.activated(1)
             self._wake.clear()  # set when the last operation finished: not a reason to skip the next sleep
-        self._ops[sop.operation_id] = sop
-        self._frames[sop.frame_id] = sop.operation_id
-        early = self._early_deadlines.take(sop.operation_id)
-        if early is not None:
-            sop.bound(early)
-        self._post(self._handler.on_submit, sop)
-
-    def _on_trace_context(self, frame_id: int, metadata: Any) -> None:
-        context = trace.received(frame_id, metadata)
-        if context is None:
-            return
-        if context.scope == trace.SESSION:
-            self.link.session_trace = context
-            return
-        operation_id = self._frames.get(frame_id)
-        sop = self._ops.get(operation_id) if operation_id is not None else None
-        if sop is not None:
-            sop.override_trace(context)
+        else:
+            self._cadence.activated(-1)
+            self._wake.set()  # idle now: back to one long poll that the client's next submit ends
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
         try:
@@ -288,8 +241,11 @@ class SessionPump:
 
     def _signal_pressure(self) -> None:
         """BACKPRESSURE, credit window 0: the client should wait for a terminal before submitting more."""
-        self._pressured = True
+        self.policy.pressure_signalled()
         self._send_pressure(self.session.send_backpressure, 0, PRESSURE_LEVEL_FULL, PRESSURE_REASON_IN_FLIGHT)
+
+    def _send_credit(self, credit: int) -> None:
+        self._send_pressure(self.session.send_credit_update, credit, 0, 0)
 
     def _send_pressure(self, send: Callable[[PressureMetadata], None], credit: int, level: int, reason: int) -> None:
         retry_after_ms = RETRY_AFTER_MS if level else 0
@@ -300,11 +256,7 @@ class SessionPump:
 
     def _lose_all(self, detail: str) -> None:
         """The client is gone or closed its session: nothing can be delivered; stop every operation."""
-        self._pressured = False  # no CREDIT_UPDATE to a session that is going away
-        for sop in list(self._ops.values()):
-            sop.lose(detail)
-            self._terminal_done(sop)
-            self._post(self._handler.on_stop, sop)
+        self.policy.lose_all(detail)
 
     def flush(self) -> None:
         """Send what the outbox holds, in order (the caller holds ``io_lock``)."""
@@ -374,15 +326,5 @@ class SessionPump:
         sdk_sync.send_result_drop(sop.native, metadata, diagnostic)
 
     def _terminal_done(self, sop: ServerOperation) -> None:
-        """``sop``'s terminal went out (or never can): forget it, free its window, settle its end."""
-        if self._ops.pop(sop.operation_id, None) is not None:
-            self._frames.pop(sop.frame_id, None)
-            if not self._ops:
-                self._cadence.activated(-1)
-                self._wake.set()  # idle now: back to one long poll that the client's next submit ends
-            if self._pressured and not self._stopping:
-                self._pressured = False
-                credit = self.limits.max_in_flight - len(self._ops)
-                self._send_pressure(self.session.send_credit_update, credit, 0, 0)
-        if sop.settle():
-            self._post(self._handler.on_finished, sop)
+        """``sop``'s terminal went out (or never can): the session's policy frees its window."""
+        self.policy.terminal_done(sop)

@@ -1,5 +1,5 @@
-"""One NNRP connection over a byte stream (TCP or a unix socket) on vLLM's event loop: an ``asyncio.Protocol``
-around the project's sans-IO wire core (:class:`vllm_nnrp_plugin.nnrp_wire.server.ServerConnection`).
+"""One NNRP connection over a byte stream (TCP, TLS over TCP or a unix socket) on vLLM's event loop: an
+``asyncio.Protocol`` around the project's sans-IO wire core (:class:`vllm_nnrp_plugin.nnrp_wire.server.ServerConnection`).
 
 Everything here runs on the loop, so every piece of state has one owner and nothing is locked:
 
@@ -15,19 +15,19 @@ Everything here runs on the loop, so every piece of state has one owner and noth
   is sent at once and nothing is taken from the outboxes; deltas decided meanwhile join the one still waiting
   (:mod:`vllm_nnrp_plugin.operation`) and an outbox holding ``max_queued_events`` decided events ends the
   operation that overflows it with ``client_too_slow`` — the same bound as on every carrier;
-* per-session admission: a submit over ``SessionLimits.max_in_flight`` is answered at once with
-  ``response.error`` ``too_many_requests`` (it never reaches the service, so never vLLM), after a BACKPRESSURE
-  (credit window 0); once an operation of that session finished, a CREDIT_UPDATE with the free window;
+* per-session rules (admission, BACKPRESSURE / CREDIT_UPDATE, cancels, deadlines, trace context, a terminal
+  freeing its window) are :class:`.session_policy.SessionPolicy`'s, the same for every carrier;
 * session opens over the listener's ``max_sessions`` are refused with ``session_limit_reached`` (NNRP
   ``session_error_code`` 0x00010007); a session counts from its SESSION_OPEN_ACK until the client's close
-  handshake or the end of the connection.
+  handshake or the end of the connection;
+* a connection that has opened no session within the handshake timeout is closed, and one whose flush failed
+  (a bug) is aborted rather than left with packets stranded in its send buffer.
 
-What came off the wire goes to the :class:`.handler.SessionHandler` (the service) directly: a submit (its
-envelope unwrapped), a cancel or a lost client (``on_stop``), an NNRP DEADLINE (``on_deadline``; one that came
-before its submit is kept until the submit, :class:`vllm_nnrp_plugin.operation.EarlyDeadlines`), an operation
-whose terminal went out last (``on_finished``), sessions opened and closed (``on_session``). TRACE_CONTEXT at
-session scope (frame 0) is the default context of the session's operations dispatched later; at operation scope
-it overrides that operation's until it is dispatched (``openai-compatible/1`` profile, trace-context section).
+What came off the wire goes to the session's policy, which reports to the :class:`.handler.SessionHandler`
+(the service) directly: a submit (its envelope unwrapped), a cancel or a lost client (``on_stop``), an NNRP
+DEADLINE (``on_deadline``), a terminal sent (``on_terminal``), an operation whose terminal went out last
+(``on_finished``); sessions opened and closed (``on_session``) and refused keys (``on_auth_refused``) come
+from the connection.
 """
 
 from __future__ import annotations
@@ -54,17 +54,15 @@ from vllm_nnrp_plugin.nnrp_binding.server_operation import (
     envelope_of,
 )
 from vllm_nnrp_plugin.nnrp_binding.handler import (
-    CANCEL_DETAIL,
     PRESSURE_LEVEL_FULL,
     PRESSURE_REASON_IN_FLIGHT,
     RETRY_AFTER_MS,
     SessionHandler,
 )
+from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
-from vllm_nnrp_plugin.operation import DropReason, EarlyDeadlines, PartialResult, ResultDrop, ResultPush
-from vllm_nnrp_plugin.profile import errors as E
-from vllm_nnrp_plugin.profile import trace
+from vllm_nnrp_plugin.operation import PartialResult, ResultDrop, ResultPush
 
 logger = logging.getLogger(__name__)
 
@@ -120,40 +118,42 @@ class FlushRound:
             try:
                 connection.flush()
             except Exception:  # a bug in one connection's flush must not strand the others on this round
-                logger.exception("NNRP connection %d: flush failed", connection.connection_id)
+                logger.exception("NNRP connection %d: flush failed; the connection is closed", connection.connection_id)
+                connection.abort()
 
 
 class StreamSession:
-    """One NNRP session of a :class:`ConnectionProtocol`: its operations by id and frame, its outbox, its
-    early deadlines, and whether a BACKPRESSURE awaits its CREDIT_UPDATE."""
+    """One NNRP session of a :class:`ConnectionProtocol`: its outbox and its :class:`.session_policy.SessionPolicy`
+    (operations, admission, controls)."""
 
-    __slots__ = ("session_id", "link", "sender", "ops", "early_deadlines", "pressured")
+    __slots__ = ("session_id", "link", "sender", "policy")
 
     def __init__(
         self,
         session_id: int,
-        max_queued_events: int,
+        handler: SessionHandler,
+        limits: SessionLimits,
         mark: Callable[[StreamSession], None],
         send_now: Callable[[StreamSession, ServerOperation, PartialResult], None],
+        send_credit: Callable[[int, int], None],
         probe: SendProbe | None,
         *,
         paused: bool,
     ) -> None:
         self.session_id = session_id
-        self.link = SessionLink(max_queued_events, functools.partial(mark, self), probe)
+        self.link = SessionLink(limits.max_queued_events, functools.partial(mark, self), probe)
         self.sender = functools.partial(send_now, self)  # the link's ``send_now`` while the transport takes writes
         self.link.send_now = None if paused else self.sender
-        #: operations without a sent terminal, by operation id (FRAME_CANCEL's frame is mapped by the core)
-        self.ops: dict[int, ServerOperation] = {}
-        self.early_deadlines = EarlyDeadlines()
-        self.pressured = False
+        self.policy = SessionPolicy(handler, limits, self.link, send_credit=functools.partial(send_credit, session_id))
 
 
 class ConnectionProtocol(asyncio.Protocol):
-    """One accepted connection. ``transport_name`` is the carrier (``tcp`` or ``ipc``); ``gate`` the
+    """One accepted connection. ``transport_name`` is the carrier (``tcp``, ``tls`` or ``ipc``); ``gate`` the
     listener's session count; ``flush_round`` the listener's :class:`FlushRound`; ``on_lost`` is told when the
     connection ended (the listener forgets it); ``first``: bytes the listener read from the socket as it
-    accepted it, taken as the connection's first read."""
+    accepted it, taken as the connection's first read; ``authenticate``: the API-key check of the wire core
+    (``None``: no key required); ``handshake_timeout_s``: seconds from the transport's start (after TLS) to the
+    first session's SESSION_OPEN_ACK, after which a connection that has opened none is closed."""
 
     def __init__(
         self,
@@ -167,8 +167,12 @@ class ConnectionProtocol(asyncio.Protocol):
         probe: SendProbe | None = None,
         tcp_nodelay: bool = True,
         first: bytes = b"",
+        authenticate: Callable[[bytes], bool] | None = None,
+        handshake_timeout_s: float = 10.0,
     ) -> None:
         self._handler = handler
+        self._handshake_timeout_s = handshake_timeout_s
+        self._handshake_timer: asyncio.TimerHandle | None = None
         self._first = first
         self.transport_name = transport_name
         self._limits = limits
@@ -178,7 +182,7 @@ class ConnectionProtocol(asyncio.Protocol):
         self._probe = probe
         self._tcp_nodelay = tcp_nodelay
         self.connection_id = next(_CONNECTION_IDS)
-        self._core = ServerConnection(max_in_flight_per_session=limits.max_in_flight)
+        self._core = ServerConnection(max_in_flight_per_session=limits.max_in_flight, authenticate=authenticate)
         self._sessions: dict[int, StreamSession] = {}
         self._transport: asyncio.Transport | None = None
         self._flush_scheduled = False  # on the round's list
@@ -193,6 +197,7 @@ class ConnectionProtocol(asyncio.Protocol):
             transport.close()
             return
         self._transport = transport  # type: ignore[assignment]
+        self._handshake_timer = asyncio.get_running_loop().call_later(self._handshake_timeout_s, self._handshake_expired)
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
         sock = transport.get_extra_info("socket")
         if self._tcp_nodelay and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -212,6 +217,7 @@ class ConnectionProtocol(asyncio.Protocol):
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_handshake_timer()
         self._lose_all("client_disconnected")
         self._transport = None
         self._on_lost(self)
@@ -227,20 +233,38 @@ class ConnectionProtocol(asyncio.Protocol):
             session.link.send_now = session.sender
         self._schedule_flush()
 
+    def _handshake_expired(self) -> None:
+        """No session opened in time (a silent client, half a hello, a refused key held open): close."""
+        self._handshake_timer = None
+        logger.debug("NNRP connection %d on %s: no session within %.1f s; closed", self.connection_id,
+                     self.transport_name, self._handshake_timeout_s)  # fmt: skip
+        self._handler.on_handshake_timeout(self.transport_name)
+        if self._transport is not None:
+            self._transport.close()
+
+    def _cancel_handshake_timer(self) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+
     # -- the listener ---------------------------------------------------------------------------------------
 
     @property
     def sessions(self) -> int:
         return len(self._sessions)
 
+    def abort(self) -> None:
+        """Its flush failed (a bug): what it had encoded cannot be trusted to go out, so the connection ends
+        (its operations stop as for a lost client) rather than leave packets stranded."""
+        if self._transport is not None:
+            self._transport.abort()
+
     def shut_down(self) -> None:
         """The server stops: in-flight operations get ``server_shutdown`` (their tasks are the service's to
         cancel), what is queued is written, then the connection is closed."""
         self._stopping = True
         for session in self._sessions.values():
-            for sop in list(session.ops.values()):
-                sop.shut_down()
-                self._handler.on_stop(sop)
+            session.policy.shut_down()
         self.flush()
         if self._transport is not None:
             self._transport.close()
@@ -263,6 +287,8 @@ class ConnectionProtocol(asyncio.Protocol):
             session = self._sessions.pop(event.session_id, None)  # type: ignore[attr-defined]
             if session is not None:
                 self._end_session(session, "client_closed_session")
+        elif kind is ev.AuthenticationFailed:
+            self._handler.on_auth_refused(self.transport_name, event.presented)  # type: ignore[attr-defined]
         elif kind is ev.PacketRejected:
             logger.info("NNRP packet refused on session %d: %s", event.session_id, event.reason)  # type: ignore[attr-defined]
         elif kind is ev.ConnectionEnded:
@@ -284,8 +310,9 @@ class ConnectionProtocol(asyncio.Protocol):
             )  # fmt: skip
             return
         session_id = self._core.accept_session(request.request)
-        session = StreamSession(session_id, self._limits.max_queued_events, self._mark, self._send_now, self._probe,
-                                paused=self._paused)  # fmt: skip
+        self._cancel_handshake_timer()
+        session = StreamSession(session_id, self._handler, self._limits, self._mark, self._send_now,
+                                self._core.send_credit_update, self._probe, paused=self._paused)  # fmt: skip
         self._sessions[session_id] = session
         self._handler.on_session(self.transport_name, True)
 
@@ -301,58 +328,24 @@ class ConnectionProtocol(asyncio.Protocol):
             transport=self.transport_name, connection_id=self.connection_id,
             now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns(),
         )  # fmt: skip
-        if len(session.ops) >= self._limits.max_in_flight:
-            session.pressured = True
-            self._core.send_backpressure(
-                session.session_id, 0, PRESSURE_LEVEL_FULL, PRESSURE_REASON_IN_FLIGHT, RETRY_AFTER_MS
-            )
-            sop.fail(E.too_many_requests(
-                f"this session already has {len(session.ops)} operations in flight; the limit is "
-                f"{self._limits.max_in_flight} (nnrp.max_in_flight_per_session)"
-            ))  # fmt: skip # sent with this read's flush; the service never sees it
-            sop.settle()  # no task will run for it
-            return
-        session.ops[sop.operation_id] = sop
-        early = session.early_deadlines.take(sop.operation_id)
-        if early is not None:
-            sop.bound(early)
-        self._handler.on_submit(sop)
+        session.policy.submit(sop)  # a refusal goes out with this read's flush
 
     def _on_cancel(self, cancelled: ev.OperationCancelled) -> None:
         session = self._sessions.get(cancelled.session_id)
-        sop = session.ops.get(cancelled.operation_id) if session is not None else None
-        if sop is None:
-            return
-        # CANCEL_DETAIL is keyed by MessageType, an IntEnum: the event's int kind finds its entry
-        drop = sop.cancel(DropReason.PEER_CANCELLED, CANCEL_DETAIL[cancelled.kind])
-        if drop is not None:
-            session.link.put(sop, drop)  # type: ignore[union-attr]
-        # else a terminal is already queued: sealing turns it into the drop
-        self._handler.on_stop(sop)
+        if session is not None:
+            session.policy.cancel(session.policy.ops.get(cancelled.operation_id), cancelled.kind)
 
     def _on_deadline(self, deadline: ev.DeadlineReceived) -> None:
         session = self._sessions.get(deadline.session_id)
-        if session is None:
-            return
-        sop = session.ops.get(deadline.operation_id)
-        if sop is None:  # not submitted yet, or already finished
-            session.early_deadlines.keep(deadline.operation_id, deadline.deadline_unix_ms)
-        else:
-            self._handler.on_deadline(sop, deadline.deadline_unix_ms)
+        if session is not None:
+            session.policy.deadline(deadline.operation_id, deadline.deadline_unix_ms)
 
     def _on_trace_context(self, received: ev.TraceContextReceived) -> None:
         session = self._sessions.get(received.session_id)
-        if session is None:
-            return
-        context = trace.received(received.frame_id, received)
-        if context is None:
-            return
-        if context.scope == trace.SESSION:
-            session.link.session_trace = context
-            return
-        sop = session.ops.get(received.operation_id) if received.operation_id is not None else None
-        if sop is not None:
-            sop.override_trace(context)
+        if session is not None:
+            operation_id = received.operation_id
+            sop = session.policy.ops.get(operation_id) if operation_id is not None else None
+            session.policy.trace_context(received.frame_id, sop, received)
 
     def _lose_all(self, detail: str) -> None:
         """The client is gone: nothing can be delivered; every operation of every session stops."""
@@ -362,13 +355,9 @@ class ConnectionProtocol(asyncio.Protocol):
             self._end_session(session, detail)
 
     def _end_session(self, session: StreamSession, detail: str) -> None:
-        session.pressured = False
         self._dirty.pop(session.session_id, None)
         session.link.items.clear()
-        for sop in list(session.ops.values()):
-            sop.lose(detail)
-            self._terminal_done(session, sop)
-            self._handler.on_stop(sop)
+        session.policy.lose_all(detail)
         self._gate.closed()
         self._handler.on_session(self.transport_name, False)
 
@@ -404,7 +393,7 @@ class ConnectionProtocol(asyncio.Protocol):
         while outbox:
             sop, action = outbox.popleft()
             if action is PRESSURE:
-                session.pressured = True
+                session.policy.pressure_signalled()
                 self._core.send_backpressure(
                     session.session_id, 0, PRESSURE_LEVEL_FULL, PRESSURE_REASON_IN_FLIGHT, RETRY_AFTER_MS
                 )
@@ -470,10 +459,7 @@ class ConnectionProtocol(asyncio.Protocol):
         self._handler.on_stop(sop)
 
     def _terminal_done(self, session: StreamSession, sop: ServerOperation) -> None:
-        """``sop``'s terminal went out (or never can): forget it, free its window, settle its end."""
-        if session.ops.pop(sop.operation_id, None) is not None:
-            if session.pressured and not self._stopping and session.session_id in self._sessions:
-                session.pressured = False
-                self._core.send_credit_update(session.session_id, self._limits.max_in_flight - len(session.ops))
-        if sop.settle():
-            self._handler.on_finished(sop)
+        """``sop``'s terminal went out (or never can): the session's policy frees its window."""
+        if self._stopping:
+            session.policy.closing = True
+        session.policy.terminal_done(sop)

@@ -1,11 +1,18 @@
-"""NNRP listeners on vLLM's own event loop for the byte-stream carriers: ``tcp://HOST:PORT`` and
-``unix:///ABS/PATH`` (plain, :func:`vllm_nnrp_plugin.endpoints.Carrier.own_wire`). Each address is one
-listening socket; every accepted connection is a :class:`.stream_connection.ConnectionProtocol` speaking the
-project's own wire core over the transport ``loop.connect_accepted_socket`` makes of it. No thread, no poll:
-an idle connection costs nothing but its socket.
+"""NNRP listeners on vLLM's own event loop for the byte-stream carriers: ``tcp://HOST:PORT``,
+``nnrps://HOST:PORT`` (TLS over TCP) and ``unix:///ABS/PATH`` (:func:`vllm_nnrp_plugin.endpoints.Carrier.own_wire`).
+Each address is one listening socket; every accepted connection is a
+:class:`.stream_connection.ConnectionProtocol` speaking the project's own wire core over the transport
+``loop.connect_accepted_socket`` makes of it (with asyncio's TLS for ``nnrps``: the certificate and key of
+``nnrp.tls_cert_file`` / ``tls_key_file``, ALPN ``nnrp/1`` offered, :func:`.exposure.server_ssl_context`). No
+thread, no poll: an idle connection costs nothing but its socket.
+
+Time to get going is bounded: a TLS handshake that has not completed within ``handshake_timeout_s`` is
+abandoned by asyncio (``ssl_handshake_timeout``), and a connection whose first session has not opened within
+the same time after that is closed by its protocol. Keys: a network carrier's connections check vLLM's API keys
+(``keys``, :mod:`.authentication`); unix sockets never do.
 
 Accepting is the listener's own (``loop.add_reader`` on the listening socket), not ``loop.create_server``'s:
-one callback accepts every connection waiting and reads the bytes each already sent (a client sends its
+one callback accepts every connection waiting and (plain carriers) reads the bytes each already sent (a client sends its
 CLIENT_HELLO and SESSION_OPEN right after connecting), which the connection takes as its first read, so a
 session can open without an I/O callback of its connection's own. uvloop, vLLM's loop, takes the GIL again for
 every I/O callback, and while vLLM's tokenizer and chat-template executor threads serve a burst's first
@@ -27,12 +34,14 @@ import contextlib
 import logging
 import os
 import socket
+import ssl
 import urllib.parse
 from collections.abc import Callable
 
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import exposure
 from vllm_nnrp_plugin.endpoints import Carrier
+from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys, authenticator_for
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
@@ -60,8 +69,12 @@ class StreamListener:
         probe: SendProbe | None = None,
         tcp_nodelay: bool = True,
         other_sessions: Callable[[], int] = lambda: 0,
+        keys: APIKeys | None = None,
+        handshake_timeout_s: float = 10.0,
     ) -> None:
         self._carriers = carriers
+        self._keys = keys
+        self._handshake_timeout_s = handshake_timeout_s
         self._handler = handler
         self._limits = session_limits
         self._exposure = exposure
@@ -96,31 +109,34 @@ class StreamListener:
         return self.bound
 
     async def _bind(self, carrier: Carrier) -> None:
-        exposure.before_bind(carrier, self._exposure)
+        exposure.before_bind(carrier)
+        tls = exposure.server_ssl_context(self._exposure) if carrier.tls else None
         if carrier.transport == "ipc":
             path = urllib.parse.urlsplit(carrier.provider_uri).path
             sock = _bound_socket(carrier, socket.AF_UNIX, path)
             self._socket_files.append(path)
             exposure.after_bind(carrier, self._exposure)
-            self._listen(sock, "ipc")
+            self._listen(sock, carrier, tls)
             self.bound.append(carrier.uri)
         else:
             host = carrier.host or "127.0.0.1"
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             port = urllib.parse.urlsplit(carrier.provider_uri).port
             sock = _bound_socket(carrier, family, (host, port))
-            self._listen(sock, "tcp")
+            self._listen(sock, carrier, tls)
             bound_port = sock.getsockname()[1]
             configured = urllib.parse.urlsplit(carrier.uri)
             self.bound.append(configured._replace(netloc=f"{configured.netloc.rsplit(':', 1)[0]}:{bound_port}").geturl())
 
-    def _listen(self, sock: socket.socket, transport_name: str) -> None:
+    def _listen(self, sock: socket.socket, carrier: Carrier, tls: ssl.SSLContext | None) -> None:
         sock.listen(BACKLOG)
         self._listening.append(sock)
-        self._loop.add_reader(sock.fileno(), self._accept, sock, transport_name)  # type: ignore[union-attr]
+        name = carrier.label
+        self._loop.add_reader(sock.fileno(), self._accept, sock, name, tls, authenticator_for(carrier.transport, self._keys))  # type: ignore[union-attr]
 
-    def _accept(self, sock: socket.socket, transport_name: str) -> None:
-        """Every connection waiting on ``sock``, each with the bytes it already sent (module docstring)."""
+    def _accept(self, sock: socket.socket, transport_name: str, tls: ssl.SSLContext | None, keys: APIKeys | None) -> None:
+        """Every connection waiting on ``sock``, each with the bytes it already sent unless TLS (module
+        docstring)."""
         while True:
             try:
                 conn, _ = sock.accept()
@@ -129,34 +145,47 @@ class StreamListener:
             except OSError as exc:  # out of file descriptors, ...: the rest wait for the next readiness
                 logger.warning("NNRP cannot accept a connection on %s: %s", transport_name, exc)
                 return
-            first = _first_bytes(conn)
-            if first is None:  # the client already left
-                conn.close()
-                continue
-            task = self._loop.create_task(self._adopt(conn, transport_name, first))  # type: ignore[union-attr]
+            if tls is None:
+                first = _first_bytes(conn)
+                if first is None:  # the client already left
+                    conn.close()
+                    continue
+            else:
+                conn.setblocking(False)
+                first = b""
+            task = self._loop.create_task(self._adopt(conn, transport_name, first, tls, keys))  # type: ignore[union-attr]
             self._adopting.add(task)
             task.add_done_callback(self._adopting.discard)
 
-    async def _adopt(self, conn: socket.socket, transport_name: str, first: bytes) -> None:
-        """``conn`` becomes a transport of the loop with a new connection protocol that reads ``first`` first
-        (unless the listener closed meanwhile: then it is closed). The protocol and the transport are made
-        before the first wait; a close that comes after that shuts the protocol down with the others."""
+    async def _adopt(
+        self, conn: socket.socket, transport_name: str, first: bytes, tls: ssl.SSLContext | None, keys: APIKeys | None
+    ) -> None:
+        """``conn`` becomes a transport of the loop (after its TLS handshake, bounded by the handshake timeout)
+        with a new connection protocol that reads ``first`` first (unless the listener closed meanwhile: then it
+        is closed). The protocol is made before the first wait; a close that comes after that shuts the
+        protocol down with the others."""
         if self._closed:
             conn.close()
             return
+        tls_options = {} if tls is None else {"ssl": tls, "ssl_handshake_timeout": self._handshake_timeout_s}
         try:
             await self._loop.connect_accepted_socket(  # type: ignore[union-attr]
-                lambda: self._protocol(transport_name, first), sock=conn
+                lambda: self._protocol(transport_name, first, keys), sock=conn, **tls_options
             )
+        except (ssl.SSLError, ConnectionError, TimeoutError, asyncio.TimeoutError) as exc:
+            # a failed or abandoned TLS handshake, or a client that left during it: only this connection
+            logger.debug("NNRP connection on %s not established: %s", transport_name, exc)
+            conn.close()
         except Exception:  # the socket failed before it became a transport: only this connection is lost
             logger.warning("NNRP connection on %s lost while being set up", transport_name, exc_info=True)
             conn.close()
 
-    def _protocol(self, transport_name: str, first: bytes) -> ConnectionProtocol:
+    def _protocol(self, transport_name: str, first: bytes, keys: APIKeys | None) -> ConnectionProtocol:
         connection = ConnectionProtocol(
             self._handler, transport_name=transport_name, limits=self._limits, gate=self._gate,
             flush_round=self._round, on_lost=self._connections.discard, probe=self._probe,
-            tcp_nodelay=self._tcp_nodelay, first=first,
+            tcp_nodelay=self._tcp_nodelay, first=first, authenticate=keys,
+            handshake_timeout_s=self._handshake_timeout_s,
         )  # fmt: skip
         self._connections.add(connection)
         return connection

@@ -136,9 +136,14 @@ class _Session:
 
 class ClientConnection:
     """The client side of one NNRP/1 connection (module docstring). ``max_packet_bytes``: the largest packet
-    accepted from the server (header + metadata + body, bytes)."""
+    accepted from the server (header + metadata + body, bytes). ``auth_block``: the authentication block the
+    CLIENT_HELLO carries as its body (``auth_bytes`` long; :mod:`vllm_nnrp_plugin.auth_block`), ``b""`` for
+    none; the server's verdict is :attr:`auth_status` once the SERVER_HELLO_ACK came."""
 
-    def __init__(self, *, max_packet_bytes: int = MAX_PACKET_BYTES) -> None:
+    def __init__(self, *, max_packet_bytes: int = MAX_PACKET_BYTES, auth_block: bytes = b"") -> None:
+        self._auth_block = bytes(auth_block)
+        #: SERVER_HELLO_ACK ``auth_status`` (``None`` until it came)
+        self.auth_status: int | None = None
         self._reader = PacketReader(max_packet_bytes)
         self._out: list[bytes] = []
         self._hello: ClientHelloMetadata | None = None
@@ -212,9 +217,9 @@ class ClientConnection:
         if self._hello is None:
             self._hello = ClientHelloMetadata(
                 1, 1, _OFFER_WIRE_FORMATS, _OFFER_PROFILES, _OFFER_PAYLOAD_KINDS, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0,
-                default_deadline_ms, 0, 0, requested_session_id, 0, 0,
+                default_deadline_ms, 0, 0, requested_session_id, len(self._auth_block), 0,
             )  # fmt: skip
-            self._out.append(encode(_T.CLIENT_HELLO, 0, 0, self._hello.pack()))
+            self._out.append(encode(_T.CLIENT_HELLO, 0, 0, self._hello.pack(), self._auth_block))
         self._out.append(encode(_T.SESSION_OPEN, 0, 0, packed))
         token = next(self._tokens)
         self._opens.append(token)
@@ -357,7 +362,7 @@ class ClientConnection:
             raise _Fatal("SERVER_HELLO_ACK must have an empty body")
         if len(packet.meta) < SERVER_HELLO_ACK_STRUCT.size:
             raise _Fatal(f"SERVER_HELLO_ACK metadata is {len(packet.meta)} bytes, under {SERVER_HELLO_ACK_STRUCT.size}")
-        (version, wire_format, _auth, reserved0, _sid, profiles, kinds, codecs, compression, dtypes, layouts,
+        (version, wire_format, auth_status, reserved0, _sid, profiles, kinds, codecs, compression, dtypes, layouts,
          digests, objects, *_rest, server_flags) = SERVER_HELLO_ACK_STRUCT.unpack_from(packet.meta)  # fmt: skip
         hello = self._hello
         offered = (
@@ -379,6 +384,7 @@ class ClientConnection:
         for name, accepted, offer in offered:
             if accepted & ~offer:
                 raise _Fatal(f"SERVER_HELLO_ACK {name} {accepted:#x} is not a subset of the offer {offer:#x}")
+        self.auth_status = auth_status
 
     def _on_open_ack(self, packet: Packet) -> object:
         if not self._opens:

@@ -1,8 +1,9 @@
 """What the wire core reports: typed events, plain data (``attrs`` frozen classes).
 
 Server side (:class:`~.server.ServerConnection.receive_data` returns them): a session open to decide, a session
-the client closed, an operation submitted, cancelled, bounded by a DEADLINE, a TRACE_CONTEXT, a packet the core
-refused (the connection goes on), and the end of the connection. Client side
+the client closed (or is closing while its operations drain), an operation submitted, cancelled, bounded by a
+DEADLINE, a TRACE_CONTEXT, a packet the core refused (the connection goes on), and the end of the connection.
+Client side
 (:class:`~.client.ClientConnection.receive_data`): a session opened or refused, results and terminals,
 pressure and trace frames from the server, a session close acknowledged, and the end of the connection.
 
@@ -37,12 +38,48 @@ class SessionOpenRequested:
 
 
 @attrs.frozen
+class AuthenticationFailed:
+    """A SESSION_OPEN was rejected with ``auth_failed`` (0x00010001) because the server requires a key and
+    none accepted came: ``presented`` is True when a key was sent (in the hello or the open) but is not one the
+    server holds, False when none was sent. The key itself is never reported."""
+
+    presented: bool
+
+
+@attrs.frozen
 class SessionClosed:
     """The client closed ``session_id`` (SESSION_CLOSE; the SESSION_CLOSE_ACK is already queued). Its
-    operations are gone: nothing more can be sent for them. ``close_reason``: NNRP close_reason (u16)."""
+    operations are gone: nothing more can be sent for them. ``close_reason``: NNRP close_reason (u16).
+    Comes when the close's ``in_flight_policy`` is abort, or nothing was in flight; a drain with operations in
+    flight gives :class:`SessionDraining` instead."""
 
     session_id: int
     close_reason: int
+
+
+@attrs.frozen
+class SessionDraining:
+    """The client closed ``session_id`` with ``in_flight_policy`` drain while ``operation_ids`` (the session's
+    active operations, in submit order) ran; SESSION_CLOSE_ACK close_status draining is already queued.
+
+    The session stays open for them: each still needs its terminal (send it as for any operation; partial
+    results and the client's controls go on as before, a new FRAME_SUBMIT is refused). The core queues the
+    closing SESSION_CLOSE_ACK (close_status closed) right behind the last of those terminals, and from then on
+    :meth:`~.server.ServerConnection.session_open` is False and sends for the session return False: that is when
+    the application's own session ends. No other event follows for it (a later SESSION_CLOSE with
+    ``in_flight_policy`` abort gives :class:`SessionClosed`, and the operations still running are gone then).
+
+    ``drain_timeout_ms``: the client's window for the drain, ms from now (NagareWorks/nnrp-doc
+    ``docs/en/design/v1-preview3.md`` §7.1C: drain lets in-flight operations "drain within drain_timeout_ms";
+    "0 means apply immediately"). The core has no clock: the application ends each operation still running when
+    the window passes, with a terminal (a cancel's, e.g. RESULT_DROP_REASON ``peer_cancelled``) — with 0 (what
+    nnrp-py's native client and this package's client send) at once. ``close_reason``: as in
+    :class:`SessionClosed`. Only with :attr:`~.server.ServerConnection.drain_sessions` set."""
+
+    session_id: int
+    close_reason: int
+    drain_timeout_ms: int
+    operation_ids: tuple[int, ...]
 
 
 @attrs.frozen

@@ -15,6 +15,9 @@ byte for byte where a native client can tell, with these deliberate differences:
   code ``resume_rejected``, session 0 in header and metadata, a UTF-8 diagnostic body);
 * ``max_concurrent_frames`` (hello), ``granted_operation_credit`` and ``max_in_flight_operations`` (open ack)
   are the connection's ``max_in_flight_per_session`` (the native server sends its 4 / 2 / 4);
+* authentication (the block's encoding and ``auth_status`` values are this deployment's,
+  :mod:`vllm_nnrp_plugin.auth_block`): the native server neither reads ``auth_bytes`` nor sets ``auth_status``;
+  here, with ``authenticate`` set, a session opens only with an accepted key (``auth_failed`` otherwise);
 * session ids are unique per connection (the native registry is server-wide), never reused on it;
 * a known session's packet that breaks a rule is answered with ERROR_RECOVERABLE (the native server sends
   nothing and only its application sees a poll error);
@@ -51,6 +54,7 @@ returns False and queues nothing.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from nnrp.core.enums import ErrorCode, MessageType
 from nnrp.core.header import HEADER_LENGTH, HEADER_MAGIC, HEADER_STRUCT
@@ -78,8 +82,17 @@ from nnrp.runtime.types import (
 )
 
 from . import framing
+from ..auth_block import (
+    AUTH_STATUS_ACCEPTED,
+    AUTH_STATUS_MISSING,
+    AUTH_STATUS_NOT_REQUIRED,
+    AUTH_STATUS_REJECTED,
+    MAX_AUTH_BYTES,
+)
 from .codecs import (
     CLOSE_STATUS_CLOSED,
+    CLOSE_STATUS_DRAINING,
+    SESSION_ERROR_AUTH_FAILED,
     SESSION_ERROR_PROFILE_UNSUPPORTED,
     SESSION_ERROR_RESUME_REJECTED,
     SESSION_ERROR_SCHEMA_UNSUPPORTED,
@@ -90,12 +103,14 @@ from .codecs import (
     SessionOpenAckMetadata,
 )
 from .events import (
+    AuthenticationFailed,
     ConnectionEnded,
     DeadlineReceived,
     OperationCancelled,
     OperationSubmitted,
     PacketRejected,
     SessionClosed,
+    SessionDraining,
     SessionOpenRequested,
     TraceContextReceived,
 )
@@ -132,6 +147,7 @@ _ERR_MALFORMED = int(ErrorCode.MALFORMED_BODY)  # layout, length, reserved bits,
 _ERR_STATE = int(ErrorCode.INVALID_STATE)  # unknown/duplicate operation or frame, a type a client must not send
 _ERR_LIMIT = int(ErrorCode.LIMIT_EXCEEDED)  # too many pre-submit DEADLINE reservations
 _RECOVERY_UNSPECIFIED = 0  # reason_code "unspecified" (value-registries "Reason And Stage Codes")
+_IN_FLIGHT_DRAIN = 0  # SESSION_CLOSE in_flight_policy drain (nnrp-rs crates/nnrp-core/src/enums.rs InFlightPolicy)
 _SCOPE_SESSION = 1
 _SCOPE_FRAME = 2
 
@@ -159,7 +175,8 @@ class _Op:
 
 
 class _Session:
-    __slots__ = ("session_id", "ops", "reservations", "reserved_frames", "finished")
+    __slots__ = ("session_id", "ops", "reservations", "reserved_frames", "finished", "finished_frames",
+                 "finished_ops", "draining")  # fmt: skip
 
     def __init__(self, session_id: int) -> None:
         self.session_id = session_id
@@ -167,6 +184,69 @@ class _Session:
         self.reservations: dict[int, tuple[int, int]] = {}  # operation_id → (frame_id, deadline_unix_ms)
         self.reserved_frames: dict[int, int] = {}  # frame_id → operation_id of a reservation
         self.finished: dict[tuple[int, int], None] = {}  # (frame_id, operation_id) of recent terminals, oldest first
+        # the same pairs by frame and by operation (latest pair of each id; an entry leaves with its pair)
+        self.finished_frames: dict[int, int] = {}  # frame_id → operation_id
+        self.finished_ops: dict[int, int] = {}  # operation_id → frame_id
+        #: the client's SESSION_CLOSE (drain) while operations ran: its ``last_operation_id``, echoed by the
+        #: closed ack that follows the last terminal; None while the session is open
+        self.draining: int | None = None
+
+
+class _SessionIds:
+    """The session ids used on one connection — opened (open or closed) or reserved by a pending open — with
+    O(1) work per open and close and bounded memory, whatever the connection did before.
+
+    Every id below ``next`` is used: the ids this server picks are handed out in increasing order, and ``next``
+    moves past each id a client asked for (SESSION_OPEN ``requested_session_id``) as soon as it is reached.
+    ``above`` holds the requested ids beyond ``next``; each enters and leaves it once. When more than
+    :attr:`MAX_ABOVE` wait there, ``next`` jumps past the largest and ``above`` empties: the ids passed over are
+    never handed out (nothing is reused, only skipped; a client that asks for ids far ahead can at worst use up
+    its own connection's ids, and :meth:`allocate` then says so). An id is never handed out twice on a
+    connection (the native client refuses an id its connection used before: nnrp-rs
+    ``crates/nnrp-core/src/lifecycle.rs``)."""
+
+    __slots__ = ("next", "above")
+
+    #: requested ids remembered beyond ``next`` on one connection
+    MAX_ABOVE = 1024
+    #: the largest session id (u32)
+    LAST = 0xFFFFFFFF
+
+    def __init__(self) -> None:
+        self.next = 1
+        self.above: set[int] = set()
+
+    def __contains__(self, session_id: int) -> bool:
+        """``session_id`` is used (or reserved by a pending open)."""
+        return session_id < self.next or session_id in self.above
+
+    def add(self, session_id: int) -> None:
+        """Mark a requested id used (one not :meth:`__contains__`)."""
+        self.above.add(session_id)
+        self._advance()
+        if len(self.above) > self.MAX_ABOVE:
+            self.next = max(self.above) + 1
+            self.above.clear()
+
+    def discard(self, session_id: int) -> None:
+        """Free a requested id that was never opened (a rejected open), unless ``next`` passed it already."""
+        self.above.discard(session_id)
+
+    def allocate(self) -> int:
+        """The lowest id nobody used (≥ 1, increasing), now used; 0 when no u32 id is left."""
+        session_id = self.next
+        if session_id > self.LAST:
+            return 0
+        self.next = session_id + 1
+        self._advance()
+        return session_id
+
+    def _advance(self) -> None:
+        above, candidate = self.above, self.next
+        while candidate in above:
+            above.discard(candidate)
+            candidate += 1
+        self.next = candidate
 
 
 class _PendingOpen:
@@ -215,7 +295,17 @@ class ServerConnection:
     one received packet (:class:`~.framing.PacketReader`) and is advertised as ``max_body_bytes``;
     ``profiles`` are the profile ids sessions may open (hello bitmap bit N-1 for profile N, nnrp-rs
     ``server.rs`` profile bitmap); ``schemas`` the accepted ``(schema_id, schema_version)`` pairs.
+    ``authenticate``: ``None`` when the server requires no key; else a pure function that is given an
+    authentication block (:mod:`vllm_nnrp_plugin.auth_block`) and returns whether it holds an accepted key,
+    raising ``ValueError`` when the block is malformed (the connection then ends, as for any malformed hello).
     """
+
+    #: SESSION_CLOSE with ``in_flight_policy`` drain while operations run: True → :class:`~.events.SessionDraining`,
+    #: each operation keeps its terminal and the closing ack follows the last one (:meth:`_on_session_close`);
+    #: False → :class:`~.events.SessionClosed` at once and the operations are forgotten without a terminal (the
+    #: behaviour before drain was supported). Set it (on the instance) once the application handles
+    #: SessionDraining; the default is False only until the stream carrier does, then it becomes True.
+    drain_sessions: bool = False
 
     def __init__(
         self,
@@ -224,6 +314,7 @@ class ServerConnection:
         max_packet_bytes: int = framing.MAX_PACKET_BYTES,
         profiles: tuple[int, ...] = (2,),
         schemas: tuple[tuple[int, int], ...] = ((4097, 3),),
+        authenticate: Callable[[bytes], bool] | None = None,
     ) -> None:
         if not 1 <= max_in_flight_per_session:
             raise ValueError("max_in_flight_per_session must be at least 1")
@@ -238,6 +329,10 @@ class ServerConnection:
             if 1 <= profile <= 32:
                 self._profile_bitmap |= 1 << (profile - 1)
         self._schemas = frozenset(schemas)
+        self._authenticate = authenticate
+        #: the hello's verdict: True once a key was accepted (or none is required)
+        self._authenticated = authenticate is None
+        self._hello_auth_status = AUTH_STATUS_NOT_REQUIRED
         self._finished_memory = max(64, 4 * max_in_flight_per_session)
 
         self._reader = framing.PacketReader(max_packet_bytes)
@@ -246,7 +341,7 @@ class ServerConnection:
         self._ended = False
         self._sessions: dict[int, _Session] = {}
         self._ops: dict[tuple[int, int], _Op] = {}  # (session_id, frame_id) → op: the send hot path's one lookup
-        self._used_ids: set[int] = set()  # opened on this connection (open or closed) or reserved by a pending open
+        self._used_ids = _SessionIds()  # opened on this connection (open or closed) or reserved by a pending open
         self._pending: dict[int, _PendingOpen] = {}
         self._next_request = 1
 
@@ -322,7 +417,7 @@ class ServerConnection:
             if msg_type == _T.TRANSPORT_PROBE:
                 self._on_probe(packet)
             elif msg_type == _T.CLIENT_HELLO:
-                self._on_hello(packet)
+                self._on_hello(packet, events)
             else:
                 raise _Fatal(f"{_name(msg_type)} before CLIENT_HELLO")
             return
@@ -393,18 +488,24 @@ class ServerConnection:
             )
         self._queue(_T.TRANSPORT_PROBE_ACK, 0, 0, TransportProbeAckMetadata(probe.probe_id, 0, 0).pack())
 
-    def _on_hello(self, packet: framing.Packet) -> None:
+    def _on_hello(self, packet: framing.Packet, events: list) -> None:
         """CLIENT_HELLO → SERVER_HELLO_ACK with the native server's values (nnrp-rs
         ``crates/nnrp-runtime/src/server.rs`` hello ack; checks of ``crates/nnrp-core/src/control.rs``
-        ``ClientHello`` validation): ``meta_len`` 64 exactly, empty body (so no auth or control extension
-        declared), version window containing 1, wire-format bit 0, non-zero profile and payload-kind bitmaps,
-        a profile in common. Any failure ends the connection with nothing sent, as the native server."""
+        ``ClientHello`` validation): ``meta_len`` 64 exactly, version window containing 1, wire-format bit 0,
+        non-zero profile and payload-kind bitmaps, a profile in common, a body of exactly ``auth_bytes``
+        (no control extension block: none is negotiated here). Any failure ends the connection with nothing
+        sent, as the native server.
+
+        The body is the authentication block (NNRP/1-preview1 §6.2.1: ``auth_block`` belongs to the body,
+        after the control extension block; layout and ``auth_status`` values: :mod:`vllm_nnrp_plugin.auth_block`).
+        Without ``authenticate`` it is ignored and ``auth_status`` is 0; with it, the verdict is ``auth_status``
+        (accepted, rejected, or missing), and after a failure the connection's sessions need a block of their
+        own (:meth:`_on_session_open`); a block over ``MAX_AUTH_BYTES`` or one ``authenticate`` calls malformed
+        ends the connection."""
         if packet.session_id != 0:
             raise _Fatal("CLIENT_HELLO with a session id")
         if len(packet.meta) != ClientHelloMetadata.STRUCT.size:
             raise _Fatal(f"CLIENT_HELLO meta_len {len(packet.meta)} (must be 64)")
-        if packet.body:
-            raise _Fatal("CLIENT_HELLO with a body")
         hello = ClientHelloMetadata.unpack(packet.meta)
         if not hello.min_version_major <= 1 <= hello.max_version_major:
             raise _Fatal(f"CLIENT_HELLO version window {hello.min_version_major}..{hello.max_version_major} excludes 1")
@@ -412,15 +513,20 @@ class ServerConnection:
             raise _Fatal("CLIENT_HELLO does not offer wire format 0")
         if not hello.supported_profile_bitmap or not hello.supported_payload_kind_bitmap:
             raise _Fatal("CLIENT_HELLO offers no profile or no payload kind")
-        if hello.auth_bytes or hello.control_extension_bytes:
-            raise _Fatal("CLIENT_HELLO declares auth or control extension bytes but has no body")
+        if hello.control_extension_bytes:
+            raise _Fatal("CLIENT_HELLO declares a control extension block (none is negotiated)")
+        if len(packet.body) != hello.auth_bytes:
+            raise _Fatal(f"CLIENT_HELLO body_len {len(packet.body)} != auth_bytes {hello.auth_bytes}")
+        auth_status = self._check_auth(packet.body, "CLIENT_HELLO")
+        self._hello_auth_status = auth_status
+        self._authenticated = auth_status in (AUTH_STATUS_NOT_REQUIRED, AUTH_STATUS_ACCEPTED)
         accepted_profiles = hello.supported_profile_bitmap & self._profile_bitmap
         if not accepted_profiles:
             raise _Fatal(f"CLIENT_HELLO profile bitmap {hello.supported_profile_bitmap:#x} has no profile in common")
         ack = ServerHelloAckMetadata(
             selected_version_major=1,
             selected_wire_format=0,
-            auth_status=0,
+            auth_status=auth_status,
             session_id=0,
             accepted_profile_bitmap=accepted_profiles,
             accepted_payload_kind_bitmap=hello.supported_payload_kind_bitmap,
@@ -451,8 +557,12 @@ class ServerConnection:
         """SESSION_OPEN (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` session open handling,
         ``crates/nnrp-core/src/session.rs`` ``SessionOpen::parse``, ``crates/nnrp-core/src/recovery.rs``).
         Malformed (``meta_len`` ≠ 48, reserved0, unknown ``session_flags`` bits or priority, ``body_len`` ≠
-        token + auth + extension lengths, auth or extension bytes at all, a token without flag 0x01 or without a
-        requested id) → the connection ends. Then, answered by the core: a resume → rejected ``resume_rejected``;
+        token + auth + extension lengths, session extension bytes at all, auth bytes when the server requires
+        none, a malformed or oversized auth block, a token without flag 0x01 or without a requested id) → the
+        connection ends. Then, answered by the core: no accepted key when one is required (neither the hello's
+        nor the block after the resume token: :mod:`vllm_nnrp_plugin.auth_block`) → rejected ``auth_failed``
+        with :class:`~.events.AuthenticationFailed`, before anything else about the session is decided; a
+        resume → rejected ``resume_rejected``;
         a profile not offered → ``profile_unsupported``; a schema not offered → ``schema_unsupported``; a
         requested id already used on this connection (or asked by a pending open) →
         ``session_limit_reached`` (the native server's code for an id in use). Otherwise
@@ -466,8 +576,22 @@ class ServerConnection:
         declared = request.resume_token_bytes + request.auth_bytes + request.session_extension_bytes
         if len(packet.body) != declared:
             raise _Fatal(f"SESSION_OPEN body_len {len(packet.body)} != declared {declared}")
-        if request.auth_bytes or request.session_extension_bytes:
-            raise _Fatal("SESSION_OPEN with auth or session extension bytes (not negotiated)")
+        if request.session_extension_bytes:
+            raise _Fatal("SESSION_OPEN with session extension bytes (not negotiated)")
+        if request.auth_bytes and self._authenticate is None:
+            raise _Fatal("SESSION_OPEN with auth bytes, but this server requires no authentication (auth_status 0)")
+        if self._authenticate is not None:
+            block = packet.body[request.resume_token_bytes : request.resume_token_bytes + request.auth_bytes]
+            if block:
+                status = self._check_auth(block, "SESSION_OPEN")
+            else:
+                status = AUTH_STATUS_ACCEPTED if self._authenticated else self._hello_auth_status
+            if status != AUTH_STATUS_ACCEPTED:
+                presented = bool(block) or self._hello_auth_status == AUTH_STATUS_REJECTED
+                events.append(AuthenticationFailed(presented))
+                reason = "the API key is not valid" if presented else "this server requires an API key"
+                self._queue_rejection(request, SESSION_ERROR_AUTH_FAILED, f"authentication failed: {reason}")
+                return
         if request.resume_token_bytes:
             if not request.session_flags & 0x01 or not request.requested_session_id:
                 raise _Fatal("SESSION_OPEN resume token without allow_resume or without a requested session id")
@@ -503,6 +627,21 @@ class ServerConnection:
                 max_in_flight_operations=request.max_in_flight_operations,
             )
         )
+
+    def _check_auth(self, block: bytes, where: str) -> int:
+        """The ``auth_status`` of ``block`` (:mod:`vllm_nnrp_plugin.auth_block`); raises :class:`_Fatal` for a block
+        that is oversized or that ``authenticate`` calls malformed."""
+        if self._authenticate is None:
+            return AUTH_STATUS_NOT_REQUIRED
+        if not block:
+            return AUTH_STATUS_MISSING
+        if len(block) > MAX_AUTH_BYTES:
+            raise _Fatal(f"{where} auth block of {len(block)} bytes (at most {MAX_AUTH_BYTES})")
+        try:
+            accepted = self._authenticate(block)
+        except ValueError as exc:
+            raise _Fatal(f"{where} auth block is malformed: {exc}") from None
+        return AUTH_STATUS_ACCEPTED if accepted else AUTH_STATUS_REJECTED
 
     def _ack(self, request: SessionOpenMetadata, session_id: int, status: int, error_code: int, ext: int) -> bytes:
         return SessionOpenAckMetadata(
@@ -544,20 +683,22 @@ class ServerConnection:
 
     def accept_session(self, request: int) -> int:
         """Queue the accepted SESSION_OPEN_ACK for ``request`` and return the new session id: the requested id
-        when non-zero, else the lowest id ≥ 1 never used on this connection. The ack's header carries the new id
-        (the native client only routes early session packets for an id it saw in an ack header: nnrp-rs
-        ``crates/nnrp-runtime/src/multiplex.rs``). Returns 0 (nothing queued) when the connection ended before
-        the answer; raises :class:`LocalProtocolError` for a request that was never issued or already answered."""
+        when non-zero, else the next id this connection hands out (ids increase: the first is 1, and no id is
+        used twice on a connection, :class:`_SessionIds`; O(1) whatever the connection did before). The ack's
+        header carries the new id (the native client only routes early session packets for an id it saw in an
+        ack header: nnrp-rs ``crates/nnrp-runtime/src/multiplex.rs``). Returns 0 when the connection ended before
+        the answer (nothing queued), and when no u32 session id is left on this connection (then a rejected ack
+        ``session_limit_reached`` is queued instead); raises :class:`LocalProtocolError` for a request that was
+        never issued or already answered."""
         pending = self._take_pending(request)
         if pending is None:
             return 0
-        session_id = pending.reserved_id
+        session_id = pending.reserved_id or self._used_ids.allocate()
         if not session_id:
-            session_id = 1
-            used = self._used_ids
-            while session_id in used:
-                session_id += 1
-            used.add(session_id)
+            self._queue_rejection(
+                pending.metadata, SESSION_ERROR_SESSION_LIMIT_REACHED, "no session id is left on this connection"
+            )
+            return 0
         self._sessions[session_id] = _Session(session_id)
         self._queue(
             _T.SESSION_OPEN_ACK, session_id, 0, self._ack(pending.metadata, session_id, SESSION_STATUS_OPENED, 0, 0)
@@ -574,7 +715,8 @@ class ServerConnection:
         if pending is None:
             return
         if pending.reserved_id:
-            self._used_ids.discard(pending.reserved_id)  # never opened: the id may still be asked for later
+            # never opened: the id may still be asked for later (unless ids handed out since passed it)
+            self._used_ids.discard(pending.reserved_id)
         self._queue_rejection(pending.metadata, session_error_code, diagnostic)
 
     # -- session scope: client packets ---------------------------------------------------------------------
@@ -583,9 +725,13 @@ class ServerConnection:
         """FRAME_SUBMIT: ``meta_len`` 72; nnrp-py ``FrameSubmitMetadata`` parse (known submit mode, budget
         policy, loss tolerance, input profile, tile index mode; ``payload_kind_bitmap`` ⊆ 0x7f;
         ``operation_id`` ≠ 0; no tile fields without TENSOR) plus what it does not check: reserved0-4 zero, a
-        known frame_class (nnrp-rs ``crates/nnrp-core/src/data.rs`` ``FrameSubmit::parse``). Header frame ≠ 0
-        and not bound to an active operation, operation id not active (``crates/nnrp-runtime/src/server.rs``,
-        ``crates/nnrp-core/src/operation.rs``). A pre-submit DEADLINE reservation binds here: both ids must
+        known frame_class (nnrp-rs ``crates/nnrp-core/src/data.rs`` ``FrameSubmit::parse``). Header frame ≠ 0;
+        neither the frame nor the operation id active or used by a recently finished operation of the session
+        (the last ``max(64, 4 × max_in_flight_per_session)`` terminals; the native server refuses every frame
+        and operation id its session ever registered: ``crates/nnrp-runtime/src/server.rs`` "duplicate
+        FRAME_SUBMIT frame id", ``crates/nnrp-core/src/operation.rs`` ``register`` — its registry keeps them
+        all); not on a session that is draining after the client's SESSION_CLOSE. Each is refused like any
+        duplicate (ERROR_RECOVERABLE ``INVALID_STATE``; the session goes on). A pre-submit DEADLINE reservation binds here: both ids must
         match it (shipped build; public nnrp-rs ``crates/nnrp-runtime/src/pre_submit.rs`` at 00074cf), and the
         DeadlineReceived(submitted=False) follows the OperationSubmitted."""
         if len(packet.meta) != _FRAME_SUBMIT_META_LEN:
@@ -604,6 +750,12 @@ class ServerConnection:
             raise _Reject(f"FRAME_SUBMIT frame {frame_id} is bound to an active operation", _ERR_STATE)
         if operation_id in session.ops:
             raise _Reject(f"FRAME_SUBMIT operation {operation_id} is already active", _ERR_STATE)
+        if frame_id in session.finished_frames:
+            raise _Reject(f"FRAME_SUBMIT frame {frame_id} was used by a finished operation", _ERR_STATE)
+        if operation_id in session.finished_ops:
+            raise _Reject(f"FRAME_SUBMIT operation {operation_id} already finished", _ERR_STATE)
+        if session.draining is not None:
+            raise _Reject("FRAME_SUBMIT on a session the client is closing", _ERR_STATE)
         reservation = session.reservations.get(operation_id)
         reserved_op = session.reserved_frames.get(frame_id)
         if reservation is not None and reservation[0] != frame_id:
@@ -613,7 +765,6 @@ class ServerConnection:
         op = _Op(sid, frame_id, operation_id)
         session.ops[operation_id] = op
         self._ops[(sid, frame_id)] = op
-        session.finished.pop((frame_id, operation_id), None)
         events.append(OperationSubmitted(sid, frame_id, operation_id, packet.trace_id, metadata, packet.body))
         if reservation is not None:
             del session.reservations[operation_id]
@@ -779,10 +930,21 @@ class ServerConnection:
 
     def _on_session_close(self, session: _Session, packet: framing.Packet, events: list) -> None:
         """SESSION_CLOSE (``meta_len`` 24, reserved0 0, known close_reason and in_flight_policy, body empty;
-        nnrp-rs ``crates/nnrp-core/src/session.rs`` ``SessionClose``) → :class:`~.events.SessionClosed` and
-        SESSION_CLOSE_ACK (close_status closed, ``last_operation_id`` echoed, header session = the session,
-        frame 0; nnrp-rs ``crates/nnrp-runtime/src/server.rs`` close ack). The session and its operations are
-        forgotten; its id is never used again on this connection (a later packet for it ends the connection,
+        nnrp-rs ``crates/nnrp-core/src/session.rs`` ``SessionClose``). The SESSION_CLOSE_ACK has header session =
+        the session, frame 0, ``last_operation_id`` echoed (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` close
+        ack); ``in_flight_policy`` says what happens to the operations still running (NagareWorks/nnrp-doc
+        ``docs/en/design/v1-preview3.md`` §7.1C):
+
+        * abort (1), or nothing in flight (or :attr:`drain_sessions` False): :class:`~.events.SessionClosed` and
+          the ack with close_status closed. The session and its operations are forgotten at once;
+        * drain (0) with operations in flight: :class:`~.events.SessionDraining` and the ack with close_status
+          draining. The operations run on and each still gets its terminal (partial results and controls as
+          before; a new FRAME_SUBMIT is refused); right behind the last terminal the core queues the second ack,
+          close_status closed (§7.1C: after "draining" the client keeps taking terminal events until "closed";
+          the native client waits for it, nnrp-rs ``crates/nnrp-runtime/src/client.rs`` close handling). A
+          second SESSION_CLOSE while draining: with abort it ends the drain as above, with drain it is refused.
+
+        Once closed, the id is never used again on this connection (a later packet for it ends the connection,
         every later send for it returns False)."""
         if len(packet.meta) != SessionCloseMetadata.STRUCT.size:
             raise _Reject(f"SESSION_CLOSE meta_len {len(packet.meta)} (must be 24)")
@@ -790,11 +952,28 @@ class ServerConnection:
         if packet.body:
             raise _Reject("SESSION_CLOSE must have an empty body")
         sid = session.session_id
+        drain = int(metadata.in_flight_policy) == _IN_FLIGHT_DRAIN
+        if session.draining is not None and drain:
+            raise _Reject("SESSION_CLOSE for a session that is already draining", _ERR_STATE)
+        if drain and session.ops and self.drain_sessions:
+            session.draining = metadata.last_operation_id
+            events.append(
+                SessionDraining(sid, int(metadata.close_reason), metadata.drain_timeout_ms, tuple(session.ops))
+            )
+            self._queue(_T.SESSION_CLOSE_ACK, sid, 0,
+                        SessionCloseAckMetadata(CLOSE_STATUS_DRAINING, metadata.last_operation_id).pack())  # fmt: skip
+            return
         for op in session.ops.values():
             del self._ops[(sid, op.frame_id)]
         del self._sessions[sid]
         events.append(SessionClosed(sid, int(metadata.close_reason)))
         self._queue(_T.SESSION_CLOSE_ACK, sid, 0, SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, metadata.last_operation_id).pack())
+
+    def session_open(self, session_id: int) -> bool:
+        """``session_id`` is open on this connection: accepted, and its SESSION_CLOSE_ACK closed not queued yet
+        (a session draining after the client's SESSION_CLOSE is still open; the ack that follows its last
+        terminal closes it)."""
+        return session_id in self._sessions
 
     # -- helpers for the handlers --------------------------------------------------------------------------
 
@@ -817,7 +996,7 @@ class ServerConnection:
     @staticmethod
     def _unknown(session: _Session, frame_id: int, operation_id: int | None, name: str):
         if operation_id is None:
-            if any(frame == frame_id for frame, _ in session.finished):
+            if frame_id in session.finished_frames:
                 raise _Ignore
             raise _Reject(f"{name} references an unknown operation frame {frame_id}", _ERR_STATE)
         if (frame_id, operation_id) in session.finished:
@@ -825,13 +1004,27 @@ class ServerConnection:
         raise _Reject(f"{name} references an unknown operation {operation_id}", _ERR_STATE)
 
     def _finish(self, op: _Op) -> None:
+        """``op``'s terminal was queued: forget it, remember its ids (bounded: :meth:`_on_frame_submit`), and
+        close its session right behind it when that was its draining session's last operation."""
         session = self._sessions[op.session_id]
-        del session.ops[op.operation_id]
-        del self._ops[(op.session_id, op.frame_id)]
+        frame_id, operation_id = op.frame_id, op.operation_id
+        del session.ops[operation_id]
+        del self._ops[(op.session_id, frame_id)]
         finished = session.finished
-        finished[(op.frame_id, op.operation_id)] = None
+        finished[(frame_id, operation_id)] = None
+        session.finished_frames[frame_id] = operation_id
+        session.finished_ops[operation_id] = frame_id
         if len(finished) > self._finished_memory:
-            del finished[next(iter(finished))]
+            old_frame, old_op = next(iter(finished))
+            del finished[(old_frame, old_op)]
+            if session.finished_frames.get(old_frame) == old_op:
+                del session.finished_frames[old_frame]
+            if session.finished_ops.get(old_op) == old_frame:
+                del session.finished_ops[old_op]
+        if session.draining is not None and not session.ops:
+            del self._sessions[session.session_id]
+            self._queue(_T.SESSION_CLOSE_ACK, session.session_id, 0,
+                        SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, session.draining).pack())  # fmt: skip
 
     # -- output: results and session-scope controls --------------------------------------------------------
 

@@ -6,7 +6,8 @@ that this package depends on is decided here (attach paths, and probes of the se
 ``build_app``'s signature and module — ``vllm/entrypoints/openai/api_server.py`` up to 0.28,
 ``vllm/entrypoints/launchers/app.py`` from 0.29 on, where the old module is a deprecated re-export —,
 ``vllm.plugins.load_endpoint_plugins``, the chat protocol module), in :func:`has_tool_parser`, in
-:func:`responses_stream_fails` (a Responses stream a line cannot produce), in :mod:`.chunk_shapes` (stream and
+:func:`responses_stream_fails` (a Responses stream a line cannot produce), in :func:`api_keys` (the keys
+HTTP requires), in :mod:`.chunk_shapes` (stream and
 body shapes), or in :mod:`.engine_lane` (the chat serving object's attributes, per line, that keep a server's
 streams off the engine lane); the rest of the package is line-independent.
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -229,6 +230,23 @@ def read_surface() -> Surface:
         chat_protocol=_importable(CHAT_PROTOCOL_MODULE),
         relocated_launchers=relocated,
     )
+
+
+API_KEY_ENV = "VLLM_API_KEY"
+
+
+def api_keys(state: object, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The API keys vLLM's HTTP server requires, read as every line in the band derives them:
+    ``[key for key in (args.api_key or [envs.VLLM_API_KEY]) if key]`` — in ``build_app`` of
+    ``vllm/entrypoints/openai/api_server.py`` on 0.18–0.28, in ``vllm/entrypoints/serve/middleware/register.py``
+    on 0.29–0.32 — where ``args`` is ``app.state.args`` (set by ``init_app_state``; on 0.32 by
+    ``vllm/entrypoints/launchers/api_server/app_state.py``) and ``--api-key`` is a list (``nargs="+"``-style,
+    one or more keys). Empty: the server requires no key."""
+    args = getattr(state, "args", None)
+    configured = getattr(args, "api_key", None)
+    if isinstance(configured, str):  # a single key, however a caller built the namespace
+        configured = [configured]
+    return tuple(key for key in (configured or [environ.get(API_KEY_ENV)]) if key)
 
 
 def has_tool_parser(serving: object) -> bool:

@@ -15,10 +15,11 @@ from typing import Any
 
 import attrs
 
-from vllm_nnrp_plugin.config import load_config
+from vllm_nnrp_plugin.config import NNRPConfig, load_config
+from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys
 from vllm_nnrp_plugin.service import NNRPService
 from vllm_nnrp_plugin.vllm_binding.backend import VLLMBackend
-from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE
+from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE, api_keys
 from vllm_nnrp_plugin.vllm_binding.gate import decision_for, middleware_enables
 from vllm_nnrp_plugin.vllm_binding.ranks import rank_listen
 from vllm_nnrp_plugin.vllm_binding.shutdown import stop_before_engine_shutdown
@@ -67,8 +68,11 @@ async def start_service(state: Any, attach_path: str) -> None:
     config = attrs.evolve(
         config, listen=rank_listen(config.listen, rank, count), metrics_listen=config.metrics_listen if rank == 0 else None
     )
+    if config.max_in_flight_per_session is None:  # a session's credit: what vLLM's scheduler runs at once
+        config = attrs.evolve(config, max_in_flight_per_session=state.vllm_config.scheduler_config.max_num_seqs)
+    keys = _keys(state, config)
     backend = VLLMBackend(state, config.operations, vllm_version=decision.vllm_version)
-    service = NNRPService(config, backend, asyncio.get_running_loop())
+    service = NNRPService(config, backend, asyncio.get_running_loop(), keys=keys)
     bound = await service.start()
     setattr(state, _SERVICE, service)
     undo = stop_before_engine_shutdown(
@@ -90,6 +94,27 @@ async def start_service(state: Any, attach_path: str) -> None:
         logger.info("NNRP chat streams: %s", chat_stream_path)
     if service.metrics_address is not None:
         logger.info("NNRP metrics also served on http://%s/metrics (nnrp.metrics_listen)", service.metrics_address)
+
+
+def _keys(state: Any, config: NNRPConfig) -> APIKeys | None:
+    """vLLM's API keys as NNRP requires them (:mod:`vllm_nnrp_plugin.nnrp_binding.authentication`), with the
+    start-up line that says so; ``None`` when HTTP requires no key or the operator opted out."""
+    keys = api_keys(state, os.environ)
+    if not keys:
+        return None
+    if config.allow_unauthenticated:
+        logger.warning(
+            "NNRP serves WITHOUT an API key although vLLM's HTTP API requires one (nnrp.allow_unauthenticated is "
+            "true): anyone who reaches the NNRP addresses can use the model"
+        )
+        return None
+    logger.info(
+        "NNRP requires vLLM's API key (%d configured; --api-key / VLLM_API_KEY) on tcp:// and nnrps://; unix:// "
+        "sockets are authenticated by their file permissions; nnrp-py's native client cannot send a key and is "
+        "refused",
+        len(keys),
+    )
+    return APIKeys(keys)
 
 
 async def stop_service(state: Any) -> None:

@@ -34,10 +34,11 @@ from typing import Any
 
 import orjson
 
+from vllm_nnrp_plugin.auth_block import bearer_key, block_of_authorization
 from vllm_nnrp_plugin.client.errors import ClientError
 from vllm_nnrp_plugin.client.openai import sse
 from vllm_nnrp_plugin.client.openai.responses_sse import ResponsesEventStream
-from vllm_nnrp_plugin.client.profile_client import ClientEvent
+from vllm_nnrp_plugin.client.events import ClientEvent
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION, events
 from vllm_nnrp_plugin.profile import errors as E
@@ -129,6 +130,18 @@ class Call:
                                         request=body)  # fmt: skip
         return sse.ChatChunkStream(completion_id=f"chatcmpl-nnrp-{uuid.uuid4().hex}", created=int(time.time()),
                                           model=body.get("model"), include_usage=usage_asked(body))  # fmt: skip
+
+    def unauthorized(self) -> Any:
+        """vLLM's answer to a request without a valid API key (``AuthenticationMiddleware``: 401,
+        ``{"error": "Unauthorized"}``), which the SDK raises as ``AuthenticationError``."""
+        self.ended = True
+        return _json(401, {"error": "Unauthorized"}, self.request)
+
+    def api_key(self) -> str | None:
+        """The key of the request's ``Authorization: Bearer <key>`` header (what the SDK's ``api_key`` set), or
+        None. Raises :class:`~vllm_nnrp_plugin.auth_block.AuthBlockError` for another scheme or an unusable key."""
+        block = block_of_authorization(self.request.headers.get("authorization"))
+        return bearer_key(block) if block else None
 
     def failure(self, exc: ClientError | None) -> Exception:
         """``ReadError`` for an NNRP failure, ``ReadTimeout`` (``exc`` None) when no answer came (of

@@ -22,6 +22,8 @@ its private loop thread), as httpcore's sync and async pools are shells around o
   the answer (``RateLimitError``).
 * **Slots** are given back when the operation's terminal arrives, read or not (a cancelled call's slot when
   the server's drop arrives), so the pool's credit is the server's.
+* **Unauthorized**: the server refused the sessions for want of a valid API key (``auth_failed``) → vLLM's
+  401 ``{"error": "Unauthorized"}``, which the SDK raises as ``AuthenticationError``.
 * **Failures**: no session (cannot connect) → ``ConnectError``; the connection lost later → ``ReadError``; no
   event for the call's timeout (``timeout_s``) → ``ReadTimeout``, after a FRAME_CANCEL — each of the request's
   library (``httpx`` or ``httpx2``), which the SDK raises as ``APIConnectionError`` / ``APITimeoutError``.
@@ -41,10 +43,10 @@ from typing import Any
 from opentelemetry import trace as otel_trace
 
 from vllm_nnrp_plugin.client.connection import Operation
-from vllm_nnrp_plugin.client.errors import ClientError
+from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
 from vllm_nnrp_plugin.client.openai.calls import RESUBMIT, Call, Item
 from vllm_nnrp_plugin.client.openai.pool import Pool
-from vllm_nnrp_plugin.client.profile_client import ClientEvent
+from vllm_nnrp_plugin.client.events import operation_event
 
 __all__ = ["REFUSAL_RETRIES", "Exchange", "trace_of_caller"]
 
@@ -64,6 +66,10 @@ def trace_of_caller() -> tuple[int, int, int] | None:
     return context.trace_id & _LOW_64, context.span_id, int(context.trace_flags) & 1
 
 
+class _Unauthorized(Exception):
+    """Internal: the server refused the pool's sessions for want of a valid API key."""
+
+
 class Exchange:
     """One call (module docstring); every method runs on ``pool.loop``."""
 
@@ -79,7 +85,10 @@ class Exchange:
         the 200 response whose body ``stream(first item)`` makes. Raises the request library's transport errors."""
         call, refusals = self.call, 0
         while True:
-            await self._submit()
+            try:
+                await self._submit()
+            except _Unauthorized:
+                return call.unauthorized()
             item = await self._next()
             if call.refused(item) and refusals < REFUSAL_RETRIES:
                 await asyncio.sleep(min(1.0, REFUSAL_BACKOFF_S * 2**refusals))
@@ -121,6 +130,8 @@ class Exchange:
         except TimeoutError:
             call.ended = True
             raise call.lib.PoolTimeout("no NNRP session free in time", request=call.request) from None
+        except AuthenticationFailed:
+            raise _Unauthorized from None
         except ClientError as exc:
             call.ended = True
             raise call.lib.ConnectError(f"NNRP: {exc}", request=call.request) from exc
@@ -147,14 +158,5 @@ class Exchange:
                 raise call.failure(ClientError("the operation has ended"))
             last = len(events) - 1 if op.finished else -1
             for n, event in enumerate(events):
-                self._ready.append(_item(op, event, terminal=n == last))
+                self._ready.append(operation_event(op, event, terminal=n == last))
         return self._ready.popleft()
-
-
-def _item(op: Operation, event: dict[str, Any], *, terminal: bool) -> ClientEvent:
-    if not terminal:
-        return ClientEvent("partial_result", event)
-    if op.drop_reason_code is not None:
-        return ClientEvent("result_drop", event, drop_reason=op.drop_reason_code)
-    return ClientEvent("result_push", event, status=op.status_code)
-

@@ -114,14 +114,17 @@ class _Link:
 
 class Pool:
     """Sessions to ``uri`` (``tcp://``, ``nnrps://`` with ``trusted_cert_der`` or the system's trust store, or
-    ``unix://``: :func:`vllm_nnrp_plugin.client.connection.connect`) for one client, on the running loop it is made on (module docstring for the policy)."""
+    ``unix://``: :func:`vllm_nnrp_plugin.client.connection.connect`) for one client and one ``api_key`` (sent by
+    every connection it makes), on the running loop it is made on (module docstring for the policy)."""
 
     def __init__(
         self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
         max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
+        api_key: str | None = None,
     ) -> None:  # fmt: skip
         self.uri = uri
         self.trusted_cert_der = trusted_cert_der
+        self.api_key = api_key
         self.max_connections = max_connections
         self.max_sessions_per_connection = max_sessions_per_connection
         self.loop = asyncio.get_running_loop()
@@ -304,7 +307,7 @@ class Pool:
     async def _connect(self) -> None:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                conn = await connect(self.uri, trusted_cert_der=self.trusted_cert_der)
+                conn = await connect(self.uri, api_key=self.api_key, trusted_cert_der=self.trusted_cert_der)
         except (ClientError, TimeoutError) as exc:
             exc = exc if isinstance(exc, ClientError) else ClientConnectionError(f"cannot connect to {self.uri}: timed out")
             self._connecting -= 1

@@ -3,11 +3,14 @@ vLLM's HTTP server would.
 
 ::
 
-    client = OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused",
+    client = OpenAI(base_url="http://nnrp.invalid/v1", api_key=os.environ["VLLM_API_KEY"],
                     http_client=httpx2.Client(transport=NNRPTransport("tcp://127.0.0.1:9400")))
 
 (``AsyncNNRPTransport`` with ``httpx2.AsyncClient`` / ``httpx.AsyncClient`` and ``AsyncOpenAI``; ``httpx.Client``
 works as well: each answer is made by the library of the request, :func:`vllm_nnrp_plugin.client.openai.calls.library`.)
+The ``api_key`` the SDK was given travels as it would over HTTPS: the ``Authorization: Bearer <key>`` header the
+SDK builds becomes the connection's authentication block (:mod:`vllm_nnrp_plugin.auth_block`; one pool of sessions
+per key), and a server that requires another key answers 401, which the SDK raises as ``AuthenticationError``.
 The host in ``base_url`` is never contacted; the transport speaks to the NNRP endpoint given, ``tcp://HOST:PORT``,
 ``nnrps://HOST:PORT`` (TLS: ``trusted_cert_der``, the server certificate or its CA in DER, else the system's trust
 store) or ``unix:///PATH`` (the project's asyncio client, :mod:`vllm_nnrp_plugin.client.connection`; the WebSocket and
@@ -57,6 +60,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from types import ModuleType
 from typing import Any, TypeVar
 
+from vllm_nnrp_plugin.auth_block import AuthBlockError
 from vllm_nnrp_plugin.client.openai.calls import Call, Item
 from vllm_nnrp_plugin.client.openai.exchange import Exchange, trace_of_caller
 from vllm_nnrp_plugin.client.openai.pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
@@ -92,8 +96,8 @@ class _Transport:
                               "max_sessions_per_connection": max_sessions_per_connection,
                               "trusted_cert_der": trusted_cert_der}  # fmt: skip
 
-    def _new_pool(self) -> Pool:
-        return Pool(self._uri, **self._pool_options)
+    def _new_pool(self, api_key: str | None) -> Pool:
+        return Pool(self._uri, api_key=api_key, **self._pool_options)
 
 
 # -- sync ---------------------------------------------------------------------------------------------------
@@ -149,16 +153,17 @@ class NNRPTransport(_Transport):
         super().__init__(uri, **pool_options)
         self._lock = threading.Lock()
         self._thread: _LoopThread | None = None
-        self._pool: Pool | None = None
+        self._pools: dict[str | None, Pool] = {}  # by API key
 
-    def _started(self) -> tuple[_LoopThread, Pool]:
+    def _started(self, api_key: str | None) -> tuple[_LoopThread, Pool]:
         with self._lock:
             if self._thread is None:
-                thread = _LoopThread()
-                self._pool = thread.run(_made(self._new_pool))
-                self._thread = thread
+                self._thread = _LoopThread()
                 _RUNNING.add(self)
-            return self._thread, self._pool  # type: ignore[return-value]
+            pool = self._pools.get(api_key)
+            if pool is None:
+                pool = self._pools[api_key] = self._thread.run(_made(lambda: self._new_pool(api_key)))
+            return self._thread, pool
 
     def handle_request(self, request: Any) -> Any:
         request.read()
@@ -166,8 +171,12 @@ class NNRPTransport(_Transport):
         planned = call.plan()
         if planned is not None:
             return planned
+        try:
+            api_key = call.api_key()
+        except AuthBlockError:
+            return call.unauthorized()
         trace = trace_of_caller()
-        thread, pool = self._started()
+        thread, pool = self._started(api_key)
         exchange = Exchange(pool, call, trace)
         make = _sync_stream(call.lib)
         return thread.run(exchange.respond(lambda first: make(thread, exchange, first)))
@@ -175,24 +184,24 @@ class NNRPTransport(_Transport):
     def close(self) -> None:
         """Close every session and connection (waiting at most :data:`CLOSE_WAIT_S`), stop the loop thread."""
         with self._lock:
-            thread, pool, self._thread, self._pool = self._thread, self._pool, None, None
+            thread, pools, self._thread, self._pools = self._thread, list(self._pools.values()), None, {}
         _RUNNING.discard(self)
         if thread is None:
             return
         try:
-            thread.run(pool.aclose(), CLOSE_WAIT_S)  # type: ignore[union-attr]
+            thread.run(_closed(pools), CLOSE_WAIT_S)
         except (concurrent.futures.TimeoutError, TimeoutError):
-            thread.run(_aborted(pool), EXIT_WAIT_S)  # type: ignore[arg-type]
+            thread.run(_aborted(pools), EXIT_WAIT_S)
         finally:
             thread.stop()
 
     def _abort(self) -> None:
         """Interpreter exit: drop the connections at once and stop the thread, printing nothing."""
         with self._lock:
-            thread, pool, self._thread, self._pool = self._thread, self._pool, None, None
+            thread, pools, self._thread, self._pools = self._thread, list(self._pools.values()), None, {}
         if thread is not None:
             with contextlib.suppress(Exception):
-                thread.run(_aborted(pool), EXIT_WAIT_S)
+                thread.run(_aborted(pools), EXIT_WAIT_S)
             thread.stop()
 
     def __enter__(self) -> NNRPTransport:
@@ -206,8 +215,13 @@ async def _made(factory: Any) -> Any:
     return factory()
 
 
-async def _aborted(pool: Pool) -> None:
-    pool.abort()
+async def _closed(pools: list[Pool]) -> None:
+    await asyncio.gather(*(pool.aclose() for pool in pools))
+
+
+async def _aborted(pools: list[Pool]) -> None:
+    for pool in pools:
+        pool.abort()
     await asyncio.sleep(0)  # the aborted transports close their sockets in this iteration
 
 
@@ -244,13 +258,16 @@ class AsyncNNRPTransport(_Transport):
 
     def __init__(self, uri: str, **pool_options: Any) -> None:
         super().__init__(uri, **pool_options)
-        self._pool: Pool | None = None
+        self._pools: dict[str | None, Pool] = {}  # by API key, all on one loop
 
-    def _pool_here(self) -> Pool:
+    def _pool_here(self, api_key: str | None) -> Pool:
         loop = asyncio.get_running_loop()
-        if self._pool is None or self._pool.loop is not loop:
-            self._pool = self._new_pool()
-        return self._pool
+        if any(pool.loop is not loop for pool in self._pools.values()):
+            self._pools = {}  # a call from another loop: the old loop's pools end with it
+        pool = self._pools.get(api_key)
+        if pool is None:
+            pool = self._pools[api_key] = self._new_pool(api_key)
+        return pool
 
     async def handle_async_request(self, request: Any) -> Any:
         await request.aread()
@@ -258,7 +275,11 @@ class AsyncNNRPTransport(_Transport):
         planned = call.plan()
         if planned is not None:
             return planned
-        exchange = Exchange(self._pool_here(), call, trace_of_caller())
+        try:
+            api_key = call.api_key()
+        except AuthBlockError:
+            return call.unauthorized()
+        exchange = Exchange(self._pool_here(api_key), call, trace_of_caller())
         make = _async_stream(call.lib)
         try:
             return await exchange.respond(lambda first: make(exchange, first))
@@ -267,10 +288,10 @@ class AsyncNNRPTransport(_Transport):
             raise
 
     async def aclose(self) -> None:
-        """Close every session and connection of the pool of this loop."""
-        pool, self._pool = self._pool, None
-        if pool is not None and pool.loop is asyncio.get_running_loop():
-            await pool.aclose()
+        """Close every session and connection of the pools of this loop."""
+        pools, self._pools = list(self._pools.values()), {}
+        loop = asyncio.get_running_loop()
+        await _closed([pool for pool in pools if pool.loop is loop])
 
     async def __aenter__(self) -> AsyncNNRPTransport:
         return self

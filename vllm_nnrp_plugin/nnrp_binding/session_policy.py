@@ -1,0 +1,168 @@
+"""The rules of one NNRP session that every carrier applies, whatever reads its packets: admission of a
+submit, cancels, DEADLINE and TRACE_CONTEXT controls, the end of an operation (its window freed, a CREDIT_UPDATE
+after a BACKPRESSURE) and the end of the session. The carriers — :mod:`.stream_connection` (TCP, TLS, unix
+sockets on vLLM's loop) and :mod:`.session` (nnrp-py's native runtime, a pump thread per session) — only turn
+packets into these calls and send what the session's outbox holds.
+
+* **Admission**: nnrp-py's credit is advisory (it enforces no credit window), so this is the enforcement: a
+  submit over ``SessionLimits.max_in_flight`` is answered at once with ``response.error`` ``too_many_requests``
+  and never reaches the handler (so never vLLM); the session gets a BACKPRESSURE (credit window 0) first and,
+  once one of its operations sent its terminal, a CREDIT_UPDATE with the free window.
+* **A terminal frees its slot**: the operation leaves the session's window the moment its terminal is sent
+  (:meth:`SessionPolicy.terminal_done`), and the handler is told (``on_terminal``) so that the process-wide slot
+  is free too: a client that submits as soon as it read a terminal is never refused for capacity it already
+  gave back.
+* **Cancels** (FRAME_CANCEL, CANCEL, ABORT) end the operation with the ``peer_cancelled`` drop (queued in the
+  outbox, or the terminal already queued turns into it when sealed) and stop its vLLM request.
+* **DEADLINE** (wall-clock ms) bounds the named operation; one that came before its submit waits for it
+  (:class:`vllm_nnrp_plugin.operation.EarlyDeadlines`).
+* **TRACE_CONTEXT** (``openai-compatible/1`` profile, trace-context section): at session scope (frame 0) the
+  default context of the session's operations dispatched later; at operation scope it overrides that
+  operation's until it is dispatched. Ineligible contexts (zero ids) are ignored.
+
+The handler calls go through ``post``: a direct call on vLLM's loop (stream carrier), or
+``loop.call_soon_threadsafe`` from a pump thread (native carrier). Each session's policy is touched only by the
+thread that reads that session (the loop, or its pump while it holds the session's I/O lock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.nnrp_binding.handler import CANCEL_DETAIL, SessionHandler
+from vllm_nnrp_plugin.nnrp_binding.server_operation import PRESSURE, ServerOperation, SessionLink
+from vllm_nnrp_plugin.operation import DropReason, EarlyDeadlines
+from vllm_nnrp_plugin.profile import errors as E
+from vllm_nnrp_plugin.profile import trace
+
+
+def call_now(callback: Callable[..., None], *args: Any) -> None:
+    """``post`` for a carrier that runs on vLLM's loop: the handler is called at once."""
+    callback(*args)
+
+
+class SessionPolicy:
+    """One session's operations (by id, and by frame for carriers that only see a frame id) and its rules.
+
+    ``link`` is the session's outbox; ``send_credit(window)`` sends a CREDIT_UPDATE; ``post(callback, *args)``
+    delivers a handler call (module docstring); ``on_activity(active)``, if given, is told when the session goes
+    from no operation to one (True) and back (False). Set :attr:`closing` once the session or the server is
+    going away: no CREDIT_UPDATE is sent after that."""
+
+    __slots__ = ("ops", "frames", "early_deadlines", "pressured", "closing", "_handler", "_limits", "_link",
+                 "_send_credit", "_post", "_on_activity")  # fmt: skip
+
+    def __init__(
+        self,
+        handler: SessionHandler,
+        limits: SessionLimits,
+        link: SessionLink,
+        *,
+        send_credit: Callable[[int], None],
+        post: Callable[..., None] = call_now,
+        on_activity: Callable[[bool], None] | None = None,
+    ) -> None:
+        self._handler = handler
+        self._limits = limits
+        self._link = link
+        self._send_credit = send_credit
+        self._post = post
+        self._on_activity = on_activity
+        #: operations without a sent terminal, by operation id
+        self.ops: dict[int, ServerOperation] = {}
+        #: frame id → operation id of those operations
+        self.frames: dict[int, int] = {}
+        self.early_deadlines = EarlyDeadlines()
+        #: a BACKPRESSURE went out and no CREDIT_UPDATE since
+        self.pressured = False
+        self.closing = False
+
+    def submit(self, sop: ServerOperation) -> bool:
+        """Admit ``sop`` (True: the handler gets it) or refuse it over the session's limit (False: a
+        BACKPRESSURE then its ``too_many_requests`` terminal are queued; it never reaches the handler)."""
+        if len(self.ops) >= self._limits.max_in_flight:
+            self._link.put(sop, PRESSURE)
+            sop.fail(E.too_many_requests(
+                f"this session already has {len(self.ops)} operations in flight; the limit is "
+                f"{self._limits.max_in_flight} (nnrp.max_in_flight_per_session)"
+            ))  # fmt: skip
+            sop.settle()  # no task will run for it
+            return False
+        if not self.ops and self._on_activity is not None:
+            self._on_activity(True)
+        self.ops[sop.operation_id] = sop
+        self.frames[sop.frame_id] = sop.operation_id
+        early = self.early_deadlines.take(sop.operation_id)
+        if early is not None:
+            sop.bound(early)
+        self._post(self._handler.on_submit, sop)
+        return True
+
+    def by_frame(self, frame_id: int) -> ServerOperation | None:
+        """The active operation of ``frame_id``."""
+        operation_id = self.frames.get(frame_id)
+        return self.ops.get(operation_id) if operation_id is not None else None
+
+    def cancel(self, sop: ServerOperation | None, kind: int) -> None:
+        """The client cancelled ``sop`` with the control ``kind`` (a ``MessageType``): its drop is queued (or
+        the terminal already queued becomes it) and its vLLM request stops. ``None``: not active, nothing to do."""
+        if sop is None or sop.operation_id not in self.ops:
+            return
+        drop = sop.cancel(DropReason.PEER_CANCELLED, CANCEL_DETAIL[kind])
+        if drop is not None:
+            self._link.put(sop, drop)
+        self._post(self._handler.on_stop, sop)
+
+    def deadline(self, operation_id: int, deadline_unix_ms: int) -> None:
+        """An NNRP DEADLINE (wall-clock ms) for ``operation_id``: kept until its submit when not active yet."""
+        sop = self.ops.get(operation_id)
+        if sop is None:  # not submitted yet, or already finished
+            self.early_deadlines.keep(operation_id, deadline_unix_ms)
+        elif deadline_unix_ms:
+            self._post(self._handler.on_deadline, sop, deadline_unix_ms)
+
+    def trace_context(self, frame_id: int, sop: ServerOperation | None, metadata: Any) -> None:
+        """A TRACE_CONTEXT on ``frame_id`` (0: session scope) whose operation, if any, is ``sop``."""
+        context = trace.received(frame_id, metadata)
+        if context is None:
+            return
+        if context.scope == trace.SESSION:
+            self._link.session_trace = context
+        elif sop is not None:
+            sop.override_trace(context)
+
+    def pressure_signalled(self) -> None:
+        """The carrier sent a BACKPRESSURE for this session: a CREDIT_UPDATE follows the next terminal."""
+        self.pressured = True
+
+    def terminal_done(self, sop: ServerOperation) -> None:
+        """``sop``'s terminal went out (or never can): it leaves the window, its slots are free, and its record
+        is reported once its task ended too."""
+        if self.ops.pop(sop.operation_id, None) is not None:
+            self.frames.pop(sop.frame_id, None)
+            self._post(self._handler.on_terminal, sop)
+            if not self.ops and self._on_activity is not None:
+                self._on_activity(False)
+            if self.pressured and not self.closing:
+                self.pressured = False
+                self._send_credit(self._limits.max_in_flight - len(self.ops))
+        if sop.settle():
+            self._post(self._handler.on_finished, sop)
+
+    def lose_all(self, detail: str) -> None:
+        """The client is gone or closed the session: nothing can be delivered; every operation stops."""
+        self.closing = True
+        self.pressured = False
+        for sop in list(self.ops.values()):
+            sop.lose(detail)
+            self.terminal_done(sop)
+            self._post(self._handler.on_stop, sop)
+
+    def shut_down(self) -> None:
+        """The server stops: every operation's terminal is ``server_shutdown`` and its work stops."""
+        self.closing = True
+        for sop in list(self.ops.values()):
+            sop.shut_down()
+            self._post(self._handler.on_stop, sop)
