@@ -1,13 +1,15 @@
-"""The README's compatibility table, generated from the recorded results of the per-anchor test runs.
+"""The compatibility table of docs/compatibility.md, generated from the recorded results of the per-anchor test runs.
 
   python compat/compat_table.py record 0.22.1 REPORT.xml [SCOPE]  # after a run: compat/results/vllm-0.22.1.json
-  python compat/compat_table.py readme                              # rewrite the table in README.md from all results
+  python compat/compat_table.py docs                                # rewrite the table in docs/compatibility.md
 
 ``record`` reads pytest's JUnit XML report of ``compat/run-vllm-tests.sh VERSION`` and stores the anchor, its
 attach path (from the package's bindings), the UTC date, what ran (``SCOPE``: ``whole suite``, the default, or
 ``binding core``, the e2e tests marked ``binding_core`` that the matrix and the trimmed anchors run; stored in
 ``vllm-<version>.json`` and ``vllm-<version>-core.json``), the pytest counts and duration, and the result.
-``readme`` replaces the lines between the ``compat-table`` markers of README.md. Standard library only.
+``docs`` (also the default, and what ``record`` does after storing) replaces the lines between the
+``compat-table`` markers of docs/compatibility.md; a page without both markers, in that order, is an error that
+leaves the page untouched. Standard library only.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import xml.etree.ElementTree as ET
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "compat" / "results"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "compatibility.md"
 BEGIN, END = "<!-- compat-table:begin -->", "<!-- compat-table:end -->"
 
 
@@ -74,15 +76,20 @@ def table() -> str:
     return "\n".join(rows)
 
 
-def readme() -> None:
-    text = README.read_text()
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{BEGIN}\n{table()}\n{END}{tail}")
+def render(page: pathlib.Path = PAGE) -> None:
+    """Replace the table between the markers of ``page`` with :func:`table`."""
+    text = page.read_text()
+    head, begin, rest = text.partition(BEGIN)
+    _, end, tail = rest.partition(END)
+    if not begin or not end:
+        raise SystemExit(f"{page}: the markers {BEGIN} and {END} are missing; the table was not written")
+    page.write_text(f"{head}{BEGIN}\n{table()}\n{END}{tail}")
 
 
 if __name__ == "__main__":
-    command, *args = sys.argv[1:] or ["readme"]
+    command, *args = sys.argv[1:] or ["docs"]
     if command == "record":
         print(json.dumps(record(*args)))
-    readme()
+    elif command != "docs":
+        raise SystemExit(f"unknown command {command!r}: record VERSION REPORT [SCOPE], or docs")
+    render()

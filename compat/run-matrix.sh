@@ -8,9 +8,9 @@
 # first attach path, chat streamed and not, typed errors, cancel aborts the vLLM request, tool calls, Responses,
 # SIGTERM shutdown, a probe-failing version string refused before the model loads) through
 # compat/run-vllm-tests.sh with VLLM_NNRP_RECORD_COMPAT=1: the result goes to
-# compat/results/vllm-<version>-core.json and the README's compatibility table. A failing line does not stop the
-# others; the exit status is 1 when any line failed. Needs `python` with attrs (the tox env has it) to read the
-# anchors.
+# compat/results/vllm-<version>-core.json and the compatibility table of docs/compatibility.md. A failing line
+# does not stop the others; the exit status is 1 when any line failed. Needs `python` with attrs (the tox env has
+# it) to read the anchors.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")

@@ -7,7 +7,8 @@
 # and the small model (build-model.sh), applies the
 # anchor's runtime settings (compat/vllm-<version>/runtime.sh, if any), then runs the given tests with
 # VLLM_NNRP_TEST_MODEL pointing at the model directory. With VLLM_NNRP_RECORD_COMPAT=1 the outcome is recorded
-# and the README's compatibility table is regenerated from the recorded files (compat/compat_table.py): a run of
+# and the compatibility table of docs/compatibility.md is regenerated from the recorded files
+# (compat/compat_table.py): a run of
 # the whole suite (`VLLM_NNRP_RECORD_COMPAT=1 python3 -m tox -e vllm-0.26.0`, or `... -e vllm-0.22.1 -- tests`) in
 # compat/results/vllm-<version>.json, a run of the binding core (`-m binding_core`, as the matrix and the trimmed
 # anchors run it) in compat/results/vllm-<version>-core.json; other runs leave the checkout untouched.
