@@ -38,7 +38,7 @@ from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operation_names
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
-from vllm_nnrp_plugin.profile.envelope import decode_envelope
+from vllm_nnrp_plugin.profile.envelope import Envelope, decode_envelope
 from vllm_nnrp_plugin.profile.responses_stream import ResponsesStreamMapper
 from vllm_nnrp_plugin.profile.tool_calls import tools_without_required_arguments
 from vllm_nnrp_plugin.profile.trace import TraceContext
@@ -158,26 +158,61 @@ async def run_operation(
 
     ``capabilities`` is the runtime capability document: its operations are the only ones accepted
     (others: ``unsupported_operation``); the operation ``nnrp.capabilities`` answers with the document itself
-    as ``response.completed {body: <document>}``. Never raises for bad input or backend failures: they become
-    ``response.error``. Task cancellation (client cancel, client gone, timeout, shutdown) propagates after
-    the backend request was aborted.
+    as ``response.completed {body: <document>}``. Never raises for bad input, backend failures or a failure of
+    its own: they become ``response.error`` (an exception no layer turned into a profile error is logged once
+    with its traceback, and the client learns only its type: :func:`~vllm_nnrp_plugin.profile.errors.failure`;
+    one raised while the envelope is decoded is that envelope's ``invalid_envelope``), so the task always ends
+    normally and the operation's slots are given back. Only task cancellation (client cancel, client gone,
+    timeout, shutdown) propagates, after the backend request was aborted.
     """
     operations = operation_names(capabilities) | {CAPABILITIES_OPERATION}
     if isinstance(envelope_payload, E.ProfileError):
-        sink.fail(envelope_payload)
+        _fail_safely(sink, envelope_payload)
         return
     try:
         envelope = decode_envelope(envelope_payload, operations=operations, max_bytes=limits.max_envelope_bytes)
     except E.ProfileError as err:
-        sink.fail(err)
+        _fail_safely(sink, err)
         return
+    except Exception as exc:  # noqa: BLE001 - a bug decoding this client's input ends this operation only
+        _log_unexpected(sink, "decoding its envelope")
+        _fail_safely(
+            sink, E.ProfileError(E.INVALID_ENVELOPE, f"the envelope could not be decoded ({type(exc).__name__})")
+        )
+        return
+    try:
+        await _serve(sink, envelope, backend, capabilities)
+    except Exception as exc:  # noqa: BLE001 - a bug on this operation's path ends this operation only
+        _log_unexpected(sink, "serving it")
+        _fail_safely(sink, E.failure(exc))
+
+
+def _log_unexpected(sink: OperationSink, stage: str) -> None:
+    """Log the exception being handled, once, with its traceback (its text may quote client input: the
+    traceback is the server's record, never sent)."""
+    record = sink.observation
+    logger.exception("NNRP operation %d of session %d failed while %s", record.operation_id, record.session_id, stage)
+
+
+def _fail_safely(sink: OperationSink, err: E.ProfileError) -> None:
+    """``sink.fail(err)`` (a no-op once a terminal was decided); a sink that raises is logged, not raised."""
+    try:
+        sink.fail(err)
+    except Exception:  # noqa: BLE001 - the sink itself is broken: nothing more can be told to the client
+        logger.exception("NNRP operation %d: its error terminal cannot be queued", sink.observation.operation_id)
+
+
+async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capabilities: dict[str, Any]) -> None:
+    """:func:`run_operation` once the envelope decoded: record it, then the capability fetch or the backend
+    call to its terminal. Raises only for a bug (and task cancellation)."""
     record = sink.observation
     capabilities_fetch = envelope.operation == CAPABILITIES_OPERATION
     request_id = new_request_id(envelope.request_id)
+    model = None if capabilities_fetch else envelope.body.get("model")
     record.started(
         time.monotonic_ns(),
         operation=envelope.operation,
-        model=None if capabilities_fetch else envelope.body.get("model"),
+        model=model if type(model) is str else None,  # anything else is the backend's to refuse, never recorded
         request_id=None if capabilities_fetch else backend.engine_request_id(envelope.operation, request_id),
         diagnostics=envelope.nnrp.get("diagnostics") is True,
     )
@@ -220,9 +255,9 @@ async def run_operation(
         sink.complete(body)
     except E.ProfileError as err:
         _fail(sink, mapper, err)
-    except Exception as exc:  # the engine failed in a way vLLM did not wrap
+    except Exception as exc:  # the engine failed in a way vLLM did not wrap (or the stream mapping did)
         logger.exception("NNRP operation %s failed in the backend", request_id)
-        _fail(sink, mapper, E.backend_error(f"{type(exc).__name__}: {exc}"))
+        _fail(sink, mapper, E.failure(exc))
     finally:
         sink.abort_with(None)
         if stream is not None or not finished:

@@ -30,6 +30,7 @@ from typing import Any
 
 import attrs
 
+from vllm_nnrp_plugin.log_safety import loggable, quote_field
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
 COMPLETED = "completed"
@@ -225,14 +226,19 @@ _LOG_DURATIONS = (
 
 def log_fields(obs: Observation) -> dict[str, Any]:
     """The fields of the operation's log line (no prompt or output text), in a fixed order; ``None``
-    values are left out."""
+    values are left out. Every string (``model`` and ``request_id`` come from the client) is made safe for a
+    log line by :func:`vllm_nnrp_plugin.log_safety.loggable` (escaped, at most ``MAX_LOG_CHARS`` characters and
+    a length marker); numbers and booleans stay as they are."""
     fields = {name: getattr(obs, name) for name in _LOG_FIELDS + _LOG_DURATIONS}
     if obs.trace is not None:
         fields["traceparent"] = obs.trace.traceparent()
         fields["trace_attribute_bytes"] = obs.trace.body_bytes
-    return {k: v for k, v in fields.items() if v is not None}
+    return {k: loggable(v) if type(v) is str else v for k, v in fields.items() if v is not None}
 
 
 def log_line(obs: Observation) -> str:
-    """``nnrp operation key=value …`` from :func:`log_fields`."""
-    return "nnrp operation " + " ".join(f"{k}={v}" for k, v in log_fields(obs).items())
+    """``nnrp operation key=value …`` from :func:`log_fields`: one line whatever the client sent (a string value
+    with a space, ``=`` or ``"`` is double-quoted: :func:`vllm_nnrp_plugin.log_safety.quote_field`)."""
+    return "nnrp operation " + " ".join(
+        f"{k}={quote_field(v) if type(v) is str else v}" for k, v in log_fields(obs).items()
+    )

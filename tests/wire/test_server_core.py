@@ -291,7 +291,7 @@ def test_answers_after_the_connection_ended_are_no_ops() -> None:
 def test_session_close_acks_and_forgets() -> None:
     server, sid = w.opened()
     server.receive_data(w.submit(sid, 1, 101))
-    (closed,) = server.receive_data(w.session_close(sid, 101))
+    (closed,) = server.receive_data(w.session_close(sid, 101, policy=1))  # abort (a drain: test_server_ids_and_close)
     assert closed == ev.SessionClosed(sid, 1)
     (ack,) = w.sent(server)
     assert (ack.msg_type, ack.session_id, ack.frame_id, ack.body) == (T.SESSION_CLOSE_ACK, sid, 0, b"")
@@ -335,8 +335,8 @@ def test_submit_partials_terminal_then_the_operation_is_gone() -> None:
     assert not server.send_result_drop_reason(sid, 1, 101, 0, 3, b"")
     assert not server.send_result_push(sid, 1, bytes(64), b"")
     assert server.data_to_send() == b""
-    # frame and operation ids are free again
-    (again,) = server.receive_data(w.submit(sid, 1, 101))
+    # the session takes new operations (its finished ids stay refused: test_server_ids_and_close)
+    (again,) = server.receive_data(w.submit(sid, 2, 102))
     assert isinstance(again, ev.OperationSubmitted)
 
 
@@ -521,8 +521,8 @@ def test_pre_submit_reservation_rules() -> None:
     _rejected(server, server.receive_data(w.scheduling(T.DEADLINE, sid, 9, 910)), 9)  # frame bound to another op
     events = server.receive_data(w.submit(sid, 2, 502))
     assert [type(e) for e in events] == [ev.OperationSubmitted, ev.DeadlineReceived]
-    # reservations die with the session
-    server.receive_data(w.session_close(sid))
+    # reservations die with the session (closed with abort: a drain would wait for the running operation)
+    server.receive_data(w.session_close(sid, policy=1))
     assert server.sessions == 0
 
 
@@ -549,7 +549,7 @@ def test_sessions_are_independent() -> None:
     server.receive_data(w.submit(a, 1, 1) + w.submit(b, 1, 1))
     assert server.send_partial_result(b, 1, 1, 1, b"B")
     assert server.send_partial_result(a, 1, 1, 1, b"A")
-    server.receive_data(w.session_close(b))
+    server.receive_data(w.session_close(b, policy=1))  # abort: b's operation is gone at once
     assert not server.send_partial_result(b, 1, 1, 2, b"B")
     assert server.send_partial_result(a, 1, 1, 2, b"A")
     assert [(p.msg_type, p.session_id) for p in w.sent(server)] == [

@@ -1,8 +1,9 @@
 """Property tests: whatever bytes arrive and whatever the application answers, the core never raises, emits only
-its event classes, stops after ConnectionEnded, never reuses a session id, sends at most one terminal per
-operation, and only ever queues well-formed packets that a native client can route (after the handshake every
-packet carries a session id except a rejected SESSION_OPEN_ACK and TRANSPORT_PROBE_ACK; nothing for a session
-after its SESSION_CLOSE_ACK)."""
+its event classes, stops after ConnectionEnded, never reuses a session id, never takes a finished operation's frame
+or operation id again, sends at most one terminal per operation, and only ever queues well-formed packets that a
+native client can route (after the handshake every packet carries a session id except a rejected SESSION_OPEN_ACK
+and TRANSPORT_PROBE_ACK; nothing for a session after its closing SESSION_CLOSE_ACK; a draining session's closing
+ack comes only once each of its operations had its terminal)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from nnrp.core.enums import MessageType as T
 
 from vllm_nnrp_plugin.nnrp_wire import events as ev
-from vllm_nnrp_plugin.nnrp_wire.codecs import SessionOpenAckMetadata
+from vllm_nnrp_plugin.nnrp_wire.codecs import SessionCloseAckMetadata, SessionOpenAckMetadata
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader, encode
 from vllm_nnrp_plugin.nnrp_wire.server import LocalProtocolError, ServerConnection
 
@@ -46,8 +47,9 @@ OPEN_ENDS = {name: _open_ends(data) for name, data in C2S.items()}
 class Harness:
     """Drives one ServerConnection like an application would and checks the invariants after every step."""
 
-    def __init__(self, draw=None, max_in_flight: int = 3) -> None:
+    def __init__(self, draw=None, max_in_flight: int = 3, drain: bool = False) -> None:
         self.server = ServerConnection(max_in_flight_per_session=max_in_flight)
+        self.server.drain_sessions = drain
         self.draw = draw
         self.ended = False
         self.accepted: list[int] = []
@@ -57,6 +59,7 @@ class Harness:
         self.handshaken = False
         self.closed_on_wire: set[int] = set()
         self.open_on_wire: set[int] = set()
+        self.draining: set[int] = set()  # sessions closed with drain while operations ran
         self.events: list = []
 
     def feed(self, data: bytes) -> list:
@@ -71,10 +74,19 @@ class Harness:
                 self.ended = True
                 assert event.error is None or "internal error" not in event.error, event.error
             elif isinstance(event, ev.OperationSubmitted):
-                self.ops[(event.session_id, event.frame_id)] = event.operation_id
-                self.terminals.pop((event.session_id, event.frame_id, event.operation_id), None)  # a new operation
+                sid = event.session_id
+                assert sid not in self.draining, event
+                assert not any(  # the frame and operation ids of a finished operation are never taken again
+                    s == sid and (f == event.frame_id or o == event.operation_id) for s, f, o in self.terminals
+                ), event
+                self.ops[(sid, event.frame_id)] = event.operation_id
             elif isinstance(event, ev.SessionClosed):
                 self.ops = {k: v for k, v in self.ops.items() if k[0] != event.session_id}
+                self.draining.discard(event.session_id)
+            elif isinstance(event, ev.SessionDraining):
+                running = [(f, o) for (s, f), o in self.ops.items() if s == event.session_id]
+                assert running and sorted(o for _, o in running) == sorted(event.operation_ids), event
+                self.draining.add(event.session_id)
             self.events.append(event)
             if isinstance(event, ev.SessionOpenRequested):
                 self.answer(event)
@@ -122,6 +134,9 @@ class Harness:
                 if ok:
                     self.terminals[(sid, frame, op)] = self.terminals.get((sid, frame, op), 0) + 1
                     del self.ops[key]
+                    if sid in self.draining and not any(s == sid for s, _ in self.ops):
+                        assert not self.server.session_open(sid)  # its last terminal closed it
+                        self.draining.discard(sid)
                 # a second terminal for the same operation is refused
                 assert not self.server.send_result_push(sid, frame, bytes(64), b"")
                 assert not self.server.send_result_drop_reason(sid, frame, op, 0, 3, b"")
@@ -153,7 +168,8 @@ class Harness:
                     assert packet.session_id == meta.session_id == 0
                 continue
             assert packet.session_id in self.open_on_wire, f"{packet} for a session the client does not know"
-            if kind == T.SESSION_CLOSE_ACK:
+            if kind == T.SESSION_CLOSE_ACK and SessionCloseAckMetadata.unpack(packet.meta).close_status == 2:
+                assert not any(s == packet.session_id for s, _ in self.ops), "closed before every terminal"
                 self.open_on_wire.discard(packet.session_id)
                 self.closed_on_wire.add(packet.session_id)
         for count in self.terminals.values():
@@ -224,7 +240,7 @@ def _random_packet(draw, sessions: list[int]) -> bytes:
     if shape == "trace":
         return w.trace_context(session, draw(st.sampled_from([0, frame])), header_trace=draw(st.sampled_from([None, 0, 3])))
     if shape == "close":
-        return w.session_close(session, op)
+        return w.session_close(session, op, policy=draw(st.sampled_from([0, 0, 1])))
     if shape == "ping":
         return encode(draw(st.sampled_from([T.PING, T.PONG])), session, frame)
     if shape == "open":
@@ -240,7 +256,7 @@ def _random_packet(draw, sessions: list[int]) -> bytes:
 @settings(max_examples=300 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), handshake=st.sampled_from([True, True, True, False]), count=st.integers(1, 30))
 def test_random_packet_sequences_keep_the_invariants(data, handshake: bool, count: int) -> None:
-    harness = Harness(data.draw)
+    harness = Harness(data.draw, drain=data.draw(st.booleans()))
     if handshake:
         harness.feed(w.hello() + w.session_open(7))
         harness.feed(w.session_open(0))
@@ -260,6 +276,40 @@ def test_random_packet_sequences_keep_the_invariants(data, handshake: bool, coun
 
 
 KINDS_SEEN: set[str] = set()
+
+
+@FUZZ
+@given(data=st.data(), count=st.integers(1, 3))
+def test_closes_while_operations_run_keep_the_invariants(data, count: int) -> None:
+    """SESSION_CLOSE (drain or abort, once or twice) among submits, cancels and the application's sends: every
+    operation of a draining session gets its terminal before the closing ack, and nothing follows that ack."""
+    harness = Harness(data.draw, drain=data.draw(st.sampled_from([True, True, False])))
+    harness.feed(w.hello() + w.session_open(7))
+    harness.feed(b"".join(w.submit(7, k, 100 + k) for k in range(1, count + 1)))
+    for _ in range(data.draw(st.integers(1, 10))):
+        k = data.draw(st.integers(1, count + 1))
+        shape = data.draw(st.sampled_from(["drain", "drain", "abort", "submit", "cancel", "ping", "nothing"]))
+        packet = {
+            "drain": lambda: w.session_close(7, 100 + count),
+            "abort": lambda: w.session_close(7, 100 + count, policy=1),
+            "submit": lambda: w.submit(7, k, 100 + k), "cancel": lambda: w.control(T.CANCEL, 7, k, 100 + k),
+            "ping": lambda: encode(T.PING, 7, 0), "nothing": lambda: b"",
+        }[shape]()  # fmt: skip
+        if packet:
+            harness.feed(packet)
+        else:
+            harness.maybe_send()
+            harness.check_output()
+        if harness.ended or 7 in harness.closed_on_wire:
+            break
+    for (sid, frame), op in sorted(harness.ops.items()):  # the application ends what still runs
+        assert harness.server.send_result_push(sid, frame, bytes(64), b"")
+        harness.terminals[(sid, frame, op)] = harness.terminals.get((sid, frame, op), 0) + 1
+        del harness.ops[(sid, frame)]
+        harness.check_output()
+    if 7 in harness.draining or 7 in harness.closed_on_wire:
+        assert 7 in harness.closed_on_wire and not harness.server.session_open(7)
+    KINDS_SEEN.update(type(e).__name__ for e in harness.events)
 
 
 @FUZZ

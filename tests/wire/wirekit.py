@@ -26,7 +26,7 @@ VECTORS = DATA / "vectors" / "protocol" / "nnrp-1-preview4"
 CAPTURE_NAMES = ("tcp-basic", "ipc-basic", "tcp-multiplex", "tcp-control", "tcp-session")
 
 SERVER_EVENTS = (
-    ev.SessionOpenRequested, ev.SessionClosed, ev.OperationSubmitted, ev.OperationCancelled,
+    ev.SessionOpenRequested, ev.SessionClosed, ev.SessionDraining, ev.OperationSubmitted, ev.OperationCancelled,
     ev.DeadlineReceived, ev.TraceContextReceived, ev.PacketRejected, ev.ConnectionEnded,
 )  # fmt: skip
 
@@ -247,8 +247,10 @@ def trace_context(session_id: int, frame_id: int, trace: int = 91, span: int = 9
     return encode(T.TRACE_CONTEXT, session_id, frame_id, meta, body, trace_id=trace if header_trace is None else header_trace)
 
 
-def session_close(session_id: int, last_operation_id: int = 0) -> bytes:
-    return encode(T.SESSION_CLOSE, session_id, 0, SessionCloseMetadata(1, 0, 0, last_operation_id, 0, session_id).pack())
+def session_close(session_id: int, last_operation_id: int = 0, policy: int = 0, drain_timeout_ms: int = 0) -> bytes:
+    """SESSION_CLOSE as the native client sends it (client_shutdown, ``policy`` 0 drain; 1 abort)."""
+    meta = SessionCloseMetadata(1, policy, drain_timeout_ms, last_operation_id, 0, session_id).pack()
+    return encode(T.SESSION_CLOSE, session_id, 0, meta)
 
 
 def opened(max_in_flight: int = 4, requested: int = 7, **kwargs) -> tuple[ServerConnection, int]:

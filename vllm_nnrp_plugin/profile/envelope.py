@@ -6,6 +6,14 @@ object carries NNRP-side hints and is never forwarded into ``body``. Read here: 
 (positive integer, ms from the submit) bounds the operation; the adapter reads ``nnrp.diagnostics`` (``true``:
 the terminal event carries the operation's diagnostics); others (the conformance harness's
 ``cancel_after_events`` …) are ignored.
+
+Codes (the profile freezes only ``missing_messages`` and ``unsupported_operation`` here; the others are this
+adapter's, README "error.code"): bytes that are not UTF-8 JSON → ``invalid_json``; JSON that breaks a rule of the
+envelope → ``invalid_envelope``. One of those rules is this adapter's: arrays and objects nest at most
+:data:`MAX_NESTING` deep, counting the envelope object itself as 1 (``body`` is at depth 2, a message at 4),
+so that nothing downstream that walks a request recursively (vLLM's request validation, chat templates, guided
+decoding, error formatting) meets an input deep enough to exhaust its stack. Error messages never quote a client
+value as it came: they name its JSON type and show a short escaped preview (:func:`_preview`).
 """
 
 from __future__ import annotations
@@ -15,8 +23,14 @@ from typing import Any
 import attrs
 import orjson
 
+from vllm_nnrp_plugin.log_safety import loggable
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
 from vllm_nnrp_plugin.profile import errors as E
+
+#: the deepest nesting of arrays and objects an envelope may have (the envelope object is depth 1)
+MAX_NESTING = 128
+#: the most characters of a client value quoted in an error message
+PREVIEW_CHARS = 48
 
 
 @attrs.frozen
@@ -38,7 +52,8 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
     Raises :class:`ProfileError` with code ``envelope_too_large`` (413), ``invalid_json``,
     ``invalid_envelope``, ``unsupported_schema_version``, ``unsupported_operation`` or
     ``missing_messages`` (all 400); ``invalid_envelope`` also for an ``nnrp.timeout_ms`` that is not a
-    positive integer.
+    positive integer and for nesting deeper than :data:`MAX_NESTING` (also past orjson's own limit of 1024,
+    which it reports as a parse error). Raises nothing else for any ``payload``.
     """
     if len(payload) > max_bytes:
         raise E.ProfileError(
@@ -49,7 +64,11 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
     try:
         doc = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):  # orjson refuses nesting past 1024 before it checks anything else
+            raise _too_deep() from None
         raise E.ProfileError(E.INVALID_JSON, f"envelope is not valid UTF-8 JSON: {exc}") from None
+    if _nests_deeper(payload, doc, MAX_NESTING):
+        raise _too_deep()
     if not isinstance(doc, dict):
         raise E.ProfileError(E.INVALID_ENVELOPE, f"envelope must be a JSON object, got {_kind(doc)}")
 
@@ -58,7 +77,7 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
         raise E.ProfileError(E.INVALID_ENVELOPE, "envelope has no schema_version")
     if version != SCHEMA_VERSION:
         raise E.ProfileError(
-            E.UNSUPPORTED_SCHEMA_VERSION, f"schema_version {version!r} is not supported; use {SCHEMA_VERSION!r}"
+            E.UNSUPPORTED_SCHEMA_VERSION, f"schema_version {_preview(version)} is not supported; use '{SCHEMA_VERSION}'"
         )
     operation = doc.get("operation")
     if not isinstance(operation, str) or not operation:
@@ -66,7 +85,7 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
     if operation not in operations:
         raise E.ProfileError(
             E.UNSUPPORTED_OPERATION,
-            f"operation {operation!r} is not supported; supported: {', '.join(sorted(operations))}",
+            f"operation {_preview(operation)} is not supported; supported: {', '.join(sorted(operations))}",
         )
     body = doc.get("body")
     if not isinstance(body, dict):
@@ -79,10 +98,52 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
         raise E.ProfileError(E.INVALID_ENVELOPE, f"envelope nnrp must be a JSON object, got {_kind(hints)}")
     timeout_ms = hints.get("timeout_ms")
     if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0):
-        raise E.ProfileError(E.INVALID_ENVELOPE, f"envelope nnrp.timeout_ms must be a positive integer (ms), got {timeout_ms!r}")
+        raise E.ProfileError(
+            E.INVALID_ENVELOPE, f"envelope nnrp.timeout_ms must be a positive integer (ms), got {_preview(timeout_ms)}"
+        )
     if operation == CHAT_COMPLETIONS_CREATE and "messages" not in body:
         raise E.ProfileError(E.MISSING_MESSAGES, "chat.completions.create body has no messages")
     return Envelope(operation=operation, body=body, request_id=request_id, nnrp=hints, timeout_ms=timeout_ms)
+
+
+def _too_deep() -> E.ProfileError:
+    return E.ProfileError(
+        E.INVALID_ENVELOPE, f"envelope nests arrays/objects deeper than {MAX_NESTING} levels (the adapter's limit)"
+    )
+
+
+def _nests_deeper(payload: bytes, doc: Any, limit: int) -> bool:
+    """Whether ``doc`` (``payload`` parsed by orjson: dicts, lists and scalars) nests arrays/objects more than
+    ``limit`` deep. Without more than ``limit`` ``[``/``{`` bytes in ``payload`` it cannot (counted at C speed,
+    so a usual envelope costs two byte counts); else the containers are walked without recursion."""
+    if payload.count(b"[") + payload.count(b"{") <= limit:
+        return False
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if type(value) is dict:
+            value = value.values()
+        elif type(value) is not list:
+            continue
+        if depth > limit:
+            return True
+        for child in value:
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
+    return False
+
+
+def _preview(value: object) -> str:
+    """A client value in an error message: its JSON type and, for a scalar, a short escaped preview
+    (``string 'openai-compatible/2'``, ``number 5.5``, ``array of 3 items``); never the value itself."""
+    kind = _kind(value)
+    if isinstance(value, str):
+        return f"string '{loggable(value, PREVIEW_CHARS)}'"
+    if isinstance(value, (list, dict)):
+        return f"{kind} of {len(value)} {'items' if isinstance(value, list) else 'keys'}"
+    if value is None:
+        return "null"
+    return f"{kind} {loggable(value, PREVIEW_CHARS)}"
 
 
 def _kind(value: object) -> str:

@@ -72,5 +72,15 @@ def server_shutdown() -> ProfileError:
 
 
 def backend_error(message: str, status: int = 500) -> ProfileError:
-    """The engine failed (vLLM 5xx, engine death, a mid-stream error object)."""
+    """The engine failed (vLLM 5xx, engine death, a mid-stream error object). ``message`` goes to the client:
+    vLLM's own error text (what its HTTP server answers too), never a raw Python exception's (:func:`failure`)."""
     return ProfileError(BACKEND_ERROR, message or "backend error", SERVER_ERROR, status)
+
+
+def failure(exc: BaseException) -> ProfileError:
+    """``backend_error`` (500) for an exception that no layer turned into a profile error (an engine failure vLLM
+    did not wrap, or a bug): the message names only the exception's type. Its text — which may carry file paths,
+    addresses, internals or the request's own content — stays in the server log, which the caller writes."""
+    return backend_error(
+        f"the server failed while serving this operation ({type(exc).__name__}); the server log has the details"
+    )
