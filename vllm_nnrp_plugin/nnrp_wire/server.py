@@ -731,9 +731,10 @@ class ServerConnection:
         and operation id its session ever registered: ``crates/nnrp-runtime/src/server.rs`` "duplicate
         FRAME_SUBMIT frame id", ``crates/nnrp-core/src/operation.rs`` ``register`` — its registry keeps them
         all); not on a session that is draining after the client's SESSION_CLOSE. Each is refused like any
-        duplicate (ERROR_RECOVERABLE ``INVALID_STATE``; the session goes on). A pre-submit DEADLINE reservation binds here: both ids must
-        match it (shipped build; public nnrp-rs ``crates/nnrp-runtime/src/pre_submit.rs`` at 00074cf), and the
-        DeadlineReceived(submitted=False) follows the OperationSubmitted."""
+        duplicate (ERROR_RECOVERABLE ``INVALID_STATE``; the session goes on). A pre-submit DEADLINE
+        reservation binds here: both ids must match it (shipped build; public nnrp-rs
+        ``crates/nnrp-runtime/src/pre_submit.rs`` at 00074cf), and the DeadlineReceived(submitted=False) follows
+        the OperationSubmitted."""
         if len(packet.meta) != _FRAME_SUBMIT_META_LEN:
             raise _Reject(f"FRAME_SUBMIT meta_len {len(packet.meta)} (must be {_FRAME_SUBMIT_META_LEN})")
         metadata = _parse(FrameSubmitMetadata, packet.meta, "FRAME_SUBMIT")
