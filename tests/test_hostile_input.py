@@ -70,16 +70,24 @@ def test_a_raw_backend_exception_reaches_the_client_as_its_type_only(served, cap
     for terminal, kind in ((raised, "RuntimeError"), (missing, "FileNotFoundError")):
         assert terminal["error"]["code"] == "backend_error" and f"({kind})" in terminal["error"]["message"]
     assert "exploded" not in raised["error"]["message"] and "/" not in missing["error"]["message"]
-    failures = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(failures) == 2 and all(r.exc_info for r in failures)  # each logged once, with its traceback
+    failures = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(failures) == 2 and all("Traceback" in m for m in failures)  # each logged once, with its traceback
+    assert any("RuntimeError: engine exploded" in m for m in failures)  # what failed stays in the server log
+
+
+def service_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "vllm_nnrp_plugin.service"]
 
 
 def test_a_hostile_model_name_stays_one_short_log_line(served, caplog):
-    model = b'"no-such\\nFORGED forged line transport=tcp ' + b"x" * 900_000 + b'"'
-    with caplog.at_level(logging.INFO, logger="vllm_nnrp_plugin.service"):
+    model = b'"hostile\\nFORGED forged line transport=tcp ' + b"x" * 900_000 + b'"'
+    with caplog.at_level(logging.INFO):
         ((terminal,),) = run_all(served, [chat(model=model)])
-        assert wait_until(lambda: any("nnrp operation" in r.getMessage() for r in caplog.records))
+        assert wait_until(lambda: any("nnrp operation" in text and "hostile" in text for text in service_lines(caplog)))
     assert terminal["error"]["code"] == "backend_error"
-    (line,) = [r.getMessage() for r in caplog.records if "nnrp operation" in r.getMessage()]
+    (line,) = [text for text in service_lines(caplog) if "nnrp operation" in text and "hostile" in text]
     assert "\n" not in line and line.isprintable() and len(line) < 1000
-    assert 'model="no-such\\x0aFORGED forged line transport=tcp xxx' in line and "chars]" in line
+    assert 'model="hostile\\x0aFORGED forged line transport=tcp xxx' in line and "chars]" in line
+    # the backend's exception names the model too (a file name here): its log record is bounded and escaped as well
+    (failure,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and "hostile" in r.getMessage()]
+    assert len(failure) < 10_000 and "\nFORGED" not in failure

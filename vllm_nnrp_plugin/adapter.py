@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import attrs
 
 from vllm_nnrp_plugin.eager import start_now
+from vllm_nnrp_plugin.log_safety import traceback_text
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
@@ -175,7 +176,7 @@ async def run_operation(
         _fail_safely(sink, err)
         return
     except Exception as exc:  # noqa: BLE001 - a bug decoding this client's input ends this operation only
-        _log_unexpected(sink, "decoding its envelope")
+        _log_unexpected(sink, "decoding its envelope", exc)
         _fail_safely(
             sink, E.ProfileError(E.INVALID_ENVELOPE, f"the envelope could not be decoded ({type(exc).__name__})")
         )
@@ -183,23 +184,25 @@ async def run_operation(
     try:
         await _serve(sink, envelope, backend, capabilities)
     except Exception as exc:  # noqa: BLE001 - a bug on this operation's path ends this operation only
-        _log_unexpected(sink, "serving it")
+        _log_unexpected(sink, "serving it", exc)
         _fail_safely(sink, E.failure(exc))
 
 
-def _log_unexpected(sink: OperationSink, stage: str) -> None:
-    """Log the exception being handled, once, with its traceback (its text may quote client input: the
-    traceback is the server's record, never sent)."""
+def _log_unexpected(sink: OperationSink, stage: str, exc: BaseException) -> None:
+    """Log ``exc``, once, with its traceback: the server's record of what failed (never sent to the client), its
+    messages escaped and bounded (they may quote the request: :func:`~vllm_nnrp_plugin.log_safety.traceback_text`)."""
     record = sink.observation
-    logger.exception("NNRP operation %d of session %d failed while %s", record.operation_id, record.session_id, stage)
+    logger.error("NNRP operation %d of session %d failed while %s\n%s", record.operation_id, record.session_id, stage,
+                 traceback_text(exc))  # fmt: skip
 
 
 def _fail_safely(sink: OperationSink, err: E.ProfileError) -> None:
     """``sink.fail(err)`` (a no-op once a terminal was decided); a sink that raises is logged, not raised."""
     try:
         sink.fail(err)
-    except Exception:  # noqa: BLE001 - the sink itself is broken: nothing more can be told to the client
-        logger.exception("NNRP operation %d: its error terminal cannot be queued", sink.observation.operation_id)
+    except Exception as exc:  # noqa: BLE001 - the sink itself is broken: nothing more can be told to the client
+        logger.error("NNRP operation %d: its error terminal cannot be queued\n%s", sink.observation.operation_id,
+                     traceback_text(exc))  # fmt: skip
 
 
 async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capabilities: dict[str, Any]) -> None:
@@ -256,7 +259,7 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
     except E.ProfileError as err:
         _fail(sink, mapper, err)
     except Exception as exc:  # the engine failed in a way vLLM did not wrap (or the stream mapping did)
-        logger.exception("NNRP operation %s failed in the backend", request_id)
+        logger.error("NNRP operation %s failed in the backend\n%s", request_id, traceback_text(exc))
         _fail(sink, mapper, E.failure(exc))
     finally:
         sink.abort_with(None)

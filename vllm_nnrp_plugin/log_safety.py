@@ -10,6 +10,9 @@ Plain functions and plain data: no I/O, no clock (times are passed in), no loggi
   Containers are described, never walked (a deeply nested JSON array costs nothing).
 * :func:`log_value` is :func:`loggable` for a ``key=value`` log line: a string with a space, ``=`` or ``"``
   is quoted (:func:`quote_field`), so a client's value cannot add a field of its own.
+* :func:`traceback_text` is a logged exception (what ``logger.exception`` writes) whose messages are
+  :func:`loggable`: an exception's text may quote the request (a model name in a file path, a key in a
+  ``KeyError``), so it gets the same escaping, bounded at :data:`MAX_EXCEPTION_CHARS`.
 * :class:`RefusalLogLimiter` decides, per connection, which log lines about refused input are written: the first
   :data:`REFUSALS_PER_WINDOW` of every :data:`REFUSAL_WINDOW_S` window, then one summary line with the count of
   the ones left out.
@@ -17,6 +20,7 @@ Plain functions and plain data: no I/O, no clock (times are passed in), no loggi
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 __all__ = [
@@ -27,11 +31,14 @@ __all__ = [
     "log_value",
     "loggable",
     "quote_field",
+    "traceback_text",
 ]
 
 #: the most characters of one client-controlled value in a log line (after escaping), before the marker
 #: ``…[N chars]`` that names the original length
 MAX_LOG_CHARS = 200
+#: the most characters of one exception's message in :func:`traceback_text`
+MAX_EXCEPTION_CHARS = 1000
 #: log lines about refused input written per connection and window; the rest are counted
 REFUSALS_PER_WINDOW = 10
 #: the window of :data:`REFUSALS_PER_WINDOW`, in seconds
@@ -95,6 +102,40 @@ def quote_field(text: str) -> str:
     if text and not any(c in text for c in _QUOTE_IF):
         return text
     return '"' + text.replace('"', '\\"') + '"'
+
+
+def traceback_text(exc: BaseException, limit: int = MAX_EXCEPTION_CHARS) -> str:
+    """``exc`` as ``logger.exception`` would log it — its chain of causes and contexts (oldest first, at most 8),
+    each with its traceback and ``module.Type: message`` — except that each message is :func:`loggable` (at
+    most ``limit`` characters, escaped: it stays on its line). The frames are the server's own source lines.
+    Never raises."""
+    chain: list[BaseException] = []
+    links: list[str] = []
+    current: BaseException | None = exc
+    while current is not None and len(chain) < 8 and all(current is not seen for seen in chain):
+        chain.append(current)
+        if current.__cause__ is not None:
+            current, link = current.__cause__, "The above exception was the direct cause of the following exception:"
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current, link = current.__context__, "During handling of the above exception, another exception occurred:"
+        else:
+            current, link = None, ""
+        links.append(link)
+    blocks = []
+    for error, link in zip(reversed(chain), reversed(links), strict=True):
+        if blocks:
+            blocks.append(f"\n{link}\n\n")
+        if error.__traceback__ is not None:
+            blocks.append("Traceback (most recent call last):\n")
+            blocks.extend(traceback.format_tb(error.__traceback__))
+        kind = type(error)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        try:
+            message = str(error)
+        except Exception:  # noqa: BLE001 - an exception whose __str__ fails
+            message = "<its message cannot be read>"
+        blocks.append(f"{name}: {loggable(message, limit)}" if message else name)
+    return "".join(blocks)
 
 
 def _text(text: str, limit: int) -> str:

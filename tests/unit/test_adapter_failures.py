@@ -138,7 +138,8 @@ def test_an_exception_while_decoding_is_the_envelopes_invalid_envelope_and_logge
     error = only_error(sink)
     assert error["code"] == "invalid_envelope" and "RecursionError" in error["message"] and backend.started == []
     (record,) = caplog.records
-    assert record.levelno == logging.ERROR and record.exc_info and "decoding its envelope" in record.getMessage()
+    message = record.getMessage()
+    assert record.levelno == logging.ERROR and "decoding its envelope" in message and "Traceback" in message
 
 
 def test_an_exception_after_decoding_ends_the_operation_with_backend_error_and_is_logged_once(caplog):
@@ -152,7 +153,7 @@ def test_an_exception_after_decoding_ends_the_operation_with_backend_error_and_i
     assert error["code"] == "backend_error" and error["type"] == "server_error" and "KeyError" in error["message"]
     assert "/opt" not in error["message"] and "10.0.0.7" not in error["message"]
     (record,) = caplog.records
-    assert record.exc_info and SECRET in str(record.exc_info[1])  # the server log keeps what failed
+    assert "Traceback" in record.getMessage() and SECRET in record.getMessage()  # the server log keeps what failed
 
 
 def test_a_raw_backend_exception_reaches_the_client_as_its_type_only(caplog):
@@ -164,7 +165,7 @@ def test_a_raw_backend_exception_reaches_the_client_as_its_type_only(caplog):
         "message": "the server failed while serving this operation (RuntimeError); the server log has the details",
     }  # fmt: skip
     (record,) = caplog.records
-    assert record.exc_info and SECRET in str(record.exc_info[1])
+    assert "Traceback" in record.getMessage() and f"RuntimeError: {SECRET}" in record.getMessage()
     assert backend.aborted == backend.started  # the unfinished request is still aborted
 
 
@@ -182,7 +183,8 @@ def test_a_sink_that_cannot_take_the_error_does_not_raise_either(caplog):
 
     with caplog.at_level(logging.WARNING):
         serve(b"{not json", sink=Refusing())
-    assert [r.exc_info[0] for r in caplog.records] == [ValueError]
+    (record,) = caplog.records
+    assert "ValueError: outbox closed" in record.getMessage()
 
 
 def test_a_model_that_is_not_a_string_is_never_recorded():

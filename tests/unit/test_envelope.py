@@ -87,19 +87,20 @@ FIELDS = ("schema_version", "operation", "request_id", "body", "nnrp", "nnrp.tim
 
 
 @pytest.mark.parametrize("field", FIELDS)
-@pytest.mark.parametrize("depth", [129, 1000, 1024, 1025, 100_000])
+@pytest.mark.parametrize("depth", [255, 1000, 1024, 1025, 100_000])
 def test_deep_nesting_anywhere_is_an_invalid_envelope_at_once(field, depth):
     # 1000 levels is the ~2 KB envelope that once raised RecursionError formatting its message; past 1024 orjson
     # itself refuses to parse
     with pytest.raises(ProfileError) as info:
         decode(with_field(field, nested(depth)), max_bytes=1 << 20)
-    assert info.value.code == "invalid_envelope" and "deeper than 128 levels" in info.value.message
+    assert info.value.code == "invalid_envelope" and "deeper than 254 levels" in info.value.message
 
 
 def test_nesting_up_to_the_limit_is_fine():
     # the envelope is level 1 and body level 2, so the field's own arrays are levels 3 … depth + 2
-    assert decode(with_field("body.tools", nested(126))).body["tools"] is not None
-    assert code_of(with_field("body.tools", nested(127))) == "invalid_envelope"
+    assert decode(with_field("body.tools", nested(252))).body["tools"] is not None
+    assert code_of(with_field("body.tools", nested(253))) == "invalid_envelope"
+    assert code_of(with_field("schema_version", nested(254))) == "invalid_envelope"
     many = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]} for _ in range(500)]}
     assert len(decode(envelope(many)).body["messages"]) == 500  # wide is not deep
 

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_nnrp_plugin import observation as obs
-from vllm_nnrp_plugin.log_safety import MAX_LOG_CHARS, RefusalLogLimiter, log_value, loggable, quote_field
+from vllm_nnrp_plugin.log_safety import (
+    MAX_LOG_CHARS,
+    RefusalLogLimiter,
+    log_value,
+    loggable,
+    quote_field,
+    traceback_text,
+)
 
 
 @pytest.mark.parametrize(
@@ -87,6 +94,26 @@ def test_the_operation_log_line_stays_one_bounded_line_whatever_the_model():
     assert dict(fields)["model"].startswith("m\\x0aFORGED forged line transport=tcp x")  # all inside the value
     assert obs.log_fields(record)["model"].startswith("m\\x0aFORGED")  # the structured fields too
     assert obs.diagnostics(record)["model"].startswith("m\nFORGED")  # the client's own value, as JSON
+
+
+def test_a_logged_exception_keeps_its_traceback_with_its_messages_escaped_and_bounded():
+    def failing():
+        try:
+            raise ValueError("no model named model\nFORGED line")
+        except ValueError as exc:
+            raise RuntimeError("x" * 50_000) from exc
+
+    try:
+        failing()
+    except RuntimeError as exc:
+        text = traceback_text(exc)
+    lines = text.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "in failing" in text  # the frames, as logged
+    assert "ValueError: no model named model\\x0aFORGED line" in lines  # the message stays on its line
+    assert "The above exception was the direct cause of the following exception:" in lines
+    assert lines[-1] == "RuntimeError: " + "x" * 1000 + "…[50000 chars]"
+    assert not any(line.startswith("FORGED") for line in lines)
+    assert traceback_text(ValueError()) == "ValueError"  # never raised: no traceback, no message
 
 
 # -- the refused-input limiter -------------------------------------------------------------------------------

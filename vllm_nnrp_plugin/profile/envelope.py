@@ -12,7 +12,7 @@ adapter's, README "error.code"): bytes that are not UTF-8 JSON → ``invalid_jso
 envelope → ``invalid_envelope``. One of those rules is this adapter's: arrays and objects nest at most
 :data:`MAX_NESTING` deep, counting the envelope object itself as 1 (``body`` is at depth 2, a message at 4),
 so that nothing downstream that walks a request recursively (vLLM's request validation, chat templates, guided
-decoding, error formatting) meets an input deep enough to exhaust its stack. Error messages never quote a client
+decoding, error formatting, orjson writing it back) meets an input deep enough to exhaust its stack. Error messages never quote a client
 value as it came: they name its JSON type and show a short escaped preview (:func:`_preview`).
 """
 
@@ -27,8 +27,9 @@ from vllm_nnrp_plugin.log_safety import loggable
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
 from vllm_nnrp_plugin.profile import errors as E
 
-#: the deepest nesting of arrays and objects an envelope may have (the envelope object is depth 1)
-MAX_NESTING = 128
+#: the deepest nesting of arrays and objects an envelope may have (the envelope object is depth 1): the most
+#: orjson writes back (its ``dumps`` refuses deeper), which is how it is checked, at C speed
+MAX_NESTING = 254
 #: the most characters of a client value quoted in an error message
 PREVIEW_CHARS = 48
 
@@ -67,7 +68,7 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
         if "depth limit" in str(exc):  # orjson refuses nesting past 1024 before it checks anything else
             raise _too_deep() from None
         raise E.ProfileError(E.INVALID_JSON, f"envelope is not valid UTF-8 JSON: {exc}") from None
-    if _nests_deeper(payload, doc, MAX_NESTING):
+    if _nests_deeper(payload, doc):
         raise _too_deep()
     if not isinstance(doc, dict):
         raise E.ProfileError(E.INVALID_ENVELOPE, f"envelope must be a JSON object, got {_kind(doc)}")
@@ -112,24 +113,18 @@ def _too_deep() -> E.ProfileError:
     )
 
 
-def _nests_deeper(payload: bytes, doc: Any, limit: int) -> bool:
-    """Whether ``doc`` (``payload`` parsed by orjson: dicts, lists and scalars) nests arrays/objects more than
-    ``limit`` deep. Without more than ``limit`` ``[``/``{`` bytes in ``payload`` it cannot (counted at C speed,
-    so a usual envelope costs two byte counts); else the containers are walked without recursion."""
-    if payload.count(b"[") + payload.count(b"{") <= limit:
+def _nests_deeper(payload: bytes, doc: Any) -> bool:
+    """Whether ``doc`` (``payload`` as orjson parsed it: dicts, lists, strings, numbers, booleans, None) nests
+    arrays/objects more than :data:`MAX_NESTING` deep. A payload of fewer than ``2 × (MAX_NESTING + 1)`` bytes
+    cannot (each level takes an opening and a closing byte): what a usual short envelope costs is one length
+    check. Else orjson encodes it again (at C speed, about a sixth of parsing it), which it refuses past exactly
+    that depth (orjson's recursion limit, 255 levels) and cannot refuse for anything else it parsed."""
+    if len(payload) < 2 * (MAX_NESTING + 1):
         return False
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if type(value) is dict:
-            value = value.values()
-        elif type(value) is not list:
-            continue
-        if depth > limit:
-            return True
-        for child in value:
-            if type(child) is dict or type(child) is list:
-                stack.append((child, depth + 1))
+    try:
+        orjson.dumps(doc)
+    except orjson.JSONEncodeError:
+        return True
     return False
 
 
