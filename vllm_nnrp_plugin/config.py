@@ -18,6 +18,8 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``max_queued_events`` | int | 1024 | events one session may have waiting to be sent; beyond it the operation that overflows ends with ``client_too_slow`` |
 | ``allow_unauthenticated`` | bool | false | serve NNRP without a key although ``vllm serve`` requires one (``--api-key`` / ``VLLM_API_KEY``); logged as a warning |
 | ``handshake_timeout_ms`` | int, ms | 10000 | a new connection's TLS handshake, and then its CLIENT_HELLO and first SESSION_OPEN, must each complete within it; else it is closed |
+| ``max_connections`` | int | 2048 | open NNRP connections per API-server process; a new one beyond it is closed at once |
+| ``max_buffered_bytes`` | int, bytes | 268435456 | bytes of incomplete packets over every connection; the connection whose read goes over it ends (one packet may be at most ``max(2 × max_envelope_bytes, max_envelope_bytes + 1 MiB)``) |
 | ``allow_non_loopback`` | bool | false | allow a ``tcp://`` / ``ws://`` address other hosts can reach without TLS (logged as a warning) |
 | ``tls_cert_file`` | path | none | PEM certificate for ``nnrps://``, ``wss://`` and ``quic://`` |
 | ``tls_key_file`` | path | none | PEM private key for the same |
@@ -103,6 +105,8 @@ class NNRPConfig:
     max_queued_events: int = attrs.field(default=1024, validator=_positive)
     allow_unauthenticated: bool = False
     handshake_timeout_ms: int = attrs.field(default=10_000, validator=_positive)
+    max_connections: int = attrs.field(default=2048, validator=_positive)
+    max_buffered_bytes: int = attrs.field(default=256 << 20, validator=_positive)
     allow_non_loopback: bool = False
     tls_cert_file: str | None = None
     tls_key_file: str | None = None

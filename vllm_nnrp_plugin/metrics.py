@@ -22,6 +22,7 @@ HTTP server is started only when ``nnrp.metrics_listen`` is configured (:func:`s
 | ``nnrp_sessions_total`` | counter | ``transport`` | sessions accepted |
 | ``nnrp_auth_refusals_total`` | counter | ``transport``, ``reason`` (``missing_key``/``wrong_key``) | session opens refused ``auth_failed`` |
 | ``nnrp_handshake_timeouts_total`` | counter | ``transport`` | connections closed with no session opened in time |
+| ``nnrp_connections_refused_total`` | counter | ``transport``, ``reason`` (``max_connections``/``no_descriptor``) | connections refused at accept (``no_descriptor``: accept pauses) |
 """
 
 from __future__ import annotations
@@ -88,6 +89,10 @@ class NNRPMetrics:
         self.auth_refusals = Counter(
             "nnrp_auth_refusals", "NNRP session opens refused with auth_failed (no key, or a key vLLM does not hold).",
             ("transport", "reason"), registry=registry,
+        )  # fmt: skip
+        self.connections_refused = Counter(
+            "nnrp_connections_refused", "NNRP connections refused at accept (over nnrp.max_connections, or the "
+            "process out of file descriptors).", ("transport", "reason"), registry=registry,
         )  # fmt: skip
         self.handshake_timeouts = Counter(
             "nnrp_handshake_timeouts", "NNRP connections closed because no session opened within "

@@ -41,6 +41,7 @@ from vllm_nnrp_plugin.fault_injection import with_fault_injection
 from vllm_nnrp_plugin.limits import SessionLimits, Slots
 from vllm_nnrp_plugin.endpoints import Carrier, EndpointError, parse_endpoint
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys
+from vllm_nnrp_plugin.nnrp_binding.bounds import CarrierBounds, packet_limit
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.listener import Listener, ListenerHooks
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation
@@ -134,7 +135,11 @@ class NNRPService:
             own, self, max_sessions=config.max_sessions, session_limits=self._session_limits,
             exposure=self._exposure, probe=self._hooks.send_probe, tcp_nodelay=self._hooks.tcp_nodelay,
             other_sessions=lambda: self._native.sessions if self._native is not None else 0,
-            keys=self._keys, handshake_timeout_s=config.handshake_timeout_ms / 1000,
+            keys=self._keys, bounds=CarrierBounds(
+                handshake_timeout_s=config.handshake_timeout_ms / 1000,
+                max_packet_bytes=packet_limit(config.max_envelope_bytes),
+                max_buffered_bytes=config.max_buffered_bytes, max_connections=config.max_connections,
+            ),
         )  # fmt: skip
         bound = dict(zip((c.uri for c in own), await self._stream.start(), strict=True))
         try:
@@ -242,6 +247,9 @@ class NNRPService:
 
     def on_handshake_timeout(self, transport: str) -> None:
         self._metrics.handshake_timeouts.labels(transport).inc()
+
+    def on_connection_refused(self, transport: str, reason: str) -> None:
+        self._metrics.connections_refused.labels(transport, reason).inc()
 
     # OperationOwner: told directly by the operation, on the loop
 

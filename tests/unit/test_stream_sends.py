@@ -21,12 +21,19 @@ from vllm_nnrp_plugin.profile import events
 class Transport:
     def __init__(self) -> None:
         self.writes: list[bytes] = []
+        self.reading = True
 
     def write(self, data: bytes) -> None:
         self.writes.append(data)
 
     def is_closing(self) -> bool:
         return False
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
 
     def set_write_buffer_limits(self, high: int, low: int) -> None:
         pass
@@ -52,6 +59,9 @@ class Handler:
         pass
 
     def on_finished(self, sop) -> None:
+        pass
+
+    def on_terminal(self, sop) -> None:
         pass
 
     def on_session(self, transport, opened) -> None:
@@ -113,7 +123,9 @@ def test_while_paused_deltas_wait_and_merge_and_after_resume_nothing_overtakes_t
         a.partial(events.output_text_delta(0, " wor"))
         await asyncio.sleep(0)
         assert len(transport.writes) == 1  # nothing while paused
+        assert not transport.reading  # and nothing read from a client that does not read what it is sent
         protocol.resume_writing()
+        assert transport.reading
         a.partial(events.output_text_delta(0, "ld"))  # decided before the resumed flush ran: joins what waits
         a.partial(events.usage({"prompt_tokens": 1, "completion_tokens": 4}))
         await asyncio.sleep(0)

@@ -47,3 +47,7 @@ class SessionHandler(Protocol):
 
     def on_handshake_timeout(self, transport: str) -> None:
         """A connection was closed because no session opened on it within the handshake timeout."""
+
+    def on_connection_refused(self, transport: str, reason: str) -> None:
+        """A connection was refused at accept: ``max_connections`` (closed at once) or ``no_descriptor``
+        (the process is out of file descriptors; accepting pauses)."""

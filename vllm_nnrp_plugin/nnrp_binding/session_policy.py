@@ -151,6 +151,16 @@ class SessionPolicy:
         if sop.settle():
             self._post(self._handler.on_finished, sop)
 
+    def cancel_all(self, detail: str) -> None:
+        """The client closed the session and its drain time is up: every operation still running ends with
+        the ``peer_cancelled`` drop (``detail`` its reason) and its vLLM request stops."""
+        self.closing = True
+        for sop in list(self.ops.values()):
+            drop = sop.cancel(DropReason.PEER_CANCELLED, detail)
+            if drop is not None:
+                self._link.put(sop, drop)
+            self._post(self._handler.on_stop, sop)
+
     def lose_all(self, detail: str) -> None:
         """The client is gone or closed the session: nothing can be delivered; every operation stops."""
         self.closing = True

@@ -12,7 +12,7 @@ Everything here runs on the loop, so every piece of state has one owner and noth
   encodes every waiting action of every one of its sessions and hands all its bytes to ``transport.write`` in
   one call (TCP_NODELAY is set on accepted TCP sockets, :mod:`.stream_listener`);
 * write back-pressure: while the transport's buffer is above its high-water mark (``pause_writing``) nothing
-  is sent at once and nothing is taken from the outboxes; deltas decided meanwhile join the one still waiting
+  is sent at once, nothing is taken from the outboxes and nothing is read from the client; deltas decided meanwhile join the one still waiting
   (:mod:`vllm_nnrp_plugin.operation`) and an outbox holding ``max_queued_events`` decided events ends the
   operation that overflows it with ``client_too_slow`` — the same bound as on every carrier;
 * per-session rules (admission, BACKPRESSURE / CREDIT_UPDATE, cancels, deadlines, trace context, a terminal
@@ -20,8 +20,9 @@ Everything here runs on the loop, so every piece of state has one owner and noth
 * session opens over the listener's ``max_sessions`` are refused with ``session_limit_reached`` (NNRP
   ``session_error_code`` 0x00010007); a session counts from its SESSION_OPEN_ACK until the client's close
   handshake or the end of the connection;
-* a connection that has opened no session within the handshake timeout is closed, and one whose flush failed
-  (a bug) is aborted rather than left with packets stranded in its send buffer.
+* bounds (:mod:`.bounds`): a connection that has opened no session within the handshake timeout is closed; its
+  incomplete packet counts against the listener's buffered-bytes budget; one whose input or flush failed (a
+  bug) is aborted rather than left hung or with packets stranded; a lost connection drops its buffers at once.
 
 What came off the wire goes to the session's policy, which reports to the :class:`.handler.SessionHandler`
 (the service) directly: a submit (its envelope unwrapped), a cancel or a lost client (``on_stop``), an NNRP
@@ -45,6 +46,7 @@ from typing import Any
 from nnrp.native import SESSION_ERROR_LIMIT_REACHED
 
 from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.log_safety import RefusalLogLimiter, loggable
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.nnrp_binding.server_operation import (
     PRESSURE,
@@ -53,6 +55,7 @@ from vllm_nnrp_plugin.nnrp_binding.server_operation import (
     SessionLink,
     envelope_of,
 )
+from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.handler import (
     PRESSURE_LEVEL_FULL,
     PRESSURE_REASON_IN_FLIGHT,
@@ -126,7 +129,7 @@ class StreamSession:
     """One NNRP session of a :class:`ConnectionProtocol`: its outbox and its :class:`.session_policy.SessionPolicy`
     (operations, admission, controls)."""
 
-    __slots__ = ("session_id", "link", "sender", "policy")
+    __slots__ = ("session_id", "link", "sender", "policy", "drain_timer")
 
     def __init__(
         self,
@@ -145,6 +148,8 @@ class StreamSession:
         self.sender = functools.partial(send_now, self)  # the link's ``send_now`` while the transport takes writes
         self.link.send_now = None if paused else self.sender
         self.policy = SessionPolicy(handler, limits, self.link, send_credit=functools.partial(send_credit, session_id))
+        #: the drain timeout of a drained SESSION_CLOSE, while it runs
+        self.drain_timer: asyncio.TimerHandle | None = None
 
 
 class ConnectionProtocol(asyncio.Protocol):
@@ -152,8 +157,9 @@ class ConnectionProtocol(asyncio.Protocol):
     listener's session count; ``flush_round`` the listener's :class:`FlushRound`; ``on_lost`` is told when the
     connection ended (the listener forgets it); ``first``: bytes the listener read from the socket as it
     accepted it, taken as the connection's first read; ``authenticate``: the API-key check of the wire core
-    (``None``: no key required); ``handshake_timeout_s``: seconds from the transport's start (after TLS) to the
-    first session's SESSION_OPEN_ACK, after which a connection that has opened none is closed."""
+    (``None``: no key required); ``bounds``: the listener's :class:`.bounds.CarrierBounds` (the handshake
+    timeout runs from the transport's start, after TLS, to the first session's SESSION_OPEN_ACK; the packet
+    limit); ``budget``: the listener's :class:`.bounds.BufferBudget` of incomplete packets."""
 
     def __init__(
         self,
@@ -168,11 +174,14 @@ class ConnectionProtocol(asyncio.Protocol):
         tcp_nodelay: bool = True,
         first: bytes = b"",
         authenticate: Callable[[bytes], bool] | None = None,
-        handshake_timeout_s: float = 10.0,
+        bounds: CarrierBounds = CarrierBounds(),
+        budget: BufferBudget | None = None,
     ) -> None:
         self._handler = handler
-        self._handshake_timeout_s = handshake_timeout_s
+        self._handshake_timeout_s = bounds.handshake_timeout_s
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._budget = budget if budget is not None else BufferBudget(bounds.max_buffered_bytes)
+        self._buffered = 0  # this connection's share of the budget
         self._first = first
         self.transport_name = transport_name
         self._limits = limits
@@ -182,7 +191,10 @@ class ConnectionProtocol(asyncio.Protocol):
         self._probe = probe
         self._tcp_nodelay = tcp_nodelay
         self.connection_id = next(_CONNECTION_IDS)
-        self._core = ServerConnection(max_in_flight_per_session=limits.max_in_flight, authenticate=authenticate)
+        self._core = ServerConnection(max_in_flight_per_session=limits.max_in_flight,
+                                      max_packet_bytes=bounds.max_packet_bytes, authenticate=authenticate)  # fmt: skip
+        self._core.drain_sessions = True  # a drained SESSION_CLOSE: every operation still gets its terminal
+        self._refusals = RefusalLogLimiter()
         self._sessions: dict[int, StreamSession] = {}
         self._transport: asyncio.Transport | None = None
         self._flush_scheduled = False  # on the round's list
@@ -207,9 +219,31 @@ class ConnectionProtocol(asyncio.Protocol):
             self.data_received(first)
 
     def data_received(self, data: bytes) -> None:
-        for event in self._core.receive_data(data):
-            self._handle(event)
+        try:
+            for event in self._core.receive_data(data):
+                self._handle(event)
+        except Exception:  # a bug while handling this client's input: only this connection ends, logged once
+            logger.exception("NNRP connection %d on %s: handling its input failed; the connection is closed",
+                             self.connection_id, self.transport_name)  # fmt: skip
+            self.abort()
+            return
+        if not self._account():
+            return
         self.flush()
+
+    def _account(self) -> bool:
+        """Move this connection's incomplete-packet bytes into the budget; over it, the connection ends (as
+        for an oversized packet) and False is returned."""
+        buffered = self._core.buffered
+        within = self._budget.change(buffered - self._buffered)
+        self._buffered = buffered
+        if within or not buffered:
+            return True
+        logger.warning("NNRP connection %d on %s closed: its incomplete packet takes the buffered bytes of all "
+                       "connections over nnrp.max_buffered_bytes (%d)", self.connection_id, self.transport_name,
+                       self._budget.limit)  # fmt: skip
+        self.abort()
+        return False
 
     def eof_received(self) -> bool:
         for event in self._core.receive_data(b""):
@@ -218,19 +252,33 @@ class ConnectionProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_handshake_timer()
+        left_out = self._refusals.take_suppressed()
+        if left_out:
+            logger.info("NNRP connection %d on %s: %d more packets refused (not logged)", self.connection_id,
+                        self.transport_name, left_out)  # fmt: skip
         self._lose_all("client_disconnected")
+        self._dirty.clear()
+        self._budget.change(-self._buffered)
+        self._buffered = 0
+        self._core.release()  # its buffers go now, not at the next garbage collection
         self._transport = None
         self._on_lost(self)
 
     def pause_writing(self) -> None:
+        """The client does not read what it is sent: nothing more is sent at once, and nothing more is read
+        from it (so it cannot make the server answer more) until it caught up."""
         self._paused = True
         for session in self._sessions.values():
             session.link.send_now = None
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._paused = False
         for session in self._sessions.values():
             session.link.send_now = session.sender
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
         self._schedule_flush()
 
     def _handshake_expired(self) -> None:
@@ -289,15 +337,50 @@ class ConnectionProtocol(asyncio.Protocol):
                 self._end_session(session, "client_closed_session")
         elif kind is ev.AuthenticationFailed:
             self._handler.on_auth_refused(self.transport_name, event.presented)  # type: ignore[attr-defined]
+        elif kind is ev.SessionDraining:
+            self._on_draining(event)  # type: ignore[arg-type]
         elif kind is ev.PacketRejected:
-            logger.info("NNRP packet refused on session %d: %s", event.session_id, event.reason)  # type: ignore[attr-defined]
+            self._log_refusal(event)  # type: ignore[arg-type]
         elif kind is ev.ConnectionEnded:
             if event.error is not None:  # type: ignore[attr-defined]
-                logger.warning("NNRP connection on %s closed: %s", self.transport_name, event.error)  # type: ignore[attr-defined]
+                logger.warning("NNRP connection %d on %s closed: %s", self.connection_id, self.transport_name,
+                               loggable(event.error))  # type: ignore[attr-defined]  # fmt: skip
             self._lose_all("client_disconnected")
             self._write()
             if self._transport is not None:
                 self._transport.close()
+
+    def _log_refusal(self, event: ev.PacketRejected) -> None:
+        """One INFO line per refused packet, at most ``RefusalLogLimiter``'s per window and connection; the
+        rest are counted into one summary line (and the last one at the connection's end)."""
+        write, left_out = self._refusals.admit(time.monotonic())
+        if left_out:
+            logger.info("NNRP connection %d on %s: %d more packets refused (not logged)", self.connection_id,
+                        self.transport_name, left_out)  # fmt: skip
+        if write:
+            logger.info("NNRP packet refused on connection %d session %d: %s", self.connection_id, event.session_id,
+                        loggable(event.reason))  # fmt: skip
+
+    def _on_draining(self, draining: ev.SessionDraining) -> None:
+        """SESSION_CLOSE with the drain policy while operations run (NNRP/1-preview3 §7.1C): the session takes
+        no new work; after ``drain_timeout_ms`` (0: at once, what nnrp-py's and this package's clients send)
+        every operation still running ends with its ``peer_cancelled`` drop. The core closes the session behind
+        the last terminal (:meth:`_terminal_done`)."""
+        session = self._sessions.get(draining.session_id)
+        if session is None:
+            return
+        session.policy.closing = True
+        if draining.drain_timeout_ms:
+            loop = asyncio.get_running_loop()
+            session.drain_timer = loop.call_later(draining.drain_timeout_ms / 1000, self._drain_expired, session)
+        else:
+            self._drain_expired(session)
+
+    def _drain_expired(self, session: StreamSession) -> None:
+        session.drain_timer = None
+        if session.session_id in self._sessions:
+            session.policy.cancel_all("client_closed_session")
+            self.flush()
 
     def _on_open(self, request: ev.SessionOpenRequested) -> None:
         if self._stopping:
@@ -310,6 +393,9 @@ class ConnectionProtocol(asyncio.Protocol):
             )  # fmt: skip
             return
         session_id = self._core.accept_session(request.request)
+        if not session_id:  # the connection ended meanwhile, or no session id is left on it: refused by the core
+            self._gate.closed()
+            return
         self._cancel_handshake_timer()
         session = StreamSession(session_id, self._handler, self._limits, self._mark, self._send_now,
                                 self._core.send_credit_update, self._probe, paused=self._paused)  # fmt: skip
@@ -355,6 +441,9 @@ class ConnectionProtocol(asyncio.Protocol):
             self._end_session(session, detail)
 
     def _end_session(self, session: StreamSession, detail: str) -> None:
+        if session.drain_timer is not None:
+            session.drain_timer.cancel()
+            session.drain_timer = None
         self._dirty.pop(session.session_id, None)
         session.link.items.clear()
         session.policy.lose_all(detail)
@@ -463,3 +552,7 @@ class ConnectionProtocol(asyncio.Protocol):
         if self._stopping:
             session.policy.closing = True
         session.policy.terminal_done(sop)
+        sid = session.session_id
+        if sid in self._sessions and not self._core.session_open(sid):  # the last terminal of a drained close
+            del self._sessions[sid]
+            self._end_session(session, "client_closed_session")

@@ -6,10 +6,13 @@ Each address is one listening socket; every accepted connection is a
 ``nnrp.tls_cert_file`` / ``tls_key_file``, ALPN ``nnrp/1`` offered, :func:`.exposure.server_ssl_context`). No
 thread, no poll: an idle connection costs nothing but its socket.
 
-Time to get going is bounded: a TLS handshake that has not completed within ``handshake_timeout_s`` is
-abandoned by asyncio (``ssl_handshake_timeout``), and a connection whose first session has not opened within
-the same time after that is closed by its protocol. Keys: a network carrier's connections check vLLM's API keys
-(``keys``, :mod:`.authentication`); unix sockets never do.
+What a client can make the listener hold is bounded (:mod:`.bounds`, ``bounds``): a TLS handshake that has not
+completed within the handshake timeout is abandoned by asyncio (``ssl_handshake_timeout``), and a connection
+whose first session has not opened within the same time after that is closed by its protocol; incomplete
+packets share one budget of bytes; over ``max_connections`` a new connection is closed at once; out of file
+descriptors, accepting pauses for :data:`.bounds.ACCEPT_PAUSE_S` instead of spinning on a readable listening
+socket. Keys: a network carrier's connections check vLLM's API keys (``keys``, :mod:`.authentication`); unix
+sockets never do.
 
 Accepting is the listener's own (``loop.add_reader`` on the listening socket), not ``loop.create_server``'s:
 one callback accepts every connection waiting and (plain carriers) reads the bytes each already sent (a client sends its
@@ -42,6 +45,7 @@ from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import exposure
 from vllm_nnrp_plugin.endpoints import Carrier
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys, authenticator_for
+from vllm_nnrp_plugin.nnrp_binding.bounds import ACCEPT_PAUSE_S, BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
@@ -70,11 +74,13 @@ class StreamListener:
         tcp_nodelay: bool = True,
         other_sessions: Callable[[], int] = lambda: 0,
         keys: APIKeys | None = None,
-        handshake_timeout_s: float = 10.0,
+        bounds: CarrierBounds = CarrierBounds(),
     ) -> None:
         self._carriers = carriers
         self._keys = keys
-        self._handshake_timeout_s = handshake_timeout_s
+        self._bounds = bounds
+        self._budget = BufferBudget(bounds.max_buffered_bytes)
+        self._paused_accepts: dict[int, asyncio.TimerHandle] = {}  # listening fd → its resume timer
         self._handler = handler
         self._limits = session_limits
         self._exposure = exposure
@@ -136,15 +142,19 @@ class StreamListener:
 
     def _accept(self, sock: socket.socket, transport_name: str, tls: ssl.SSLContext | None, keys: APIKeys | None) -> None:
         """Every connection waiting on ``sock``, each with the bytes it already sent unless TLS (module
-        docstring)."""
+        docstring); over ``max_connections`` each is closed at once."""
         while True:
             try:
                 conn, _ = sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # out of file descriptors, ...: the rest wait for the next readiness
-                logger.warning("NNRP cannot accept a connection on %s: %s", transport_name, exc)
+            except OSError as exc:  # out of file descriptors, ...: pause instead of spinning on a readable socket
+                self._pause_accepting(sock, transport_name, tls, keys, exc)
                 return
+            if len(self._connections) + len(self._adopting) >= self._bounds.max_connections:
+                conn.close()
+                self._handler.on_connection_refused(transport_name, "max_connections")
+                continue
             if tls is None:
                 first = _first_bytes(conn)
                 if first is None:  # the client already left
@@ -157,6 +167,24 @@ class StreamListener:
             self._adopting.add(task)
             task.add_done_callback(self._adopting.discard)
 
+    def _pause_accepting(
+        self, sock: socket.socket, transport_name: str, tls: ssl.SSLContext | None, keys: APIKeys | None, exc: OSError
+    ) -> None:
+        fd = sock.fileno()
+        if fd in self._paused_accepts:
+            return
+        logger.warning("NNRP cannot accept connections on %s (%s); accepting pauses for %.1f s",
+                       transport_name, exc.strerror or exc, ACCEPT_PAUSE_S)  # fmt: skip
+        self._handler.on_connection_refused(transport_name, "no_descriptor")
+        self._loop.remove_reader(fd)  # type: ignore[union-attr]
+
+        def resume() -> None:
+            del self._paused_accepts[fd]
+            if sock in self._listening:
+                self._loop.add_reader(fd, self._accept, sock, transport_name, tls, keys)  # type: ignore[union-attr]
+
+        self._paused_accepts[fd] = self._loop.call_later(ACCEPT_PAUSE_S, resume)  # type: ignore[union-attr]
+
     async def _adopt(
         self, conn: socket.socket, transport_name: str, first: bytes, tls: ssl.SSLContext | None, keys: APIKeys | None
     ) -> None:
@@ -167,7 +195,7 @@ class StreamListener:
         if self._closed:
             conn.close()
             return
-        tls_options = {} if tls is None else {"ssl": tls, "ssl_handshake_timeout": self._handshake_timeout_s}
+        tls_options = {} if tls is None else {"ssl": tls, "ssl_handshake_timeout": self._bounds.handshake_timeout_s}
         try:
             await self._loop.connect_accepted_socket(  # type: ignore[union-attr]
                 lambda: self._protocol(transport_name, first, keys), sock=conn, **tls_options
@@ -184,14 +212,16 @@ class StreamListener:
         connection = ConnectionProtocol(
             self._handler, transport_name=transport_name, limits=self._limits, gate=self._gate,
             flush_round=self._round, on_lost=self._connections.discard, probe=self._probe,
-            tcp_nodelay=self._tcp_nodelay, first=first, authenticate=keys,
-            handshake_timeout_s=self._handshake_timeout_s,
+            tcp_nodelay=self._tcp_nodelay, first=first, authenticate=keys, bounds=self._bounds, budget=self._budget,
         )  # fmt: skip
         self._connections.add(connection)
         return connection
 
     def stop_accepting(self) -> None:
         """No new connection from now on; open ones go on until :meth:`close`."""
+        for timer in self._paused_accepts.values():
+            timer.cancel()
+        self._paused_accepts.clear()
         for sock in self._listening:
             if self._loop is not None:
                 self._loop.remove_reader(sock.fileno())

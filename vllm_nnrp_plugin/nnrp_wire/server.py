@@ -357,6 +357,21 @@ class ServerConnection:
         """Sessions open right now on this connection."""
         return len(self._sessions)
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received that belong to a packet not complete yet (what the next read may finish)."""
+        return self._reader.buffered
+
+    def release(self) -> None:
+        """The transport is gone: drop the receive buffer and what waits to be sent at once (a connection's
+        memory is freed when it ends, not when a garbage collection finds it). Nothing is reported after it."""
+        self._ended = True
+        self._reader = framing.PacketReader(framing.HEADER_LENGTH)
+        self._out = bytearray()
+        self._sessions.clear()
+        self._ops.clear()
+        self._pending.clear()
+
     def data_to_send(self) -> bytes:
         """Everything queued since the last call (``b""`` if nothing), then cleared."""
         if not self._out:
@@ -389,7 +404,8 @@ class ServerConnection:
             except _Fatal as exc:
                 self._end(events, str(exc))
             except Exception as exc:  # noqa: BLE001 - never raise on peer input; a bug ends only this connection
-                self._end(events, f"internal error handling {packet!r}: {exc!r}")
+                self._end(events, f"internal error ({type(exc).__name__}) handling {_name(packet.msg_type)} of session "
+                                  f"{packet.session_id} frame {packet.frame_id}")  # never the packet: it is the client's
             if self._ended:
                 break
         return events

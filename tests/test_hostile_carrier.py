@@ -1,0 +1,224 @@
+"""A hostile client against the asyncio carrier on loopback (the service with a recorded backend): every
+resource it can make the server hold is bounded — connections, bytes of incomplete packets, replies queued for a
+client that does not read, descriptors — and a well-behaved client on another connection keeps being served."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+import threading
+import time
+
+import pytest
+from nnrp.core.enums import MessageType as T
+
+from tests.support import ServedNNRP, envelope, free_port, wait_until
+from vllm_nnrp_plugin.client import connect
+from vllm_nnrp_plugin.nnrp_binding import stream_listener
+from vllm_nnrp_plugin.nnrp_wire import events as ev
+from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
+from vllm_nnrp_plugin.nnrp_wire.framing import encode
+
+STREAM = envelope({"model": "a-stream-text", "messages": [], "stream": True})
+
+
+def address(served: ServedNNRP) -> tuple[str, int]:
+    host, port = served.bound[0].removeprefix("tcp://").rsplit(":", 1)
+    return host, int(port)
+
+
+def opened_socket(served: ServedNNRP) -> tuple[socket.socket, int]:
+    """A raw connection with one open session (its id)."""
+    client = ClientConnection()
+    client.open_session()
+    sock = socket.create_connection(address(served))
+    sock.sendall(client.data_to_send())
+    sock.settimeout(5)
+    events: list = []
+    while not events:
+        events = client.receive_data(sock.recv(65536))
+    (accepted,) = events
+    assert isinstance(accepted, ev.SessionOpenAccepted)
+    return sock, accepted.session_id
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """The server closed (EOF) or aborted (reset) ``sock`` within 5 s."""
+    sock.settimeout(5)
+    try:
+        return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+
+
+def served_promptly(served: ServedNNRP) -> float:
+    """Seconds a well-behaved client on its own connection takes for one whole streamed answer."""
+
+    async def main() -> float:
+        started = time.monotonic()
+        conn = await connect(served.bound[0])
+        try:
+            session = await conn.open_session()
+            events = [event async for event in session.submit(STREAM)]
+            assert events[-1]["type"] == "response.completed"
+        finally:
+            await conn.close()
+        return time.monotonic() - started
+
+    return asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_connections_over_max_connections_are_closed_at_once_and_counted():
+    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_connections=3)
+    try:
+        held = [socket.create_connection(address(served)) for _ in range(3)]
+        assert wait_until(lambda: len(served.service._stream._connections) == 3)
+        extra = socket.create_connection(address(served))
+        assert closed_by_server(extra)
+        counter = served.service._metrics.connections_refused.labels("tcp", "max_connections")
+        assert wait_until(lambda: counter._value.get() >= 1)
+        for sock in held:
+            sock.close()
+        assert wait_until(lambda: not served.service._stream._connections)
+        assert served_promptly(served) < 5  # room again
+    finally:
+        served.stop()
+
+
+def test_incomplete_packets_share_one_budget_and_release_it_when_they_go():
+    """Two stalled connections, each most of an allowed packet: the one whose bytes take the total over
+    ``max_buffered_bytes`` ends; the other stays; closing it gives its bytes back."""
+    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_envelope_bytes=1 << 20, max_buffered_bytes=1 << 20)
+    try:
+        stalled = []
+        for _ in range(2):
+            sock, session_id = opened_socket(served)
+            big = bytearray(encode(T.FRAME_SUBMIT, session_id, 1, b"\0" * 72, b"\0" * (1_500_000)))
+            sock.sendall(bytes(big[:700_000]))  # most of a packet, then nothing
+            stalled.append(sock)
+            time.sleep(0.3)
+        budget = served.service._stream._budget
+        first, second = stalled
+        assert closed_by_server(second)  # ended: the total would be 1.4 MB
+        assert wait_until(lambda: budget.used < 800_000)
+        first.close()
+        assert wait_until(lambda: budget.used == 0)
+        assert served_promptly(served) < 5
+    finally:
+        served.stop()
+
+
+def test_a_client_that_does_not_read_stops_being_read_and_others_are_served():
+    """A client floods PINGs (each answered with a PONG) and never reads: the server stops reading from it
+    once its replies fill the transport's buffer, so what it holds for that client stays near the buffer's
+    high-water mark (1 MiB) however long the flood goes on, and a well-behaved client on another connection is
+    served at once meanwhile."""
+    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",))
+    try:
+        sock, session_id = opened_socket(served)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        chunk = encode(T.PING, session_id, 0) * 4096  # 160 KiB of PINGs
+        stop = threading.Event()
+
+        def flood() -> None:
+            sock.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    sock.sendall(chunk)
+                except TimeoutError:  # the server is not reading right now
+                    continue
+                except OSError:
+                    return
+
+        thread = threading.Thread(target=flood)
+        thread.start()
+        connection = next(iter(served.service._stream._connections))
+        held = []
+        try:
+            for _ in range(30):  # 6 s of flood
+                time.sleep(0.2)
+                transport = connection._transport
+                held.append(transport.get_write_buffer_size() if transport is not None else 0)
+            assert served_promptly(served) < 3
+        finally:
+            stop.set()
+            thread.join(5)
+        assert max(held) < 4 << 20, f"replies queued for a client that reads nothing: {max(held)} bytes"
+        sock.close()
+    finally:
+        served.stop()
+
+
+def test_out_of_descriptors_the_listener_pauses_instead_of_spinning(monkeypatch):
+    """``accept`` failing with EMFILE: the listening socket leaves the loop for ACCEPT_PAUSE_S (no busy
+    loop, one log line), is counted, and accepting resumes afterwards."""
+    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",))
+    listener = served.service._stream
+    (sock,) = listener._listening
+    failing = {"left": 1}
+    real_accept = socket.socket.accept
+
+    def accept(self):
+        if self is sock and failing["left"]:
+            failing["left"] -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_accept(self)
+
+    monkeypatch.setattr(socket.socket, "accept", accept)
+    monkeypatch.setattr(stream_listener, "ACCEPT_PAUSE_S", 0.3)
+    try:
+        attempt = socket.create_connection(address(served))
+        counter = served.service._metrics.connections_refused.labels("tcp", "no_descriptor")
+        assert wait_until(lambda: counter._value.get() >= 1)
+        assert wait_until(lambda: not listener._paused_accepts, timeout_s=5)  # resumed
+        attempt.close()
+        assert served_promptly(served) < 5
+    finally:
+        served.stop()
+
+
+def test_a_closed_connection_releases_its_buffers_at_once():
+    """A connection that sent most of a packet and left: its bytes leave the budget and its wire core drops
+    its buffers in the same loop iteration as the close (no garbage collection needed)."""
+    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",))
+    try:
+        sock, session_id = opened_socket(served)
+        sock.sendall(encode(T.FRAME_SUBMIT, session_id, 1, b"\0" * 72, b"\0" * 900_000)[:800_000])
+        listener = served.service._stream
+        assert wait_until(lambda: listener._budget.used >= 700_000)
+        (connection,) = listener._connections
+        sock.close()
+        assert wait_until(lambda: listener._budget.used == 0 and not listener._connections)
+        assert connection._core.buffered == 0 and connection._core.ended
+        assert not connection._sessions
+    finally:
+        served.stop()
+
+
+def test_a_session_closed_with_operations_running_gives_each_its_terminal():
+    """SESSION_CLOSE with the drain policy (drain time 0, as the clients send it) while a stream runs: the
+    operation ends with its ``response.cancelled`` drop before the close completes, its backend request is
+    aborted, and the session is gone on the server."""
+    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",))
+    slow = envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05, "repeat": 40},
+                    request_id="drained")  # fmt: skip
+
+    async def main() -> list[dict]:
+        conn = await connect(served.bound[0])
+        session = await conn.open_session()
+        op = session.submit(slow)
+        first = await op.__anext__()
+        assert first["type"] == "response.output_text.delta"
+        await asyncio.wait_for(session.close(), 5)
+        events = [event async for event in op]
+        await conn.close()
+        return events
+
+    try:
+        events = asyncio.run(main())
+        assert events[-1]["type"] == "response.cancelled"
+        assert wait_until(lambda: any(a.startswith("nnrp-drained") for a in served.backend.aborted))
+        assert wait_until(lambda: served.service.sessions == 0)
+    finally:
+        served.stop()
