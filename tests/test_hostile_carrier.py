@@ -10,7 +10,6 @@ import socket
 import threading
 import time
 
-import pytest
 from nnrp.core.enums import MessageType as T
 
 from tests.support import ServedNNRP, envelope, free_port, wait_until

@@ -36,16 +36,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from vllm_nnrp_plugin.client.cli import build_parser
-from vllm_nnrp_plugin.config import NNRPConfig, load_config
+from vllm_nnrp_plugin.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-
-#: names the documentation already uses for work that lands in parallel with it (authentication, TLS trust for the
-#: CLI, the handshake bound): accepted while the code does not know them yet, checked like every other name as soon
-#: as it does. Remove each once it has landed.
-PENDING_FLAGS = frozenset({"--api-key", "--tls-ca"})  # each takes one value
-PENDING_KEYS = frozenset({"allow_unauthenticated", "handshake_timeout_ms"})
 
 #: programs a command may start: a fresh Linux machine's, Python's, and what this package and vLLM install
 PROGRAMS = frozenset({"python3", "python", "pip", "vllm", "vllm-nnrp", "bash", "curl", "openssl", "grep", "tail"})
@@ -149,8 +143,6 @@ def check_simple(argv: list[str], tls: dict[str, str]) -> None:
 
 def check_cli(args: list[str]) -> None:
     error = _parse_error(args)
-    if error and PENDING_FLAGS.intersection(args):
-        error = _parse_error(_without_pending_flags(args))
     if error:
         raise DocError(f"vllm-nnrp {shlex.join(args)}: {error}")
 
@@ -163,18 +155,6 @@ def _parse_error(args: list[str]) -> str | None:
         except SystemExit:
             return stderr.getvalue().strip().splitlines()[-1]
     return None
-
-
-def _without_pending_flags(args: list[str]) -> list[str]:
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in PENDING_FLAGS:
-            skip = True
-        elif arg.partition("=")[0] not in PENDING_FLAGS:
-            out.append(arg)
-    return out
 
 
 def check_vllm_serve(args: list[str], env: dict[str, str], tls: dict[str, str]) -> None:
@@ -207,9 +187,6 @@ def check_config(additional: dict, env: dict[str, str], tls: dict[str, str]) -> 
     command's own environment): keys, types, addresses, exposure and TLS rules. Certificate and key paths are
     replaced by a real certificate and key (the documented files do not exist here)."""
     block = dict(additional.get("nnrp", {}))
-    known = attrs.fields_dict(NNRPConfig)
-    for key in PENDING_KEYS - known.keys():
-        block.pop(key, None)
     for key in ("tls_cert_file", "tls_key_file"):
         if key in block:
             block[key] = tls[key]

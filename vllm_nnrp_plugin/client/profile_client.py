@@ -32,7 +32,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import attrs
 import orjson
 from nnrp.client import (
     NativeClientOptions,
