@@ -192,11 +192,16 @@ def run(server_root: pathlib.Path = ROOT) -> dict:
             proc.kill()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The ``python -m bench.hostile`` argument parser."""
     parser = argparse.ArgumentParser(prog="python -m bench.hostile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--server-root", type=pathlib.Path, default=ROOT, help="checkout the server runs from")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     results = run(args.server_root.resolve())
     text = orjson.dumps(results, option=orjson.OPT_INDENT_2).decode()
     print(text)

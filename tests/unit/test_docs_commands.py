@@ -217,6 +217,8 @@ def check_python(args: list[str]) -> None:
         _parse_with(importlib.import_module("bench.suite").parser(), rest, "python -m bench")
     elif module == "bench.soak":
         _parse_with(importlib.import_module("bench.soak")._parser(), rest, "python -m bench.soak")
+    elif module == "bench.hostile":
+        _parse_with(importlib.import_module("bench.hostile").parser(), rest, "python -m bench.hostile")
     elif module == "pip":
         check_pip(rest)
     elif module == "pytest":
