@@ -39,6 +39,7 @@ from vllm_nnrp_plugin.adapter import AdapterLimits, Backend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.fault_injection import with_fault_injection
 from vllm_nnrp_plugin.limits import SessionLimits, Slots
+from vllm_nnrp_plugin.log_safety import RefusalLogLimiter
 from vllm_nnrp_plugin.endpoints import Carrier, EndpointError, parse_endpoint
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys
 from vllm_nnrp_plugin.nnrp_binding.bounds import CarrierBounds, packet_limit
@@ -82,6 +83,7 @@ class NNRPService:
         keys: APIKeys | None = None,
     ) -> None:
         self._keys = keys
+        self._auth_log = RefusalLogLimiter()
         self._backend = with_fault_injection(backend, config.fault_injection_backend_error_model)
         self._config = config
         self._registry = registry
@@ -241,9 +243,15 @@ class NNRPService:
         self._release(sop)
 
     def on_auth_refused(self, transport: str, presented: bool) -> None:
+        """Counted always; logged (never with the key) at most ``RefusalLogLimiter``'s lines per window, the
+        rest summed into one line."""
         reason = "wrong_key" if presented else "missing_key"
         self._metrics.auth_refusals.labels(transport, reason).inc()
-        logger.info("NNRP session refused on %s: auth_failed (%s)", transport, reason.replace("_", " "))
+        write, left_out = self._auth_log.admit(time.monotonic())
+        if left_out:
+            logger.info("NNRP: %d more sessions refused auth_failed (not logged)", left_out)
+        if write:
+            logger.info("NNRP session refused on %s: auth_failed (%s)", transport, reason.replace("_", " "))
 
     def on_handshake_timeout(self, transport: str) -> None:
         self._metrics.handshake_timeouts.labels(transport).inc()
