@@ -1,7 +1,8 @@
 """NNRP listeners on vLLM's own event loop for the byte-stream carriers: ``tcp://HOST:PORT``,
-``nnrps://HOST:PORT`` (TLS over TCP) and ``unix:///ABS/PATH`` (:func:`vllm_nnrp_plugin.endpoints.Carrier.own_wire`).
+``nnrps://HOST:PORT`` (TLS over TCP), ``unix:///ABS/PATH`` and ``ws://`` / ``wss://HOST:PORT/PATH`` (WebSocket,
+:mod:`.websocket`; :func:`vllm_nnrp_plugin.endpoints.Carrier.own_wire`).
 Each address is one listening socket; every accepted connection is a
-:class:`.stream_connection.ConnectionProtocol` speaking the project's own wire core over the transport
+:class:`.stream_connection.ConnectionProtocol` (on a WebSocket address its :class:`.websocket.WebSocketConnection`) speaking the project's own wire core over the transport
 ``loop.connect_accepted_socket`` makes of it (with asyncio's TLS for ``nnrps``: the certificate and key of
 ``nnrp.tls_cert_file`` / ``tls_key_file``, ALPN ``nnrp/1`` offered, :func:`.exposure.server_ssl_context`). No
 thread, no poll: an idle connection costs nothing but its socket.
@@ -41,6 +42,8 @@ import ssl
 import urllib.parse
 from collections.abc import Callable
 
+import attrs
+
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import exposure
 from vllm_nnrp_plugin.endpoints import Carrier
@@ -50,6 +53,7 @@ from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
 from vllm_nnrp_plugin.nnrp_binding.stream_connection import ConnectionProtocol, FlushRound, SessionGate
+from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +121,8 @@ class StreamListener:
     async def _bind(self, carrier: Carrier) -> None:
         exposure.before_bind(carrier)
         tls = exposure.server_ssl_context(self._exposure) if carrier.tls else None
+        if tls is not None and carrier.transport == "websocket":
+            tls.set_alpn_protocols(["http/1.1"])  # WebSocket runs over HTTP/1.1 (RFC 6455 §4.1)
         if carrier.transport == "ipc":
             path = urllib.parse.urlsplit(carrier.provider_uri).path
             sock = _bound_socket(carrier, socket.AF_UNIX, path)
@@ -137,25 +143,26 @@ class StreamListener:
     def _listen(self, sock: socket.socket, carrier: Carrier, tls: ssl.SSLContext | None) -> None:
         sock.listen(BACKLOG)
         self._listening.append(sock)
-        name = carrier.label
-        self._loop.add_reader(sock.fileno(), self._accept, sock, name, tls, authenticator_for(carrier.transport, self._keys))  # type: ignore[union-attr]
+        door = _Door(sock, carrier.label, tls, authenticator_for(carrier.transport, self._keys),
+                     urllib.parse.urlsplit(carrier.provider_uri).path if carrier.transport == "websocket" else None)
+        self._loop.add_reader(sock.fileno(), self._accept, door)  # type: ignore[union-attr]
 
-    def _accept(self, sock: socket.socket, transport_name: str, tls: ssl.SSLContext | None, keys: APIKeys | None) -> None:
-        """Every connection waiting on ``sock``, each with the bytes it already sent unless TLS (module
+    def _accept(self, door: _Door) -> None:
+        """Every connection waiting on ``door``'s socket, each with the bytes it already sent unless TLS (module
         docstring); over ``max_connections`` each is closed at once."""
         while True:
             try:
-                conn, _ = sock.accept()
+                conn, _ = door.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # out of file descriptors, ...: pause instead of spinning on a readable socket
-                self._pause_accepting(sock, transport_name, tls, keys, exc)
+                self._pause_accepting(door, exc)
                 return
             if len(self._connections) + len(self._adopting) >= self._bounds.max_connections:
                 conn.close()
-                self._handler.on_connection_refused(transport_name, "max_connections")
+                self._handler.on_connection_refused(door.name, "max_connections")
                 continue
-            if tls is None:
+            if door.tls is None:
                 first = _first_bytes(conn)
                 if first is None:  # the client already left
                     conn.close()
@@ -163,31 +170,29 @@ class StreamListener:
             else:
                 conn.setblocking(False)
                 first = b""
-            task = self._loop.create_task(self._adopt(conn, transport_name, first, tls, keys))  # type: ignore[union-attr]
+            task = self._loop.create_task(self._adopt(conn, door, first))  # type: ignore[union-attr]
             self._adopting.add(task)
             task.add_done_callback(self._adopting.discard)
 
-    def _pause_accepting(
-        self, sock: socket.socket, transport_name: str, tls: ssl.SSLContext | None, keys: APIKeys | None, exc: OSError
-    ) -> None:
-        fd = sock.fileno()
+    def _pause_accepting(self, door: _Door, exc: OSError) -> None:
+        """Accepting on ``door`` failed (out of descriptors, ...): off the loop for :data:`ACCEPT_PAUSE_S`, one log
+        line and one count per pause."""
+        fd = door.sock.fileno()
         if fd in self._paused_accepts:
             return
         logger.warning("NNRP cannot accept connections on %s (%s); accepting pauses for %.1f s",
-                       transport_name, exc.strerror or exc, ACCEPT_PAUSE_S)  # fmt: skip
-        self._handler.on_connection_refused(transport_name, "no_descriptor")
+                       door.name, exc.strerror or exc, ACCEPT_PAUSE_S)  # fmt: skip
+        self._handler.on_connection_refused(door.name, "no_descriptor")
         self._loop.remove_reader(fd)  # type: ignore[union-attr]
 
         def resume() -> None:
             del self._paused_accepts[fd]
-            if sock in self._listening:
-                self._loop.add_reader(fd, self._accept, sock, transport_name, tls, keys)  # type: ignore[union-attr]
+            if door.sock in self._listening:
+                self._loop.add_reader(fd, self._accept, door)  # type: ignore[union-attr]
 
         self._paused_accepts[fd] = self._loop.call_later(ACCEPT_PAUSE_S, resume)  # type: ignore[union-attr]
 
-    async def _adopt(
-        self, conn: socket.socket, transport_name: str, first: bytes, tls: ssl.SSLContext | None, keys: APIKeys | None
-    ) -> None:
+    async def _adopt(self, conn: socket.socket, door: _Door, first: bytes) -> None:
         """``conn`` becomes a transport of the loop (after its TLS handshake, bounded by the handshake timeout)
         with a new connection protocol that reads ``first`` first (unless the listener closed meanwhile: then it
         is closed). The protocol is made before the first wait; a close that comes after that shuts the
@@ -195,24 +200,27 @@ class StreamListener:
         if self._closed:
             conn.close()
             return
-        tls_options = {} if tls is None else {"ssl": tls, "ssl_handshake_timeout": self._bounds.handshake_timeout_s}
+        tls = {} if door.tls is None else {"ssl": door.tls, "ssl_handshake_timeout": self._bounds.handshake_timeout_s}
         try:
             await self._loop.connect_accepted_socket(  # type: ignore[union-attr]
-                lambda: self._protocol(transport_name, first, keys), sock=conn, **tls_options
+                lambda: self._protocol(door, first), sock=conn, **tls
             )
-        except (ssl.SSLError, ConnectionError, TimeoutError, asyncio.TimeoutError) as exc:
+        except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
             # a failed or abandoned TLS handshake, or a client that left during it: only this connection
-            logger.debug("NNRP connection on %s not established: %s", transport_name, exc)
+            logger.debug("NNRP connection on %s not established: %s", door.name, exc)
             conn.close()
         except Exception:  # the socket failed before it became a transport: only this connection is lost
-            logger.warning("NNRP connection on %s lost while being set up", transport_name, exc_info=True)
+            logger.warning("NNRP connection on %s lost while being set up", door.name, exc_info=True)
             conn.close()
 
-    def _protocol(self, transport_name: str, first: bytes, keys: APIKeys | None) -> ConnectionProtocol:
-        connection = ConnectionProtocol(
-            self._handler, transport_name=transport_name, limits=self._limits, gate=self._gate,
+    def _protocol(self, door: _Door, first: bytes) -> ConnectionProtocol:
+        kind, extra = (ConnectionProtocol, {}) if door.websocket_path is None else (
+            WebSocketConnection, {"path": door.websocket_path})  # fmt: skip
+        connection = kind(
+            self._handler, transport_name=door.name, limits=self._limits, gate=self._gate,
             flush_round=self._round, on_lost=self._connections.discard, probe=self._probe,
-            tcp_nodelay=self._tcp_nodelay, first=first, authenticate=keys, bounds=self._bounds, budget=self._budget,
+            tcp_nodelay=self._tcp_nodelay, first=first, authenticate=door.keys, bounds=self._bounds,
+            budget=self._budget, **extra,
         )  # fmt: skip
         self._connections.add(connection)
         return connection
@@ -239,6 +247,19 @@ class StreamListener:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         self._socket_files.clear()
+
+
+@attrs.frozen
+class _Door:
+    """One listening socket and what its connections get: the carrier's ``name`` (``tcp``, ``tls``, ``ipc``),
+    the server's TLS context (``None``: plain) and the API-key check (``None``: no key required)."""
+
+    sock: socket.socket
+    name: str
+    tls: ssl.SSLContext | None
+    keys: APIKeys | None
+    #: a WebSocket address's path, the one its Upgrade must request (``None``: not WebSocket)
+    websocket_path: str | None = None
 
 
 def _first_bytes(conn: socket.socket) -> bytes | None:
