@@ -1,4 +1,5 @@
-"""nnrp-py's native client (the protocol's oracle) against the plugin's own wire core on TCP and a unix socket:
+"""nnrp-py's native client (the protocol's oracle) against the plugin's own wire core on TCP, a unix socket and
+TLS over TCP (``nnrps``):
 the exchanges a native client can make beyond one operation on one session — several sessions on one
 connection, a session asking for resume, a session asking for more operations in flight than nnrp-py's own
 server grants — each ending as the protocol says. (One operation per session, cancels, DEADLINE, TRACE_CONTEXT,
@@ -17,8 +18,9 @@ from nnrp.client import (
     connect_native_client_connection,
 )
 from nnrp.core import TransportPolicy
+from nnrp.native import NativeTransportClientSecurity
 
-from tests.support import ServedNNRP, envelope, free_port, wait_until
+from tests.support import ServedNNRP, envelope, free_port, self_signed, wait_until
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.endpoints import parse_endpoint
 
@@ -29,19 +31,28 @@ POLICY = {"tcp": TransportPolicy.FORCE_TCP, "ipc": TransportPolicy.FORCE_IPC}
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}", f"unix://{tmp_path_factory.mktemp('nnrp')}/nnrp.sock"))
+    tmp = tmp_path_factory.mktemp("nnrp")
+    cert, key, der = self_signed(tmp)
+    served = ServedNNRP(
+        (f"tcp://127.0.0.1:{free_port()}", f"unix://{tmp}/nnrp.sock", f"nnrps://127.0.0.1:{free_port()}"),
+        tls_cert_file=cert, tls_key_file=key,
+    )  # fmt: skip
+    served.der = der
     yield served
     served.stop()
 
 
 @contextlib.contextmanager
-def native_connection(uri: str):
+def native_connection(uri: str, trusted_cert_der: bytes | None = None):
     carrier = parse_endpoint(uri)
+    security = None
+    if carrier.tls:
+        security = NativeTransportClientSecurity(server_name=carrier.host, trusted_certificate_der=trusted_cert_der)
+    route = NativeClientProviderRoute(provider_endpoint=carrier.provider_uri, security=security)
     options = NativeClientOptions(
-        endpoint=carrier.endpoint,
-        provider_routes={carrier.transport: NativeClientProviderRoute(provider_endpoint=carrier.provider_uri)},
+        endpoint=carrier.endpoint, provider_routes={carrier.transport: route},
         transport_policy=POLICY[carrier.transport],
-    )
+    )  # fmt: skip
     with connect_native_client_connection(options) as connection:
         yield connection
 
@@ -57,9 +68,9 @@ def completed(client: ProfileClient, payload: dict = QUICK) -> bool:
     return terminal.event["type"] == "response.completed"
 
 
-@pytest.mark.parametrize("transport", [0, 1], ids=["tcp", "ipc"])
+@pytest.mark.parametrize("transport", [0, 1, 2], ids=["tcp", "ipc", "nnrps"])
 def test_several_sessions_on_one_native_connection_are_served_apart(served, transport):
-    with native_connection(served.bound[transport]) as connection:
+    with native_connection(served.bound[transport], served.der) as connection:
         first, second = profile_client(connection), profile_client(connection)
         assert wait_until(lambda: served.service.sessions == 2)
         slow = first.submit(SLOW)
