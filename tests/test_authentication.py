@@ -149,12 +149,14 @@ def test_a_connection_that_opens_no_session_in_time_is_closed(tmp_path):
         served.stop()
 
 
-def test_ws_wss_and_quic_refuse_to_start_when_a_key_is_required(tmp_path):
-    """They run on nnrp-py's native runtime, which cannot receive a key: start-up fails saying so."""
+def test_quic_refuses_to_start_when_a_key_is_required(tmp_path):
+    """QUIC runs on nnrp-py's native runtime, which cannot receive a key: start-up fails saying so (ws and wss
+    take keys like tcp: tests/test_websocket.py)."""
     from vllm_nnrp_plugin.nnrp_binding.exposure import ListenError
 
+    cert, key, _ = self_signed(tmp_path)
     with pytest.raises(ListenError, match="allow_unauthenticated"):
-        ServedNNRP((f"ws://127.0.0.1:{free_port()}/nnrp",), api_keys=(KEY,))
+        ServedNNRP((f"quic://127.0.0.1:{free_port()}",), api_keys=(KEY,), tls_cert_file=cert, tls_key_file=key)
 
 
 def test_no_metric_carries_a_key(served):

@@ -10,8 +10,8 @@
 | ``wss://HOST:PORT/PATH`` | WebSocket | yes |
 | ``quic://HOST:PORT`` | QUIC | always |
 
-TCP (plain and TLS) and unix sockets are served by the project's own wire core on vLLM's event loop
-(:mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); the others by nnrp-py's native runtime, each carrier
+TCP (plain and TLS), unix sockets and WebSocket (plain and TLS) are served by the project's own wire core on
+vLLM's event loop (:mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); QUIC by nnrp-py's native runtime, each carrier
 with its own listener (in nnrp-py 1.0.0rc4.post20 one ``NativeServer`` serving several carriers loses sessions
 at accept deadlines). :func:`is_loopback` tells the exposure rule (config.py) which addresses stay on this host.
 """
@@ -58,10 +58,10 @@ class Carrier:
 
     @property
     def own_wire(self) -> bool:
-        """Served by the project's own wire core on vLLM's loop (TCP, TLS over TCP and unix sockets,
-        :mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); the other carriers (``ws``, ``wss``, ``quic``) by
-        nnrp-py's native runtime (:mod:`vllm_nnrp_plugin.nnrp_binding.listener`)."""
-        return self.transport in ("tcp", "ipc")
+        """Served by the project's own wire core on vLLM's loop (TCP, TLS over TCP, unix sockets, WebSocket
+        plain and TLS, :mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); ``quic`` by nnrp-py's native runtime
+        (:mod:`vllm_nnrp_plugin.nnrp_binding.listener`)."""
+        return self.transport in ("tcp", "ipc", "websocket")
 
     @property
     def label(self) -> str:

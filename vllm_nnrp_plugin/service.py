@@ -128,9 +128,10 @@ class NNRPService:
         native = [carrier for carrier in carriers if not carrier.own_wire]
         if native and self._keys is not None:
             raise ListenError(
-                f"NNRP cannot require vLLM's API key on {', '.join(c.uri for c in native)}: these carriers run on "
+                f"NNRP cannot require vLLM's API key on {', '.join(c.uri for c in native)}: QUIC runs on "
                 "nnrp-py's native runtime, which cannot receive an authentication block. Fix: listen on tcp://, "
-                "nnrps:// or unix:// instead, or set nnrp.allow_unauthenticated to true to serve them without a key."
+                "nnrps://, ws://, wss:// or unix:// instead, or set nnrp.allow_unauthenticated to true to serve QUIC "
+                "without a key."
             )
         config = self._config
         self._stream = StreamListener(

@@ -287,6 +287,12 @@ class ConnectionProtocol(asyncio.Protocol):
         logger.debug("NNRP connection %d on %s: no session within %.1f s; closed", self.connection_id,
                      self.transport_name, self._handshake_timeout_s)  # fmt: skip
         self._handler.on_handshake_timeout(self.transport_name)
+        self._close_transport("handshake_timeout")
+
+    def _close_transport(self, cause: str) -> None:
+        """End the transport after what is queued (``cause``: ``handshake_timeout``, ``ended`` (the wire core
+        ended the connection cleanly), ``failed`` (it ended it over bad input), ``shutdown``); a framing layer
+        (:mod:`.websocket`) says goodbye in its own terms first."""
         if self._transport is not None:
             self._transport.close()
 
@@ -314,8 +320,7 @@ class ConnectionProtocol(asyncio.Protocol):
         for session in self._sessions.values():
             session.policy.shut_down()
         self.flush()
-        if self._transport is not None:
-            self._transport.close()
+        self._close_transport("shutdown")
 
     # -- what came off the wire -------------------------------------------------------------------------------
 
@@ -347,8 +352,7 @@ class ConnectionProtocol(asyncio.Protocol):
                                loggable(event.error))  # type: ignore[attr-defined]  # fmt: skip
             self._lose_all("client_disconnected")
             self._write()
-            if self._transport is not None:
-                self._transport.close()
+            self._close_transport("ended" if event.error is None else "failed")  # type: ignore[attr-defined]
 
     def _log_refusal(self, event: ev.PacketRejected) -> None:
         """One INFO line per refused packet, at most ``RefusalLogLimiter``'s per window and connection; the
