@@ -1,10 +1,9 @@
 """The NNRP service: listeners (NNRP side) + the adapter + a backend (vLLM side), on one event loop.
 
-Runs on vLLM's API-server event loop: operations are asyncio tasks there. Plain TCP and unix-socket addresses
-are served on the loop itself by the project's own wire core (:mod:`.nnrp_binding.stream_listener`), which tells
-this service what came off the wire directly; the other carriers (``nnrps``, ``ws``, ``wss``, ``quic``) by nnrp-py's
-native runtime (:mod:`.nnrp_binding.listener`), whose session pumps post the same calls to the loop from their
-threads. What comes off the wire is a submit with its envelope unwrapped, a cancel or a closed session, a
+Runs on vLLM's API-server event loop: operations are asyncio tasks there. TCP, TLS, unix-socket and WebSocket
+addresses are served on the loop itself by the project's own wire core (:mod:`.nnrp_binding.stream_listener`),
+which tells this service what came off the wire directly; QUIC by nnrp-py's native runtime
+(:mod:`.nnrp_binding.listener`), whose session pumps post the same calls to the loop from their threads. What comes off the wire is a submit with its envelope unwrapped, a cancel or a closed session, a
 DEADLINE, an operation whose terminal went out last; everything else an operation needs on this side is owned
 here, on the loop:
 

@@ -1,6 +1,6 @@
-"""NNRP listeners on nnrp-py's native runtime for the carriers the project's own wire core does not serve
-(``nnrps``, ``ws``, ``wss``, ``quic``; plain TCP and unix sockets are :mod:`.stream_listener`'s): one nnrp-py
-native server per configured address, each with its own accept thread.
+"""NNRP listeners on nnrp-py's native runtime for the carrier the project's own wire core does not serve yet
+(``quic``; TCP, TLS, unix sockets and WebSocket are :mod:`.stream_listener`'s): one nnrp-py native server per
+configured address, each with its own accept thread.
 
 Every accepted session gets a :class:`SessionPump` (its polls), started by one starter thread so that the
 accept threads only accept; one :class:`.sender.Sender` sends for all of them, with the polls' budget shared

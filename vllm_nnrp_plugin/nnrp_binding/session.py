@@ -1,5 +1,4 @@
-"""The native carriers (``nnrps``, ``ws``, ``wss``, ``quic``; plain TCP and unix sockets are
-:mod:`.stream_connection`'s): one pump thread per NNRP server session of nnrp-py's runtime: it polls the session's incoming frames and posts what came off
+"""The native carrier (``quic``; TCP, TLS, unix sockets and WebSocket are :mod:`.stream_connection`'s): one pump thread per NNRP server session of nnrp-py's runtime: it polls the session's incoming frames and posts what came off
 the wire to vLLM's event loop; what the operations queue is sent by the listener's shared
 :class:`.sender.Sender` (or by the pump right after a poll). It decides nothing about an operation's outcome
 but the per-session admission.
