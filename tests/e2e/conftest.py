@@ -49,12 +49,12 @@ def vllm_version():
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory, vllm_version):
-    """The plugin enabled through the anchor's attach path, listening on a TCP port, a unix socket and TLS over
-    TCP (``nnrps``, a self-signed certificate whose DER is ``server.der``)."""
+    """The plugin enabled through the anchor's attach path, listening on a TCP port, a unix socket, TLS over TCP
+    (``nnrps``) and WebSocket with TLS (``wss``; a self-signed certificate whose DER is ``server.der``)."""
     workdir = tmp_path_factory.mktemp("vllm")
     cert, key, der = self_signed(workdir)
     nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/nnrp.sock",
-            "nnrps": f"nnrps://127.0.0.1:{free_port()}"}  # fmt: skip
+            "nnrps": f"nnrps://127.0.0.1:{free_port()}", "wss": f"wss://127.0.0.1:{free_port()}/nnrp"}  # fmt: skip
     env, args = attach_options(vllm_version[1])
     tls = orjson.dumps({"nnrp": {"tls_cert_file": cert, "tls_key_file": key}}).decode()
     server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": ",".join(nnrp.values())},

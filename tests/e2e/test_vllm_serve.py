@@ -27,10 +27,10 @@ pytestmark = pytest.mark.vllm
 HELLO = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16, "temperature": 0}
 
 
-@pytest.fixture(params=["tcp", "ipc", "nnrps"])
+@pytest.fixture(params=["tcp", "ipc", "nnrps", "wss"])
 def client(request, vllm_server):
     """nnrp-py's native client (the interop oracle) on each of the project's own carriers: TCP, a unix socket,
-    TLS over TCP."""
+    TLS over TCP, WebSocket over TLS."""
     client = asyncio.run(ProfileClient.connect(vllm_server.nnrp[request.param], trusted_cert_der=vllm_server.der))
     yield client
     client.close()
