@@ -52,18 +52,41 @@ failures (not served within 10 s), over NNRP and, for comparison, HTTP; then bot
 
 Idle sessions (``load.idle.*``): the API server's CPU (% of one core, one sample per second) with no client
 connected, then with ``idle_sessions`` (default 1000) NNRP sessions open and idle, one connection each; the
-difference of the means is the cost of holding idle sessions.
+difference of the means is the cost of holding idle sessions; ``api_server_threads.sessions_open``: the API
+server's thread count (``Threads:`` of ``/proc/<pid>/status``) with them open.
+
+Threads (``load.threads.*``): the API server's thread count (5 readings, 0.5 s apart) with no client connected
+(after the warm-up windows: vLLM's executors have started their threads), then with ``thread_sessions``
+(default 256) NNRP sessions open and idle, one connection each; ``sessions_minus_no_sessions`` must be 0 (the
+NNRP carriers of the project's wire core serve every connection on vLLM's event loop, no thread per session).
+
+TLS (``python -m bench load --load-tls``; :func:`run` ``tls=True``): the same measurements with every byte
+encrypted. One self-signed certificate (ECDSA P-256, for ``localhost`` and 127.0.0.1, :func:`self_signed`)
+serves both protocols: vLLM's own HTTPS (``--ssl-certfile`` / ``--ssl-keyfile``; the HTTP rows are HTTPS/SSE)
+and NNRP on ``nnrps://127.0.0.1:PORT`` only (``nnrp.tls_cert_file`` / ``tls_key_file`` in the ``nnrp`` block
+of ``--additional-config``: TLS over TCP, :mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`). The load clients
+trust that certificate (``--ca-file``, :mod:`bench.load_client`): aiohttp with an ``ssl.SSLContext`` of it,
+the package's client with ``connect(…, trusted_cert_der=…)``. Every id starts ``load.tls.`` instead of
+``load.`` (``load.tls.c<N>.…``, ``load.tls.cancel.…``, ``load.tls.burst.…``, ``load.tls.threads.…``, …) and
+``nnrp_transport`` is ``tls``. A stream that had to open a new HTTP(S) connection inside its window (vLLM
+closes a kept-alive connection idle for 5 s, so a client process whose connections opened long before the
+window's go reconnects, TLS handshake included) is counted in the note of the level's ``failed.http`` row.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import ipaddress
 import os
 import pathlib
 import re
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,7 +97,7 @@ from bench import tiny_model
 from bench.e2e import START_TIMEOUT_S, chat_body
 from bench.procs import ROOT, env
 from bench.results import Result, Target, percentile
-from compat.launcher import free_port, serve_with_nnrp
+from compat.launcher import ServeError, free_port, serve_with_nnrp
 
 LEVELS = (32, 128, 256)
 CLIENT_PROCESSES = 4
@@ -91,6 +114,8 @@ GAP_RATIO = Target("p95", "<=", 1.0)
 NO_FAILURE = Target("max", "<=", 0)
 SLOWEST_OPEN = Target("max", "<=", 2000)
 IDLE_COST = Target("p50", "<=", 2.0)
+#: open idle sessions add no thread to the API server
+NO_NEW_THREAD = Target("max", "<=", 0)
 #: cancels under load: every cancelled stream gets its terminal (the load client gives each 10 s)
 ALL_ANSWERED = Target("max", "<=", 0)
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
@@ -105,6 +130,14 @@ def cpu_times(pid: int) -> tuple[float, float]:
 def cpu_s(pids: Sequence[int]) -> float:
     """utime + stime of ``pids`` (every thread of each), s."""
     return sum(sum(cpu_times(pid)) for pid in pids)
+
+
+def threads(pid: int) -> int:
+    """``pid``'s thread count (``Threads:`` of ``/proc/<pid>/status``)."""
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no Threads: line in /proc/{pid}/status")
 
 
 def _children(pid: int) -> list[int]:
@@ -206,8 +239,14 @@ def client_args(server: Any, mode: str, protocol: str, count: int, body: dict[st
             args += ["--per-session", str(per_session)]
         if cancel:
             args += ["--cancel", str(round(cancel * n / count))]
-        out.append(args)
+        out.append(args + _trust(server))
     return out
+
+
+def _trust(server: Any) -> list[str]:
+    """The load client's ``--ca-file`` for a TLS ``server`` (its ``ca_file``), else nothing."""
+    ca_file = getattr(server, "ca_file", None)
+    return ["--ca-file", ca_file] if ca_file else []
 
 
 def window(server: Any, engine: Sequence[int], mode: str, protocol: str, count: int, body: dict[str, Any], *,
@@ -227,6 +266,11 @@ def window(server: Any, engine: Sequence[int], mode: str, protocol: str, count: 
     return Window([r for out in outputs for r in out["requests"]], wall, *used)
 
 
+def _progress(what: str, started: float) -> None:
+    """A progress line on stderr: ``what`` is done, after how long."""
+    print(f"bench load: {what} done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+
+
 def _ratio(id: str, nnrp: Result, http: Result, target: Target | None, parameters: dict[str, Any]) -> Result:
     """``nnrp`` over ``http`` (p50 and p95 ratios; NaN where the HTTP row is 0) as a row of its own."""
     nnrp.versus(http)
@@ -238,10 +282,17 @@ def _ratio(id: str, nnrp: Result, http: Result, target: Target | None, parameter
 
 
 def _failed(id: str, windows: Sequence[Window], parameters: dict[str, Any]) -> Result:
+    """Failed requests per window; the note has the first error and the count of each kind (the text before
+    its first colon: ``TimeoutError``, ``ClientConnectionError``, ``terminal``, ``HTTP 503``, …)."""
     failed = [r for w in windows for r in w.failed]
+    kinds: dict[str, int] = {}
+    for r in failed:
+        kind = r["error"].split(":", 1)[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    by_kind = ", ".join(f"{kind} × {n}" for kind, n in kinds.items())
     return Result.of(
         id, "requests", [len(w.failed) for w in windows], targets=(NO_FAILURE,), parameters=parameters,
-        note=f"first error: {failed[0]['error']}" if failed else None,
+        note=f"first error: {failed[0]['error']}; by kind: {by_kind}" if failed else None,
     )  # fmt: skip
 
 
@@ -258,11 +309,13 @@ def levels_rows(server: Any, engine: Sequence[int], prefix: str, *, levels: Sequ
         if c in shared:
             shapes[f"shared{shared[c]}"] = ("nnrp", shared[c])
         got: dict[str, list[Window]] = {shape: [] for shape in shapes}
+        started = time.perf_counter()
         for r in range(rounds):
             for shape in list(shapes) if r % 2 == 0 else list(shapes)[::-1]:
                 protocol, per_session = shapes[shape]
                 got[shape].append(window(server, engine, "stream", protocol, c, body, transport=transport,
                                          workdir=workdir, per_session=per_session))  # fmt: skip
+        _progress(f"{prefix}.c{c}", started)
         params = {**parameters, "concurrency": c, "client_processes": len(shares(c)), "rounds": rounds,
                   "max_tokens": max_tokens, "nnrp_transport": transport}  # fmt: skip
         made: dict[tuple[str, str], Result] = {}
@@ -283,6 +336,12 @@ def levels_rows(server: Any, engine: Sequence[int], prefix: str, *, levels: Sequ
             made["ttft", shape] = row("ttft", "ms", [r["ttft_ms"] for r in ok] or [0.0])
             made["gap", shape] = row("gap", "ms", [g for r in ok for g in r["gaps_ms"]] or [0.0])
             made["failed", shape] = _failed(name.format("failed"), windows, shape_params)
+            reconnected = sum(1 for w in windows for r in w.requests if r.get("new_connection"))
+            if reconnected:  # module docstring (TLS)
+                made["failed", shape].note = "; ".join(filter(None, [
+                    made["failed", shape].note,
+                    f"{reconnected} of {sum(len(w.requests) for w in windows)} streams opened a new connection in their window",
+                ]))  # fmt: skip
         for metric, target in (("api", CPU_RATIO), ("engine", None), ("client", None), ("tps", TPS_RATIO), ("ttft", TTFT_RATIO), ("gap", GAP_RATIO)):
             http = made[metric, "http"]
             rows.append(http)
@@ -306,7 +365,7 @@ _CANCEL_LINE = re.compile(rb"nnrp operation [^\n]*?\bcancel_source=client\b[^\n]
 
 
 def cancel_rows(server: Any, engine: Sequence[int], *, streams: int, per_session: int, cancel: int, max_tokens: int,
-                transport: str, workdir: str) -> list[Result]:  # fmt: skip
+                transport: str, workdir: str, prefix: str = "load") -> list[Result]:  # fmt: skip
     """``streams`` NNRP streams (``per_session`` per session) of which ``cancel``, spread over them, are
     cancelled shortly after their first token (:mod:`bench.load_client` ``--cancel``): client and server
     cancel latencies, and cancels left without a terminal."""
@@ -320,25 +379,29 @@ def cancel_rows(server: Any, engine: Sequence[int], *, streams: int, per_session
     unanswered = [r for r in w.requests if r["error"] and "no terminal within" in r["error"]]
     server_ms = _server_cancel_to_abort_ms(server.log, offset)
     client = Result.of(
-        f"load.cancel.c{streams}.client_cancel_to_terminal_ms.nnrp", "ms", measured or [0.0], parameters=params,
+        f"{prefix}.cancel.c{streams}.client_cancel_to_terminal_ms.nnrp", "ms", measured or [0.0], parameters=params,
         note=f"FRAME_CANCEL written -> terminal received; p99 {percentile(measured or [0.0], 0.99):.2f} ms",
     )  # fmt: skip
     server_row = Result.of(
-        f"load.cancel.c{streams}.server_cancel_to_abort_ms.nnrp", "ms", server_ms or [0.0], parameters=params,
+        f"{prefix}.cancel.c{streams}.server_cancel_to_abort_ms.nnrp", "ms", server_ms or [0.0], parameters=params,
         note=f"API server: cancel received -> vLLM abort issued (log lines); p99 {percentile(server_ms or [0.0], 0.99):.2f} ms",
     )  # fmt: skip
     return [
         client, server_row,
-        Result.of(f"load.cancel.c{streams}.no_terminal_within_10s.nnrp", "requests", [len(unanswered)],
+        Result.of(f"{prefix}.cancel.c{streams}.no_terminal_within_10s.nnrp", "requests", [len(unanswered)],
                   targets=(ALL_ANSWERED,), parameters=params),
-        _failed(f"load.cancel.c{streams}.failed.nnrp", [w], params),
+        _failed(f"{prefix}.cancel.c{streams}.failed.nnrp", [w], params),
     ]  # fmt: skip
 
 
-def _burst_results(w: Window, prefix: str, protocol: str, params: dict[str, Any]) -> list[Result]:
+def _burst_results(w: Window, prefix: str, protocol: str, params: dict[str, Any], tls: bool = False) -> list[Result]:
+    """open_ms (of every client that got its connection, served in time or not: ``samples`` is how many did),
+    served_ms (of those served) and the failures (not served within the load client's 10 s)."""
     opened = [r["open_ms"] for r in w.requests if r.get("open_ms") is not None]
     served = [r["served_ms"] for r in w.requests if r["error"] is None]
-    what = "connect + open session" if protocol == "nnrp" else "TCP connect"
+    what = "TCP + TLS connect" if tls else "TCP connect" if protocol == "http" else "connect"
+    if protocol == "nnrp":
+        what += " + open session"
     return [
         Result.of(f"{prefix}.open_ms.{protocol}", "ms", opened or [0.0], parameters=params, note=f"release -> {what}",
                   targets=(SLOWEST_OPEN,) if protocol == "nnrp" else ()),
@@ -348,7 +411,7 @@ def _burst_results(w: Window, prefix: str, protocol: str, params: dict[str, Any]
 
 
 def burst_rows(server: Any, engine: Sequence[int], *, clients: int, load_streams: int, max_tokens: int, transport: str,
-               workdir: str) -> list[Result]:  # fmt: skip
+               workdir: str, prefix: str = "load") -> list[Result]:  # fmt: skip
     """``clients`` connecting at once, one 8-token request each: over NNRP then HTTP on the idle server
     (``load.burst.*``), then over NNRP again while ``load_streams`` NNRP streams of ``max_tokens`` tokens
     (a session each) run, and over HTTP under the same NNRP load (``load.burst_under_load.*``; skipped when
@@ -356,9 +419,10 @@ def burst_rows(server: Any, engine: Sequence[int], *, clients: int, load_streams
     body = chat_body(PROMPT, 8)
     rows: list[Result] = []
     params = {"clients": clients, "client_processes": len(shares(clients)), "nnrp_transport": transport}
+    tls = bool(getattr(server, "ca_file", None))
     for protocol in ("nnrp", "http"):
         w = window(server, engine, "burst", protocol, clients, body, transport=transport, workdir=workdir)
-        rows += _burst_results(w, "load.burst", protocol, params)
+        rows += _burst_results(w, f"{prefix}.burst", protocol, params, tls)
     rows[0].versus(rows[3])
     rows[1].versus(rows[4])
     if not load_streams:
@@ -374,8 +438,8 @@ def burst_rows(server: Any, engine: Sequence[int], *, clients: int, load_streams
             streams = [r for line in load.read() for r in orjson.loads(line)["requests"]]
             load.tell()
         running = Window(streams, w.wall_s, 0.0, 0.0, 0.0)
-        rows += [*_burst_results(w, "load.burst_under_load", protocol, under),
-                 _failed(f"load.burst_under_load.load_failed.{protocol}", [running], under)]  # fmt: skip
+        rows += [*_burst_results(w, f"{prefix}.burst_under_load", protocol, under, tls),
+                 _failed(f"{prefix}.burst_under_load.load_failed.{protocol}", [running], under)]  # fmt: skip
     rows[-8].versus(rows[-4])
     rows[-7].versus(rows[-3])
     return rows
@@ -391,23 +455,66 @@ def _cpu_pct(pid: int, seconds: float) -> list[float]:
     return samples
 
 
-def idle_rows(server: Any, *, sessions: int, seconds: float, transport: str, workdir: str) -> list[Result]:
-    """The API server's CPU with no client, then with ``sessions`` idle NNRP sessions open."""
+def _idle_sessions(server: Any, sessions: int, transport: str, workdir: str) -> Clients:
+    """Client processes holding ``sessions`` idle NNRP sessions (one connection each); they are open when this
+    returns, and close when the :class:`Clients` is left."""
+    argument_lists = [["idle", "nnrp", server.nnrp[transport], str(n), *_trust(server)] for n in shares(sessions)]
+    clients = Clients(argument_lists, workdir)
+    try:
+        clients.read()
+    except BaseException:
+        clients.__exit__(None, None, None)
+        raise
+    return clients
+
+
+def _release(clients: Clients) -> None:
+    clients.tell()
+    clients.read()
+    clients.tell()
+
+
+def idle_rows(server: Any, *, sessions: int, seconds: float, transport: str, workdir: str, prefix: str = "load"
+              ) -> list[Result]:  # fmt: skip
+    """The API server's CPU with no client, then with ``sessions`` idle NNRP sessions open (and its thread
+    count then)."""
     params = {"sessions": sessions, "seconds": seconds, "nnrp_transport": transport}
-    quiet = Result.of("load.idle.api_server_cpu_pct.no_sessions", "%", _cpu_pct(server.pid, seconds), parameters=params)
-    argument_lists = [["idle", "nnrp", server.nnrp[transport], str(n)] for n in shares(sessions)]
-    with Clients(argument_lists, workdir) as clients:
-        clients.read()
+    quiet = Result.of(f"{prefix}.idle.api_server_cpu_pct.no_sessions", "%", _cpu_pct(server.pid, seconds), parameters=params)
+    with _idle_sessions(server, sessions, transport, workdir) as clients:
         time.sleep(1.0)  # the sessions' opening settles
-        held = Result.of("load.idle.api_server_cpu_pct.sessions_open", "%", _cpu_pct(server.pid, seconds), parameters=params)
-        clients.tell()
-        clients.read()
-        clients.tell()
+        held = Result.of(f"{prefix}.idle.api_server_cpu_pct.sessions_open", "%", _cpu_pct(server.pid, seconds), parameters=params)
+        count = Result.of(f"{prefix}.idle.api_server_threads.sessions_open", "threads", [threads(server.pid)], parameters=params)
+        _release(clients)
     cost = Result.of(
-        "load.idle.api_server_cpu_pct.sessions_minus_no_sessions", "%", [held.mean - quiet.mean],
+        f"{prefix}.idle.api_server_cpu_pct.sessions_minus_no_sessions", "%", [held.mean - quiet.mean],
         targets=(IDLE_COST,), parameters=params, note="mean CPU with the idle sessions open minus without",
     )  # fmt: skip
-    return [quiet, held, cost]
+    return [quiet, held, cost, count]
+
+
+def _thread_counts(pid: int, readings: int = 5, spacing_s: float = 0.5) -> list[float]:
+    counts = []
+    for i in range(readings):
+        if i:
+            time.sleep(spacing_s)
+        counts.append(float(threads(pid)))
+    return counts
+
+
+def thread_rows(server: Any, *, sessions: int, transport: str, workdir: str, prefix: str = "load") -> list[Result]:
+    """The API server's thread count with no client, then with ``sessions`` idle NNRP sessions open (module
+    docstring)."""
+    params = {"sessions": sessions, "nnrp_transport": transport}
+    quiet = Result.of(f"{prefix}.threads.api_server.no_sessions", "threads", _thread_counts(server.pid), parameters=params)
+    with _idle_sessions(server, sessions, transport, workdir) as clients:
+        time.sleep(1.0)  # the sessions' opening settles
+        held = Result.of(f"{prefix}.threads.api_server.sessions_open", "threads", _thread_counts(server.pid), parameters=params)
+        _release(clients)
+    added = Result.of(
+        f"{prefix}.threads.api_server.sessions_minus_no_sessions", "threads", [held.max - quiet.max],
+        targets=(NO_NEW_THREAD,), parameters=params, note="most threads with the idle sessions open minus without",
+    )  # fmt: skip
+    return [quiet, held, added]
 
 
 def stream_interval_supported() -> bool:
@@ -421,67 +528,159 @@ def stream_interval_supported() -> bool:
 def measure(server: Any, *, prefix: str = "load", levels: Sequence[int], rounds: int, max_tokens: int,
             shared: dict[int, int], burst_clients: int, burst_load_streams: int, cancel_streams: int,
             cancel_per_session: int, cancel_sample: int, idle_sessions: int, idle_seconds: float, transport: str,
-            workdir: str, parameters: dict[str, Any] | None = None) -> list[Result]:  # fmt: skip
-    """All rows on a ready ``server`` (an object with ``http``, ``nnrp`` {transport: URI}, ``pid`` and
-    ``log``): a warm-up window per protocol, the idle rows (skipped when ``idle_sessions`` is 0), the levels,
-    the cancels under load (skipped when ``cancel_streams`` is 0), the bursts (skipped when ``burst_clients``
-    is 0)."""
+            workdir: str, parameters: dict[str, Any] | None = None, thread_sessions: int = 0) -> list[Result]:  # fmt: skip
+    """All rows on a ready ``server`` (an object with ``http``, ``nnrp`` {transport: URI}, ``pid``, ``log``
+    and, when it serves TLS, ``ca_file``: the certificate the clients trust): a warm-up window per protocol,
+    the thread rows (skipped when ``thread_sessions`` is 0), the idle rows (skipped when ``idle_sessions`` is
+    0), the levels, the cancels under load (skipped when ``cancel_streams`` is 0), the bursts (skipped when
+    ``burst_clients`` is 0); every id starts with ``prefix``."""
     engine = engine_pids(server.pid)
+    started = time.perf_counter()
     for protocol in ("http", "nnrp"):
         window(server, engine, "stream", protocol, 4, chat_body(PROMPT, 16), transport=transport, workdir=workdir)
-    rows = idle_rows(server, sessions=idle_sessions, seconds=idle_seconds, transport=transport, workdir=workdir) if idle_sessions else []
+    rows = thread_rows(server, sessions=thread_sessions, transport=transport, workdir=workdir, prefix=prefix) if thread_sessions else []
+    if idle_sessions:
+        rows += idle_rows(server, sessions=idle_sessions, seconds=idle_seconds, transport=transport, workdir=workdir, prefix=prefix)
+    _progress(f"{prefix} warm-up, threads and idle", started)
     rows += levels_rows(server, engine, prefix, levels=levels, rounds=rounds, max_tokens=max_tokens, transport=transport,
                         workdir=workdir, parameters=parameters or {}, shared=shared)  # fmt: skip
     if cancel_streams:
+        started = time.perf_counter()
         rows += cancel_rows(server, engine, streams=cancel_streams, per_session=cancel_per_session, cancel=cancel_sample,
-                            max_tokens=max(max_tokens, RUNNING_TOKENS), transport=transport, workdir=workdir)  # fmt: skip
+                            max_tokens=max(max_tokens, RUNNING_TOKENS), transport=transport, workdir=workdir,
+                            prefix=prefix)  # fmt: skip
+        _progress(f"{prefix}.cancel", started)
     if burst_clients:
+        started = time.perf_counter()
         rows += burst_rows(server, engine, clients=burst_clients, load_streams=burst_load_streams,
-                           max_tokens=max(max_tokens, RUNNING_TOKENS), transport=transport, workdir=workdir)  # fmt: skip
+                           max_tokens=max(max_tokens, RUNNING_TOKENS), transport=transport, workdir=workdir,
+                           prefix=prefix)  # fmt: skip
+        _progress(f"{prefix}.burst", started)
     return rows
 
 
-def _serve(model: str, workdir: str, extra_args: Sequence[str], **kw: Any) -> list[Result]:
-    nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/load-{free_port()}.sock"}
+def self_signed(directory: str, name: str = "localhost") -> tuple[str, str]:
+    """A self-signed PEM certificate (ECDSA P-256, valid for ``name`` and 127.0.0.1, one day) and its
+    unencrypted PEM key in ``directory`` (the few lines of ``tests/support.py`` ``self_signed``); returns
+    (certificate path, key path)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                       critical=False)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_path, key_path = pathlib.Path(directory, f"{name}.crt"), pathlib.Path(directory, f"{name}.key")
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))  # fmt: skip
+    return str(cert_path), str(key_path)
+
+
+def _wait_ready_tls(server: Any, ca_file: str, timeout_s: float) -> None:
+    """:meth:`compat.launcher.VLLMServer.wait_ready` over HTTPS, trusting ``ca_file`` (the launcher's probe
+    speaks plain HTTP)."""
+    context = ssl.create_default_context(cafile=ca_file)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise ServeError(f"vllm serve exited with {server.proc.returncode} (log {server.log}):\n{server.tail()}")
+        try:
+            with urllib.request.urlopen(f"{server.http}/v1/models", timeout=2, context=context) as response:
+                if response.status == 200:
+                    return
+        except OSError as exc:  # refused, reset, HTTP errors: not up yet
+            if isinstance(getattr(exc, "reason", exc), ssl.SSLCertVerificationError):
+                raise  # the bench's own certificate is wrong: waiting does not help
+        time.sleep(1)
+    raise ServeError(f"vllm serve not ready after {timeout_s} s (log {server.log}):\n{server.tail()}")
+
+
+def _serve(model: str, workdir: str, extra_args: Sequence[str], *, tls: bool = False, **kw: Any) -> list[Result]:
+    """One ``vllm serve`` of ``model`` and :func:`measure` on it. ``tls``: vLLM's HTTPS and NNRP on
+    ``nnrps://`` only, with one self-signed certificate (module docstring); else HTTP and NNRP on TCP and a
+    unix socket."""
     seqs = max(256, *kw["levels"], kw["burst_clients"] + kw["burst_load_streams"], kw["cancel_streams"])
+    config = NNRP_CONFIG
+    if tls:
+        cert, key = self_signed(workdir)
+        nnrp = {"tls": f"nnrps://127.0.0.1:{free_port()}"}
+        config = {"nnrp": {**NNRP_CONFIG["nnrp"], "tls_cert_file": cert, "tls_key_file": key}}
+        extra_args = (*extra_args, "--ssl-keyfile", key, "--ssl-certfile", cert)
+        kw["transport"] = "tls"
+    else:
+        nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/load-{free_port()}.sock"}
     server = serve_with_nnrp(
-        model, workdir, listen=(nnrp["tcp"], nnrp["ipc"]), log=f"{workdir}/vllm-{free_port()}.log",
+        model, workdir, listen=tuple(nnrp.values()), log=f"{workdir}/vllm-{free_port()}.log",
         extra_args=("--load-format", "dummy", "--max-num-seqs", str(seqs), "--additional-config",
-                    orjson.dumps(NNRP_CONFIG).decode(), *extra_args),
+                    orjson.dumps(config).decode(), *extra_args),
     )  # fmt: skip
     server.nnrp = nnrp
     try:
-        server.wait_ready(START_TIMEOUT_S)
+        if tls:
+            server.http = f"https://127.0.0.1:{server.port}"
+            server.ca_file = cert
+            _wait_ready_tls(server, cert, START_TIMEOUT_S)
+        else:
+            server.wait_ready(START_TIMEOUT_S)
         return measure(server, workdir=workdir, **kw)
     finally:
+        served = server.log.stat().st_size  # what follows is the stop (vLLM logs its engine's end as errors)
         server.stop()
+        _report_log(server, served)
+
+
+#: lines of the API server's log worth a look after a run: errors, tracebacks, NNRP's warnings
+_LOG_TROUBLE = re.compile(r"\b(ERROR|CRITICAL|Traceback)\b|WARNING.*\bNNRP\b")
+
+
+def _report_log(server: Any, size: int) -> None:
+    """Print the lines of :data:`_LOG_TROUBLE` among the first ``size`` bytes of the API server's log (count and
+    the first 20) to stderr: the rows count failed requests, not what the server said about them."""
+    with contextlib.suppress(OSError), open(server.log, "rb") as f:
+        found = [line for line in f.read(size).decode(errors="replace").splitlines() if _LOG_TROUBLE.search(line)]
+        if found:
+            print(f"bench load: {len(found)} error/warning lines in the log of vllm serve ({server.http}):",
+                  *found[:20], sep="\n  ", file=sys.stderr)  # fmt: skip
 
 
 def run(
     *, model: str | None = None, levels: Sequence[int] = LEVELS, rounds: int = 2, max_tokens: int = 256,
     shared: dict[int, int] = SHARED, burst_clients: int = 256, burst_load_streams: int = 256,
     cancel_streams: int = 256, cancel_per_session: int = 32, cancel_sample: int = 32, idle_sessions: int = 1000,
-    idle_seconds: float = 10.0, stream_interval: int | None = 8, transport: str = "tcp",
+    idle_seconds: float = 10.0, thread_sessions: int = 256, stream_interval: int | None = 8, transport: str = "tcp",
+    tls: bool = False,
 ) -> list[Result]:
     """Serve the tiny model made from ``model`` (default ``$VLLM_NNRP_TEST_MODEL``) and measure (module
     docstring); then the levels again with ``--stream-interval stream_interval`` unless it is ``None`` or the
-    installed vLLM lacks the flag. Raises ``SystemExit`` without a model, ``compat.launcher.ServeError`` when
-    ``vllm serve`` does not start, ``RuntimeError`` when a client process fails."""
-    kw = {"levels": levels, "rounds": rounds, "max_tokens": max_tokens, "shared": shared, "transport": transport}
+    installed vLLM lacks the flag. ``tls``: HTTPS and ``nnrps://`` (``transport`` is then ignored), ids
+    ``load.tls.…``. Raises ``SystemExit`` without a model, ``compat.launcher.ServeError`` when ``vllm serve``
+    does not start, ``RuntimeError`` when a client process fails."""
+    kw = {"levels": levels, "rounds": rounds, "max_tokens": max_tokens, "shared": shared, "transport": transport, "tls": tls}
+    prefix = "load.tls" if tls else "load"
     model = model or os.environ.get("VLLM_NNRP_TEST_MODEL")
     if not model:
         raise SystemExit("load benchmark: give --model or set VLLM_NNRP_TEST_MODEL")
     with tempfile.TemporaryDirectory() as workdir:
         tiny = str(tiny_model.build(model))
-        rows = _serve(tiny, workdir, (), burst_clients=burst_clients, burst_load_streams=burst_load_streams,
+        rows = _serve(tiny, workdir, (), prefix=prefix, burst_clients=burst_clients, burst_load_streams=burst_load_streams,
                       cancel_streams=cancel_streams, cancel_per_session=cancel_per_session, cancel_sample=cancel_sample,
-                      idle_sessions=idle_sessions, idle_seconds=idle_seconds, **kw)  # fmt: skip
+                      idle_sessions=idle_sessions, idle_seconds=idle_seconds, thread_sessions=thread_sessions, **kw)  # fmt: skip
         if stream_interval is None:
             return rows
         if not stream_interval_supported():
             print("bench load: this vLLM has no --stream-interval; its rows are skipped", file=sys.stderr)
             return rows
-        rows += _serve(tiny, workdir, ("--stream-interval", str(stream_interval)), prefix=f"load.stream_interval_{stream_interval}",
+        rows += _serve(tiny, workdir, ("--stream-interval", str(stream_interval)), prefix=f"{prefix}.stream_interval_{stream_interval}",
                        burst_clients=0, burst_load_streams=0, cancel_streams=0, cancel_per_session=1, cancel_sample=0,
                        idle_sessions=0, idle_seconds=0, parameters={"stream_interval": stream_interval}, **kw)  # fmt: skip
     return rows

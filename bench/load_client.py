@@ -1,9 +1,9 @@
 """Client process of :mod:`bench.load`: drives one share of the load on one asyncio event loop, one task per
 stream, with the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.client.connection`).
 
-    python -m bench.load_client stream http|nnrp TARGET STREAMS BODY_JSON [--per-session K] [--cancel M]
-    python -m bench.load_client burst http|nnrp TARGET CLIENTS BODY_JSON
-    python -m bench.load_client idle nnrp TARGET SESSIONS
+    python -m bench.load_client stream http|nnrp TARGET STREAMS BODY_JSON [--per-session K] [--cancel M] [--ca-file PEM]
+    python -m bench.load_client burst http|nnrp TARGET CLIENTS BODY_JSON [--ca-file PEM]
+    python -m bench.load_client idle nnrp TARGET SESSIONS [--ca-file PEM]
 
 A handshake over stdin/stdout keeps set-up and tear-down out of the parent's timed window: the process opens
 its connections / sessions, prints ``ready``, waits for a line on stdin (go), runs, prints one JSON line of
@@ -14,16 +14,23 @@ results, waits for another line (close), then closes everything.
   connection and session; ``--per-session K`` puts K streams on each session, one session per connection
   (the agent shape: few connections, many operations each). Per request: ``ttft_ms`` (sent -> first
   non-empty text delta), ``gaps_ms`` (between text deltas), ``total_ms``, ``tokens`` (the usage's output
-  tokens) and ``error`` (``None``, or the first error's text). ``--cancel M`` (NNRP) cancels M streams
-  spread evenly over the share: the k-th of them :data:`CANCEL_AFTER_S` + k × :data:`CANCEL_SPACING_S` after
-  its first text delta (FRAME_CANCEL); it records ``cancel_ms`` (FRAME_CANCEL handed to the transport ->
+  tokens) and ``error`` (``None``, or the first error's text); HTTP also ``new_connection`` (the request had
+  to open a connection: the server had closed the kept-alive one, vLLM's 5 s idle timeout). ``--cancel M``
+  (NNRP) cancels M streams spread evenly over the share: the k-th of them :data:`CANCEL_AFTER_S` + k ×
+  :data:`CANCEL_SPACING_S` after its first text delta (FRAME_CANCEL); it records ``cancel_ms`` (FRAME_CANCEL handed to the transport ->
   its terminal received, ms; ``None`` when the stream had ended first) and is a failure unless that terminal
   is ``response.cancelled`` within :data:`CANCEL_TIMEOUT_S`.
 * ``burst``: ``CLIENTS`` clients released together (after go) each connect and send one request. Per client:
-  ``open_ms`` (NNRP: connect + open session; HTTP: TCP connect), ``served_ms`` (release -> the request's end)
-  and ``error``; a client not served within :data:`BURST_TIMEOUT_S` is a failure.
+  ``open_ms`` (NNRP: connect + open session; HTTP: TCP connect; TLS included; ``None`` when it never got
+  that far), ``served_ms`` (release -> the request's end) and ``error``; a client not served within
+  :data:`BURST_TIMEOUT_S` is a failure.
 * ``idle``: ``SESSIONS`` NNRP sessions (one connection each) opened, then left idle until go; results are
   empty.
+
+TLS (``TARGET`` ``https://…`` or ``nnrps://…``): ``--ca-file`` names the PEM certificate the client trusts (the
+server's self-signed one, :mod:`bench.load` ``tls``). aiohttp gets one ``ssl.SSLContext`` made from it for
+all its connections; the NNRP client gets its DER bytes (``connect(trusted_cert_der=…)``), from which it makes
+the context of each connection itself, as any user of :func:`vllm_nnrp_plugin.client.connect` does.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ssl
 import sys
 import time
 from typing import Any
@@ -91,36 +99,46 @@ async def _http_request(http: Any, body: bytes, clock: Clock, trace: dict | None
     return _record(clock, tokens, error)
 
 
-async def _http_main(mode: str, base: str, count: int, body: bytes) -> None:
+async def _http_main(mode: str, base: str, count: int, body: bytes, ca_file: str | None = None) -> None:
     import aiohttp
+
+    tls = ssl.create_default_context(cafile=ca_file) if ca_file else True  # True: aiohttp's default checks
 
     async def connected(session: Any, trace_ctx: Any, params: Any) -> None:
         if trace_ctx.trace_request_ctx is not None:
             trace_ctx.trace_request_ctx["connected"] = time.perf_counter()
 
-    trace = aiohttp.TraceConfig()  # the burst's open_ms: when aiohttp has the TCP connection
+    trace = aiohttp.TraceConfig()  # the burst's open_ms: when aiohttp has the TCP (and TLS) connection
     trace.on_connection_create_end.append(connected)
     sessions = [
-        aiohttp.ClientSession(base, connector=aiohttp.TCPConnector(limit=1), trace_configs=[trace],
+        aiohttp.ClientSession(base, connector=aiohttp.TCPConnector(limit=1, ssl=tls), trace_configs=[trace],
                               timeout=aiohttp.ClientTimeout(total=STREAM_TIMEOUT_S))
         for _ in range(count)
     ]  # fmt: skip
     if mode == "stream":  # every stream's connection open before go
-        for response in await asyncio.gather(*(s.get("/health") for s in sessions)):
-            response.raise_for_status()
-            response.release()
+        gate = asyncio.Semaphore(SETUP_CONCURRENCY)
+
+        async def health(http: Any) -> None:
+            async with gate, http.get("/health") as response:
+                response.raise_for_status()
+                await response.read()
+
+        await asyncio.gather(*(health(s) for s in sessions))
 
     async def one(http: Any) -> dict[str, Any]:
         clock, ctx = Clock(), {}
         try:
-            if mode == "stream":
-                return await _http_request(http, body, clock)
+            if mode == "stream":  # new_connection: the kept-alive one was gone (the server's idle timeout)
+                out = await _http_request(http, body, clock, ctx)
+                return {**out, "new_connection": "connected" in ctx}
             async with asyncio.timeout(BURST_TIMEOUT_S):  # not wait_for: before 3.12 it can swallow a cancel
                 out = await _http_request(http, body, clock, ctx)
             opened = ctx.get("connected")
             return {**out, "open_ms": (opened - clock.start) * 1000 if opened else None, "served_ms": out["total_ms"]}
-        except Exception as exc:  # reported as the request's failure
-            return {**_record(clock, 0, f"{type(exc).__name__}: {exc}"[:300]), "open_ms": None}
+        except Exception as exc:  # reported as the request's failure (its connection's time if it got one)
+            opened = ctx.get("connected")
+            return {**_record(clock, 0, f"{type(exc).__name__}: {exc}"[:300]),
+                    "open_ms": (opened - clock.start) * 1000 if opened else None}  # fmt: skip
 
     await _handshake_async(b"ready")
     results = await asyncio.gather(*(one(s) for s in sessions))
@@ -172,13 +190,28 @@ async def _cancel(op: Any, clock: Clock) -> dict[str, Any]:
     return {**_record(clock, 0, error), "cancel_ms": cancel_ms}
 
 
+#: the certificate (DER) the NNRP client trusts for ``nnrps://`` (``--ca-file``), else the system's trust store
+TRUSTED_CERT_DER: bytes | None = None
+
+
+def _trust(ca_file: str | None) -> None:
+    global TRUSTED_CERT_DER
+    if ca_file:
+        with open(ca_file) as f:
+            TRUSTED_CERT_DER = ssl.PEM_cert_to_DER_cert(f.read())
+
+
+async def _connect(uri: str) -> Any:
+    return await connect(uri, trusted_cert_der=TRUSTED_CERT_DER)
+
+
 async def _open(uri: str, count: int, per_session: int) -> list[Session]:
     """``count`` sessions, each on its own connection, at most :data:`SETUP_CONCURRENCY` opening at once."""
     gate = asyncio.Semaphore(SETUP_CONCURRENCY)
 
     async def one() -> Session:
         async with gate:
-            conn = await connect(uri)
+            conn = await _connect(uri)
             # ask what nnrp-py asks (4): both server runtimes grant the plugin's own per-session limit, and
             # nnrp-py's native server refuses an ask above its 4
             return await conn.open_session(max_in_flight_operations=min(per_session, 4))
@@ -217,16 +250,17 @@ async def _nnrp_burst(uri: str, count: int, body: dict[str, Any]) -> None:
 
     async def one() -> dict[str, Any]:
         await release.wait()
-        clock, conn = Clock(), None
+        clock, conn, open_ms = Clock(), None, None
         try:
             async with asyncio.timeout(BURST_TIMEOUT_S):
-                conn = await connect(uri)
+                conn = await _connect(uri)
                 session = await conn.open_session(max_in_flight_operations=1)
                 open_ms = (time.perf_counter() - clock.start) * 1000
                 out = await _nnrp_request(session, envelope, clock)
             return {**out, "open_ms": open_ms, "served_ms": out["total_ms"]}
-        except Exception as exc:  # reported as the client's failure (TimeoutError: not served in time)
-            return {**_record(clock, 0, f"{type(exc).__name__}: {exc}"[:300]), "open_ms": None}
+        except Exception as exc:  # reported as the client's failure (TimeoutError: not served in time), with
+            # its open time if its session had opened
+            return {**_record(clock, 0, f"{type(exc).__name__}: {exc}"[:300]), "open_ms": open_ms}
         finally:
             if conn is not None:
                 with contextlib.suppress(Exception):
@@ -256,12 +290,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("body", nargs="?", default="{}", help="the chat request body (JSON)")
     p.add_argument("--per-session", type=int, default=1, help="NNRP streams per session (stream mode)")
     p.add_argument("--cancel", type=int, default=0, help="NNRP streams to cancel after their first token")
+    p.add_argument("--ca-file", help="PEM certificate to trust for https:// and nnrps:// (a self-signed server's)")
     a = p.parse_args(argv)
     body = orjson.loads(a.body)
     if a.protocol == "http" and (a.mode == "idle" or a.per_session != 1 or a.cancel):
         p.error("idle, --per-session and --cancel are NNRP's")
+    _trust(a.ca_file)
     if a.protocol == "http":
-        asyncio.run(_http_main(a.mode, a.target, a.count, orjson.dumps(body)))
+        asyncio.run(_http_main(a.mode, a.target, a.count, orjson.dumps(body), a.ca_file))
     elif a.mode == "stream":
         asyncio.run(_nnrp_stream(a.target, a.count, body, a.per_session, min(a.cancel, a.count)))
     elif a.mode == "burst":

@@ -1,14 +1,16 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
     python -m bench [all|mapper|latency|cancel|framework|e2e|load …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
-        [--load-transport tcp|ipc] [--load-rounds N]
+        [--load-transport tcp|ipc] [--load-rounds N] [--load-tls] [--load-stream-interval N]
 
 (from the checkout's root: the benchmarks are not part of the installed package).
 
 ``--quick`` runs each with tiny sizes (the smoke the tests run: it must run, not meet a number). The
 framework benchmark needs vLLM's environment (FastAPI, uvicorn, uvloop); the e2e and load benchmarks need vLLM
 installed in this interpreter and a model directory (``--model`` or
-``VLLM_NNRP_TEST_MODEL``; load serves a tiny model made from it, :mod:`bench.tiny_model`).
+``VLLM_NNRP_TEST_MODEL``; load serves a tiny model made from it, :mod:`bench.tiny_model`). ``--load-tls``: load
+over TLS (vLLM's HTTPS and NNRP on ``nnrps://``, one self-signed certificate; ids ``load.tls.…``, :mod:`bench.load`).
+``--load-stream-interval 0`` skips load's second server (``--stream-interval``; default 8).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ FULL: dict[str, Callable[..., list[Result]]] = {
     "cancel": lambda **_: cancel_latency.run(),
     "framework": lambda **_: _framework().run(),
     "e2e": lambda model=None, **_: _e2e().run(model=model),
-    "load": lambda model=None, load_transport="tcp", load_rounds=2, **_: _load().run(
-        model=model, transport=load_transport, rounds=load_rounds
+    "load": lambda model=None, load_transport="tcp", load_rounds=2, load_tls=False, load_stream_interval=8, **_: _load().run(
+        model=model, transport=load_transport, rounds=load_rounds, tls=load_tls, stream_interval=load_stream_interval or None
     ),
 }
 QUICK: dict[str, Callable[..., list[Result]]] = {
@@ -39,10 +41,10 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
     "cancel": lambda **_: cancel_latency.run(operations=5),
     "framework": lambda **_: _framework().run(levels=(4,), rounds=2, tokens=16),
     "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
-    "load": lambda model=None, load_transport="tcp", load_rounds=1, **_: _load().run(
+    "load": lambda model=None, load_transport="tcp", load_rounds=1, load_tls=False, **_: _load().run(
         model=model, levels=(4,), rounds=load_rounds, max_tokens=16, shared={4: 2}, burst_clients=8,
-        burst_load_streams=4, cancel_streams=8, cancel_per_session=4, cancel_sample=4, idle_sessions=8, idle_seconds=2, stream_interval=None,
-        transport=load_transport,
+        burst_load_streams=4, cancel_streams=8, cancel_per_session=4, cancel_sample=4, idle_sessions=8, idle_seconds=2,
+        thread_sessions=8, stream_interval=None, transport=load_transport, tls=load_tls,
     ),
 }
 
@@ -75,18 +77,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--load-transport", choices=["tcp", "ipc"], default="tcp", help="NNRP transport of load (default tcp)")
     p.add_argument("--load-rounds", type=int, help="windows per protocol and level in load, alternating A/B/B/A "
                    "(default 2; --quick: 1)")
+    p.add_argument("--load-tls", action="store_true", help="load over TLS: vLLM's HTTPS against NNRP on nnrps:// "
+                   "(one self-signed certificate; ids load.tls.*; --load-transport does not apply)")
+    p.add_argument("--load-stream-interval", type=int, default=8, metavar="N", help="load's second server serves "
+                   "with --stream-interval N (default 8; 0: no second server; --quick: none)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.load_tls and args.load_transport != "tcp":
+        p.error("--load-tls serves NNRP on nnrps:// (TLS over TCP); --load-transport ipc does not apply")
     which = list(FULL) if "all" in args.which else list(dict.fromkeys(args.which))
     table = QUICK if args.quick else FULL
     rows: list[Result] = []
     for name in which:
         print(f"bench: running {name} …", file=sys.stderr, flush=True)
         options = {} if args.load_rounds is None else {"load_rounds": args.load_rounds}
-        rows += table[name](model=args.model, load_transport=args.load_transport, **options)
+        rows += table[name](model=args.model, load_transport=args.load_transport, load_tls=args.load_tls,
+                            load_stream_interval=args.load_stream_interval, **options)  # fmt: skip
     extra = {}
     if "e2e" in which or "load" in which:
         import vllm
