@@ -20,9 +20,11 @@ from compat.launcher import POOLING_ARGS, SERVED_NAME, VLLMServer, attach_option
 from tests.support import free_port, self_signed
 from vllm_nnrp_plugin.client import ProfileClient
 
-__all__ = ["LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir"]
+__all__ = ["IN_FLIGHT_PER_SESSION", "LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir"]
 
 MODEL_ENV = "VLLM_NNRP_TEST_MODEL"
+#: the shared server's ``nnrp.max_in_flight_per_session``
+IN_FLIGHT_PER_SESSION = 16
 #: a streamed request that generates for a long time (1000 tokens, EOS ignored): for cancel/shutdown tests
 LONG = {
     "model": SERVED_NAME,
@@ -50,13 +52,16 @@ def vllm_version():
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory, vllm_version):
     """The plugin enabled through the anchor's attach path, listening on a TCP port, a unix socket, TLS over TCP
-    (``nnrps``) and WebSocket with TLS (``wss``; a self-signed certificate whose DER is ``server.der``)."""
+    (``nnrps``) and WebSocket with TLS (``wss``; a self-signed certificate whose DER is ``server.der``). A session's
+    in-flight limit is set to 16 (``nnrp.max_in_flight_per_session``; by default it is vLLM's ``max_num_seqs``) so
+    that the limit and the ``openai`` transports' spread over sessions are reached with CPU-sized fan-outs."""
     workdir = tmp_path_factory.mktemp("vllm")
     cert, key, der = self_signed(workdir)
     nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/nnrp.sock",
             "nnrps": f"nnrps://127.0.0.1:{free_port()}", "wss": f"wss://127.0.0.1:{free_port()}/nnrp"}  # fmt: skip
     env, args = attach_options(vllm_version[1])
-    tls = orjson.dumps({"nnrp": {"tls_cert_file": cert, "tls_key_file": key}}).decode()
+    config = {"tls_cert_file": cert, "tls_key_file": key, "max_in_flight_per_session": IN_FLIGHT_PER_SESSION}
+    tls = orjson.dumps({"nnrp": config}).decode()
     server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": ",".join(nnrp.values())},
                         extra_args=(*args, "--additional-config", tls))  # fmt: skip
     server.nnrp, server.der = nnrp, der

@@ -24,12 +24,14 @@ from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
 pytestmark = [pytest.mark.vllm, pytest.mark.binding_core]
 
 KEYS = ("sk-nnrp-e2e-first", "sk-nnrp-e2e-second")
+MAX_NUM_SEQS = 8
 CHAT = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
 
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory, vllm_version):
-    """``vllm serve --api-key K1 K2`` with NNRP on TCP, TLS (a self-signed certificate) and a socket."""
+    """``vllm serve --api-key K1 K2 --max-num-seqs 8`` with NNRP on TCP, TLS (a self-signed certificate) and a
+    socket; no ``nnrp.max_in_flight_per_session``."""
     workdir = tmp_path_factory.mktemp("vllm-keyed")
     cert, key, der = self_signed(workdir)
     listen = {"tcp": f"tcp://127.0.0.1:{free_port()}", "nnrps": f"nnrps://127.0.0.1:{free_port()}",
@@ -38,7 +40,7 @@ def keyed_server(tmp_path_factory, vllm_version):
     config = orjson.dumps({"nnrp": {"tls_cert_file": cert, "tls_key_file": key}}).decode()
     server = VLLMServer(
         model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": ",".join(listen.values())},
-        extra_args=(*args, "--additional-config", config), api_keys=KEYS,
+        extra_args=(*args, "--additional-config", config, "--max-num-seqs", str(MAX_NUM_SEQS)), api_keys=KEYS,
     )  # fmt: skip
     server.nnrp, server.der = listen, der
     try:
@@ -84,6 +86,25 @@ def test_a_unix_socket_is_served_without_a_key(keyed_server):
     assert asyncio.run(chat(keyed_server.nnrp["ipc"], b"", None))["type"] == "response.completed"
 
 
+def test_a_sessions_in_flight_limit_is_vllms_max_num_seqs_by_default(keyed_server):
+    """Unset, ``nnrp.max_in_flight_per_session`` is what vLLM's scheduler runs at once (``--max-num-seqs``): the
+    capability document says so, and the asyncio client's default ``open_session()`` is granted it."""
+    client = asyncio.run(ProfileClient.connect(keyed_server.nnrp["ipc"]))
+    try:
+        assert client.capabilities()["limits"]["max_in_flight_per_session"] == MAX_NUM_SEQS
+    finally:
+        client.close()
+
+    async def session_credit() -> int:
+        conn = await connect(keyed_server.nnrp["ipc"])
+        try:
+            return (await conn.open_session()).max_in_flight_operations
+        finally:
+            await conn.close()
+
+    assert asyncio.run(session_credit()) == MAX_NUM_SEQS
+
+
 @pytest.mark.parametrize("carrier", ["tcp", "nnrps"])
 def test_the_openai_sdk_behaves_as_over_http(keyed_server, carrier):
     async def ask(api_key: str) -> str:
@@ -108,6 +129,7 @@ def test_nnrp_pys_native_client_is_refused_and_the_log_says_why(keyed_server):
     log = keyed_server.output()
     assert "NNRP requires vLLM's API key (2 configured" in log and "native client cannot send a key" in log
     assert "auth_failed" in log
-    ours = [line for line in log.splitlines() if "NNRP" in line or "nnrp" in line.split("args")[0]]
-    assert ours and not any(key in line for key in KEYS for line in ours)  # (vLLM itself logs its args)
+    # vLLM itself logs its arguments, keys and --middleware …NNRPMiddleware included: those lines are not ours
+    ours = [line for line in log.splitlines() if "nnrp" in line.split("args")[0].lower()]
+    assert ours and not any(key in line for key in KEYS for line in ours)
     assert keyed_server.metric("nnrp_auth_refusals_total") >= 1

@@ -222,8 +222,9 @@ async def fan_out(sdk: openai.AsyncOpenAI, n: int) -> list[str]:
 def test_concurrent_async_calls_on_one_client_complete_as_over_http(vllm_server):
     """One ``AsyncOpenAI`` client on the SDK's own HTTP library (httpx2; httpx for openai < 3) per side, SDK
     retries off: every fan-out case completes over NNRP as over HTTP, with answers HTTP also gave; the NNRP client
-    used more than one session for more than 16 calls and leaves none open once closed (the server's
-    ``nnrp_sessions_active``). On the session's plain generate server, which every anchor's binding core starts.
+    used more than one session for more calls than a session's in-flight limit (the shared server's 16) and leaves
+    none open once closed (the server's ``nnrp_sessions_active``). On the session's plain generate server, which
+    every anchor's binding core starts.
 
     The answers of one fan-out are not one text: on the CPU the greedy answer of a request depends on the batch
     it ran in (seen: "Hello! I'm here to help with" beside "Hello there, welcome to my world!" among 16 HTTP
@@ -251,7 +252,7 @@ def test_concurrent_async_calls_on_one_client_complete_as_over_http(vllm_server)
     for n, (http, nnrp) in results.items():
         assert len(nnrp) == n and all(nnrp), n
         assert set(nnrp) & set(http), (n, sorted(set(nnrp)), sorted(set(http)))
-    assert peak_sessions >= 2  # more than 16 calls: more than one session
+    assert peak_sessions >= 2  # more calls than a session's limit: more than one session
     assert wait_until(lambda: server.metric("nnrp_sessions_active") == baseline)
     assert wait_idle(server, 10.0)
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from bench import soak
-from tests.e2e.conftest import LONG, SERVED_NAME, attach_options
+from tests.e2e.conftest import IN_FLIGHT_PER_SESSION, LONG, SERVED_NAME, attach_options
 from tests.support import envelope, free_port
 from vllm_nnrp_plugin.client import ProfileClient
 
@@ -39,10 +39,10 @@ def test_a_session_over_its_in_flight_limit_is_refused_and_vllm_never_sees_the_e
     assert wait_idle(vllm_server)
     client = asyncio.run(ProfileClient.connect(vllm_server.nnrp["ipc"]))
     try:
-        ops = [client.submit(envelope(LONG)) for _ in range(16)]  # the default nnrp.max_in_flight_per_session
+        ops = [client.submit(envelope(LONG)) for _ in range(IN_FLIGHT_PER_SESSION)]
         (refused,) = list(client.events(client.submit(envelope(LONG)), timeout_s=60))
         assert refused.event["type"] == "response.error" and refused.event["error"]["code"] == "too_many_requests"
-        assert vllm_requests(vllm_server) <= 16
+        assert vllm_requests(vllm_server) <= IN_FLIGHT_PER_SESSION
         for op in ops:
             client.cancel(op)
         for op in ops:

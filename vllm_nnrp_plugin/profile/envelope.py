@@ -8,12 +8,12 @@ the terminal event carries the operation's diagnostics); others (the conformance
 ``cancel_after_events`` …) are ignored.
 
 Codes (the profile freezes only ``missing_messages`` and ``unsupported_operation`` here; the others are this
-adapter's, README "error.code"): bytes that are not UTF-8 JSON → ``invalid_json``; JSON that breaks a rule of the
-envelope → ``invalid_envelope``. One of those rules is this adapter's: arrays and objects nest at most
-:data:`MAX_NESTING` deep, counting the envelope object itself as 1 (``body`` is at depth 2, a message at 4),
+adapter's, docs/wire-mapping.md "Error codes"): bytes that are not UTF-8 JSON → ``invalid_json``; JSON that breaks
+a rule of the envelope → ``invalid_envelope``. One of those rules is this adapter's: arrays and objects nest at
+most :data:`MAX_NESTING` deep, counting the envelope object itself as 1 (``body`` is at depth 2, a message at 4),
 so that nothing downstream that walks a request recursively (vLLM's request validation, chat templates, guided
-decoding, error formatting, orjson writing it back) meets an input deep enough to exhaust its stack. Error messages never quote a client
-value as it came: they name its JSON type and show a short escaped preview (:func:`_preview`).
+decoding, error formatting, orjson writing it back) meets an input deep enough to exhaust its stack. Error messages
+never quote a client value as it came: they name its JSON type and show a short escaped preview (:func:`_preview`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a streamed tool call ends with: the rules the chat (:mod:`.chat_stream`) and the Responses
-(:mod:`.responses_stream`) mappers share (the profile's tool-call events; README *Tool calls*).
+(:mod:`.responses_stream`) mappers share (the profile's tool-call events; docs/wire-mapping.md *Tool calls*).
 
 * :func:`is_one_json_value`: a call completes only with arguments that are exactly one JSON value.
 * :func:`tools_without_required_arguments` and :func:`ending_arguments`: a call of a tool whose declared

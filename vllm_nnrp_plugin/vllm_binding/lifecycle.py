@@ -109,9 +109,9 @@ def _keys(state: Any, config: NNRPConfig) -> APIKeys | None:
         )
         return None
     logger.info(
-        "NNRP requires vLLM's API key (%d configured; --api-key / VLLM_API_KEY) on tcp:// and nnrps://; unix:// "
-        "sockets are authenticated by their file permissions; nnrp-py's native client cannot send a key and is "
-        "refused",
+        "NNRP requires vLLM's API key (%d configured; --api-key / VLLM_API_KEY) on tcp://, nnrps://, ws:// and "
+        "wss://; unix:// sockets are authenticated by their file permissions; nnrp-py's native client cannot send a "
+        "key and is refused",
         len(keys),
     )
     return APIKeys(keys)

@@ -10,7 +10,7 @@ server's credit, so that N concurrent calls of one client all run, as over HTTP,
     ...
     await pool.aclose()
 
-Policy (the server's side is README *Limits and backpressure*; its defaults are the ``nnrp.*`` settings):
+Policy (the server's side is docs/operating.md *Limits and backpressure*; its defaults are the ``nnrp.*`` settings):
 
 * **Credit of a session** = what its SESSION_OPEN_ACK granted (``max_in_flight_operations``; the plugin's server
   grants ``nnrp.max_in_flight_per_session``, 16) minus its operations without a terminal yet; 0 while a
