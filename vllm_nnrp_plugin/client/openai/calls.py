@@ -153,7 +153,8 @@ class Call:
 
     def refused(self, item: Item) -> bool:
         """``item`` is a ``too_many_requests`` refusal as the first event: the server refused the submit at
-        admission, so it never reached vLLM (docs/operating.md *Limits and backpressure*) and resubmitting is safe."""
+        admission, so it never reached vLLM (docs/operating.md *Limits and backpressure*) and resubmitting is
+        safe."""
         if isinstance(item, ClientError) or not item.terminal or not item.event:
             return False
         error = item.event.get("error") or {}

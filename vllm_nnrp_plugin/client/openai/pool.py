@@ -13,11 +13,11 @@ server's credit, so that N concurrent calls of one client all run, as over HTTP,
 Policy (the server's side is docs/operating.md *Limits and backpressure*; its defaults are the ``nnrp.*`` settings):
 
 * **Credit of a session** = what its SESSION_OPEN_ACK granted (``max_in_flight_operations``; the plugin's server
-  grants ``nnrp.max_in_flight_per_session``, 16) minus its operations without a terminal yet; 0 while a
-  BACKPRESSURE (credit window 0) holds: until the session's CREDIT_UPDATE or the BACKPRESSURE's
-  ``retry_after_ms`` (at most :data:`HOLD_MAX_S` when it names none).
+  grants ``nnrp.max_in_flight_per_session``, by default vLLM's ``max_num_seqs``) minus its operations without a
+  terminal yet; 0 while a BACKPRESSURE (credit window 0) holds: until the session's CREDIT_UPDATE or the
+  BACKPRESSURE's ``retry_after_ms`` (at most :data:`HOLD_MAX_S` when it names none).
 * **Total**: the operations in flight over the whole pool stay at most the capability document's
-  ``limits.max_in_flight`` (the server's ``nnrp.max_in_flight``, 256 by default; fetched once per connection
+  ``limits.max_in_flight`` (the server's ``nnrp.max_in_flight``, none by default; fetched once per connection
   with ``nnrp.capabilities``, :func:`vllm_nnrp_plugin.profile.capabilities.with_limits`), and the sessions at most
   its ``limits.max_sessions``. A server whose document has no ``limits`` bounds only by credit.
 * **Growing**: a call that finds no credit waits in one FIFO queue; while more calls wait than the sessions being
