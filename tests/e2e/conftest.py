@@ -61,9 +61,9 @@ def vllm_server(tmp_path_factory, vllm_version):
             "nnrps": f"nnrps://127.0.0.1:{free_port()}", "wss": f"wss://127.0.0.1:{free_port()}/nnrp"}  # fmt: skip
     env, args = attach_options(vllm_version[1])
     config = {"tls_cert_file": cert, "tls_key_file": key, "max_in_flight_per_session": IN_FLIGHT_PER_SESSION}
-    tls = orjson.dumps({"nnrp": config}).decode()
+    additional = orjson.dumps({"nnrp": config}).decode()
     server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": ",".join(nnrp.values())},
-                        extra_args=(*args, "--additional-config", tls))  # fmt: skip
+                        extra_args=(*args, "--additional-config", additional))  # fmt: skip
     server.nnrp, server.der = nnrp, der
     server.version, server.family = vllm_version
     try:
