@@ -60,6 +60,14 @@ Threads (``load.threads.*``): the API server's thread count (5 readings, 0.5 s a
 (default 256) NNRP sessions open and idle, one connection each; ``sessions_minus_no_sessions`` must be 0 (the
 NNRP carriers of the project's wire core serve every connection on vLLM's event loop, no thread per session).
 
+Agent server (``python -m bench load --load-tools``; :func:`run` ``tools=True``): the server runs a tool-call parser
+as agent deployments do (``--enable-auto-tool-choice --tool-call-parser hermes`` and the Hermes chat template of
+``compat/tool_chat_template_hermes.jinja``) and every request of the levels carries one function tool
+(:data:`AGENT_TOOL`, ``tool_choice`` auto); ids start ``load.tools.``; the idle, thread, cancel and burst rows and the
+``--stream-interval`` server are left out (they do not depend on the parser). vLLM's parser decides what each output
+is on both paths: over HTTP/SSE in vLLM's stream generator, over NNRP in the engine lane where the line allows it
+(:mod:`vllm_nnrp_plugin.vllm_binding.engine_lane`).
+
 TLS (``python -m bench load --load-tls``; :func:`run` ``tls=True``): the same measurements with every byte
 encrypted. One self-signed certificate (ECDSA P-256, for ``localhost`` and 127.0.0.1, :func:`self_signed`)
 serves both protocols: vLLM's own HTTPS (``--ssl-certfile`` / ``--ssl-keyfile``; the HTTP rows are HTTPS/SSE)
@@ -100,6 +108,14 @@ from bench.results import Result, Target, percentile
 from compat.launcher import ServeError, free_port, serve_with_nnrp
 
 LEVELS = (32, 128, 256)
+#: the tool every request of the agent-server shape carries (``--load-tools``)
+AGENT_TOOL = {"type": "function", "function": {
+    "name": "lookup", "description": "Look up current information about a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}}  # fmt: skip
+#: ``vllm serve`` arguments of the agent-server shape
+AGENT_SERVER_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                     "--chat-template", str(ROOT / "compat" / "tool_chat_template_hermes.jinja"))
 CLIENT_PROCESSES = 4
 PROMPT = "Write a long story about the sea."
 NNRP_CONFIG = {"nnrp": {"max_sessions": 1536, "max_in_flight": 1024, "max_in_flight_per_session": 64}}
@@ -298,11 +314,11 @@ def _failed(id: str, windows: Sequence[Window], parameters: dict[str, Any]) -> R
 
 def levels_rows(server: Any, engine: Sequence[int], prefix: str, *, levels: Sequence[int], rounds: int,
                 max_tokens: int, transport: str, workdir: str, parameters: dict[str, Any],
-                shared: dict[int, int]) -> list[Result]:  # fmt: skip
+                shared: dict[int, int], body_extra: dict[str, Any] | None = None) -> list[Result]:  # fmt: skip
     """The per-level rows (module docstring), the shapes' windows alternating A/B/B/A: HTTP, NNRP with a
     session per stream and, for a level in ``shared`` (level -> streams per session), NNRP sessions of that
-    many streams."""
-    body = chat_body(PROMPT, max_tokens)
+    many streams; ``body_extra``: fields added to every request (the agent shape's tools)."""
+    body = {**chat_body(PROMPT, max_tokens), **(body_extra or {})}
     rows: list[Result] = []
     for c in levels:
         shapes = {"http": ("http", 1), "nnrp": ("nnrp", 1)}
@@ -528,22 +544,25 @@ def stream_interval_supported() -> bool:
 def measure(server: Any, *, prefix: str = "load", levels: Sequence[int], rounds: int, max_tokens: int,
             shared: dict[int, int], burst_clients: int, burst_load_streams: int, cancel_streams: int,
             cancel_per_session: int, cancel_sample: int, idle_sessions: int, idle_seconds: float, transport: str,
-            workdir: str, parameters: dict[str, Any] | None = None, thread_sessions: int = 0) -> list[Result]:  # fmt: skip
+            workdir: str, parameters: dict[str, Any] | None = None, thread_sessions: int = 0,
+            body_extra: dict[str, Any] | None = None) -> list[Result]:  # fmt: skip
     """All rows on a ready ``server`` (an object with ``http``, ``nnrp`` {transport: URI}, ``pid``, ``log``
     and, when it serves TLS, ``ca_file``: the certificate the clients trust): a warm-up window per protocol,
     the thread rows (skipped when ``thread_sessions`` is 0), the idle rows (skipped when ``idle_sessions`` is
     0), the levels, the cancels under load (skipped when ``cancel_streams`` is 0), the bursts (skipped when
-    ``burst_clients`` is 0); every id starts with ``prefix``."""
+    ``burst_clients`` is 0); every id starts with ``prefix``; ``body_extra``: fields added to the warm-up's and
+    the levels' requests."""
     engine = engine_pids(server.pid)
     started = time.perf_counter()
     for protocol in ("http", "nnrp"):
-        window(server, engine, "stream", protocol, 4, chat_body(PROMPT, 16), transport=transport, workdir=workdir)
+        window(server, engine, "stream", protocol, 4, {**chat_body(PROMPT, 16), **(body_extra or {})},
+               transport=transport, workdir=workdir)  # fmt: skip
     rows = thread_rows(server, sessions=thread_sessions, transport=transport, workdir=workdir, prefix=prefix) if thread_sessions else []
     if idle_sessions:
         rows += idle_rows(server, sessions=idle_sessions, seconds=idle_seconds, transport=transport, workdir=workdir, prefix=prefix)
     _progress(f"{prefix} warm-up, threads and idle", started)
     rows += levels_rows(server, engine, prefix, levels=levels, rounds=rounds, max_tokens=max_tokens, transport=transport,
-                        workdir=workdir, parameters=parameters or {}, shared=shared)  # fmt: skip
+                        workdir=workdir, parameters=parameters or {}, shared=shared, body_extra=body_extra)  # fmt: skip
     if cancel_streams:
         started = time.perf_counter()
         rows += cancel_rows(server, engine, streams=cancel_streams, per_session=cancel_per_session, cancel=cancel_sample,
@@ -658,12 +677,12 @@ def run(
     shared: dict[int, int] = SHARED, burst_clients: int = 256, burst_load_streams: int = 256,
     cancel_streams: int = 256, cancel_per_session: int = 32, cancel_sample: int = 32, idle_sessions: int = 1000,
     idle_seconds: float = 10.0, thread_sessions: int = 256, stream_interval: int | None = 8, transport: str = "tcp",
-    tls: bool = False,
+    tls: bool = False, tools: bool = False,
 ) -> list[Result]:
     """Serve the tiny model made from ``model`` (default ``$VLLM_NNRP_TEST_MODEL``) and measure (module
     docstring); then the levels again with ``--stream-interval stream_interval`` unless it is ``None`` or the
     installed vLLM lacks the flag. ``tls``: HTTPS and ``nnrps://`` (``transport`` is then ignored), ids
-    ``load.tls.…``. Raises ``SystemExit`` without a model, ``compat.launcher.ServeError`` when ``vllm serve``
+    ``load.tls.…``. ``tools``: the agent-server shape (module docstring) instead, ids ``load.tools.…``. Raises ``SystemExit`` without a model, ``compat.launcher.ServeError`` when ``vllm serve``
     does not start, ``RuntimeError`` when a client process fails."""
     kw = {"levels": levels, "rounds": rounds, "max_tokens": max_tokens, "shared": shared, "transport": transport, "tls": tls}
     prefix = "load.tls" if tls else "load"
@@ -672,6 +691,11 @@ def run(
         raise SystemExit("load benchmark: give --model or set VLLM_NNRP_TEST_MODEL")
     with tempfile.TemporaryDirectory() as workdir:
         tiny = str(tiny_model.build(model))
+        if tools:
+            return _serve(tiny, workdir, AGENT_SERVER_ARGS, prefix="load.tools", burst_clients=0, burst_load_streams=0,
+                          cancel_streams=0, cancel_per_session=1, cancel_sample=0, idle_sessions=0, idle_seconds=0,
+                          parameters={"server": "hermes tool parser", "tool_choice": "auto"},
+                          body_extra={"tools": [AGENT_TOOL], "tool_choice": "auto"}, **kw)  # fmt: skip
         rows = _serve(tiny, workdir, (), prefix=prefix, burst_clients=burst_clients, burst_load_streams=burst_load_streams,
                       cancel_streams=cancel_streams, cancel_per_session=cancel_per_session, cancel_sample=cancel_sample,
                       idle_sessions=idle_sessions, idle_seconds=idle_seconds, thread_sessions=thread_sessions, **kw)  # fmt: skip

@@ -1,7 +1,7 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
     python -m bench [all|mapper|latency|cancel|framework|e2e|load …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
-        [--load-transport tcp|ipc] [--load-rounds N] [--load-tls] [--load-stream-interval N]
+        [--load-transport tcp|ipc] [--load-rounds N] [--load-tls] [--load-tools] [--load-stream-interval N]
 
 (from the checkout's root: the benchmarks are not part of the installed package).
 
@@ -10,7 +10,8 @@ framework benchmark needs vLLM's environment (FastAPI, uvicorn, uvloop); the e2e
 installed in this interpreter and a model directory (``--model`` or
 ``VLLM_NNRP_TEST_MODEL``; load serves a tiny model made from it, :mod:`bench.tiny_model`). ``--load-tls``: load
 over TLS (vLLM's HTTPS and NNRP on ``nnrps://``, one self-signed certificate; ids ``load.tls.…``, :mod:`bench.load`).
-``--load-stream-interval 0`` skips load's second server (``--stream-interval``; default 8).
+``--load-stream-interval 0`` skips load's second server (``--stream-interval``; default 8). ``--load-tools``: load on
+an agent server (a hermes tool-call parser, a tool in every request; ids ``load.tools.…``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ FULL: dict[str, Callable[..., list[Result]]] = {
     "cancel": lambda **_: cancel_latency.run(),
     "framework": lambda **_: _framework().run(),
     "e2e": lambda model=None, **_: _e2e().run(model=model),
-    "load": lambda model=None, load_transport="tcp", load_rounds=2, load_tls=False, load_stream_interval=8, **_: _load().run(
-        model=model, transport=load_transport, rounds=load_rounds, tls=load_tls, stream_interval=load_stream_interval or None
+    "load": lambda model=None, load_transport="tcp", load_rounds=2, load_tls=False, load_stream_interval=8,
+                   load_tools=False, **_: _load().run(
+        model=model, transport=load_transport, rounds=load_rounds, tls=load_tls, stream_interval=load_stream_interval or None,
+        tools=load_tools,
     ),
 }
 QUICK: dict[str, Callable[..., list[Result]]] = {
@@ -41,10 +44,10 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
     "cancel": lambda **_: cancel_latency.run(operations=5),
     "framework": lambda **_: _framework().run(levels=(4,), rounds=2, tokens=16),
     "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
-    "load": lambda model=None, load_transport="tcp", load_rounds=1, load_tls=False, **_: _load().run(
+    "load": lambda model=None, load_transport="tcp", load_rounds=1, load_tls=False, load_tools=False, **_: _load().run(
         model=model, levels=(4,), rounds=load_rounds, max_tokens=16, shared={4: 2}, burst_clients=8,
         burst_load_streams=4, cancel_streams=8, cancel_per_session=4, cancel_sample=4, idle_sessions=8, idle_seconds=2,
-        thread_sessions=8, stream_interval=None, transport=load_transport, tls=load_tls,
+        thread_sessions=8, stream_interval=None, transport=load_transport, tls=load_tls, tools=load_tools,
     ),
 }
 
@@ -79,6 +82,8 @@ def parser() -> argparse.ArgumentParser:
                    "(default 2; --quick: 1)")
     p.add_argument("--load-tls", action="store_true", help="load over TLS: vLLM's HTTPS against NNRP on nnrps:// "
                    "(one self-signed certificate; ids load.tls.*; --load-transport does not apply)")
+    p.add_argument("--load-tools", action="store_true", help="load on an agent server: hermes tool-call parser, "
+                   "one function tool in every request (ids load.tools.*)")
     p.add_argument("--load-stream-interval", type=int, default=8, metavar="N", help="load's second server serves "
                    "with --stream-interval N (default 8; 0: no second server; --quick: none)")
     return p
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: running {name} …", file=sys.stderr, flush=True)
         options = {} if args.load_rounds is None else {"load_rounds": args.load_rounds}
         rows += table[name](model=args.model, load_transport=args.load_transport, load_tls=args.load_tls,
-                            load_stream_interval=args.load_stream_interval, **options)  # fmt: skip
+                            load_tools=args.load_tools, load_stream_interval=args.load_stream_interval, **options)  # fmt: skip
     extra = {}
     if "e2e" in which or "load" in which:
         import vllm

@@ -5,20 +5,29 @@ before the lane) —, for plain text, usage, a token budget, a stop string and `
 keeps vLLM's generator and says so.
 Cancels, dropped clients and concurrent streams on the lane are the binding core's tests on the same server
 (``vllm_server``, which has no parser: every plain stream there takes the lane).
+
+On a server with a tool-call parser (``vllm_tools_server``: hermes) the events of every stream — text, tool calls
+for ``tool_choice`` auto, ``required`` and a named function, parallel calls refused, calls cut by ``max_tokens`` or
+a stop string — are again what vLLM's own stream gives; on 0.26–0.32 the lane drives vLLM's parser, on 0.18 and
+0.22 the streams take vLLM's generator and the start-up log says why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import httpx
+import orjson
 import pytest
 
 from tests.e2e.conftest import SERVED_NAME
+from tests.e2e.test_level1 import LOOKUP, TOOL_REQUEST
+from tests.e2e.test_tool_call_truth import get_time_request
 from tests.support import envelope
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
-from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, vllm_chunks
 
 pytestmark = pytest.mark.vllm
 
@@ -34,11 +43,13 @@ CASES = {
              "add_generation_prompt": False, "continue_final_message": True},
 }
 VOLATILE = ("id", "created")
+TOOL_CALL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]+")
 
 
 def over_http(server, body):
-    """(events, completed body) of ``body`` through vLLM's HTTP/SSE stream, the plugin's SSE parser and the profile
-    mapper; vLLM is asked for usage as the plugin always asks it (``include_usage``)."""
+    """(events, completed body) of ``body`` through vLLM's HTTP/SSE stream, the plugin's SSE parser (with the
+    request's token budget, as the plugin reads vLLM's strings) and the profile mapper; vLLM is asked for usage as
+    the plugin always asks it (``include_usage``)."""
     sent = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
     with httpx.stream("POST", f"{server.http}/v1/chat/completions", json=sent, timeout=120) as response:
         assert response.status_code == 200
@@ -50,7 +61,8 @@ def over_http(server, body):
                 yield string
 
         mapper = ChatStreamMapper(usage_events=usage_asked(body))
-        events = [event async for chunk in vllm_chunks(replay()) for event in mapper.feed(chunk)]
+        budget = TokenBudget(body.get("max_tokens"))  # the request's own budget: vLLM's default is not reached here
+        events = [event async for chunk in vllm_chunks(replay(), budget) for event in mapper.feed(chunk)]
         return events, mapper.completed_body()
 
     return asyncio.run(parse())
@@ -84,10 +96,63 @@ def lane_client(vllm_server):
     client.close()
 
 
+TOOL_CASES = {
+    "no-tools": {**BASE, "max_tokens": 24},
+    "auto-text": {**BASE, "tools": [LOOKUP], "max_tokens": 24},
+    "auto-call": {**get_time_request("Call the get_time tool again."), "stream": True},
+    "auto-call-stop": {**get_time_request("What time is it?"), "stream": True, "stop": ["2022"]},
+    "required": {**TOOL_REQUEST, "stream": True},
+    "required-budget": {**TOOL_REQUEST, "stream": True, "max_tokens": 20},
+    "required-stop": {**TOOL_REQUEST, "stream": True, "stop": ["Paris"]},
+    "required-one-call": {**TOOL_REQUEST, "stream": True, "parallel_tool_calls": False},
+    "named": {**TOOL_REQUEST, "stream": True,
+              "tool_choice": {"type": "function", "function": {"name": LOOKUP["function"]["name"]}}},
+    "required-usage": {**TOOL_REQUEST, "stream": True, "stream_options": {"include_usage": True}},
+}  # fmt: skip
+
+
+def call_ids_in_order(events, body):
+    """``events`` and ``body`` with vLLM's tool-call ids (random per request: ``chatcmpl-tool-<hex>``, also inside
+    error messages) replaced by ``call-<n>``, n counting the distinct ids in the order they first appear."""
+    names: dict[str, str] = {}
+    text = TOOL_CALL_ID.sub(lambda m: names.setdefault(m.group(0), f"call-{len(names)}"),
+                            orjson.dumps([events, body]).decode())
+    return tuple(orjson.loads(text))
+
+
+@pytest.fixture
+def tools_lane_client(vllm_tools_server):
+    client = asyncio.run(ProfileClient.connect(vllm_tools_server.nnrp["tcp"]))
+    yield client
+    client.close()
+
+
 @pytest.mark.binding_core
-def test_the_start_up_log_says_chat_streams_take_the_engine_lane(vllm_server, vllm_tools_server):
+def test_the_start_up_log_says_which_path_chat_streams_take(vllm_server, vllm_tools_server):
     assert "NNRP chat streams: text outputs straight from the engine" in vllm_server.output()
-    assert "engine lane off: a tool-call or reasoning parser is configured" in vllm_tools_server.output()
+    if tuple(vllm_tools_server.family) >= (0, 26):
+        assert "through vLLM's own tool-call/reasoning parser object" in vllm_tools_server.output()
+    else:
+        assert "engine lane off: a tool-call or reasoning parser is configured and vLLM keeps this line's parser " \
+               "state in its stream generator" in vllm_tools_server.output()
+
+
+@pytest.mark.binding_core
+@pytest.mark.parametrize("case", sorted(TOOL_CASES))
+def test_a_stream_on_a_tool_parser_server_gives_what_vllms_own_stream_gives(vllm_tools_server, tools_lane_client,
+                                                                             case):
+    body = TOOL_CASES[case]
+    events, completed = call_ids_in_order(*over_nnrp(tools_lane_client, body))
+    reference_events, reference = call_ids_in_order(*over_http(vllm_tools_server, body))
+    assert merged(events) == merged(reference_events)
+    assert {k: v for k, v in completed.items() if k not in VOLATILE} == {
+        k: v for k, v in reference.items() if k not in VOLATILE
+    }
+    kinds = {e["type"] for e in events}
+    if case.startswith(("required", "named")) or case == "auto-call":
+        assert kinds & {"response.tool_call.completed", "response.tool_call.error"}, events
+    if case == "required-budget":
+        assert completed["choices"][0]["finish_reason"] == "length"
 
 
 @pytest.mark.binding_core

@@ -106,7 +106,7 @@ class RecordedServing:
 
 
 async def lane_items(serving, req=None):
-    stream = await lane_serving(serving).create_chat_completion(req or request())
+    stream = await lane_serving(serving)().create_chat_completion(req or request())
     assert isinstance(stream, EngineStream)
     items = [item async for item in stream.items()]
     assert serving.closed == {"engine": True, "vllm": True}  # by the lane, not by asyncio.run's shutdown
@@ -168,7 +168,7 @@ def test_closing_mid_stream_closes_vllms_generator_and_the_engines():
     serving = RecordedServing(outputs, tail)
 
     async def main():
-        stream = await lane_serving(serving).create_chat_completion(request())
+        stream = await lane_serving(serving)().create_chat_completion(request())
         items = stream.items()
         got = [await items.__anext__() for _ in range(4)]
         await items.aclose()
@@ -193,7 +193,7 @@ def test_a_cancel_while_waiting_for_the_engine_closes_both():
             engine_closed.append(True)
 
     async def main():
-        stream = lane_serving(serving).chat_completion_stream_generator(request(), engine(), "chatcmpl-x", "m", [],
+        stream = lane_serving(serving)().chat_completion_stream_generator(request(), engine(), "chatcmpl-x", "m", [],
                                                                         None, None)
         consumer = asyncio.ensure_future(_drain(stream.items()))
         await stalled.wait()
@@ -214,7 +214,7 @@ def test_a_request_that_does_not_fit_gets_vllms_own_generator(fields):
     assert not request_fits(request(**fields))
     outputs, tail = outputs_of("0.26.0", "a-stream-text")
     serving = RecordedServing(outputs, tail)
-    result = asyncio.run(lane_serving(serving).create_chat_completion(request(**fields)))
+    result = asyncio.run(lane_serving(serving)().create_chat_completion(request(**fields)))
     assert not isinstance(result, EngineStream)
     assert asyncio.run(_drain(result)) == [s for o in outputs for s in o.strings] + ["data: [DONE]\n\n"]
 
@@ -251,7 +251,7 @@ def test_a_stream_generator_of_another_shape_is_refused():
 
 def test_the_view_shares_the_serving_objects_state_and_leaves_it_unchanged():
     serving = RecordedServing([], [])
-    view = lane_serving(serving)
+    view = lane_serving(serving)()
     serving.default_sampling_params = {"max_tokens": 7}  # set on vLLM's object after the view was made
     assert view.default_sampling_params == {"max_tokens": 7}
     assert isinstance(view, RecordedServing) and type(serving) is RecordedServing

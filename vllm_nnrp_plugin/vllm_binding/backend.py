@@ -65,6 +65,9 @@ class VLLMBackend:
         chat = self._bindings.get(CHAT_COMPLETIONS_CREATE)
         if chat is None:
             return None
+        if chat.lane_off is None and chat.lane_parser:
+            return ("outputs straight from the engine through vLLM's own tool-call/reasoning parser object, vLLM's "
+                    "chunk strings for the first, finish and first tool-call chunks (engine lane with vLLM's parser)")
         if chat.lane_off is None:
             return "text outputs straight from the engine, vLLM's chunk strings for the rest (engine lane)"
         return f"vLLM's chunk strings for every chunk (engine lane off: {chat.lane_off})"

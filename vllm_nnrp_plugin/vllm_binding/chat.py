@@ -7,8 +7,10 @@ of ``"data: <json>\\n\\n"`` strings ending with ``data: [DONE]``; it may also ra
 :class:`~vllm_nnrp_plugin.adapter.Call` or :class:`ProfileError`. The engine knows the request as
 ``"chatcmpl-" + request_id``.
 
-A stream whose middle outputs are all text takes the engine lane (:mod:`.engine_lane`): vLLM formats its first,
-finish and usage chunks; the text in between comes from the engine's outputs without vLLM's chunk strings.
+A stream takes the engine lane (:mod:`.engine_lane`) where it can: vLLM formats its first, finish and usage
+chunks; the outputs in between come from the engine without vLLM's chunk strings — text as it is on a server
+without a parser, and through the request's own vLLM parser object on a server with a tool-call or reasoning
+parser.
 
 Trace context: vLLM reads a W3C ``traceparent`` only from ``raw_request.headers`` (and on 0.18–0.26 only
 when tracing is on, ``--otlp-traces-endpoint``), so an operation with a trace context is run with a
@@ -26,7 +28,7 @@ from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile.capabilities import chat_operation
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_body, vllm_chunks
-from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, lane_serving, serving_fits
+from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, has_parser, lane_serving, serving_fits
 from vllm_nnrp_plugin.vllm_binding.families import has_tool_parser
 from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate
 
@@ -34,7 +36,8 @@ from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_respo
 class ChatBinding:
     """``chat.completions.create`` over ``app.state.openai_serving_chat`` (present when the server runs the
     ``generate`` task). ``lane_off``: why streams cannot take the engine lane on this server (``None``: they can,
-    :func:`~.engine_lane.serving_fits`)."""
+    :func:`~.engine_lane.serving_fits`); ``lane_parser``: the lane drives the server's tool-call or reasoning
+    parser (:func:`~.engine_lane.has_parser`)."""
 
     name = CHAT_COMPLETIONS_CREATE
 
@@ -46,8 +49,10 @@ class ChatBinding:
         self._stream_options_cls = next(a for a in typing.get_args(annotation) if a is not type(None))
         self._serving = serving
         self.lane_off = serving_fits(serving)
-        # what requests are run on: the lane's view differs from ``serving`` only in its stream generator
-        self._calls = serving if self.lane_off is not None else lane_serving(serving)
+        self.lane_parser = self.lane_off is None and has_parser(serving)
+        # what each request is run on: the lane's view differs from ``serving`` only in its stream generator (and,
+        # with a parser, in the ``parser_cls`` the stream generator sees)
+        self._views = (lambda: serving) if self.lane_off is not None else lane_serving(serving)
 
     def operation(self) -> dict[str, Any]:
         """The capability entry: tool calls only when vLLM has a tool-call parser (``--tool-call-parser``;
@@ -74,7 +79,7 @@ class ChatBinding:
                 include_usage=True,
                 continuous_usage_stats=bool(asked and asked.continuous_usage_stats) or (request.n or 1) > 1,
             )
-        result = await call_serving(self._calls, "create_chat_completion", request, traceparent, "/v1/chat/completions")
+        result = await call_serving(self._views(), "create_chat_completion", request, traceparent, "/v1/chat/completions")
         if result.__class__ is EngineStream:
             return Call(stream=result.items(self._token_budget(request)))
         if inspect.isasyncgen(result):

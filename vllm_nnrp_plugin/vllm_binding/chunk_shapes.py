@@ -90,13 +90,14 @@ class VLLMStream:
     choice spent it (ask for ``stream_options.continuous_usage_stats`` to get each choice's count).
     Raises ``orjson.JSONDecodeError`` for a ``data:`` line that is not JSON."""
 
-    __slots__ = ("_budget", "_held", "_choices", "_lane", "done")
+    __slots__ = ("_budget", "_held", "_choices", "_lane", "_middle", "done")
 
     def __init__(self, budget: TokenBudget | None = None) -> None:
         self._budget = budget
         self._held: list[Chunk] = []  # "tool_calls" finish chunks waiting for vLLM's usage
         self._choices: set[int] = set()
         self._lane: _TextLane | None = None  # the byte shape of this stream's text-only chunks, once seen
+        self._middle: Chunk | None = None  # the stream's first middle chunk, once seen
         self.done = False
 
     @property
@@ -104,6 +105,18 @@ class VLLMStream:
         """The byte shape of this stream's text-only chunks (its ``index`` and ``template``), once a string fed in
         was one."""
         return self._lane
+
+    @property
+    def middle_chunk(self) -> Chunk | None:
+        """The first middle chunk of the stream in normal form, once a string fed in was one: one choice, no
+        ``role`` in its delta, null ``logprobs`` and ``finish_reason``, no ``usage`` — the shape vLLM's generator
+        gives every chunk between the first and the finish chunk of a request of one choice."""
+        return self._middle
+
+    def feed_chunk(self, chunk: Chunk) -> list[Item]:
+        """Normal-form chunks for one chunk dict, as :meth:`feed` gives them for the ``data:`` line of its JSON
+        (``chunk``, which nobody else may hold, is rewritten in place)."""
+        return [out for normal in _normalise_parsed(chunk) for out in self._truthful(normal)]
 
     def feed(self, item: str) -> list[Item]:
         """Normal-form chunks for one string of vLLM's stream, in order."""
@@ -131,6 +144,8 @@ class VLLMStream:
             self.done = True
             return self.end()
         chunks = _normalise_parsed(orjson.loads(data))
+        if self._middle is None and _is_middle(chunks[0]):
+            self._middle = chunks[0]
         if len(chunks) == 1:
             if self._lane is None:
                 self._lane = _TextLane.learn(data, chunks[0])
@@ -174,6 +189,17 @@ class VLLMStream:
                 for choice in chunk["choices"]:
                     if isinstance(choice, dict) and choice.get("finish_reason") == "tool_calls":
                         choice["finish_reason"] = "length"
+
+
+def _is_middle(chunk: Chunk) -> bool:
+    """True for a normal-form chunk of :attr:`VLLMStream.middle_chunk`'s shape."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or chunk.get("usage") is not None:
+        return False
+    (choice,) = choices
+    delta = choice.get("delta") if isinstance(choice, dict) else None
+    return (isinstance(delta, dict) and "role" not in delta and choice.get("logprobs") is None
+            and choice.get("finish_reason") is None)
 
 
 class _TextLane:

@@ -21,11 +21,31 @@ stream all of that carries one piece of text. The engine lane takes those output
   Every other output goes to vLLM's generator, with the token ids of the outputs the lane took in front of its
   own, so that vLLM's token counts (usage, ``previous_num_tokens``) are what they would have been.
 
-Only a configuration in which every middle output becomes a text-only chunk uses the lane (:func:`serving_fits`,
-:func:`request_fits`): no tool or reasoning parser, no harmony (``gpt_oss``) model, no output logging, no forced
-usage (``--enable-force-include-usage`` streams usage on every chunk), and a request of one choice without
-``tools``, ``logprobs``, ``return_token_ids``, beam search or ``continuous_usage_stats``. Everything else takes
-vLLM's generator whole, as before.
+A server with a tool-call or reasoning parser (``--tool-call-parser``, ``--reasoning-parser``) takes the lane too
+on the lines where vLLM's generator drives one stateful parser object per choice
+(:func:`~vllm_nnrp_plugin.vllm_binding.families.stream_parser_off`; 0.26–0.32). vLLM's generator still creates
+that parser (the view's ``parser_cls`` hands it a :class:`_LaneParser` wrapping the object vLLM's own class makes
+for the request), and the lane calls the same object's ``parse_delta`` with the arguments vLLM's generator would
+pass, once per output, in order, so vLLM's parser still decides what is content, reasoning and tool-call text:
+
+* a middle output whose ``DeltaMessage`` is ``None`` (a control token, text the parser holds back) gives nothing,
+  as in vLLM's generator; one that is only ``content`` is a :class:`TextDelta`; any other is the chunk vLLM would
+  have built for it (the stream's middle-chunk shape, learnt from vLLM's own first middle chunk, with the
+  ``DeltaMessage`` dumped as ``model_dump_json(exclude_unset=True)`` dumps it and vLLM's
+  ``maybe_filter_parallel_tool_calls`` rule applied), in normal form;
+* the first output whose delta carries a tool call goes to vLLM's generator with that delta (the wrapper hands it
+  over instead of parsing again), so that vLLM's own ``tools_streamed`` decides the finish reason; the finish
+  output always goes to vLLM's generator, which parses it (``finished=True``), checks for unstreamed arguments and
+  names the finish reason as its line does; the wrapper removes the token ids of the outputs the lane took (they
+  are in front of the output only for vLLM's token counts) before they reach the parser;
+* a ``parse_delta`` that raises is raised inside vLLM's generator, which reports it as its error chunk.
+
+Only a configuration in which the lane can give exactly vLLM's chunks uses it (:func:`serving_fits`,
+:func:`request_fits`): no harmony (``gpt_oss``) model, no output logging, no forced usage
+(``--enable-force-include-usage`` streams usage on every chunk), a parser only where vLLM's generator drives one
+parser object, and a request of one choice without ``logprobs``, ``return_token_ids``, beam search or
+``continuous_usage_stats`` (and without ``tools`` on a server without a parser). Everything else takes vLLM's
+generator whole, as before.
 
 vLLM's generator is driven without a task of its own: :class:`_Pump` steps it in the lane's task and gets control
 back when it waits for the next output (the feed suspends it with :data:`_WANTS_OUTPUT`); any other wait inside it
@@ -36,25 +56,28 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from typing import Any
 
 from vllm_nnrp_plugin.profile.chat_stream import TextDelta
-from vllm_nnrp_plugin.vllm_binding.chunk_shapes import Item, TokenBudget, VLLMStream
+from vllm_nnrp_plugin.vllm_binding.chunk_shapes import Chunk, Item, TokenBudget, VLLMStream
+from vllm_nnrp_plugin.vllm_binding.families import stream_parser_off
 
 #: what vLLM's generator suspends with when it waits for the next engine output (never seen by the event loop)
 _WANTS_OUTPUT = object()
 #: the leading parameters the lane relies on, the same on 0.18–0.32
 _STREAM_GENERATOR_PARAMETERS = ("self", "request", "result_generator", "request_id", "model_name")
+#: the ``DeltaMessage`` fields set on a delta that is only text (``tool_calls``: an empty list some parsers set)
+_CONTENT = frozenset({"content"})
+_CONTENT_AND_CALLS = frozenset({"content", "tool_calls"})
 
 
 def serving_fits(serving: Any) -> str | None:
     """Why the chat serving object ``serving`` (``OpenAIServingChat``) cannot use the engine lane, or ``None`` when it
-    can: its attributes ``parser_cls`` (0.22+), ``tool_parser`` / ``reasoning_parser_cls`` (0.18, 0.22),
-    ``use_harmony`` (0.18, 0.22), ``enable_log_outputs``, ``enable_force_include_usage``, and the signature of
-    ``chat_completion_stream_generator``."""
-    if any(getattr(serving, name, None) is not None for name in ("parser_cls", "tool_parser", "reasoning_parser_cls")):
-        return "a tool-call or reasoning parser is configured"
+    can: its attributes ``use_harmony`` (0.18, 0.22), ``enable_log_outputs``, ``enable_force_include_usage``, the
+    signature of ``chat_completion_stream_generator``, and, when it has a parser (``parser_cls`` 0.22+,
+    ``tool_parser`` / ``reasoning_parser_cls`` 0.18 and 0.22), whether the lane can drive it
+    (:func:`~vllm_nnrp_plugin.vllm_binding.families.stream_parser_off`)."""
     if getattr(serving, "use_harmony", False):
         return "the model uses the harmony format"
     if getattr(serving, "enable_log_outputs", False):
@@ -67,17 +90,28 @@ def serving_fits(serving: Any) -> str | None:
     names = tuple(inspect.signature(generator).parameters)[: len(_STREAM_GENERATOR_PARAMETERS)]
     if names != _STREAM_GENERATOR_PARAMETERS:
         return f"chat_completion_stream_generator's parameters begin {names}"
+    if has_parser(serving):
+        off = stream_parser_off(serving)
+        if off is not None:
+            return f"a tool-call or reasoning parser is configured and {off}"
     return None
 
 
-def request_fits(request: Any) -> bool:
-    """True when every middle output of vLLM's ``ChatCompletionRequest`` ``request`` becomes a text-only chunk:
-    one choice (``n``), no ``tools``, ``logprobs``, ``return_token_ids`` (0.22+), ``use_beam_search`` or
-    ``stream_options.continuous_usage_stats``."""
+def has_parser(serving: Any) -> bool:
+    """True when vLLM's chat serving object runs a tool-call or reasoning parser: ``parser_cls`` (0.22+),
+    ``tool_parser`` / ``reasoning_parser_cls`` (0.18, 0.22)."""
+    return any(getattr(serving, name, None) is not None for name in ("parser_cls", "tool_parser", "reasoning_parser_cls"))
+
+
+def request_fits(request: Any, parser: bool = False) -> bool:
+    """True when the lane gives exactly vLLM's chunks for vLLM's ``ChatCompletionRequest`` ``request``: one choice
+    (``n``), no ``logprobs``, ``return_token_ids`` (0.22+), ``use_beam_search`` or
+    ``stream_options.continuous_usage_stats``, and no ``tools`` unless the server has a parser the lane drives
+    (``parser``)."""
     options = request.stream_options
     return (
         (request.n or 1) == 1
-        and not request.tools
+        and (parser or not request.tools)
         and not request.logprobs
         and not getattr(request, "return_token_ids", False)
         and not getattr(request, "use_beam_search", False)
@@ -85,38 +119,174 @@ def request_fits(request: Any) -> bool:
     )
 
 
-def lane_serving(serving: Any) -> Any:
-    """A view of ``serving`` (its class's subclass sharing its ``__dict__``: the same state, the same methods) whose
-    ``chat_completion_stream_generator`` returns an :class:`EngineStream` for a request that :func:`request_fits`,
-    vLLM's own generator otherwise. ``serving`` itself is not changed: vLLM's HTTP routes keep using it."""
+def lane_serving(serving: Any) -> Callable[[], Any]:
+    """What to run each request on: a view of ``serving`` (its class's subclass sharing its ``__dict__``: the same
+    state, the same methods) whose ``chat_completion_stream_generator`` returns an :class:`EngineStream` for a
+    request that :func:`request_fits`, vLLM's own generator otherwise. With a parser (:func:`has_parser`) each
+    request gets a view of its own, whose ``parser_cls`` records the parser vLLM's generator creates for it.
+    ``serving`` itself is not changed: vLLM's HTTP routes keep using it."""
     base = type(serving)
     vllm_generator = base.chat_completion_stream_generator
+    parser = has_parser(serving)
 
     def chat_completion_stream_generator(self: Any, request: Any, result_generator: Any, *args: Any,
                                          **kwargs: Any) -> Any:
-        if not request_fits(request):
+        if not request_fits(request, parser):
             return vllm_generator(self, request, result_generator, *args, **kwargs)
         feed = _Feed()
-        return EngineStream(vllm_generator(self, request, feed, *args, **kwargs), result_generator, feed)
+        turn = None
+        if parser:
+            turn = self._lane_turn = _ParserTurn(request)
+        return EngineStream(vllm_generator(self, request, feed, *args, **kwargs), result_generator, feed, turn)
 
-    view_cls = type(base.__name__, (base,), {"chat_completion_stream_generator": chat_completion_stream_generator,
-                                             "__module__": __name__})
-    view = object.__new__(view_cls)
-    view.__dict__ = serving.__dict__
-    return view
+    namespace: dict[str, Any] = {"chat_completion_stream_generator": chat_completion_stream_generator,
+                                 "__module__": __name__}
+    if parser:
+        namespace.update(__slots__=("_lane_turn",), parser_cls=property(_recording_parser_cls))
+    view_cls = type(base.__name__, (base,), namespace)
+
+    def view() -> Any:
+        made = object.__new__(view_cls)
+        made.__dict__ = serving.__dict__
+        return made
+
+    if parser:
+        return view
+    shared = view()
+    return lambda: shared
+
+
+def _recording_parser_cls(view: Any) -> Any:
+    """The view's ``parser_cls``: vLLM's own, or — once the request's stream generator was created (its
+    :class:`_ParserTurn`) — a :class:`_RecordingParserCls` of it."""
+    cls = view.__dict__.get("parser_cls")
+    turn = getattr(view, "_lane_turn", None)
+    return cls if cls is None or turn is None else _RecordingParserCls(cls, turn)
+
+
+class _RecordingParserCls:
+    """vLLM's parser class as the stream generator of one request sees it: calling it makes vLLM's parser object and
+    returns it wrapped in a :class:`_LaneParser` recorded on ``turn``; every attribute is the class's own."""
+
+    __slots__ = ("_cls", "_turn")
+
+    def __init__(self, cls: Any, turn: _ParserTurn) -> None:
+        self._cls, self._turn = cls, turn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _LaneParser:
+        parser = _LaneParser(self._cls(*args, **kwargs))
+        self._turn.parsers.append(parser)
+        return parser
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cls, name)
+
+
+class _ParserTurn:
+    """One lane request on a parser server: vLLM's ``ChatCompletionRequest`` and the :class:`_LaneParser` objects
+    vLLM's generator created for it (one per choice; the lane drives a request of one choice)."""
+
+    __slots__ = ("request", "parsers")
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+        self.parsers: list[_LaneParser] = []
+
+
+class _LaneParser:
+    """The parser object vLLM's generator holds: vLLM's own ``parser`` behind it. Its ``parse_delta`` hands over
+    ``pending`` (the delta the lane already parsed for this output) or raises ``error`` (what the lane's parse
+    raised), else drops the first ``skip`` token ids (those of outputs the lane took, prepended only for vLLM's
+    counts) and asks ``parser``. ``tool_call_seen``: vLLM's generator got a delta with tool calls (its
+    ``tools_streamed`` is set). Every other attribute is ``parser``'s."""
+
+    __slots__ = ("parser", "pending", "error", "skip", "tool_call_seen")
+
+    def __init__(self, parser: Any) -> None:
+        self.parser = parser
+        self.pending: Any = None
+        self.error: BaseException | None = None
+        self.skip = 0
+        self.tool_call_seen = False
+
+    def parse_delta(self, delta_text: str, delta_token_ids: list[int], request: Any,
+                    prompt_token_ids: list[int] | None = None, **kwargs: Any) -> Any:
+        error = self.error
+        if error is not None:
+            self.error = None
+            raise error
+        delta = self.pending
+        if delta is not None:
+            self.pending = None
+        else:
+            if self.skip:
+                delta_token_ids, self.skip = delta_token_ids[self.skip:], 0
+            delta = self.parser.parse_delta(delta_text, delta_token_ids, request, prompt_token_ids, **kwargs)
+        if delta is not None and delta.tool_calls:
+            self.tool_call_seen = True
+        return delta
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.parser, name)
+
+
+class _Middle:
+    """How a parser stream's middle outputs become items: ``head`` and ``rest`` (the chunk and choice fields of vLLM's
+    first middle chunk of this stream, without ``choices`` and ``delta``) and the :class:`_LaneParser`."""
+
+    __slots__ = ("head", "rest", "parser", "parallel", "_text_template")
+
+    def __init__(self, head: Chunk, rest: Chunk, parser: _LaneParser, parallel: bool) -> None:
+        self.head, self.rest, self.parser, self.parallel = head, rest, parser, parallel
+        self._text_template: Chunk | None = None
+
+    @classmethod
+    def learn(cls, chunk: Chunk | None, turn: _ParserTurn) -> _Middle | None:
+        """The shape of ``chunk`` (the stream's first middle chunk, :attr:`VLLMStream.middle_chunk`), once vLLM's
+        generator made exactly one parser for ``turn``."""
+        if chunk is None or len(turn.parsers) != 1:
+            return None
+        (choice,) = chunk["choices"]
+        head = {k: v for k, v in chunk.items() if k != "choices"}
+        rest = {k: v for k, v in choice.items() if k != "delta"}
+        return cls(head, rest, turn.parsers[0], turn.request.parallel_tool_calls is not False)
+
+    def items(self, delta: Any, stream: VLLMStream) -> list[Item]:
+        """The normal-form items of the chunk vLLM's generator builds for a middle output whose ``DeltaMessage`` is
+        ``delta``: ``ChatCompletionResponseStreamChoice(delta=delta, …)`` through
+        ``maybe_filter_parallel_tool_calls`` (``vllm/entrypoints/serve/utils/tool_calls_utils.py``: only the calls
+        of index 0 when the request says ``parallel_tool_calls: false``), dumped with ``exclude_unset``."""
+        content = delta.content
+        if content.__class__ is str and content:
+            fields = delta.model_fields_set
+            if fields == _CONTENT or (fields == _CONTENT_AND_CALLS and not delta.tool_calls):
+                template = self._text_template
+                if template is None:
+                    template = self._text_template = self._chunk({"content": content})
+                return [TextDelta(self.rest.get("index", 0), content, template)]
+        dumped = delta.model_dump(mode="json", exclude_unset=True)
+        calls = dumped.get("tool_calls")
+        if calls and not self.parallel:
+            dumped["tool_calls"] = [call for call in calls if call.get("index") == 0]
+        return stream.feed_chunk(self._chunk(dumped))
+
+    def _chunk(self, delta: Chunk) -> Chunk:
+        return {**self.head, "choices": [{**self.rest, "delta": delta}]}
 
 
 class EngineStream:
     """One chat stream on the engine lane: ``strings`` (vLLM's stream generator, reading ``feed``), ``outputs``
-    (the engine's ``RequestOutput`` generator, ``result_generator``) and the :class:`_Feed` between them. Read it
-    with :meth:`items`."""
+    (the engine's ``RequestOutput`` generator, ``result_generator``) and the :class:`_Feed` between them; ``turn``:
+    the request's :class:`_ParserTurn` on a parser server. Read it with :meth:`items`."""
 
-    __slots__ = ("_pump", "_outputs", "_feed")
+    __slots__ = ("_pump", "_outputs", "_feed", "_turn")
 
-    def __init__(self, strings: AsyncGenerator[str, None], outputs: AsyncIterator[Any], feed: _Feed) -> None:
+    def __init__(self, strings: AsyncGenerator[str, None], outputs: AsyncIterator[Any], feed: _Feed,
+                 turn: _ParserTurn | None = None) -> None:
         self._pump = _Pump(strings)
         self._outputs = outputs
         self._feed = feed
+        self._turn = turn
 
     async def items(self, budget: TokenBudget | None = None) -> AsyncIterator[Item]:
         """The stream's normal-form chunks, as :func:`~vllm_nnrp_plugin.vllm_binding.chunk_shapes.vllm_chunks` gives
@@ -124,9 +294,10 @@ class EngineStream:
         generator raises reaches vLLM's generator, which reports it as its error chunk. Closing this generator, or
         reaching its end, closes vLLM's generator and the engine's."""
         parser = VLLMStream(budget)
-        feed, pump = self._feed, self._pump
+        feed, pump, turn = self._feed, self._pump, self._turn
         next_output = self._outputs.__anext__
-        lane = None  # the stream's text-only shape, once vLLM's own strings showed it
+        lane = None  # the stream's text-only shape, once vLLM's own strings showed it (no parser)
+        middle = None  # the stream's middle-chunk shape and parser, once vLLM's own strings showed it (parser)
         taken: list[int] = []  # token ids of the outputs the lane took since vLLM's generator saw one
         try:
             while True:
@@ -144,15 +315,39 @@ class EngineStream:
                         taken.extend(completion.token_ids)
                         yield TextDelta(lane.index, completion.text, lane.template)
                         continue
-                    if taken and len(output.outputs) == 1:
-                        output, taken = _with_token_ids(output, taken), []
+                elif middle is not None:
+                    completion = _middle_output(output)
+                    if completion is not None:
+                        ids = completion.token_ids
+                        ids = ids if ids.__class__ is list else list(ids)
+                        wrapper = middle.parser
+                        try:
+                            delta = wrapper.parser.parse_delta(completion.text, ids, turn.request,  # type: ignore[union-attr]
+                                                               output.prompt_token_ids, finished=False)
+                        except Exception as exc:  # vLLM's generator reports it, as when its own parse raises
+                            wrapper.error = exc
+                        else:
+                            if delta is None or wrapper.tool_call_seen or not delta.tool_calls:
+                                taken.extend(ids)
+                                if delta is not None:
+                                    for item in middle.items(delta, parser):
+                                        yield item
+                                continue
+                            wrapper.pending = delta  # the first tool call: vLLM's generator streams it
+                if taken and len(output.outputs) == 1:
+                    if middle is not None and middle.parser.pending is None and middle.parser.error is None:
+                        middle.parser.skip = len(taken)
+                    output, taken = _with_token_ids(output, taken), []
                 feed.output = output
                 for string in await pump.strings():
                     for item in parser.feed(string):
                         yield item
                 if parser.done:
                     return
-                lane = parser.text_lane
+                if turn is None:
+                    lane = parser.text_lane
+                elif middle is None:
+                    middle = _Middle.learn(parser.middle_chunk, turn)
             for string in await pump.strings():
                 for item in parser.feed(string):
                     yield item
@@ -165,6 +360,18 @@ class EngineStream:
                 aclose = getattr(self._outputs, "aclose", None)
                 if aclose is not None:
                     await aclose()
+
+
+def _middle_output(output: Any) -> Any:
+    """The one ``CompletionOutput`` of ``RequestOutput`` ``output`` when it is a middle output vLLM's generator would
+    parse (index 0, no finish reason, new token ids), else ``None``."""
+    outputs = output.outputs
+    if len(outputs) != 1:
+        return None
+    completion = outputs[0]
+    if completion.finish_reason is not None or completion.index != 0 or not len(completion.token_ids):
+        return None
+    return completion
 
 
 def _text_only(output: Any) -> Any:

@@ -7,7 +7,8 @@ that this package depends on is decided here (attach paths, and probes of the se
 ``vllm/entrypoints/launchers/app.py`` from 0.29 on, where the old module is a deprecated re-export —,
 ``vllm.plugins.load_endpoint_plugins``, the chat protocol module), in :func:`has_tool_parser`, in
 :func:`responses_stream_fails` (a Responses stream a line cannot produce), in :func:`api_keys` (the keys
-HTTP requires), in :mod:`.chunk_shapes` (stream and
+HTTP requires), in :func:`stream_parser_off` (whether the engine lane can drive a line's tool-call and reasoning
+parser), in :mod:`.chunk_shapes` (stream and
 body shapes), or in :mod:`.engine_lane` (the chat serving object's attributes, per line, that keep a server's
 streams off the engine lane); the rest of the package is line-independent.
 
@@ -259,6 +260,41 @@ def has_tool_parser(serving: object) -> bool:
         return True
     parser = getattr(serving, "parser_cls", None)
     return parser is not None and getattr(parser, "tool_parser_cls", None) is not None
+
+
+
+def stream_parser_off(serving: object) -> str | None:
+    """Why vLLM's chat stream generator on this line does not hand every engine output to one stateful parser
+    object that the engine lane can drive in its place (``None``: it does). The lane needs, as on 0.26.x–0.32.x
+    (``chat_completion_stream_generator`` in ``vllm/entrypoints/openai/chat_completion/serving.py``):
+
+    * a ``parser_cls`` (``ParserManager.get_parser``) whose ``parse_delta(delta_text, delta_token_ids, request,
+      prompt_token_ids, *, finished)`` (``vllm/parser/abstract_parser.py``) keeps the whole stream state — the
+      accumulated text and token ids, the reasoning and tool-call phases — inside the parser object;
+    * a generator that creates that object through ``self.parser_cls(…)`` (0.26) or ``self._make_parser(…)``
+      (0.32, which calls ``self.parser_cls(…)``) and calls its ``parse_delta`` once per output.
+
+    0.18.x (``tool_parser`` / ``reasoning_parser_cls``, ``extract_*_streaming`` fed with the generator's own
+    ``previous_texts``) and 0.22.x (``parse_delta`` without ``finished``, beside the generator's own text, token
+    and ``reasoning_end_arr`` state) keep part of the state in the generator, so their streams stay on vLLM's
+    generator whole."""
+    parser_cls = getattr(serving, "parser_cls", None)
+    if parser_cls is None:
+        return "vLLM keeps this line's parser state in its stream generator (no parser_cls)"
+    try:
+        finished = inspect.signature(parser_cls.parse_delta).parameters.get("finished")
+    except (AttributeError, TypeError, ValueError):
+        return "vLLM's parser has no parse_delta"
+    if finished is None or finished.kind is not inspect.Parameter.KEYWORD_ONLY:
+        return "vLLM keeps this line's parser state in its stream generator (parse_delta has no finished argument)"
+    generator = getattr(type(serving), "chat_completion_stream_generator", None)
+    try:
+        source = inspect.getsource(generator)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return "the source of vLLM's chat stream generator cannot be read"
+    if "parse_delta(" not in source or not ("self.parser_cls(" in source or "self._make_parser(" in source):
+        return "vLLM's chat stream generator does not create and drive one parser per choice through parser_cls"
+    return None
 
 
 #: lines whose Responses stream breaks off before its first event when the request's ``text.format`` is a JSON
