@@ -31,7 +31,12 @@ agent shape ``load.c<N>.shared<K>.<metric>.nnrp`` for K streams per session):
   (vLLM merges the pending tokens of a stream whose consumer lags into one chunk, so a slower path shows fewer,
   longer gaps: compare ``samples``);
 * ``failed``: failed requests per window (the first error text in the row's note);
-* ``…ratio.nnrp_over_http``: the NNRP row's p50 and p95 over the HTTP row's, with the targets.
+* ``…ratio.nnrp_over_http``: the NNRP row's p50 and p95 over the HTTP row's, with the targets;
+* the floor (``load.c<N>.<metric>.floor``: ``api_server_cpu_us_per_token``, ``tokens_per_s``, ``failed``), in the
+  same alternation: as many requests of the same ``max_tokens`` sent to :data:`bench.drain.PATH`, which the server
+  (started with ``--middleware bench.drain.DrainMiddleware``) runs in vLLM's engine client and drains without
+  formatting a chunk — what vLLM's own Python output path costs with nothing consuming the stream, under both
+  protocols.
 
 The same levels run again on a second server started with ``--stream-interval 8`` (vLLM then sends a chunk
 every 8 tokens) where the installed vLLM has that flag (``load.stream_interval_8.c<N>.…``).
@@ -68,6 +73,11 @@ as agent deployments do (``--enable-auto-tool-choice --tool-call-parser hermes``
 is on both paths: over HTTP/SSE in vLLM's stream generator, over NNRP in the engine lane where the line allows it
 (:mod:`vllm_nnrp_plugin.vllm_binding.engine_lane`).
 
+Responses (``python -m bench load --load-responses``, with or without ``--load-tools``; :func:`run`
+``responses=True``): the levels as Responses streams — ``POST /v1/responses`` against the ``responses.create``
+operation, the same prompt, budget and sampling (:func:`request_body`; the tool in the API's own shape) — ids
+``load.responses.…`` / ``load.tools.responses.…``; tokens are the Response's ``usage.output_tokens``.
+
 TLS (``python -m bench load --load-tls``; :func:`run` ``tls=True``): the same measurements with every byte
 encrypted. One self-signed certificate (ECDSA P-256, for ``localhost`` and 127.0.0.1, :func:`self_signed`)
 serves both protocols: vLLM's own HTTPS (``--ssl-certfile`` / ``--ssl-keyfile``; the HTTP rows are HTTPS/SSE)
@@ -101,11 +111,11 @@ from typing import Any
 import attrs
 import orjson
 
-from bench import tiny_model
+from bench import drain, tiny_model
 from bench.e2e import START_TIMEOUT_S, chat_body
 from bench.procs import ROOT, env
 from bench.results import Result, Target, percentile
-from compat.launcher import ServeError, free_port, serve_with_nnrp
+from compat.launcher import SERVED_NAME, ServeError, free_port, serve_with_nnrp
 
 LEVELS = (32, 128, 256)
 #: the tool every request of the agent-server shape carries (``--load-tools``)
@@ -243,14 +253,19 @@ def shares(total: int, parts: int = CLIENT_PROCESSES) -> list[int]:
 
 
 def client_args(server: Any, mode: str, protocol: str, count: int, body: dict[str, Any], *, transport: str,
-                per_session: int = 1, cancel: int = 0) -> list[list[str]]:  # fmt: skip
+                per_session: int = 1, cancel: int = 0, api: str = "chat") -> list[list[str]]:  # fmt: skip
     """The :mod:`bench.load_client` argument lists of ``count`` streams (clients, sessions): whole sessions of
-    ``per_session`` streams per process, and the ``cancel`` sample split in proportion."""
-    target = server.http if protocol == "http" else server.nnrp[transport]
+    ``per_session`` streams per process, and the ``cancel`` sample split in proportion. ``protocol`` ``floor``:
+    HTTP requests to :data:`bench.drain.PATH`. ``api``: ``chat`` or ``responses`` (the client's ``--api``)."""
+    target = server.nnrp[transport] if protocol == "nnrp" else server.http
     out = []
     for sessions in shares(-(-count // per_session)):
         n = min(sessions * per_session, count - sum(int(a[3]) for a in out))
-        args = [mode, protocol, target, str(n), orjson.dumps(body).decode()]
+        args = [mode, "nnrp" if protocol == "nnrp" else "http", target, str(n), orjson.dumps(body).decode()]
+        if protocol == "floor":
+            args += ["--path", drain.PATH]
+        if api != "chat":
+            args += ["--api", api]
         if per_session != 1:
             args += ["--per-session", str(per_session)]
         if cancel:
@@ -266,10 +281,11 @@ def _trust(server: Any) -> list[str]:
 
 
 def window(server: Any, engine: Sequence[int], mode: str, protocol: str, count: int, body: dict[str, Any], *,
-           transport: str, workdir: str, per_session: int = 1, cancel: int = 0) -> Window:  # fmt: skip
-    """Open the clients' connections, then time one window of ``mode`` (``stream`` or ``burst``)."""
+           transport: str, workdir: str, per_session: int = 1, cancel: int = 0, api: str = "chat") -> Window:  # fmt: skip
+    """Open the clients' connections, then time one window of ``mode`` (``stream`` or ``burst``) of ``api``
+    requests."""
     argument_lists = client_args(server, mode, protocol, count, body, transport=transport, per_session=per_session,
-                                 cancel=cancel)  # fmt: skip
+                                 cancel=cancel, api=api)  # fmt: skip
     with Clients(argument_lists, workdir) as clients:
         clients.read()  # ready
         sides = ([server.pid], engine, [p.pid for p in clients.procs])
@@ -312,28 +328,46 @@ def _failed(id: str, windows: Sequence[Window], parameters: dict[str, Any]) -> R
     )  # fmt: skip
 
 
+def request_body(api: str, max_tokens: int) -> dict[str, Any]:
+    """The streamed request of the levels: :func:`bench.e2e.chat_body` for ``chat``; for ``responses`` the same
+    prompt, budget and sampling as a ``ResponsesRequest`` (``input``, ``max_output_tokens``, vLLM's ``ignore_eos``)."""
+    if api == "chat":
+        return chat_body(PROMPT, max_tokens)
+    return {"model": SERVED_NAME, "input": PROMPT, "max_output_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": True}  # fmt: skip
+
+
 def levels_rows(server: Any, engine: Sequence[int], prefix: str, *, levels: Sequence[int], rounds: int,
                 max_tokens: int, transport: str, workdir: str, parameters: dict[str, Any],
-                shared: dict[int, int], body_extra: dict[str, Any] | None = None) -> list[Result]:  # fmt: skip
+                shared: dict[int, int], body_extra: dict[str, Any] | None = None, api: str = "chat") -> list[Result]:  # fmt: skip
     """The per-level rows (module docstring), the shapes' windows alternating A/B/B/A: HTTP, NNRP with a
     session per stream and, for a level in ``shared`` (level -> streams per session), NNRP sessions of that
-    many streams; ``body_extra``: fields added to every request (the agent shape's tools)."""
-    body = {**chat_body(PROMPT, max_tokens), **(body_extra or {})}
+    many streams, and the floor; ``body_extra``: fields added to every request (the agent shape's tools);
+    ``api``: ``chat`` or ``responses`` (:func:`request_body`)."""
+    body = {**request_body(api, max_tokens), **(body_extra or {})}
     rows: list[Result] = []
     for c in levels:
         shapes = {"http": ("http", 1), "nnrp": ("nnrp", 1)}
         if c in shared:
             shapes[f"shared{shared[c]}"] = ("nnrp", shared[c])
-        got: dict[str, list[Window]] = {shape: [] for shape in shapes}
+        order = [*shapes, "floor"]
+        got: dict[str, list[Window]] = {shape: [] for shape in order}
         started = time.perf_counter()
         for r in range(rounds):
-            for shape in list(shapes) if r % 2 == 0 else list(shapes)[::-1]:
-                protocol, per_session = shapes[shape]
+            for shape in order if r % 2 == 0 else order[::-1]:
+                protocol, per_session = shapes.get(shape, ("floor", 1))
                 got[shape].append(window(server, engine, "stream", protocol, c, body, transport=transport,
-                                         workdir=workdir, per_session=per_session))  # fmt: skip
+                                         workdir=workdir, per_session=per_session, api=api))  # fmt: skip
         _progress(f"{prefix}.c{c}", started)
         params = {**parameters, "concurrency": c, "client_processes": len(shares(c)), "rounds": rounds,
                   "max_tokens": max_tokens, "nnrp_transport": transport}  # fmt: skip
+        floor = got.pop("floor")
+        floor_name = f"{prefix}.c{c}.{{}}.floor"
+        rows += [Result.of(floor_name.format("api_server_cpu_us_per_token"), "us",
+                           [w.api_cpu_s * 1e6 / max(1, w.tokens) for w in floor], parameters=params),
+                 Result.of(floor_name.format("tokens_per_s"), "tokens/s", [w.tokens / w.wall_s for w in floor],
+                           parameters=params),
+                 _failed(floor_name.format("failed"), floor, params)]  # fmt: skip
         made: dict[tuple[str, str], Result] = {}
         for shape, windows in got.items():
             protocol, per_session = shapes[shape]
@@ -545,24 +579,24 @@ def measure(server: Any, *, prefix: str = "load", levels: Sequence[int], rounds:
             shared: dict[int, int], burst_clients: int, burst_load_streams: int, cancel_streams: int,
             cancel_per_session: int, cancel_sample: int, idle_sessions: int, idle_seconds: float, transport: str,
             workdir: str, parameters: dict[str, Any] | None = None, thread_sessions: int = 0,
-            body_extra: dict[str, Any] | None = None) -> list[Result]:  # fmt: skip
+            body_extra: dict[str, Any] | None = None, api: str = "chat") -> list[Result]:  # fmt: skip
     """All rows on a ready ``server`` (an object with ``http``, ``nnrp`` {transport: URI}, ``pid``, ``log``
     and, when it serves TLS, ``ca_file``: the certificate the clients trust): a warm-up window per protocol,
     the thread rows (skipped when ``thread_sessions`` is 0), the idle rows (skipped when ``idle_sessions`` is
     0), the levels, the cancels under load (skipped when ``cancel_streams`` is 0), the bursts (skipped when
     ``burst_clients`` is 0); every id starts with ``prefix``; ``body_extra``: fields added to the warm-up's and
-    the levels' requests."""
+    the levels' requests; ``api``: the levels' and the warm-up's API (``chat`` or ``responses``)."""
     engine = engine_pids(server.pid)
     started = time.perf_counter()
     for protocol in ("http", "nnrp"):
-        window(server, engine, "stream", protocol, 4, {**chat_body(PROMPT, 16), **(body_extra or {})},
-               transport=transport, workdir=workdir)  # fmt: skip
+        window(server, engine, "stream", protocol, 4, {**request_body(api, 16), **(body_extra or {})},
+               transport=transport, workdir=workdir, api=api)  # fmt: skip
     rows = thread_rows(server, sessions=thread_sessions, transport=transport, workdir=workdir, prefix=prefix) if thread_sessions else []
     if idle_sessions:
         rows += idle_rows(server, sessions=idle_sessions, seconds=idle_seconds, transport=transport, workdir=workdir, prefix=prefix)
     _progress(f"{prefix} warm-up, threads and idle", started)
     rows += levels_rows(server, engine, prefix, levels=levels, rounds=rounds, max_tokens=max_tokens, transport=transport,
-                        workdir=workdir, parameters=parameters or {}, shared=shared, body_extra=body_extra)  # fmt: skip
+                        workdir=workdir, parameters=parameters or {}, shared=shared, body_extra=body_extra, api=api)  # fmt: skip
     if cancel_streams:
         started = time.perf_counter()
         rows += cancel_rows(server, engine, streams=cancel_streams, per_session=cancel_per_session, cancel=cancel_sample,
@@ -641,7 +675,7 @@ def _serve(model: str, workdir: str, extra_args: Sequence[str], *, tls: bool = F
     server = serve_with_nnrp(
         model, workdir, listen=tuple(nnrp.values()), log=f"{workdir}/vllm-{free_port()}.log",
         extra_args=("--load-format", "dummy", "--max-num-seqs", str(seqs), "--additional-config",
-                    orjson.dumps(config).decode(), *extra_args),
+                    orjson.dumps(config).decode(), "--middleware", "bench.drain.DrainMiddleware", *extra_args),
     )  # fmt: skip
     server.nnrp = nnrp
     try:
@@ -677,12 +711,15 @@ def run(
     shared: dict[int, int] = SHARED, burst_clients: int = 256, burst_load_streams: int = 256,
     cancel_streams: int = 256, cancel_per_session: int = 32, cancel_sample: int = 32, idle_sessions: int = 1000,
     idle_seconds: float = 10.0, thread_sessions: int = 256, stream_interval: int | None = 8, transport: str = "tcp",
-    tls: bool = False, tools: bool = False,
+    tls: bool = False, tools: bool = False, responses: bool = False,
 ) -> list[Result]:
     """Serve the tiny model made from ``model`` (default ``$VLLM_NNRP_TEST_MODEL``) and measure (module
     docstring); then the levels again with ``--stream-interval stream_interval`` unless it is ``None`` or the
     installed vLLM lacks the flag. ``tls``: HTTPS and ``nnrps://`` (``transport`` is then ignored), ids
-    ``load.tls.…``. ``tools``: the agent-server shape (module docstring) instead, ids ``load.tools.…``. Raises ``SystemExit`` without a model, ``compat.launcher.ServeError`` when ``vllm serve``
+    ``load.tls.…``. ``tools``: the agent-server shape (module docstring) instead, ids ``load.tools.…``.
+    ``responses``: the levels as Responses streams (``responses.create``, ``/v1/responses``), ids
+    ``load[.tools].responses.…``, without the rows that do not depend on the API (idle, threads, cancel, burst) and
+    the ``--stream-interval`` server. Raises ``SystemExit`` without a model, ``compat.launcher.ServeError`` when ``vllm serve``
     does not start, ``RuntimeError`` when a client process fails."""
     kw = {"levels": levels, "rounds": rounds, "max_tokens": max_tokens, "shared": shared, "transport": transport, "tls": tls}
     prefix = "load.tls" if tls else "load"
@@ -691,11 +728,15 @@ def run(
         raise SystemExit("load benchmark: give --model or set VLLM_NNRP_TEST_MODEL")
     with tempfile.TemporaryDirectory() as workdir:
         tiny = str(tiny_model.build(model))
-        if tools:
-            return _serve(tiny, workdir, AGENT_SERVER_ARGS, prefix="load.tools", burst_clients=0, burst_load_streams=0,
-                          cancel_streams=0, cancel_per_session=1, cancel_sample=0, idle_sessions=0, idle_seconds=0,
-                          parameters={"server": "hermes tool parser", "tool_choice": "auto"},
-                          body_extra={"tools": [AGENT_TOOL], "tool_choice": "auto"}, **kw)  # fmt: skip
+        if tools or responses:
+            api = "responses" if responses else "chat"
+            tool = {"type": "function", **AGENT_TOOL["function"]} if responses else AGENT_TOOL  # the API's own shape
+            prefix = ".".join(["load", *(["tools"] if tools else []), *(["responses"] if responses else [])])
+            parameters = {"api": api, **({"server": "hermes tool parser", "tool_choice": "auto"} if tools else {})}
+            return _serve(tiny, workdir, AGENT_SERVER_ARGS if tools else (), prefix=prefix, burst_clients=0,
+                          burst_load_streams=0, cancel_streams=0, cancel_per_session=1, cancel_sample=0,
+                          idle_sessions=0, idle_seconds=0, parameters=parameters, api=api,
+                          body_extra={"tools": [tool], "tool_choice": "auto"} if tools else None, **kw)  # fmt: skip
         rows = _serve(tiny, workdir, (), prefix=prefix, burst_clients=burst_clients, burst_load_streams=burst_load_streams,
                       cancel_streams=cancel_streams, cancel_per_session=cancel_per_session, cancel_sample=cancel_sample,
                       idle_sessions=idle_sessions, idle_seconds=idle_seconds, thread_sessions=thread_sessions, **kw)  # fmt: skip

@@ -2,6 +2,7 @@
 stream, with the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.client.connection`).
 
     python -m bench.load_client stream http|nnrp TARGET STREAMS BODY_JSON [--per-session K] [--cancel M] [--ca-file PEM]
+        [--api chat|responses] [--path PATH]
     python -m bench.load_client burst http|nnrp TARGET CLIENTS BODY_JSON [--ca-file PEM]
     python -m bench.load_client idle nnrp TARGET SESSIONS [--ca-file PEM]
 
@@ -14,7 +15,8 @@ results, waits for another line (close), then closes everything.
   connection and session; ``--per-session K`` puts K streams on each session, one session per connection
   (the agent shape: few connections, many operations each). Per request: ``ttft_ms`` (sent -> first
   non-empty text delta), ``gaps_ms`` (between text deltas), ``total_ms``, ``tokens`` (the usage's output
-  tokens) and ``error`` (``None``, or the first error's text); HTTP also ``new_connection`` (the request had
+  tokens) and ``error`` (``None``, or the first error's text); ``--api responses`` makes them Responses streams
+  (``/v1/responses`` events; the ``responses.create`` operation); HTTP also ``new_connection`` (the request had
   to open a connection: the server had closed the kept-alive one, vLLM's 5 s idle timeout). ``--cancel M``
   (NNRP) cancels M streams spread evenly over the share: the k-th of them :data:`CANCEL_AFTER_S` + k ×
   :data:`CANCEL_SPACING_S` after its first text delta (FRAME_CANCEL); it records ``cancel_ms`` (FRAME_CANCEL handed to the transport ->
@@ -48,7 +50,7 @@ import orjson
 
 from bench.e2e import Clock
 from vllm_nnrp_plugin.client import Session, connect
-from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
+from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE, SCHEMA_VERSION
 
 STREAM_TIMEOUT_S = 600
 BURST_TIMEOUT_S = 10.0
@@ -78,10 +80,20 @@ def _record(clock: Clock, tokens: int, error: str | None) -> dict[str, Any]:
 # -- HTTP/SSE: aiohttp, one task per stream --------------------------------------------------------------
 
 
-async def _http_request(http: Any, body: bytes, clock: Clock, trace: dict | None = None) -> dict[str, Any]:
-    """One streamed ``/v1/chat/completions`` request on ``http``; vLLM's SSE ``data:`` lines parsed as they come."""
+#: where the HTTP requests go by default (``--path``; :data:`bench.drain.PATH` for the floor)
+CHAT_PATH = "/v1/chat/completions"
+
+
+#: the Responses API's path (``--api responses``)
+RESPONSES_PATH = "/v1/responses"
+
+
+async def _http_request(http: Any, path: str, body: bytes, clock: Clock, trace: dict | None = None) -> dict[str, Any]:
+    """One streamed request to ``path`` on ``http``; vLLM's SSE ``data:`` lines parsed as they come (chat chunks,
+    or Responses events when ``path`` is :data:`RESPONSES_PATH`)."""
     tokens, error = 0, None
-    async with http.post("/v1/chat/completions", data=body, headers={"Content-Type": "application/json"},
+    responses = path == RESPONSES_PATH
+    async with http.post(path, data=body, headers={"Content-Type": "application/json"},
                          trace_request_ctx=trace) as response:  # fmt: skip
         if response.status != 200:
             return _record(clock, 0, f"HTTP {response.status}: {(await response.text())[:300]}")
@@ -89,6 +101,15 @@ async def _http_request(http: Any, body: bytes, clock: Clock, trace: dict | None
             if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                 continue
             chunk = orjson.loads(line[6:])
+            if responses:
+                kind = chunk.get("type")
+                if kind == "response.output_text.delta" and chunk.get("delta"):
+                    clock.text()
+                elif kind == "response.completed":
+                    tokens = chunk["response"]["usage"]["output_tokens"]
+                elif kind == "error" or "error" in chunk:
+                    error = error or str(chunk)[:300]
+                continue
             choices = chunk.get("choices")
             if choices and (choices[0].get("delta") or {}).get("content"):
                 clock.text()
@@ -99,7 +120,8 @@ async def _http_request(http: Any, body: bytes, clock: Clock, trace: dict | None
     return _record(clock, tokens, error)
 
 
-async def _http_main(mode: str, base: str, count: int, body: bytes, ca_file: str | None = None) -> None:
+async def _http_main(mode: str, base: str, count: int, body: bytes, ca_file: str | None = None,
+                     path: str = CHAT_PATH) -> None:
     import aiohttp
 
     tls = ssl.create_default_context(cafile=ca_file) if ca_file else True  # True: aiohttp's default checks
@@ -129,10 +151,10 @@ async def _http_main(mode: str, base: str, count: int, body: bytes, ca_file: str
         clock, ctx = Clock(), {}
         try:
             if mode == "stream":  # new_connection: the kept-alive one was gone (the server's idle timeout)
-                out = await _http_request(http, body, clock, ctx)
+                out = await _http_request(http, path, body, clock, ctx)
                 return {**out, "new_connection": "connected" in ctx}
             async with asyncio.timeout(BURST_TIMEOUT_S):  # not wait_for: before 3.12 it can swallow a cancel
-                out = await _http_request(http, body, clock, ctx)
+                out = await _http_request(http, path, body, clock, ctx)
             opened = ctx.get("connected")
             return {**out, "open_ms": (opened - clock.start) * 1000 if opened else None, "served_ms": out["total_ms"]}
         except Exception as exc:  # reported as the request's failure (its connection's time if it got one)
@@ -149,8 +171,12 @@ async def _http_main(mode: str, base: str, count: int, body: bytes, ca_file: str
 # -- NNRP: vllm_nnrp_plugin.client.connection, one task per stream -------------------------------------------------
 
 
-def _envelope(body: dict[str, Any]) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "operation": CHAT_COMPLETIONS_CREATE, "body": body}
+#: the operation of the NNRP requests, per ``--api``
+OPERATIONS = {"chat": CHAT_COMPLETIONS_CREATE, "responses": RESPONSES_CREATE}
+
+
+def _envelope(body: dict[str, Any], operation: str) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "operation": operation, "body": body}
 
 
 async def _nnrp_request(session: Session, envelope: dict[str, Any], clock: Clock, cancel_after_s: float | None = None
@@ -223,10 +249,11 @@ async def _close(sessions: list[Session]) -> None:
     await asyncio.gather(*(s.conn.close() for s in sessions), return_exceptions=True)
 
 
-async def _nnrp_stream(uri: str, count: int, body: dict[str, Any], per_session: int, cancel: int) -> None:
+async def _nnrp_stream(uri: str, count: int, body: dict[str, Any], per_session: int, cancel: int,
+                       operation: str = CHAT_COMPLETIONS_CREATE) -> None:
     sessions = await _open(uri, -(-count // per_session), per_session)
     spaced = {round(k * count / cancel): k for k in range(cancel)} if cancel else {}
-    envelope = _envelope(body)
+    envelope = _envelope(body, operation)
 
     async def one(i: int) -> dict[str, Any]:
         clock = Clock()
@@ -244,9 +271,9 @@ async def _nnrp_stream(uri: str, count: int, body: dict[str, Any], per_session: 
     await _close(sessions)
 
 
-async def _nnrp_burst(uri: str, count: int, body: dict[str, Any]) -> None:
+async def _nnrp_burst(uri: str, count: int, body: dict[str, Any], operation: str = CHAT_COMPLETIONS_CREATE) -> None:
     release = asyncio.Event()
-    envelope = _envelope(body)
+    envelope = _envelope(body, operation)
 
     async def one() -> dict[str, Any]:
         await release.wait()
@@ -291,17 +318,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--per-session", type=int, default=1, help="NNRP streams per session (stream mode)")
     p.add_argument("--cancel", type=int, default=0, help="NNRP streams to cancel after their first token")
     p.add_argument("--ca-file", help="PEM certificate to trust for https:// and nnrps:// (a self-signed server's)")
+    p.add_argument("--path", help="HTTP path of the requests (default: the --api's route)")
+    p.add_argument("--api", choices=sorted(OPERATIONS), default="chat",
+                   help="chat.completions (default) or responses: the HTTP route and the NNRP operation")
     a = p.parse_args(argv)
+    path = a.path or (RESPONSES_PATH if a.api == "responses" else CHAT_PATH)
     body = orjson.loads(a.body)
     if a.protocol == "http" and (a.mode == "idle" or a.per_session != 1 or a.cancel):
         p.error("idle, --per-session and --cancel are NNRP's")
     _trust(a.ca_file)
     if a.protocol == "http":
-        asyncio.run(_http_main(a.mode, a.target, a.count, orjson.dumps(body), a.ca_file))
+        asyncio.run(_http_main(a.mode, a.target, a.count, orjson.dumps(body), a.ca_file, path))
     elif a.mode == "stream":
-        asyncio.run(_nnrp_stream(a.target, a.count, body, a.per_session, min(a.cancel, a.count)))
+        asyncio.run(_nnrp_stream(a.target, a.count, body, a.per_session, min(a.cancel, a.count), OPERATIONS[a.api]))
     elif a.mode == "burst":
-        asyncio.run(_nnrp_burst(a.target, a.count, body))
+        asyncio.run(_nnrp_burst(a.target, a.count, body, OPERATIONS[a.api]))
     else:
         asyncio.run(_nnrp_idle(a.target, a.count))
 

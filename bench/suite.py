@@ -1,7 +1,8 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
-    python -m bench [all|mapper|latency|cancel|framework|e2e|load …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
-        [--load-transport tcp|ipc] [--load-rounds N] [--load-tls] [--load-tools] [--load-stream-interval N]
+    python -m bench [all|mapper|latency|cancel|framework|e2e|load|parser …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
+        [--load-transport tcp|ipc] [--load-rounds N] [--load-tls] [--load-tools] [--load-responses]
+        [--load-stream-interval N]
 
 (from the checkout's root: the benchmarks are not part of the installed package).
 
@@ -11,7 +12,9 @@ installed in this interpreter and a model directory (``--model`` or
 ``VLLM_NNRP_TEST_MODEL``; load serves a tiny model made from it, :mod:`bench.tiny_model`). ``--load-tls``: load
 over TLS (vLLM's HTTPS and NNRP on ``nnrps://``, one self-signed certificate; ids ``load.tls.…``, :mod:`bench.load`).
 ``--load-stream-interval 0`` skips load's second server (``--stream-interval``; default 8). ``--load-tools``: load on
-an agent server (a hermes tool-call parser, a tool in every request; ids ``load.tools.…``).
+an agent server (a hermes tool-call parser, a tool in every request; ids ``load.tools.…``); ``--load-responses``:
+the levels as Responses streams (``load[.tools].responses.…``). ``parser``: vLLM's hermes
+parser per token against the stream's length (:mod:`bench.parser_cost`; vLLM's environment and a model directory).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ FULL: dict[str, Callable[..., list[Result]]] = {
     "framework": lambda **_: _framework().run(),
     "e2e": lambda model=None, **_: _e2e().run(model=model),
     "load": lambda model=None, load_transport="tcp", load_rounds=2, load_tls=False, load_stream_interval=8,
-                   load_tools=False, **_: _load().run(
+                   load_tools=False, load_responses=False, **_: _load().run(
         model=model, transport=load_transport, rounds=load_rounds, tls=load_tls, stream_interval=load_stream_interval or None,
-        tools=load_tools,
+        tools=load_tools, responses=load_responses,
     ),
+    "parser": lambda model=None, **_: _parser_cost().run(model=model),
 }
 QUICK: dict[str, Callable[..., list[Result]]] = {
     "mapper": lambda **_: mapper.run(repetitions=3, rounds=5),
@@ -44,11 +48,14 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
     "cancel": lambda **_: cancel_latency.run(operations=5),
     "framework": lambda **_: _framework().run(levels=(4,), rounds=2, tokens=16),
     "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
-    "load": lambda model=None, load_transport="tcp", load_rounds=1, load_tls=False, load_tools=False, **_: _load().run(
+    "load": lambda model=None, load_transport="tcp", load_rounds=1, load_tls=False, load_tools=False,
+                   load_responses=False, **_: _load().run(
         model=model, levels=(4,), rounds=load_rounds, max_tokens=16, shared={4: 2}, burst_clients=8,
         burst_load_streams=4, cancel_streams=8, cancel_per_session=4, cancel_sample=4, idle_sessions=8, idle_seconds=2,
         thread_sessions=8, stream_interval=None, transport=load_transport, tls=load_tls, tools=load_tools,
+        responses=load_responses,
     ),
+    "parser": lambda model=None, **_: _parser_cost().run(model=model, lengths=(16, 32), repetitions=1),
 }
 
 
@@ -70,6 +77,12 @@ def _load():
     return load
 
 
+def _parser_cost():
+    from bench import parser_cost  # needs vLLM's environment (its parsers and tokenizer)
+
+    return parser_cost
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="*", default=["all"], choices=["all", *FULL], help="benchmarks to run (default all)")
@@ -84,6 +97,8 @@ def parser() -> argparse.ArgumentParser:
                    "(one self-signed certificate; ids load.tls.*; --load-transport does not apply)")
     p.add_argument("--load-tools", action="store_true", help="load on an agent server: hermes tool-call parser, "
                    "one function tool in every request (ids load.tools.*)")
+    p.add_argument("--load-responses", action="store_true", help="load's levels as Responses streams "
+                   "(/v1/responses against responses.create; ids load[.tools].responses.*)")
     p.add_argument("--load-stream-interval", type=int, default=8, metavar="N", help="load's second server serves "
                    "with --stream-interval N (default 8; 0: no second server; --quick: none)")
     return p
@@ -101,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: running {name} …", file=sys.stderr, flush=True)
         options = {} if args.load_rounds is None else {"load_rounds": args.load_rounds}
         rows += table[name](model=args.model, load_transport=args.load_transport, load_tls=args.load_tls,
-                            load_tools=args.load_tools, load_stream_interval=args.load_stream_interval, **options)  # fmt: skip
+                            load_tools=args.load_tools, load_responses=args.load_responses,
+                            load_stream_interval=args.load_stream_interval, **options)  # fmt: skip
     extra = {}
-    if "e2e" in which or "load" in which:
+    if "e2e" in which or "load" in which or "parser" in which:
         import vllm
 
         extra["vllm"] = vllm.__version__

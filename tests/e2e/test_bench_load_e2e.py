@@ -1,7 +1,8 @@
 """The quick load benchmark (``python -m bench load --quick``): its own real ``vllm serve`` of the tiny model
-(``--load-format dummy``), HTTP/SSE and NNRP windows (a session per stream, and the agent shape), the cancels
-under load, the bursts and the idle sessions. It must run and fail no
-request; the numbers of a smoke run mean nothing."""
+(``--load-format dummy``), HTTP/SSE and NNRP windows (a session per stream, and the agent shape), the floor
+(requests drained inside the API server), the cancels under load, the bursts and the idle sessions; and the same
+levels on an agent server (``--load-tools``). It must run and fail no request; the numbers of a smoke run mean
+nothing."""
 
 from __future__ import annotations
 
@@ -60,4 +61,19 @@ def test_quick_load_benchmark_runs_both_protocols_without_failures():
     assert rows["load.cancel.c8.client_cancel_to_terminal_ms.nnrp"].samples == 4  # 256-token streams outlast the cancels
     assert rows["load.cancel.c8.server_cancel_to_abort_ms.nnrp"].samples == 4
     assert rows["load.idle.api_server_cpu_pct.sessions_open"].samples == 2
+    # the floor: the same requests drained inside the API server (bench/drain.py), every output token counted
+    assert rows["load.c4.failed.floor"].max == 0, rows["load.c4.failed.floor"].note
+    assert rows["load.c4.tokens_per_s.floor"].p50 > 0 and rows["load.c4.api_server_cpu_us_per_token.floor"].p50 > 0
+
+
+def test_quick_load_benchmark_on_an_agent_server_runs_without_failures():
+    """``--load-tools``: a hermes tool-call parser on the server and a tool in every request."""
+    from bench.suite import QUICK
+
+    rows = {r.id: r for r in QUICK["load"](model=model_dir(), load_tools=True)}
+    for shape in ("http", "nnrp", "shared2.nnrp", "floor"):
+        assert rows[f"load.tools.c4.failed.{shape}"].max == 0, rows[f"load.tools.c4.failed.{shape}"].note
+        assert rows[f"load.tools.c4.tokens_per_s.{shape}"].p50 > 0
+    assert rows["load.tools.c4.api_server_cpu_us_per_token.nnrp"].parameters["server"] == "hermes tool parser"
+    assert not [r for r in rows if r.startswith(("load.tools.cancel", "load.tools.burst", "load.tools.idle"))]
     assert "load.idle.api_server_cpu_pct.sessions_minus_no_sessions" in rows

@@ -27,6 +27,7 @@ from tests.e2e.test_tool_call_truth import get_time_request
 from tests.support import envelope
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
+from vllm_nnrp_plugin.profile.tool_calls import tools_without_required_arguments
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, vllm_chunks
 
 pytestmark = pytest.mark.vllm
@@ -60,7 +61,8 @@ def over_http(server, body):
             for string in strings:
                 yield string
 
-        mapper = ChatStreamMapper(usage_events=usage_asked(body))
+        mapper = ChatStreamMapper(usage_events=usage_asked(body),  # as the adapter makes it for ``body``
+                                  no_argument_tools=tools_without_required_arguments(body.get("tools")))
         budget = TokenBudget(body.get("max_tokens"))  # the request's own budget: vLLM's default is not reached here
         events = [event async for chunk in vllm_chunks(replay(), budget) for event in mapper.feed(chunk)]
         return events, mapper.completed_body()

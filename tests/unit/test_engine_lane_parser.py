@@ -330,3 +330,27 @@ def test_any_sequence_of_parser_deltas_gives_the_events_of_vllms_strings(script,
     lane = asyncio.run(lane_items(serving, req))
     assert profile(lane) == profile(asyncio.run(string_items(ParserServing(outputs, deltas), req)))
     assert serving.parsed_ids == [100 + n for n in range(len(outputs))]
+
+
+def test_a_line_whose_generator_keeps_parser_state_keeps_vllms_generator():
+    """0.22.x: ``parse_delta`` has no ``finished`` (vLLM's generator keeps text, token and reasoning state of its
+    own beside the parser); 0.18.x: no ``parser_cls`` at all, ``tool_parser`` / ``reasoning_parser_cls``; a
+    generator that does not create its parser through ``parser_cls``."""
+    older = ParserServing([], [])
+
+    class NoFinished:
+        def parse_delta(self, delta_text, delta_token_ids, request, prompt_token_ids=None):
+            return None
+
+    older.parser_cls = NoFinished
+    assert "parse_delta has no finished argument" in serving_fits(older)
+    eldest = ParserServing([], [])
+    eldest.parser_cls, eldest.tool_parser = None, object
+    assert "no parser_cls" in serving_fits(eldest)
+
+    class OwnParser(ParserServing):
+        async def chat_completion_stream_generator(self, request, result_generator, request_id, model_name,
+                                                   conversation, tokenizer, request_metadata):
+            yield "data: [DONE]\n\n"  # a generator that does not drive parser_cls
+
+    assert "does not create and drive one parser" in serving_fits(OwnParser([], []))

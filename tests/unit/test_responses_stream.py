@@ -336,3 +336,34 @@ def test_responses_recipes_validate_and_are_planned_only_for_a_level_2_server(to
     assert planned["level1"] == set()
     tool_case = "vllm-nnrp.responses.tool-call-required"
     assert planned["level2"] == {r["id"] for r in recipes} - (set() if tool_calls else {tool_case})
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_binding_hands_text_deltas_over_reduced_and_the_events_are_the_same(version):
+    """``vllm_binding.responses._event_dicts``: a text delta event object becomes only the fields the mapper reads;
+    every other event is dumped whole. The profile events and body are those of vLLM's full dicts."""
+    from vllm_nnrp_plugin.vllm_binding.responses import _event_dicts
+
+    full = recorded_events("responses-a-stream-text", version)
+
+    class Event:  # vLLM's event object: attributes, and model_dump giving its data: dict
+        def __init__(self, data):
+            self.__dict__.update(data)
+            self._data = data
+
+        def model_dump(self, mode, by_alias):
+            assert (mode, by_alias) == ("json", True)
+            return self._data
+
+    async def vllm_events():
+        for data in full:
+            yield Event(data)
+
+    async def drain():
+        return [item async for item in _event_dicts(vllm_events())]
+
+    handed = asyncio.run(drain())
+    deltas = [item for item in handed if item["type"] == "response.output_text.delta"]
+    assert deltas and all(set(item) == {"type", "output_index", "delta"} for item in deltas)
+    assert [item for item in handed if item not in deltas] == [d for d in full if d["type"] != "response.output_text.delta"]
+    assert run(handed) == run(full)

@@ -6,7 +6,7 @@
 streaming event objects (``response.created`` … ``response.completed``), which ``/v1/responses`` writes as
 ``event: <type>\\ndata: <json>`` (``vllm/entrypoints/openai/responses/api_router.py``); it may also raise. The
 stream items handed to the adapter are those events as dicts (``model_dump(mode="json", by_alias=True)``, the
-``data:`` of vLLM's SSE), mapped by :class:`~vllm_nnrp_plugin.profile.responses_stream.ResponsesStreamMapper`;
+``data:`` of vLLM's SSE; a text delta reduced to the fields the mapper reads), mapped by :class:`~vllm_nnrp_plugin.profile.responses_stream.ResponsesStreamMapper`;
 a non-streaming call returns the Response object as ``/v1/responses`` does.
 
 Request ids: the request is run with ``request_id = "resp_" + <the adapter's id>`` (the ``resp_`` prefix of
@@ -93,10 +93,19 @@ class ResponsesBinding:
         return [self.engine_request_id(request_id)]
 
 
+#: the event type of vLLM's text deltas (openai's ``ResponseTextDeltaEvent``), most of a stream's events
+_TEXT_DELTA = "response.output_text.delta"
+
+
 async def _event_dicts(events: Any) -> Any:
-    """vLLM's streamed event objects as the dicts ``/v1/responses`` writes after ``data:``."""
+    """vLLM's streamed event objects as the dicts ``/v1/responses`` writes after ``data:``; a text delta (most of a
+    stream's events) as only the fields :class:`~vllm_nnrp_plugin.profile.responses_stream.ResponsesStreamMapper`
+    reads of it (``type``, ``output_index``, ``delta``), without dumping the whole event."""
     try:
         async for event in events:
-            yield event.model_dump(mode="json", by_alias=True)
+            if event.type == _TEXT_DELTA:
+                yield {"type": _TEXT_DELTA, "output_index": event.output_index, "delta": event.delta}
+            else:
+                yield event.model_dump(mode="json", by_alias=True)
     finally:
         await events.aclose()
