@@ -79,7 +79,8 @@ class ChatBinding:
                 include_usage=True,
                 continuous_usage_stats=bool(asked and asked.continuous_usage_stats) or (request.n or 1) > 1,
             )
-        result = await call_serving(self._views(), "create_chat_completion", request, traceparent, "/v1/chat/completions")
+        result = await call_serving(self._views(), "create_chat_completion", request, traceparent,
+                                    "/v1/chat/completions")
         if result.__class__ is EngineStream:
             return Call(stream=result.items(self._token_budget(request)))
         if inspect.isasyncgen(result):

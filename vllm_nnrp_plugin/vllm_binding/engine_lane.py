@@ -100,7 +100,8 @@ def serving_fits(serving: Any) -> str | None:
 def has_parser(serving: Any) -> bool:
     """True when vLLM's chat serving object runs a tool-call or reasoning parser: ``parser_cls`` (0.22+),
     ``tool_parser`` / ``reasoning_parser_cls`` (0.18, 0.22)."""
-    return any(getattr(serving, name, None) is not None for name in ("parser_cls", "tool_parser", "reasoning_parser_cls"))
+    names = ("parser_cls", "tool_parser", "reasoning_parser_cls")
+    return any(getattr(serving, name, None) is not None for name in names)
 
 
 def request_fits(request: Any, parser: bool = False) -> bool:
@@ -322,8 +323,9 @@ class EngineStream:
                         ids = ids if ids.__class__ is list else list(ids)
                         wrapper = middle.parser
                         try:
-                            delta = wrapper.parser.parse_delta(completion.text, ids, turn.request,  # type: ignore[union-attr]
-                                                               output.prompt_token_ids, finished=False)
+                            delta = wrapper.parser.parse_delta(
+                                completion.text, ids, turn.request,  # type: ignore[union-attr]
+                                output.prompt_token_ids, finished=False)
                         except Exception as exc:  # vLLM's generator reports it, as when its own parse raises
                             wrapper.error = exc
                         else:

@@ -6,7 +6,8 @@
 streaming event objects (``response.created`` … ``response.completed``), which ``/v1/responses`` writes as
 ``event: <type>\\ndata: <json>`` (``vllm/entrypoints/openai/responses/api_router.py``); it may also raise. The
 stream items handed to the adapter are those events as dicts (``model_dump(mode="json", by_alias=True)``, the
-``data:`` of vLLM's SSE; a text delta reduced to the fields the mapper reads), mapped by :class:`~vllm_nnrp_plugin.profile.responses_stream.ResponsesStreamMapper`;
+``data:`` of vLLM's SSE; a text delta reduced to the fields the mapper reads), mapped by
+:class:`~vllm_nnrp_plugin.profile.responses_stream.ResponsesStreamMapper`;
 a non-streaming call returns the Response object as ``/v1/responses`` does.
 
 Request ids: the request is run with ``request_id = "resp_" + <the adapter's id>`` (the ``resp_`` prefix of
