@@ -1,8 +1,7 @@
 """The engine lane inside a real ``vllm serve`` (every anchor): a plain chat stream's events (text deltas compared
 joined, :func:`merged`) and completed body over NNRP are what vLLM's own stream gives for the same request — its
 HTTP/SSE answer, read through the plugin's SSE parser and the profile mapper (the path every chat stream took
-before the lane) —, for plain text, usage, a token budget, a stop string and ``echo``; a server with a tool parser
-keeps vLLM's generator and says so.
+before the lane) —, for plain text, usage, a token budget, a stop string and ``echo``.
 Cancels, dropped clients and concurrent streams on the lane are the binding core's tests on the same server
 (``vllm_server``, which has no parser: every plain stream there takes the lane).
 

@@ -160,7 +160,6 @@ class ParserServing:
         finally:
             self.closed["vllm"] = True
 
-
     @staticmethod
     def _dumped(res, delta, tools_streamed, request):
         """The string vLLM 0.26 yields for ``res`` (no recording): its chunk, the delta dumped with ``exclude_unset``
