@@ -1,7 +1,7 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
     python -m bench [all|mapper|latency|cancel|framework|e2e|load|parser …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
-        [--load-transport tcp|ipc] [--load-rounds N] [--load-tls] [--load-tools] [--load-responses]
+        [--load-transport tcp|ipc] [--load-rounds N] [--load-tls] [--load-tools] [--load-responses] \
         [--load-stream-interval N]
 
 (from the checkout's root: the benchmarks are not part of the installed package).
