@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_chunk_shapes import profile, sse_items
-from tests.unit.test_engine_lane import completion, request
+from tests.unit.test_engine_lane import RecordedServing, completion, request
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
@@ -86,17 +86,14 @@ def script_of(anchor, case, control_tokens=True, preamble=None):
     return outputs, deltas
 
 
-class ParserServing:
-    """vLLM 0.26–0.32's chat serving object's calling shape with a parser (see the module docstring)."""
-
-    enable_log_outputs = False
-    enable_force_include_usage = False
+class ParserServing(RecordedServing):
+    """vLLM 0.26–0.32's chat serving object's calling shape with a parser (see the module docstring); the engine and
+    ``create_chat_completion`` are :class:`~tests.unit.test_engine_lane.RecordedServing`'s."""
 
     def __init__(self, outputs, deltas, raise_at=None):
-        self.outputs, self.deltas = outputs, deltas
-        self.seen = []  # the outputs vLLM's generator read
+        super().__init__(outputs, [])
+        self.deltas = deltas
         self.parsed_ids = []  # the token ids the parser was given, in order
-        self.closed = {"engine": False, "vllm": False}
         serving = self
 
         class ReplayParser:
@@ -113,18 +110,6 @@ class ParserServing:
                 return None if delta is None else DeltaMessage(**delta)
 
         self.parser_cls = ReplayParser
-
-    async def create_chat_completion(self, request, raw_request=None):
-        return self.chat_completion_stream_generator(request, self._engine(), "chatcmpl-x", "example-model", [], None,
-                                                     None)
-
-    async def _engine(self):
-        try:
-            for output in self.outputs:
-                await asyncio.sleep(0)
-                yield output
-        finally:
-            self.closed["engine"] = True
 
     async def chat_completion_stream_generator(self, request, result_generator, request_id, model_name, conversation,
                                                tokenizer, request_metadata):

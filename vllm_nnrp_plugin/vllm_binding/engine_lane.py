@@ -311,14 +311,14 @@ class EngineStream:
                     feed.error = exc
                     break
                 if lane is not None:
-                    completion = _text_only(output)
-                    if completion is not None:
+                    completion = _middle(output)
+                    if completion is not None and completion.text:
                         taken.extend(completion.token_ids)
                         yield TextDelta(lane.index, completion.text, lane.template)
                         continue
                 elif middle is not None:
-                    completion = _middle_output(output)
-                    if completion is not None:
+                    completion = _middle(output)
+                    if completion is not None and len(completion.token_ids):
                         ids = completion.token_ids
                         ids = ids if ids.__class__ is list else list(ids)
                         wrapper = middle.parser
@@ -364,26 +364,15 @@ class EngineStream:
                     await aclose()
 
 
-def _middle_output(output: Any) -> Any:
-    """The one ``CompletionOutput`` of ``RequestOutput`` ``output`` when it is a middle output vLLM's generator would
-    parse (index 0, no finish reason, new token ids), else ``None``."""
+def _middle(output: Any) -> Any:
+    """The one ``CompletionOutput`` of ``RequestOutput`` ``output`` when it is a middle output of a request of one
+    choice (index 0, no finish reason), else ``None``. The text lane takes it when it has text; the parser lane when
+    it has token ids (vLLM's generator parses every such output)."""
     outputs = output.outputs
     if len(outputs) != 1:
         return None
     completion = outputs[0]
-    if completion.finish_reason is not None or completion.index != 0 or not len(completion.token_ids):
-        return None
-    return completion
-
-
-def _text_only(output: Any) -> Any:
-    """The one ``CompletionOutput`` of ``RequestOutput`` ``output`` when new text is all it carries (index 0, no
-    finish reason, non-empty text), else ``None``."""
-    outputs = output.outputs
-    if len(outputs) != 1:
-        return None
-    completion = outputs[0]
-    if completion.finish_reason is not None or completion.index != 0 or not completion.text:
+    if completion.finish_reason is not None or completion.index != 0:
         return None
     return completion
 
