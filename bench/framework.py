@@ -78,7 +78,8 @@ class _Backend:
 
         return runtime_document(models=["m"], owned_by="bench", operations=[chat_operation(tool_calls=False)])
 
-    async def create(self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None):
+    async def create(self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+                     controls: Any = None):
         from vllm_nnrp_plugin.adapter import Call
         from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, vllm_chunks
 

@@ -42,8 +42,8 @@ class PacedBackend:
     def capabilities(self) -> dict[str, Any]:
         return runtime_document(models=["paced"], owned_by="bench", operations=[chat_operation(tool_calls=False)])
 
-    async def create(self, operation, body: dict[str, Any], request_id: str, traceparent: str | None = None
-    ) -> Call:
+    async def create(self, operation, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+                     controls: Any = None) -> Call:
         return Call(stream=vllm_chunks(self._sse(request_id, int(body["n"]), int(body["interval_us"]) * 1000)))
 
     def engine_request_id(self, operation, request_id: str) -> str:

@@ -1,6 +1,6 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
-    python -m bench [all|mapper|latency|cancel|framework|e2e|load|parser …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
+    python -m bench [all|mapper|latency|cancel|framework|e2e|load|parser|value …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
         [--load-transport tcp|ipc] [--load-rounds N] [--load-tls] [--load-tools] [--load-responses] \
         [--load-stream-interval N]
 
@@ -15,6 +15,8 @@ over TLS (vLLM's HTTPS and NNRP on ``nnrps://``, one self-signed certificate; id
 an agent server (a hermes tool-call parser, a tool in every request; ids ``load.tools.…``); ``--load-responses``:
 the levels as Responses streams (``load[.tools].responses.…``). ``parser``: vLLM's hermes
 parser per token against the stream's length (:mod:`bench.parser_cost`; vLLM's environment and a model directory).
+``value``: priorities, SUPERSEDE and deadlines on a ``vllm serve`` whose requests queue (:mod:`bench.value`; the
+same needs as load).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ FULL: dict[str, Callable[..., list[Result]]] = {
         tools=load_tools, responses=load_responses,
     ),
     "parser": lambda model=None, **_: _parser_cost().run(model=model),
+    "value": lambda model=None, **_: _value().run(model=model),
 }
 QUICK: dict[str, Callable[..., list[Result]]] = {
     "mapper": lambda **_: mapper.run(repetitions=3, rounds=5),
@@ -56,6 +59,8 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
         responses=load_responses,
     ),
     "parser": lambda model=None, **_: _parser_cost().run(model=model, lengths=(16, 32), repetitions=1),
+    "value": lambda model=None, **_: _value().run(model=model, background=8, rate=4.0, seconds=2.0, agent_calls=10,
+                                                  agent_concurrency=4),
 }
 
 
@@ -81,6 +86,12 @@ def _parser_cost():
     from bench import parser_cost  # needs vLLM's environment (its parsers and tokenizer)
 
     return parser_cost
+
+
+def _value():
+    from bench import value  # needs vLLM's environment (aiohttp, a vllm executable)
+
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                             load_tools=args.load_tools, load_responses=args.load_responses,
                             load_stream_interval=args.load_stream_interval, **options)  # fmt: skip
     extra = {}
-    if "e2e" in which or "load" in which or "parser" in which:
+    if {"e2e", "load", "parser", "value"} & set(which):
         import vllm
 
         extra["vllm"] = vllm.__version__

@@ -88,7 +88,8 @@ class RecordedBackend:
     def capabilities(self) -> dict[str, Any]:
         return runtime_document(models=["example-model"], owned_by="recorded", operations=[chat_operation(tool_calls=self._tool_calls)])
 
-    async def create(self, operation, body: dict[str, Any], request_id: str, traceparent: str | None = None) -> Call:
+    async def create(self, operation, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+                     controls: Any = None) -> Call:
         self.started.append(request_id)
         self.traceparents[request_id] = traceparent
         case = body.get("model", "a-stream-text")

@@ -73,7 +73,7 @@ class ScriptedBackend(RecordedBackend):
             operation(EMBEDDINGS_CREATE, streaming=False, non_streaming=True, encoding_formats=["float", "base64"]),
         ])  # fmt: skip
 
-    async def create(self, operation, body, request_id, traceparent=None):
+    async def create(self, operation, body, request_id, traceparent=None, controls=None):
         if operation == CHAT_COMPLETIONS_CREATE:
             return await super().create(operation, body, request_id, traceparent)
         self.started.append(request_id)

@@ -196,7 +196,7 @@ def test_a_sent_terminal_frees_its_slot_for_the_clients_next_submit():
     from vllm_nnrp_plugin.client import connect
 
     class Lingering(RecordedBackend):
-        async def create(self, operation, body, request_id, traceparent=None):
+        async def create(self, operation, body, request_id, traceparent=None, controls=None):
             call = await super().create(operation, body, request_id, traceparent)
             return Call(stream=_SlowClose(call.stream))
 

@@ -43,7 +43,7 @@ class EveryOperationBackend(ScriptedBackend):
     objects, ``body["pace_s"]`` seconds apart; a ``.json`` one the body or the error it holds); Responses model
     ``midstream-error``: a recorded start, then vLLM's mid-stream error."""
 
-    async def create(self, operation, body, request_id, traceparent=None):
+    async def create(self, operation, body, request_id, traceparent=None, controls=None):
         if operation == CHAT_COMPLETIONS_CREATE:
             return await RecordedBackend.create(self, operation, body, request_id, traceparent)
         self.started.append(request_id)

@@ -11,8 +11,11 @@ Before dispatch it decodes the envelope (already unwrapped from the submit frame
 the capability document (only advertised operations, plus the capability fetch ``nnrp.capabilities``),
 reports ``nnrp.timeout_ms`` to the sink (the service turns it into a timer), and takes the operation's trace
 context at the moment of dispatch (the ``openai-compatible/1`` profile's TRACE_CONTEXT mapping: the context
-an operation runs in is fixed when it is dispatched).
-It records the request, backend timing, token usage and the abort into the sink's
+an operation runs in is fixed when it is dispatched). It applies the envelope's ``nnrp.priority_class`` to the
+operation's runtime controls (:mod:`vllm_nnrp_plugin.controls`), never dispatches an operation whose bound already
+passed, and hands the controls to the backend, which reports the engine's prefix-cache hits back (they go into
+``response.usage`` and the completed body's usage: :func:`~vllm_nnrp_plugin.profile.events.with_cached_tokens`).
+It records the request, backend timing, token usage, the controls and the abort into the sink's
 :class:`~vllm_nnrp_plugin.observation.Observation`.
 
 Every operation runs the same way; what differs per operation is only the stream mapper that turns the
@@ -32,6 +35,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from vllm_nnrp_plugin.controls import RuntimeControls, priority_class_of
 from vllm_nnrp_plugin.eager import start_now
 from vllm_nnrp_plugin.log_safety import traceback_text
 from vllm_nnrp_plugin.observation import Observation
@@ -40,6 +44,7 @@ from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operation_names
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
 from vllm_nnrp_plugin.profile.envelope import Envelope, decode_envelope
+from vllm_nnrp_plugin.profile.events import USAGE, body_with_cached_tokens, with_cached_tokens
 from vllm_nnrp_plugin.profile.responses_stream import ResponsesStreamMapper
 from vllm_nnrp_plugin.profile.tool_calls import tools_without_required_arguments
 from vllm_nnrp_plugin.profile.trace import TraceContext
@@ -66,10 +71,13 @@ class Backend(Protocol):
         (:func:`vllm_nnrp_plugin.profile.capabilities.runtime_document`)."""
 
     async def create(
-        self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None
+        self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+        controls: RuntimeControls | None = None,
     ) -> Call:
         """Start ``operation`` (one the capability document lists) with ``body`` under ``request_id``, in the W3C
-        trace ``traceparent`` when given; raises :class:`ProfileError` when refused."""
+        trace ``traceparent`` when given, steered by the operation's runtime ``controls`` (the backend applies
+        its priority and token budget and reports what the engine did: :mod:`vllm_nnrp_plugin.controls`);
+        raises :class:`ProfileError` when refused."""
 
     def engine_request_id(self, operation: str, request_id: str) -> str:
         """The id the engine knows the request started under ``request_id`` by (recorded in the observation)."""
@@ -107,6 +115,7 @@ class OperationSink(Protocol):
     """Where events go (implemented by :class:`vllm_nnrp_plugin.nnrp_binding.server_operation.ServerOperation`)."""
 
     observation: Observation
+    controls: RuntimeControls
 
     def partial(self, event: dict[str, Any]) -> None: ...
 
@@ -117,8 +126,13 @@ class OperationSink(Protocol):
     def limit_time(self, timeout_ms: int) -> None:
         """Bound the operation to ``timeout_ms`` (ms) from its submit (envelope ``nnrp.timeout_ms``)."""
 
+    def expired(self) -> bool:
+        """True when the operation's bound passed before dispatch: it ended (an NNRP deadline's
+        ``deadline_expired`` drop) and must not reach the backend."""
+
     def dispatch(self) -> TraceContext | None:
-        """The operation is handed to the backend now: freeze and return its trace context."""
+        """The operation is handed to the backend now: its priority class is fixed; freeze and return its trace
+        context."""
 
     def abort_with(self, abort: Callable[[], None] | None) -> None:
         """``abort()`` stops the backend request at once (``None``: nothing to stop any more); the operation's
@@ -224,6 +238,12 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
     if capabilities_fetch:
         sink.complete(capabilities)
         return
+    controls = sink.controls
+    if envelope.priority_class is not None and controls.own_class is None:  # a PRIORITY_UPDATE came after it
+        controls.update_priority(priority_class_of(envelope.priority_class))
+    if sink.expired():  # its NNRP deadline passed before dispatch: it never reaches the backend
+        record.steered(controls)
+        return
     finished = False
     stream: AsyncIterator[Any] | None = None
     mapper: StreamMapper | None = None
@@ -232,14 +252,16 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
     try:
         trace = sink.dispatch()
         call = await backend.create(
-            envelope.operation, envelope.body, request_id, trace.traceparent() if trace is not None else None
+            envelope.operation, envelope.body, request_id, trace.traceparent() if trace is not None else None,
+            controls,
         )
         if call.stream is None:
             finished = True
             sink.abort_with(None)
             record.backend_done(time.monotonic_ns())
-            _record_usage(record, call.body)
-            sink.complete(call.body)
+            body = _with_cached_tokens(call.body, controls)
+            _record_usage(record, body)
+            sink.complete(body)
             return
         stream = call.stream
         mapper = STREAM_MAPPERS[envelope.operation](envelope.body)
@@ -247,13 +269,15 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
             if record.backend_first_chunk_ns is None:
                 record.backend_chunk(time.monotonic_ns())
             for event in mapper.feed(chunk):
+                if event["type"] == USAGE and controls.cached_tokens is not None:
+                    event = with_cached_tokens(event, controls.cached_tokens)
                 sink.partial(event)
         finished = True
         sink.abort_with(None)
         for event in mapper.finish():
             sink.partial(event)
         record.backend_done(time.monotonic_ns())
-        body = mapper.completed_body()
+        body = _with_cached_tokens(mapper.completed_body(), controls)
         _record_usage(record, body)
         sink.complete(body)
     except E.ProfileError as err:
@@ -262,9 +286,17 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
         logger.error("NNRP operation %s failed in the backend\n%s", request_id, traceback_text(exc))
         _fail(sink, mapper, E.failure(exc))
     finally:
+        record.steered(controls)
         sink.abort_with(None)
         if stream is not None or not finished:
             await _through_cancels(asyncio.ensure_future(_release(stream, None if finished else abort)))
+
+
+def _with_cached_tokens(body: dict[str, Any], controls: RuntimeControls) -> dict[str, Any]:
+    """``body`` with the engine's prefix-cache hits in its usage (:func:`~.profile.events.body_with_cached_tokens`),
+    when the backend reported them."""
+    cached = controls.cached_tokens
+    return body if cached is None else body_with_cached_tokens(body, cached)
 
 
 def _record_usage(record: Observation, body: dict[str, Any]) -> None:

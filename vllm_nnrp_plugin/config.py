@@ -27,6 +27,7 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``fault_injection_backend_error_model`` | str or null | null | **test only**: requests for this model id end
   with ``backend_error`` without reaching vLLM (the conformance suite's ``backend-error`` case) |
 | ``metrics_listen`` | ``HOST:PORT`` or null | null | also serve the NNRP metrics on their own ``/metrics`` server there; by default they are only in vLLM's ``/metrics`` |
+| ``priorities`` | mapping of NNRP priority class to int | ``{"interactive": -10, "balanced": 0, "background": 10}`` | the vLLM request ``priority`` of each NNRP priority class on a server that schedules by priority (``--scheduling-policy priority``; lower runs first; an HTTP request's default is 0); a class left out keeps its default; a request body's own ``priority`` wins |
 | ``operations`` | list of operation names or null | null: every operation the server's vLLM serving objects offer | serve only these ``openai-compatible/1`` operations over NNRP (e.g. ``["chat.completions.create"]``: a Level-1-only deployment; any other operation gets ``unsupported_operation``) |
 
 Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys, wrong types and
@@ -48,6 +49,7 @@ from typing import Any
 import attrs
 import cattrs
 
+from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.endpoints import (
     DEFAULT_LISTEN,
     EndpointError,
@@ -90,6 +92,19 @@ def _profile_operations(_inst: object, attribute: attrs.Attribute, value: tuple[
         )
 
 
+#: vLLM ``priority`` of each NNRP priority class by default: balanced as an HTTP request's default (0)
+DEFAULT_PRIORITIES = {"interactive": -10, "balanced": 0, "background": 10}
+
+
+def _priority_classes(_inst: object, attribute: attrs.Attribute, value: dict[str, int]) -> None:
+    unknown = [name for name in value if name not in PRIORITY_CLASSES]
+    if unknown:
+        raise ValueError(
+            f"nnrp.{attribute.name} names {', '.join(map(repr, unknown))}, not an NNRP priority class. Fix: use "
+            f"{', '.join(PRIORITY_CLASSES)}."
+        )
+
+
 @attrs.frozen
 class NNRPConfig:
     """Validated settings (see the module table for units and defaults)."""
@@ -114,6 +129,12 @@ class NNRPConfig:
     fault_injection_backend_error_model: str | None = None
     metrics_listen: str | None = attrs.field(default=None, validator=attrs.validators.optional(_host_port))
     operations: tuple[str, ...] | None = attrs.field(default=None, validator=_profile_operations)
+    priorities: dict[str, int] = attrs.field(factory=dict, validator=_priority_classes)
+
+    def vllm_priorities(self) -> tuple[int, ...]:
+        """vLLM ``priority`` by NNRP priority class value (0 interactive, 1 balanced, 2 background)."""
+        chosen = {**DEFAULT_PRIORITIES, **self.priorities}
+        return tuple(chosen[name] for name in PRIORITY_CLASSES)
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)

@@ -15,6 +15,7 @@ one :class:`Observation` as the operation lives:
 | terminal decided | operation rules | ``outcome``, ``error_*``; ``cancel_*`` when told to stop |
 | terminal sealed for sending | operation rules, asked by the session pump | ``terminal_ns`` |
 | backend abort | adapter | ``abort_ns``, ``abort_accepted`` |
+| backend call ended | adapter, from the runtime controls | ``priority_class``, ``vllm_priority``, ``late_priority_updates``, ``token_budget``, ``budget_ended``, ``cached_tokens`` |
 
 Times ending in ``_ns`` are ``time.monotonic_ns()`` (a clock shared by every process of the host, so
 benchmarks compare them across processes) except ``submitted_unix_ns`` (``time.time_ns()``, for spans).
@@ -30,6 +31,7 @@ from typing import Any
 
 import attrs
 
+from vllm_nnrp_plugin.controls import PRIORITY_CLASSES, RuntimeControls
 from vllm_nnrp_plugin.log_safety import loggable, quote_field
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
@@ -93,6 +95,13 @@ class Observation:
     cancel_ns: int | None = None
     abort_ns: int | None = None
     abort_accepted: bool | None = None  # None: no abort was needed (the backend request finished)
+    # runtime controls (vllm_nnrp_plugin.controls)
+    priority_class: str | None = None  # the NNRP priority class it ran in
+    vllm_priority: int | None = None  # the priority vLLM scheduled it with (None: no priority scheduling)
+    late_priority_updates: int = 0  # PRIORITY_UPDATEs after dispatch, which vLLM cannot apply
+    token_budget: int | None = None  # tokens, from BUDGET_UPDATE
+    budget_ended: bool = False  # the stream was ended at the token budget
+    cached_tokens: int | None = None  # prompt tokens served from vLLM's prefix cache
 
     # -- recording (each method is one step of the module table) -----------------------------------------
 
@@ -147,6 +156,13 @@ class Observation:
     def aborted(self, now_ns: int, *, accepted: bool) -> None:
         self.abort_ns, self.abort_accepted = now_ns, accepted
 
+    def steered(self, controls: RuntimeControls) -> None:
+        """What the operation's runtime controls were when its backend call ended."""
+        self.priority_class = PRIORITY_CLASSES[controls.priority_class]
+        self.vllm_priority, self.late_priority_updates = controls.vllm_priority, controls.late_priority_updates
+        self.token_budget, self.budget_ended = controls.token_budget, controls.budget_ended
+        self.cached_tokens = controls.cached_tokens
+
     # -- derived ------------------------------------------------------------------------------------------
 
     @property
@@ -188,6 +204,7 @@ def diagnostics(obs: Observation) -> dict[str, Any]:
          "request_id", "model", "queue_delay_ms", "backend_first_chunk_ms", "first_event_ms", "total_ms",
          "events", "usage": {"input_tokens", "output_tokens"} | null,
          "cancel": {"source", "reason"} | null,
+         "priority": {"class", "vllm_priority", "late_updates"} | null, "token_budget", "cached_tokens",
          "trace": {"trace_id", "span_id", "parent_span_id", "stage_code", "flags", "attribute_bytes", "scope",
                    "traceparent"} | null}
 
@@ -210,6 +227,11 @@ def diagnostics(obs: Observation) -> dict[str, Any]:
         if obs.input_tokens is None
         else {"input_tokens": obs.input_tokens, "output_tokens": obs.output_tokens},
         "cancel": None if obs.cancel_source is None else {"source": obs.cancel_source, "reason": obs.cancel_reason},
+        "priority": None if obs.priority_class is None else {
+            "class": obs.priority_class, "vllm_priority": obs.vllm_priority, "late_updates": obs.late_priority_updates,
+        },
+        "token_budget": obs.token_budget,
+        "cached_tokens": obs.cached_tokens,
         "trace": None if obs.trace is None else obs.trace.observation(),
     }
 
@@ -217,7 +239,7 @@ def diagnostics(obs: Observation) -> dict[str, Any]:
 _LOG_FIELDS = (
     "operation", "model", "transport", "connection_id", "session_id", "operation_id", "frame_id", "request_id",
     "outcome", "error_code", "error_family", "cancel_source", "cancel_reason", "abort_accepted", "events",
-    "input_tokens", "output_tokens",
+    "input_tokens", "output_tokens", "cached_tokens", "priority_class", "vllm_priority", "token_budget",
 )  # fmt: skip
 _LOG_DURATIONS = (
     "queue_delay_ms", "backend_first_chunk_ms", "first_event_ms", "backend_ms", "total_ms", "cancel_to_abort_ms",

@@ -7,7 +7,14 @@ after it. :class:`Operation` wraps it with every other rule of one submitted ope
   (``nnrp.native.NativeRuntimeServerOperation``) refuses partial results and a RESULT_PUSH once the peer
   cancelled, so a RESULT_DROP_REASON carrying ``response.cancelled`` is the only deliverable terminal, and a
   push decided just before the cancel arrived goes out as that drop instead;
-* timeout (``request_timeout``, 504), server shutdown (``server_shutdown``, 503) and a full session outbox
+* SUPERSEDE ends the operation with the ``superseded`` drop (``response.cancelled {reason: "superseded"}``), as
+  a cancel does;
+* an NNRP deadline (DEADLINE, EXPIRE_AT) that passes before the engine produced the operation's first output —
+  before dispatch, or while the request waits in vLLM's queue — ends it with the ``deadline_expired`` drop
+  (``response.cancelled {reason: "deadline_expired"}``): the result would come too late to be of use and nothing
+  of it was produced;
+* timeout (``request_timeout``, 504: the envelope's ``nnrp.timeout_ms``, or an NNRP deadline once the engine
+  produced output), server shutdown (``server_shutdown``, 503) and a full session outbox
   (``client_too_slow``, 429) each decide a ``response.error`` terminal unless one was decided already;
 * the earliest bound wins: envelope ``nnrp.timeout_ms`` (from the submit) and NNRP DEADLINE controls
   (wall-clock ms) only ever move the operation's expiry earlier;
@@ -50,9 +57,14 @@ class DropReason(enum.Enum):
 
     PEER_CANCELLED = "peer_cancelled"  # client FRAME_CANCEL / CANCEL / ABORT
     TRANSPORT_CLOSED = "transport_closed"  # client vanished or closed its session mid-operation
+    SUPERSEDED = "superseded"  # client SUPERSEDE
+    DEADLINE_EXPIRED = "deadline_expired"  # an NNRP deadline passed before the engine produced output
 
 
-CANCEL_SOURCE = {DropReason.PEER_CANCELLED: obs.CLIENT, DropReason.TRANSPORT_CLOSED: obs.TRANSPORT}
+CANCEL_SOURCE = {
+    DropReason.PEER_CANCELLED: obs.CLIENT, DropReason.TRANSPORT_CLOSED: obs.TRANSPORT,
+    DropReason.SUPERSEDED: obs.CLIENT, DropReason.DEADLINE_EXPIRED: obs.DEADLINE,
+}  # fmt: skip
 
 
 @attrs.define(slots=True)
@@ -164,7 +176,8 @@ class Operation:
 
     __slots__ = (
         "observation", "submitted_unix_ms", "expires_unix_ms", "admits_partials",
-        "_machine", "_tail", "_cancel_detail", "_terminal_sent", "_trace", "_dispatched", "_unsettled",
+        "_machine", "_tail", "_cancel_detail", "_cancel_reason", "_terminal_sent", "_trace", "_dispatched",
+        "_unsettled", "_nnrp_deadline",
     )  # fmt: skip
 
     def __init__(self, observation: obs.Observation) -> None:
@@ -178,6 +191,8 @@ class Operation:
         #: flag: the sending side reads it once per partial result)
         self.admits_partials = True
         self._cancel_detail: str | None = None  # the peer cancelled or the transport was lost: only a drop goes out
+        self._cancel_reason = DropReason.PEER_CANCELLED  # the drop a push decided before that cancel turns into
+        self._nnrp_deadline = False  # the current expiry is an NNRP deadline's (not the envelope's timeout_ms)
         self._terminal_sent = False
         self._trace: trace.TraceContext | None = None  # operation-scoped TRACE_CONTEXT, until dispatch
         self._dispatched = False
@@ -234,8 +249,12 @@ class Operation:
             self.observation.failed(code=err.code, family=err.type, status=err.status)
         return terminal
 
-    def time_out(self, now_ns: int) -> Terminal | None:
-        """The bound passed: ``response.error`` ``request_timeout`` (504) unless a terminal was decided."""
+    def time_out(self, now_ns: int, *, started: bool = True) -> Terminal | None:
+        """The bound passed: the ``deadline_expired`` drop when it was an NNRP deadline and the engine has not
+        produced output (``started`` False), else ``response.error`` ``request_timeout`` (504); nothing when a
+        terminal was decided."""
+        if self._nnrp_deadline and not started:
+            return self.cancel(DropReason.DEADLINE_EXPIRED, DropReason.DEADLINE_EXPIRED.value, now_ns)
         self.observation.cancelled(now_ns, source=obs.DEADLINE, reason=E.REQUEST_TIMEOUT)
         bound_ms = (self.expires_unix_ms or self.submitted_unix_ms) - self.submitted_unix_ms
         return self.fail(ProfileError(
@@ -252,7 +271,8 @@ class Operation:
         """The peer cancelled (or the transport is lost): nothing but a drop goes out from now on. Returns
         the drop to send at once, or ``None`` when a terminal was decided already (:meth:`seal` turns a
         push into the drop)."""
-        self._cancel_detail = self._cancel_detail or detail
+        if self._cancel_detail is None:
+            self._cancel_detail, self._cancel_reason = detail, reason
         self.admits_partials = False
         self.observation.cancelled(now_ns, source=CANCEL_SOURCE[reason], reason=detail)
         return self._machine.cancel(reason, detail)
@@ -267,14 +287,20 @@ class Operation:
 
     def limit_time(self, timeout_ms: int) -> bool:
         """Bound the operation to ``timeout_ms`` (ms) after its submit; True when the expiry moved."""
-        return self.bound(self.submitted_unix_ms + timeout_ms)
+        return self.bound(self.submitted_unix_ms + timeout_ms, nnrp=False)
 
-    def bound(self, expires_unix_ms: int) -> bool:
-        """An NNRP DEADLINE (wall-clock ms; 0 is no bound): the earliest bound wins. True when it moved."""
+    def bound(self, expires_unix_ms: int, *, nnrp: bool = True) -> bool:
+        """An NNRP DEADLINE or EXPIRE_AT (wall-clock ms; 0 is no bound; ``nnrp`` False: the envelope's timeout): the
+        earliest bound wins. True when it moved."""
         if not expires_unix_ms or (self.expires_unix_ms is not None and expires_unix_ms >= self.expires_unix_ms):
             return False
         self.expires_unix_ms = expires_unix_ms
+        self._nnrp_deadline = nnrp
         return True
+
+    def expired(self, now_unix_ms: int) -> bool:
+        """The bound passed by ``now_unix_ms`` (wall-clock ms)."""
+        return self.expires_unix_ms is not None and self.expires_unix_ms <= now_unix_ms
 
     def override_trace(self, context: trace.TraceContext) -> None:
         """An operation-scoped TRACE_CONTEXT; ignored once dispatched (in-flight work never changes)."""
@@ -300,13 +326,13 @@ class Operation:
         if self._terminal_sent:
             return None
         if terminal.drop is None and self._cancel_detail is not None:
-            terminal = cancelled(DropReason.PEER_CANCELLED, self._cancel_detail)
+            terminal = cancelled(self._cancel_reason, self._cancel_detail)
         return self._seal(terminal, now_ns, diagnostics=True)
 
     def refused(self, now_ns: int) -> ResultDrop:
         """nnrp-py refused the RESULT_PUSH (the client cancelled before it arrived): the drop that replaces it."""
         self._terminal_sent = False
-        return self._seal(cancelled(DropReason.PEER_CANCELLED, self._cancel_detail or "client_cancelled"), now_ns,
+        return self._seal(cancelled(self._cancel_reason, self._cancel_detail or "client_cancelled"), now_ns,
                           diagnostics=True)  # fmt: skip
 
     def unsendable(self, now_ns: int) -> ResultDrop:

@@ -11,8 +11,9 @@ here, on the loop:
   queues whatever comes): taken at submit, given back as soon as the operation's terminal went out (the client
   may submit again at once) or its task ended, whichever is first; a submit over the limit is refused with
   ``too_many_requests``;
-* the timers of operation deadlines (envelope ``nnrp.timeout_ms``, NNRP DEADLINE; the earliest wins): on
-  expiry the operation's terminal is ``response.error`` ``request_timeout`` and its task is cancelled, which
+* the timers of operation deadlines (envelope ``nnrp.timeout_ms``, NNRP DEADLINE and EXPIRE_AT; the earliest
+  wins): on expiry the operation's terminal is decided (the ``deadline_expired`` drop or ``response.error``
+  ``request_timeout``: :meth:`vllm_nnrp_plugin.operation.Operation.time_out`) and its task is cancelled, which
   aborts the vLLM request;
 * finishing: once the terminal was sent and the task ended, the operation's record is reported.
 

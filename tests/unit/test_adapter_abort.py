@@ -25,7 +25,7 @@ class FailingSlowToCloseBackend:
         self.aborted: list[str] = []
         self.closing = asyncio.Event()
 
-    async def create(self, operation, body, request_id, traceparent=None):
+    async def create(self, operation, body, request_id, traceparent=None, controls=None):
         self.started.append(request_id)
         return Call(stream=self._stream())
 
@@ -72,7 +72,7 @@ class StreamingBackend:
         self.created = asyncio.Event()
         self.streaming = asyncio.Event()
 
-    async def create(self, operation, body, request_id, traceparent=None):
+    async def create(self, operation, body, request_id, traceparent=None, controls=None):
         self.started.append(request_id)
         await self.created.wait()
         return Call(stream=self._stream())
@@ -146,7 +146,7 @@ def test_a_finished_request_is_never_aborted_by_a_late_stop():
         sink = AbortCapturingSink()
         payload = orjson.dumps(envelope({"messages": [], "stream": False}))
 
-        async def create(operation, body, request_id, traceparent=None):
+        async def create(operation, body, request_id, traceparent=None, controls=None):
             return Call(body={"id": "x", "object": "chat.completion", "choices": []})
 
         backend.create = create

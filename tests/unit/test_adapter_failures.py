@@ -6,6 +6,7 @@ is logged once, and the client never gets the server's raw exception text
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from tests.support import envelope
 from vllm_nnrp_plugin import adapter
 from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.operation import Operation, ResultPush, Terminal
 from vllm_nnrp_plugin.profile import errors as E
@@ -55,6 +57,9 @@ class Sink:
     def fail(self, err):
         self._record(self.machine.fail(err))
 
+    @functools.cached_property
+    def controls(self):
+        return RuntimeControls()
     def limit_time(self, timeout_ms):
         pass
 
@@ -63,6 +68,9 @@ class Sink:
 
     def dispatch(self):
         return self.machine.dispatch(None)
+
+    def expired(self):
+        return False
 
 
 class Backend:
@@ -74,7 +82,7 @@ class Backend:
     def capabilities(self):
         return CAPABILITIES
 
-    async def create(self, operation, body, request_id, traceparent=None):
+    async def create(self, operation, body, request_id, traceparent=None, controls=None):
         self.started.append(request_id)
         if self.raises is not None:
             raise self.raises

@@ -157,7 +157,7 @@ class _Binding:
 
 def _backend(monkeypatch, served, operations):
     """A VLLMBackend over a state whose serving objects offer ``served`` (bindings stand in for vLLM's)."""
-    monkeypatch.setattr(backend_module, "_bindings", lambda state, family: [_Binding(name) for name in served])
+    monkeypatch.setattr(backend_module, "_bindings", lambda state, family, priorities: [_Binding(name) for name in served])
     state = types.SimpleNamespace(
         engine_client=None, openai_serving_models=types.SimpleNamespace(base_model_paths=[types.SimpleNamespace(name="m")])
     )

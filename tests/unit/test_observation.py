@@ -43,7 +43,8 @@ def test_diagnostics_shape_with_absent_values_as_null():
     assert d == {
         "schema": "vllm.diagnostics/1", "session_id": 7, "operation_id": 11, "frame_id": 11, "transport": "ipc",
         "request_id": None, "model": None, "queue_delay_ms": None, "backend_first_chunk_ms": None,
-        "first_event_ms": None, "total_ms": None, "events": 0, "usage": None, "cancel": None, "trace": None,
+        "first_event_ms": None, "total_ms": None, "events": 0, "usage": None, "cancel": None, "priority": None,
+        "token_budget": None, "cached_tokens": None, "trace": None,
     }  # fmt: skip
     traced = record(trace=TraceContext(91, 92, 90, 5, 1, 4), input_tokens=3, output_tokens=4)
     d = obs.diagnostics(traced)

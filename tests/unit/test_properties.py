@@ -10,6 +10,7 @@ chunk streams, end to end through ``run_operation`` with the real :class:`Operat
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import orjson
@@ -22,6 +23,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from tests.support import envelope  # noqa: E402
 from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.profile.capabilities import operation_names, chat_operation, runtime_document
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.observation import Observation
@@ -155,6 +157,9 @@ class RecordingSink:
         assert isinstance(err, E.ProfileError) and err.code in CODES
         self._record(self.machine.fail(err))
 
+    @functools.cached_property
+    def controls(self):
+        return RuntimeControls()
     def limit_time(self, timeout_ms):
         pass
 
@@ -163,6 +168,9 @@ class RecordingSink:
 
     def dispatch(self):
         return self.machine.dispatch(None)
+
+    def expired(self):
+        return False
 
 
 class ScriptedBackend:
@@ -173,7 +181,7 @@ class ScriptedBackend:
     def __init__(self, chunks, body=None) -> None:
         self.chunks, self.body, self.aborted, self.started = chunks, body, [], []
 
-    async def create(self, operation, body, request_id, traceparent=None):
+    async def create(self, operation, body, request_id, traceparent=None, controls=None):
         self.started.append(request_id)
         if self.body is not None:
             return Call(body=self.body)

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 
 import orjson
 import pytest
 
 from vllm_nnrp_plugin.adapter import STREAM_MAPPERS, AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.profile import RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
@@ -232,6 +234,9 @@ class ListSink:
     def fail(self, err):
         self.events.append({"type": "response.error", "error": {"code": err.code}})
 
+    @functools.cached_property
+    def controls(self):
+        return RuntimeControls()
     def limit_time(self, timeout_ms):
         pass
 
@@ -241,6 +246,9 @@ class ListSink:
     def dispatch(self):
         return None
 
+    def expired(self):
+        return False
+
 
 class RecordedResponses:
     """A backend serving ``responses.create`` from recorded vLLM events (``items``) or a body."""
@@ -248,7 +256,7 @@ class RecordedResponses:
     def __init__(self, items=None, body=None) -> None:
         self.items, self.body, self.aborted = items, body, []
 
-    async def create(self, op, body, request_id, traceparent=None):
+    async def create(self, op, body, request_id, traceparent=None, controls=None):
         if self.body is not None:
             return Call(body=self.body)
 

@@ -154,11 +154,63 @@ def test_native_server_control_frames():
     peer.sends()
     core.trace_context(21, 2, 0x77, 0x78, 0, stage_code=5)
     peer.sends()
-    peer.skip_c2s(3)  # PRIORITY_UPDATE, EXPIRE_AT, ABORT: not calls of this core
+    # PRIORITY_UPDATE and EXPIRE_AT: the native client's bytes but for control_sequence (the capture's driver
+    # numbered them 10 and 11; this core counts per operation from 1)
+    priority, expire = peer.packets["c2s"][peer._c2s:peer._c2s + 2]
+    core.priority_update(21, 2, 0, 2)
+    core.expire_at(21, 2, struct.unpack_from("<Q", expire, 60)[0])
+    ours = core.data_to_send()
+    assert ours.hex() == (with_sequence(priority, 1) + with_sequence(expire, 2)).hex()
+    peer.skip_c2s(3)  # PRIORITY_UPDATE, EXPIRE_AT (checked above), ABORT (not a call of this core)
     assert peer.feed() == [ev.ResultDropReasonReceived(21, 2, 502, 0, 3, 2, b"")]
     core.close_session(21)
     peer.sends()
     assert peer.feed() == [ev.SessionCloseAcked(21)]
+
+
+def with_sequence(packet: bytes, sequence: int) -> bytes:
+    """``packet`` (a control with ``control_sequence`` u64 at metadata offset 8) with another sequence."""
+    return packet[:48] + struct.pack("<Q", sequence) + packet[56:]
+
+
+def test_runtime_control_calls_and_their_rules():
+    """priority_class in SESSION_OPEN; SUPERSEDE / BUDGET_UPDATE / PRIORITY_UPDATE / EXPIRE_AT layouts (their
+    bytes against the native client's: tests/wire/test_controls_interop.py)."""
+    core = ClientConnection()
+    core.open_session(requested_session_id=5, priority_class=2)
+    hello_and_open = core.data_to_send()
+    assert hello_and_open[-48 + 6] == 2  # SESSION_OPEN priority_class u8 @6
+    with pytest.raises(LocalProtocolError):
+        core.open_session(priority_class=3)
+    core = opened()
+    core.submit(5, b"x")
+    core.data_to_send()
+    core.supersede(5, 1, 2, diagnostic=b"why")
+    core.budget_update(5, 2, 64)
+    supersede, budget = split_packets(core.data_to_send())
+    assert (supersede[6], struct.unpack_from("<II", supersede, 20)) == (T.SUPERSEDE, (5, 1))
+    assert struct.unpack_from("<QQQHHI", supersede, 40) == (1, 2, 1, 2, 0, 3) and supersede[72:] == b"why"
+    assert (budget[6], struct.unpack_from("<II", budget, 20)) == (T.BUDGET_UPDATE, (5, 2))
+    assert struct.unpack_from("<QQQQII", budget, 40) == (2, 0, 0, 0, 64, 0) and len(budget) == 80
+    for call in (
+        lambda: core.priority_update(5, 1, 3),
+        lambda: core.expire_at(5, 1, 0),
+        lambda: core.supersede(5, 9),
+        lambda: core.budget_update(6, 1, 1),
+    ):
+        with pytest.raises(LocalProtocolError):
+            call()
+    assert core.data_to_send() == b""
+
+
+def split_packets(data: bytes) -> list[bytes]:
+    packets, offset = [], 0
+    while offset < len(data):
+        meta_len, body_len = struct.unpack_from("<II", data, offset + 12)
+        end = offset + HEADER_LENGTH + meta_len + body_len
+        packets.append(data[offset:end])
+        offset = end
+    return packets
 
 
 def test_rejected_open_keeps_the_connection():

@@ -389,8 +389,6 @@ def test_advisory_client_packets_are_validated_and_ignored() -> None:
         encode(T.RESULT_HINT, sid, 0, struct.pack("<IIII", 0, 0, 0, 0)),
         encode(T.ERROR_RECOVERABLE, sid, 0, struct.pack("<IIHBBIIIII", 11, 1, 0, 1, 0, 100, sid, 0, 0, 2), b"hi"),
         encode(T.RETRY_AFTER, sid, 0, struct.pack("<QQIIHBBI", 0, 1, 250, 10, 0, 1, 0, 0)),
-        w.scheduling(T.PRIORITY_UPDATE, sid, 1, 101, deadline=0, delta=2),
-        w.scheduling(T.EXPIRE_AT, sid, 1, 101),
         encode(T.PONG, sid, 0),
     ]
     for packet in packets:
@@ -476,6 +474,9 @@ def test_late_controls_for_a_finished_operation_are_ignored() -> None:
         w.control(T.ABORT, sid, 3, 303),
         w.scheduling(T.DEADLINE, sid, 3, 303),
         w.scheduling(T.EXPIRE_AT, sid, 3, 303),
+        w.scheduling(T.PRIORITY_UPDATE, sid, 3, 303),
+        w.supersede(sid, 3, 303),
+        w.budget_update(sid, 3, 303, 9),
         w.trace_context(sid, 3),
     ):
         assert server.receive_data(late) == []
@@ -492,6 +493,94 @@ def test_deadline_for_an_active_operation() -> None:
     _rejected(server, server.receive_data(w.scheduling(T.DEADLINE, sid, 3, 303, flags=4)), 3)
     _rejected(server, server.receive_data(encode(T.DEADLINE, sid, 3, w.split(w.scheduling(T.DEADLINE, sid, 3, 303))[0].meta, b"x")), 3)
     _rejected(server, server.receive_data(w.scheduling(T.PRIORITY_UPDATE, sid, 3, 303, priority_class=7)), 3)
+
+
+def test_priority_update_and_expire_at_for_an_active_operation() -> None:
+    server, sid = w.opened()
+    server.receive_data(w.submit(sid, 3, 303))
+    update = w.scheduling(T.PRIORITY_UPDATE, sid, 3, 303, deadline=0, priority_class=2, delta=-3)
+    (priority,) = server.receive_data(update)
+    assert priority == ev.PriorityUpdated(sid, 3, 303, 2, -3)
+    (expire,) = server.receive_data(w.scheduling(T.EXPIRE_AT, sid, 3, 303, deadline=4321))
+    assert expire == ev.DeadlineReceived(sid, 3, 303, 4321, True)
+    _rejected(server, server.receive_data(w.scheduling(T.EXPIRE_AT, sid, 3, 303, deadline=0)), 3)
+    _rejected(server, server.receive_data(w.scheduling(T.PRIORITY_UPDATE, sid, 4, 303)), 4)  # not its frame
+    _rejected(server, server.receive_data(w.scheduling(T.PRIORITY_UPDATE, sid, 3, 999)), 3)  # unknown operation
+    # EXPIRE_AT / PRIORITY_UPDATE never reserve: only DEADLINE does before the submit
+    _rejected(server, server.receive_data(w.scheduling(T.EXPIRE_AT, sid, 5, 505)), 5)
+    _rejected(server, server.receive_data(w.scheduling(T.PRIORITY_UPDATE, sid, 5, 505)), 5)
+    assert [type(e) for e in server.receive_data(w.submit(sid, 5, 505))] == [ev.OperationSubmitted]
+
+
+def test_supersede_reports_and_cancels_the_old_operation() -> None:
+    server, sid = w.opened()
+    server.receive_data(w.submit(sid, 3, 303) + w.submit(sid, 4, 404))
+    (superseded,) = server.receive_data(w.supersede(sid, 3, 303, 404, b"newer"))
+    assert superseded == ev.OperationSuperseded(sid, 3, 303, 404, 2, b"newer")
+    (plain,) = server.receive_data(w.supersede(sid, 4, 404, 0, code=0, flags=1))
+    assert plain == ev.OperationSuperseded(sid, 4, 404, 0, 0, b"")
+    assert server.send_partial_result(sid, 3, 303, 1, b"x")  # cancelled as by CANCEL: partials still allowed
+    server.data_to_send()
+    for repeated in (w.supersede(sid, 3, 303), w.control(T.CANCEL, sid, 3, 303), w.frame_cancel(sid, 3)):
+        event, meta = _rejected(server, server.receive_data(repeated), 3)
+        assert "already cancelled" in event.reason and meta.error_code == 3
+    assert server.send_result_drop_reason(sid, 3, 303, 1, 2, b'{"type":"response.cancelled"}')
+    assert [p.msg_type for p in w.sent(server)] == [T.RESULT_DROP_REASON]
+    assert server.receive_data(w.supersede(sid, 3, 303)) == []  # its terminal went out: ignored
+    assert server.data_to_send() == b""
+
+
+@pytest.mark.parametrize(
+    "packet",
+    [
+        w.supersede(7, 9, 303),  # frame does not match the operation
+        w.supersede(7, 3, 999),  # unknown operation
+        w.supersede(7, 3, 303, flags=2),
+        w.supersede(7, 3, 303, code=10),
+        w.supersede(7, 3, 303, code=0xFFFF),
+        encode(T.SUPERSEDE, 7, 3, struct.pack("<QQQHHI", 303, 0, 1, 2, 0, 4), b"ab"),  # diagnostic length
+        encode(T.SUPERSEDE, 7, 3, struct.pack("<QQQHHI", 303, 0, 1, 2, 0, 0) + b"\0"),  # meta_len 33
+        encode(T.SUPERSEDE, 7, 3, struct.pack("<QQQHHI", 303, 0, 1, 2, 0, 0)[:24]),  # meta_len 24
+    ],
+)
+def test_bad_supersedes(packet: bytes) -> None:
+    server, sid = w.opened()
+    server.receive_data(w.submit(sid, 3, 303))
+    frame = w.split(packet)[0].frame_id
+    _rejected(server, server.receive_data(packet), frame)
+    (superseded,) = server.receive_data(w.supersede(sid, 3, 303))  # not cancelled by the bad one
+    assert superseded.operation_id == 303
+
+
+def test_budget_update_for_an_active_operation() -> None:
+    server, sid = w.opened()
+    server.receive_data(w.submit(sid, 3, 303))
+    (budget,) = server.receive_data(w.budget_update(sid, 3, 303, 256, compute=7, memory=8, bandwidth=9, flags=3))
+    assert budget == ev.BudgetUpdated(sid, 3, 303, 256, 7, 8, 9)
+    (again,) = server.receive_data(w.budget_update(sid, 3, 303, 0))  # repeatable, 0 = no budget
+    assert again.token_budget == 0
+    assert server.send_result_push(sid, 3, bytes(64), b"")
+    server.data_to_send()
+    assert server.receive_data(w.budget_update(sid, 3, 303, 1)) == []  # its terminal went out: ignored
+    assert server.data_to_send() == b""
+
+
+@pytest.mark.parametrize(
+    "packet",
+    [
+        w.budget_update(7, 9, 303, 1),  # frame does not match the operation
+        w.budget_update(7, 3, 999, 1),  # unknown operation
+        w.budget_update(7, 3, 303, 1, flags=4),
+        encode(T.BUDGET_UPDATE, 7, 3, struct.pack("<QQQQII", 303, 0, 0, 0, 1, 0), b"x"),  # a body
+        encode(T.BUDGET_UPDATE, 7, 3, struct.pack("<QQQQII", 303, 0, 0, 0, 1, 0)[:32]),  # meta_len 32
+    ],
+)
+def test_bad_budget_updates(packet: bytes) -> None:
+    server, sid = w.opened()
+    server.receive_data(w.submit(sid, 3, 303))
+    frame = w.split(packet)[0].frame_id
+    _rejected(server, server.receive_data(packet), frame)
+    assert server.send_partial_result(sid, 3, 303, 1, b"x")
 
 
 def test_pre_submit_deadline_is_reported_right_after_its_submit() -> None:

@@ -27,7 +27,7 @@ C2S = {name: w.stream(name, "c2s", 0) for name in w.CAPTURE_NAMES}
 META_LEN = {
     T.CLIENT_HELLO: 64, T.SESSION_OPEN: 48, T.SESSION_CLOSE: 24, T.FRAME_SUBMIT: 72, T.TRANSPORT_PROBE: 16,
     T.RESULT_HINT: 16, T.RESULT_PUSH: 64, T.PARTIAL_RESULT: 40, T.SESSION_OPEN_ACK: 56, T.SESSION_CLOSE_ACK: 16,
-    T.SERVER_HELLO_ACK: 80,
+    T.SERVER_HELLO_ACK: 80, T.BUDGET_UPDATE: 40,
 }  # fmt: skip
 KINDS = [int(k) for k in T]
 
@@ -226,7 +226,8 @@ def _random_packet(draw, sessions: list[int]) -> bytes:
     frame = draw(st.sampled_from([k, k, k, 0, draw(st.integers(0, 5))]))
     op = draw(st.sampled_from([k, k, k, 0, draw(st.integers(0, 5))]))
     shape = draw(st.sampled_from(["submit"] * 3 + ["cancel", "abort", "frame_cancel", "deadline", "expire", "priority",
-                                                   "trace", "close", "ping", "open", "random", "random"]))  # fmt: skip
+                                                   "supersede", "budget", "trace", "close", "ping", "open", "random",
+                                                   "random"]))  # fmt: skip
     if shape == "submit":
         return w.submit(session, frame, op, draw(st.binary(max_size=8)), trace_id=draw(st.sampled_from([0, 5])))
     if shape in ("cancel", "abort"):
@@ -237,6 +238,11 @@ def _random_packet(draw, sessions: list[int]) -> bytes:
     if shape in ("deadline", "expire", "priority"):
         kind = {"deadline": T.DEADLINE, "expire": T.EXPIRE_AT, "priority": T.PRIORITY_UPDATE}[shape]
         return w.scheduling(kind, session, frame, op, deadline=draw(st.sampled_from([0, 5, 5])))
+    if shape == "supersede":
+        return w.supersede(session, frame, op, draw(st.integers(0, 5)), draw(st.sampled_from([b"", b"why"])),
+                           code=draw(st.sampled_from([2, 2, 0, 10])), flags=draw(st.sampled_from([0, 0, 2])))
+    if shape == "budget":
+        return w.budget_update(session, frame, op, draw(st.integers(0, 9)), flags=draw(st.sampled_from([0, 0, 4])))
     if shape == "trace":
         return w.trace_context(session, draw(st.sampled_from([0, frame])), header_trace=draw(st.sampled_from([None, 0, 3])))
     if shape == "close":

@@ -27,7 +27,8 @@ CAPTURE_NAMES = ("tcp-basic", "ipc-basic", "tcp-multiplex", "tcp-control", "tcp-
 
 SERVER_EVENTS = (
     ev.SessionOpenRequested, ev.SessionClosed, ev.SessionDraining, ev.OperationSubmitted, ev.OperationCancelled,
-    ev.DeadlineReceived, ev.TraceContextReceived, ev.PacketRejected, ev.ConnectionEnded,
+    ev.DeadlineReceived, ev.PriorityUpdated, ev.OperationSuperseded, ev.BudgetUpdated, ev.TraceContextReceived,
+    ev.PacketRejected, ev.ConnectionEnded,
 )  # fmt: skip
 
 
@@ -160,9 +161,11 @@ def _mirror(server: ServerConnection, packet: Packet) -> None:
 
 from nnrp.core.messages.control import ClientHelloMetadata  # noqa: E402
 from nnrp.runtime.types import (  # noqa: E402
+    BudgetMetadata,
     ControlRequestMetadata,
     SchedulingMetadata,
     SessionCloseMetadata,
+    SupersedeMetadata,
     TraceContextMetadata,
 )
 
@@ -239,6 +242,19 @@ def scheduling(kind: int, session_id: int, frame_id: int, operation_id: int, dea
                priority_class: int = 0, delta: int = 0, flags: int = 0) -> bytes:  # fmt: skip
     meta = SchedulingMetadata.STRUCT.pack(operation_id, 1, priority_class, delta, deadline, flags)
     return encode(kind, session_id, frame_id, meta)
+
+
+def supersede(session_id: int, frame_id: int, old_operation_id: int, new_operation_id: int = 0,
+              diagnostic: bytes = b"", *, code: int = 2, flags: int = 0) -> bytes:  # fmt: skip
+    """SUPERSEDE of ``old_operation_id`` (header frame = its frame), ``code`` the drop_reason_code."""
+    meta = SupersedeMetadata.STRUCT.pack(old_operation_id, new_operation_id, 1, code, flags, len(diagnostic))
+    return encode(T.SUPERSEDE, session_id, frame_id, meta, diagnostic)
+
+
+def budget_update(session_id: int, frame_id: int, operation_id: int, tokens: int, *, compute: int = 0,
+                  memory: int = 0, bandwidth: int = 0, flags: int = 0) -> bytes:  # fmt: skip
+    meta = BudgetMetadata.STRUCT.pack(operation_id, compute, memory, bandwidth, tokens, flags)
+    return encode(T.BUDGET_UPDATE, session_id, frame_id, meta)
 
 
 def trace_context(session_id: int, frame_id: int, trace: int = 91, span: int = 92, *, header_trace: int | None = None,

@@ -19,7 +19,10 @@ Every operation command and ``capabilities`` speak the project's asyncio client
 (:mod:`vllm_nnrp_plugin.client.connection`) to ``--endpoint`` (``tcp://HOST:PORT``, ``nnrps://HOST:PORT`` or
 ``unix:///PATH``) with ``--api-key`` (default: ``$VLLM_API_KEY``, else ``$OPENAI_API_KEY``; sent only when set:
 what a ``vllm serve --api-key`` requires) and, for ``nnrps://``, ``--tls-ca FILE`` (PEM CA or server
-certificates; default: the system's trust store). A refused key exits 2 saying so.
+certificates; default: the system's trust store). A refused key exits 2 saying so. ``--priority
+interactive|balanced|background`` opens the session with that NNRP priority class (SESSION_OPEN
+``priority_class``) and, for the operation commands, puts it in the envelope as ``nnrp.priority_class``; without
+it the session is balanced and the envelope has no ``nnrp`` member.
 
 ``vllm-nnrp capabilities --endpoint URI [--conformance]`` prints the server's capability document (fetched over
 NNRP with the operation ``nnrp.capabilities``), or with ``--conformance`` the conformance manifest derived from
@@ -46,6 +49,7 @@ from typing import Any
 
 import orjson
 
+from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.endpoints import DEFAULT_LISTEN
 
 #: where the key comes from when ``--api-key`` is not given, in order (vLLM's server variable, the SDK's)
@@ -122,6 +126,8 @@ def _endpoint_option(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--tls-ca", metavar="FILE", help="PEM CA or server certificate(s) to trust for nnrps:// "
                         "(default: the system's trust store)")  # fmt: skip
+    parser.add_argument("--priority", choices=tuple(PRIORITY_CLASSES), help="NNRP priority class of the session "
+                        "and the operation (envelope nnrp.priority_class; default: a balanced session)")  # fmt: skip
 
 
 def api_key_of(args: argparse.Namespace, environ: Any = None) -> str | None:
@@ -153,7 +159,7 @@ async def _session(args: argparse.Namespace) -> tuple[Any, Any] | None:
         print(f"vllm-nnrp: cannot connect to {args.endpoint}: {exc or 'timed out'}", file=sys.stderr)
         return None
     try:
-        session = await asyncio.wait_for(conn.open_session(), args.timeout)
+        session = await asyncio.wait_for(conn.open_session(priority_class=args.priority or "balanced"), args.timeout)
     except AuthenticationFailed:
         await conn.close()
         print(f"vllm-nnrp: {args.endpoint} requires an API key and refused this one (or none was given): use "
@@ -193,9 +199,12 @@ async def _capabilities(args: argparse.Namespace) -> int:
 
 def _envelope(operation: str, body: dict[str, Any], args: argparse.Namespace, *fields: str) -> dict[str, Any]:
     """The envelope of ``operation``: ``body`` plus each request field of ``fields`` (named as the argument)
-    that was given on the command line."""
+    that was given on the command line; ``nnrp.priority_class`` when ``--priority`` was."""
     body.update({name: getattr(args, name) for name in fields if getattr(args, name) is not None})
-    return {"schema_version": SCHEMA_VERSION, "operation": operation, "body": body}
+    envelope = {"schema_version": SCHEMA_VERSION, "operation": operation, "body": body}
+    if args.priority:
+        envelope["nnrp"] = {"priority_class": args.priority}
+    return envelope
 
 
 def chat_envelope(args: argparse.Namespace) -> dict[str, Any]:

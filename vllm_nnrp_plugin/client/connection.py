@@ -24,6 +24,15 @@ e.g. "peer_cancelled">}``. :meth:`Operation.cancel` sends FRAME_CANCEL; the term
 cancelled while it waits in ``async for`` or :meth:`Operation.result` gets its ``CancelledError`` and the
 operation is cancelled (FRAME_CANCEL) on the way out.
 
+Runtime controls (:mod:`vllm_nnrp_plugin.nnrp_wire.client` has their bytes): a session's priority class at
+:meth:`Connection.open_session` (SESSION_OPEN ``priority_class``), an operation's in its envelope
+(``Session.submit(..., priority_class=…)`` → ``nnrp.priority_class``); on a running operation
+:meth:`Operation.update_priority` (PRIORITY_UPDATE), :meth:`Operation.supersede` (SUPERSEDE),
+:meth:`Operation.update_budget` (BUDGET_UPDATE), :meth:`Operation.deadline` (DEADLINE) and
+:meth:`Operation.expire_at` (EXPIRE_AT). A superseded operation ends with a drop decoded as
+``{"type": "response.cancelled", "reason": "superseded"}``, one whose deadline passed before it ran with
+``{"type": "response.cancelled", "reason": "deadline_expired"}`` (the server's diagnostic, like any drop).
+
 Errors (:mod:`vllm_nnrp_plugin.client.errors`), all :class:`ClientError`: :class:`ClientConnectionError`
 (cannot connect, the connection was lost or ended on a protocol error: every pending open, operation and close
 fails with it; an unusable URI is also a :class:`ClientAddressError`), :class:`SessionOpenError` (the server
@@ -55,6 +64,8 @@ from vllm_nnrp_plugin.client.errors import (
     SessionOpenError,
     _ConnectAddressError,
 )
+from vllm_nnrp_plugin.client.priority import with_priority_class
+from vllm_nnrp_plugin.controls import priority_class_of
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
@@ -146,12 +157,17 @@ class Connection(asyncio.Protocol):
 
     # -- API -----------------------------------------------------------------------------------------------
 
-    async def open_session(self, *, max_in_flight_operations: int = 16, requested_session_id: int = 0) -> Session:
-        """Open a session (the first one also sends CLIENT_HELLO). Raises :class:`SessionOpenError`,
-        :class:`ClientConnectionError`."""
+    async def open_session(
+        self, *, max_in_flight_operations: int = 16, requested_session_id: int = 0, priority_class: str = "balanced"
+    ) -> Session:
+        """Open a session (the first one also sends CLIENT_HELLO). ``priority_class``: ``"interactive"``,
+        ``"balanced"`` or ``"background"`` (SESSION_OPEN ``priority_class`` 0 / 1 / 2). Raises
+        :class:`SessionOpenError`, :class:`ClientConnectionError`, ``ValueError`` for another class."""
+        code = priority_class_of(priority_class)
         self._check()
         token = self._core.open_session(
-            requested_session_id=requested_session_id, max_in_flight_operations=max_in_flight_operations
+            requested_session_id=requested_session_id, max_in_flight_operations=max_in_flight_operations,
+            priority_class=code,
         )
         future = self._opens[token] = self._loop.create_future()
         self._flush()
@@ -303,14 +319,22 @@ class Session:
         return self._close is not None
 
     def submit(
-        self, envelope: dict[str, Any] | bytes, *, trace_id: int = 0, trace: tuple[int, int, int] | None = None
+        self, envelope: dict[str, Any] | bytes, *, trace_id: int = 0, trace: tuple[int, int, int] | None = None,
+        priority_class: str | None = None,
     ) -> Operation:
         """Queue one operation: ``envelope`` (a dict, or JSON bytes sent as they are) in the profile's typed
         body; ``trace_id`` the header's. ``trace`` (trace id, span id, flags; ids non-zero) queues the
-        operation's own TRACE_CONTEXT right behind the FRAME_SUBMIT, in the same write. Sent on the next loop
-        iteration. Raises :class:`ClientConnectionError`, :class:`ClientError` on a closing session."""
+        operation's own TRACE_CONTEXT right behind the FRAME_SUBMIT, in the same write. ``priority_class``
+        (``"interactive"`` / ``"balanced"`` / ``"background"``; a dict envelope only) is sent as the envelope's
+        ``nnrp.priority_class`` (a copy: the caller's dict is not changed). Sent on the next loop iteration.
+        Raises :class:`ClientConnectionError`, :class:`ClientError` on a closing session, ``ValueError`` for an
+        unknown priority class or one given with a bytes envelope."""
         conn = self.conn
         conn._check()
+        if priority_class is not None:
+            if not isinstance(envelope, dict):
+                raise ValueError("priority_class needs a dict envelope")
+            envelope = with_priority_class(envelope, priority_class)
         payload = envelope if isinstance(envelope, bytes) else orjson.dumps(envelope)
         try:
             body = wire_mapping.typed_body(payload)
@@ -421,6 +445,55 @@ class Operation:
             conn._core.frame_cancel(self.session.session_id, self.frame_id)
             conn._flush()
 
+    def update_priority(self, priority_class: str) -> None:
+        """Send PRIORITY_UPDATE: ``priority_class`` ``"interactive"`` / ``"balanced"`` / ``"background"``
+        (0 / 1 / 2), ``priority_delta`` 0. Raises ``ValueError`` for another class, :class:`ClientError` once the
+        operation ended."""
+        code = priority_class_of(priority_class)
+        self._control(lambda core, sid, fid: core.priority_update(sid, fid, code))
+
+    def supersede(self, new: Operation | None = None) -> None:
+        """Send SUPERSEDE for this operation (header frame = its frame; drop reason superseded):
+        ``new_operation_id`` is ``new``'s (an operation of the same session) or 0. The terminal still comes,
+        usually ``{"type": "response.cancelled", "reason": "superseded"}``. Raises :class:`ClientError` once the
+        operation ended or for ``new`` of another session."""
+        if new is not None and new.session is not self.session:
+            raise ClientError(f"operation {new.operation_id} is not of session {self.session.session_id}")
+        new_id = 0 if new is None else new.operation_id
+        self._control(lambda core, sid, fid: core.supersede(sid, fid, new_id))
+
+    def update_budget(self, token_budget: int) -> None:
+        """Send BUDGET_UPDATE with ``token_budget`` (tokens, 1..2**32-1; the other budgets 0). Raises
+        ``ValueError`` for a budget out of range, :class:`ClientError` once the operation ended."""
+        if not 0 < token_budget < 1 << 32:
+            raise ValueError(f"token_budget {token_budget!r} must be in 1..2**32-1")
+        self._control(lambda core, sid, fid: core.budget_update(sid, fid, token_budget))
+
+    def deadline(self, unix_ms: int) -> None:
+        """Send DEADLINE: ``unix_ms`` wall clock, ms since the Unix epoch (> 0). Raises ``ValueError`` out of
+        range, :class:`ClientError` once the operation ended."""
+        _check_unix_ms(unix_ms)
+        self._control(lambda core, sid, fid: core.deadline(sid, fid, unix_ms))
+
+    def expire_at(self, unix_ms: int) -> None:
+        """Send EXPIRE_AT: ``unix_ms`` wall clock, ms since the Unix epoch (> 0). Raises ``ValueError`` out of
+        range, :class:`ClientError` once the operation ended."""
+        _check_unix_ms(unix_ms)
+        self._control(lambda core, sid, fid: core.expire_at(sid, fid, unix_ms))
+
+    def _control(self, queue: Callable[[ClientConnection, int, int], None]) -> None:
+        """Queue one control through the wire core (``queue(core, session_id, frame_id)``) and flush, as
+        :meth:`cancel` does."""
+        if self.done:
+            raise ClientError(f"operation {self.operation_id} already ended")
+        conn = self.session.conn
+        conn._check()
+        try:
+            queue(conn._core, self.session.session_id, self.frame_id)
+        except LocalProtocolError as exc:
+            raise ClientError(str(exc)) from None
+        conn._flush()
+
     def __aiter__(self) -> Operation:
         return self
 
@@ -524,3 +597,8 @@ class Operation:
             self._queue.append(_END)
             self._wake()
             self._run_done()
+
+
+def _check_unix_ms(unix_ms: int) -> None:
+    if not 0 < unix_ms < 1 << 64:
+        raise ValueError(f"unix_ms {unix_ms!r} must be a time after the Unix epoch, ms (u64)")

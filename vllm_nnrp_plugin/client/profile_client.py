@@ -12,9 +12,13 @@ than the session's ``max_in_flight_per_session`` get ``too_many_requests`` (the 
         ...   # ClientEvent: partial events in order, then exactly one terminal
     client.close()
 
-NNRP runtime metadata: ``submit(..., deadline_ms=N)`` sends a DEADLINE control (now + N ms, wall clock) for the
-operation right after its submit; ``trace_context(...)`` sends a TRACE_CONTEXT (session scope, or one
-operation's); ``capabilities()`` fetches the server's capability document (operation ``nnrp.capabilities``).
+NNRP runtime metadata: ``connect(..., priority_class=…)`` opens the session with that priority class;
+``submit(..., deadline_ms=N)`` sends a DEADLINE control (now + N ms, wall clock) for the operation right after its
+submit; ``update_priority`` / ``supersede`` / ``update_budget`` send PRIORITY_UPDATE / SUPERSEDE / BUDGET_UPDATE
+for a running operation (nnrp-py's ``update_runtime_priority``, ``supersede_runtime_operation``,
+``update_runtime_budget``; ``control_sequence`` counted per operation from 1); ``trace_context(...)`` sends a
+TRACE_CONTEXT (session scope, or one operation's); ``capabilities()`` fetches the server's capability document
+(operation ``nnrp.capabilities``).
 
 Errors (:mod:`vllm_nnrp_plugin.client.errors`): every failure is a :class:`ClientError` —
 :class:`ClientAddressError` (an unusable endpoint URI), :class:`ClientTransportError` (nnrp-py's native layer
@@ -36,6 +40,7 @@ import orjson
 from nnrp.client import (
     NativeClientOptions,
     NativeClientProviderRoute,
+    NativeClientSessionOptions,
     SubmitIdentity,
     SubmitPolicy,
     SubmitRequest,
@@ -62,6 +67,7 @@ from vllm_nnrp_plugin.client.errors import (
     ClientTimeout,
     ClientTransportError,
 )
+from vllm_nnrp_plugin.controls import priority_class_of
 from vllm_nnrp_plugin.endpoints import EndpointError, parse_endpoint
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
@@ -93,14 +99,22 @@ class ProfileClient:
         self.connection = connection
         self.session = session
         self._ids = itertools.count(1)
+        self._sequences: dict[int, int] = {}  # operation id → last control_sequence sent for it
         self._pending: dict[int, collections.deque[ClientEvent]] = collections.defaultdict(collections.deque)
 
     @classmethod
-    async def connect(cls, uri: str, *, trusted_cert_der: bytes | None = None) -> ProfileClient:
+    async def connect(
+        cls, uri: str, *, trusted_cert_der: bytes | None = None, priority_class: str = "balanced"
+    ) -> ProfileClient:
         """Connect to any URI of :mod:`vllm_nnrp_plugin.endpoints` and open a session.
         TLS URIs (``nnrps``, ``wss``, ``quic``) need ``trusted_cert_der``: the server certificate (or its CA), DER.
-        Raises :class:`ClientAddressError`, or :class:`ClientTransportError` when nothing answers or the server
-        refuses the session (e.g. over its ``max_sessions``)."""
+        ``priority_class``: the session's, ``"interactive"`` / ``"balanced"`` / ``"background"`` (SESSION_OPEN
+        ``priority_class`` 0 / 1 / 2 through nnrp-py's ``NativeClientSessionOptions``; its other options are
+        nnrp-py's defaults). Raises ``ValueError`` for another class, :class:`ClientAddressError`, or
+        :class:`ClientTransportError` when nothing answers or the server refuses the session (e.g. over its
+        ``max_sessions``)."""
+        priority_class_of(priority_class)  # nnrp-py's NativeSessionPriorityClass uses the same names
+        session_options = NativeClientSessionOptions(priority_class=priority_class)
         try:
             carrier = parse_endpoint(uri)
         except EndpointError as exc:
@@ -123,7 +137,7 @@ class ProfileClient:
             ))
         try:
             with _native(f"{uri} did not open a session"):
-                session = await connection.open_session()
+                session = await connection.open_session(session_options)
         except BaseException:
             stack.close()
             raise
@@ -156,9 +170,43 @@ class ProfileClient:
             operation = self.session.submit_operation(request)
             if deadline_unix_ms is not None:
                 self.connection.update_runtime_deadline(
-                    self.session, operation_id=operation_id, control_sequence=1, deadline_unix_ms=deadline_unix_ms
-                )
+                    self.session, operation_id=operation_id, control_sequence=self._sequence(operation_id),
+                    deadline_unix_ms=deadline_unix_ms,
+                )  # fmt: skip
         return operation
+
+    def update_priority(self, op: Any, priority_class: str) -> None:
+        """PRIORITY_UPDATE for ``op``: ``priority_class`` ``"interactive"`` / ``"balanced"`` / ``"background"``,
+        delta 0. Raises ``ValueError`` for another class, :class:`ClientTransportError` (e.g. ``op`` finished)."""
+        code = priority_class_of(priority_class)
+        with _native(f"PRIORITY_UPDATE of operation {op.operation_id} failed"):
+            self.connection.update_runtime_priority(
+                self.session, operation_id=op.operation_id, control_sequence=self._sequence(op.operation_id),
+                priority_class=code,
+            )  # fmt: skip
+
+    def supersede(self, op: Any, new: Any = None) -> None:
+        """SUPERSEDE of ``op`` by ``new`` (another operation of this client, or None: new_operation_id 0), drop
+        reason superseded; ``op``'s terminal is then a drop (``reason`` ``superseded``). Raises
+        :class:`ClientTransportError`."""
+        with _native(f"SUPERSEDE of operation {op.operation_id} failed"):
+            self.connection.supersede_runtime_operation(
+                self.session, old_operation_id=op.operation_id, new_operation_id=0 if new is None else new.operation_id,
+                control_sequence=self._sequence(op.operation_id),
+            )  # fmt: skip
+
+    def update_budget(self, op: Any, tokens: int) -> None:
+        """BUDGET_UPDATE for ``op``: ``token_budget`` = ``tokens`` (1..2**32-1), the other budgets 0. Raises
+        ``ValueError`` out of range, :class:`ClientTransportError`."""
+        if not 0 < tokens < 1 << 32:
+            raise ValueError(f"token budget {tokens!r} must be in 1..2**32-1")
+        with _native(f"BUDGET_UPDATE of operation {op.operation_id} failed"):
+            self.connection.update_runtime_budget(self.session, operation_id=op.operation_id, token_budget=tokens)
+
+    def _sequence(self, operation_id: int) -> int:
+        """The next ``control_sequence`` of ``operation_id`` (from 1; forgotten at its terminal)."""
+        sequence = self._sequences[operation_id] = self._sequences.get(operation_id, 0) + 1
+        return sequence
 
     def trace_context(
         self, trace_id: int, span_id: int, *, parent_span_id: int = 0, stage_code: int = 0, flags: int = 1,
@@ -232,6 +280,8 @@ class ProfileClient:
             if event is not None:
                 # frame_id == operation_id for every operation this client submits
                 out.append((header.frame_id, event))
+                if event.terminal:
+                    self._sequences.pop(header.frame_id, None)
         return out
 
     def _poll(self, timeout_ms: int) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from vllm_nnrp_plugin import observation as obs
 from vllm_nnrp_plugin import wire_mapping
+from vllm_nnrp_plugin.controls import BALANCED, RuntimeControls
 from vllm_nnrp_plugin.operation import Action, DropReason, Operation, PartialResult, ResultDrop, ResultPush, Terminal
 from vllm_nnrp_plugin.profile import trace
 from vllm_nnrp_plugin.profile.errors import ProfileError
@@ -100,10 +101,11 @@ class ServerOperation:
     is the carrier (``tcp``, ``ipc``, ``websocket``, ``quic``); ``observation`` is its record; ``native`` the
     nnrp-py server operation (pump thread only); ``rules`` its :class:`~vllm_nnrp_plugin.operation.Operation`
     (read ``rules.admits_partials`` freely; change it only through this object's methods, which hold the
-    lock); ``owner`` is set by whoever runs its backend work."""
+    lock); ``owner`` is set by whoever runs its backend work; ``controls`` its
+    :class:`~vllm_nnrp_plugin.controls.RuntimeControls` (made with its session's ``priority_class``)."""
 
-    __slots__ = ("operation_id", "frame_id", "transport", "native", "envelope", "owner", "rules", "_abort",
-                 "_link", "_lock")  # fmt: skip
+    __slots__ = ("operation_id", "frame_id", "transport", "native", "envelope", "owner", "rules", "controls",
+                 "_abort", "_link", "_lock")  # fmt: skip
 
     def __init__(
         self,
@@ -118,8 +120,11 @@ class ServerOperation:
         now_ns: int,
         now_unix_ns: int,
         native: Any = None,
+        priority_class: int = BALANCED,
     ) -> None:
         self.native = native
+        #: the runtime controls (priority, token budget) of its backend request; vLLM's loop only
+        self.controls = RuntimeControls(session_class=priority_class)
         self.operation_id = operation_id
         self.frame_id = frame_id
         self.transport = transport
@@ -202,9 +207,19 @@ class ServerOperation:
         if moved and self.owner is not None:
             self.owner.rearm(self)
 
+    def expired(self) -> bool:
+        """Before dispatch: True when its bound has passed (it then ended with the ``deadline_expired`` drop, or
+        ``request_timeout`` for the envelope's ``nnrp.timeout_ms``, and must not reach vLLM)."""
+        with self._lock:
+            if not self.rules.expired(time.time_ns() // 1_000_000):
+                return False
+        self.time_out()
+        return True
+
     def dispatch(self) -> trace.TraceContext | None:
-        """The operation goes to vLLM now: freeze and return its trace context (its own override, else the
-        session's default)."""
+        """The operation goes to vLLM now: its controls' priority class is fixed; freeze and return its trace
+        context (its own override, else the session's default)."""
+        self.controls.dispatched = True
         with self._lock:
             return self.rules.dispatch(self._link.session_trace)
 
@@ -226,9 +241,12 @@ class ServerOperation:
             return self.rules.bound(deadline_unix_ms)
 
     def time_out(self) -> None:
-        """The bound passed: terminal ``response.error`` ``request_timeout`` unless one was decided."""
+        """The bound passed: terminal ``deadline_expired`` drop (an NNRP deadline; neither the engine nor the
+        backend's stream has produced anything yet) or
+        ``response.error`` ``request_timeout``, unless one was decided (:meth:`Operation.time_out`)."""
+        started = self.controls.engine_started or self.observation.backend_first_chunk_ns is not None
         with self._lock:
-            self._queue(self.rules.time_out(time.monotonic_ns()))
+            self._queue(self.rules.time_out(time.monotonic_ns(), started=started))
 
     def shut_down(self) -> None:
         """The server is stopping: terminal ``response.error`` ``server_shutdown`` unless one was decided.

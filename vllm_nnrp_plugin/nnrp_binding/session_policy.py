@@ -14,8 +14,13 @@ packets into these calls and send what the session's outbox holds.
   gave back.
 * **Cancels** (FRAME_CANCEL, CANCEL, ABORT) end the operation with the ``peer_cancelled`` drop (queued in the
   outbox, or the terminal already queued turns into it when sealed) and stop its vLLM request.
-* **DEADLINE** (wall-clock ms) bounds the named operation; one that came before its submit waits for it
-  (:class:`vllm_nnrp_plugin.operation.EarlyDeadlines`).
+* **SUPERSEDE** ends the operation with the ``superseded`` drop and stops its vLLM request, as a cancel does
+  (the newer operation it names runs as submitted).
+* **DEADLINE** / **EXPIRE_AT** (wall-clock ms) bound the named operation; a DEADLINE that came before its submit
+  waits for it (:class:`vllm_nnrp_plugin.operation.EarlyDeadlines`).
+* **PRIORITY_UPDATE** and **BUDGET_UPDATE** change the operation's runtime controls
+  (:class:`vllm_nnrp_plugin.controls.RuntimeControls`): a priority class before dispatch, a lower token budget
+  at any time (the vLLM binding applies it).
 * **TRACE_CONTEXT** (``openai-compatible/1`` profile, trace-context section): at session scope (frame 0) the
   default context of the session's operations dispatched later; at operation scope it overrides that
   operation's until it is dispatched. Ineligible contexts (zero ids) are ignored.
@@ -114,6 +119,24 @@ class SessionPolicy:
         if drop is not None:
             self._link.put(sop, drop)
         self._post(self._handler.on_stop, sop)
+
+    def supersede(self, sop: ServerOperation) -> None:
+        """The client superseded ``sop`` (SUPERSEDE): its ``superseded`` drop is queued (or the terminal already
+        queued becomes it) and its vLLM request stops."""
+        if sop.operation_id not in self.ops:
+            return
+        drop = sop.cancel(DropReason.SUPERSEDED, DropReason.SUPERSEDED.value)
+        if drop is not None:
+            self._link.put(sop, drop)
+        self._post(self._handler.on_stop, sop)
+
+    def update_priority(self, sop: ServerOperation, priority_class: int) -> None:
+        """A PRIORITY_UPDATE for ``sop``: its class until it is dispatched; counted after."""
+        sop.controls.update_priority(priority_class)
+
+    def update_budget(self, sop: ServerOperation, token_budget: int) -> None:
+        """A BUDGET_UPDATE for ``sop``: its token budget (tokens; 0: none) if lower than the one it has."""
+        sop.controls.lower_budget(token_budget)
 
     def deadline(self, operation_id: int, deadline_unix_ms: int) -> None:
         """An NNRP DEADLINE (wall-clock ms) for ``operation_id``: kept until its submit when not active yet."""

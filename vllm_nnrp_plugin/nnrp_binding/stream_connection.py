@@ -25,8 +25,8 @@ Everything here runs on the loop, so every piece of state has one owner and noth
   bug) is aborted rather than left hung or with packets stranded; a lost connection drops its buffers at once.
 
 What came off the wire goes to the session's policy, which reports to the :class:`.handler.SessionHandler`
-(the service) directly: a submit (its envelope unwrapped), a cancel or a lost client (``on_stop``), an NNRP
-DEADLINE (``on_deadline``), a terminal sent (``on_terminal``), an operation whose terminal went out last
+(the service) directly: a submit (its envelope unwrapped), a cancel, a SUPERSEDE or a lost client (``on_stop``),
+an NNRP DEADLINE or EXPIRE_AT (``on_deadline``), a terminal sent (``on_terminal``), an operation whose terminal went out last
 (``on_finished``); sessions opened and closed (``on_session``) and refused keys (``on_auth_refused``) come
 from the connection.
 """
@@ -129,7 +129,7 @@ class StreamSession:
     """One NNRP session of a :class:`ConnectionProtocol`: its outbox and its :class:`.session_policy.SessionPolicy`
     (operations, admission, controls)."""
 
-    __slots__ = ("session_id", "link", "sender", "policy", "drain_timer")
+    __slots__ = ("session_id", "priority_class", "link", "sender", "policy", "drain_timer")
 
     def __init__(
         self,
@@ -142,8 +142,11 @@ class StreamSession:
         probe: SendProbe | None,
         *,
         paused: bool,
+        priority_class: int,
     ) -> None:
         self.session_id = session_id
+        #: the session's NNRP priority class (SESSION_OPEN), its operations' unless they set their own
+        self.priority_class = priority_class
         self.link = SessionLink(limits.max_queued_events, functools.partial(mark, self), probe)
         self.sender = functools.partial(send_now, self)  # the link's ``send_now`` while the transport takes writes
         self.link.send_now = None if paused else self.sender
@@ -334,6 +337,8 @@ class ConnectionProtocol(asyncio.Protocol):
             self._on_deadline(event)  # type: ignore[arg-type]
         elif kind is ev.TraceContextReceived:
             self._on_trace_context(event)  # type: ignore[arg-type]
+        elif kind is ev.OperationSuperseded or kind is ev.PriorityUpdated or kind is ev.BudgetUpdated:
+            self._on_control(event)
         elif kind is ev.SessionOpenRequested:
             self._on_open(event)  # type: ignore[arg-type]
         elif kind is ev.SessionClosed:
@@ -402,7 +407,8 @@ class ConnectionProtocol(asyncio.Protocol):
             return
         self._cancel_handshake_timer()
         session = StreamSession(session_id, self._handler, self._limits, self._mark, self._send_now,
-                                self._core.send_credit_update, self._probe, paused=self._paused)  # fmt: skip
+                                self._core.send_credit_update, self._probe, paused=self._paused,
+                                priority_class=request.priority_class)  # fmt: skip
         self._sessions[session_id] = session
         self._handler.on_session(self.transport_name, True)
 
@@ -416,7 +422,7 @@ class ConnectionProtocol(asyncio.Protocol):
             frame_id=submitted.frame_id,
             envelope=envelope_of(metadata.payload_kind_bitmap, metadata.payload_frame_count, submitted.body),
             transport=self.transport_name, connection_id=self.connection_id,
-            now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns(),
+            now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns(), priority_class=session.priority_class,
         )  # fmt: skip
         session.policy.submit(sop)  # a refusal goes out with this read's flush
 
@@ -429,6 +435,20 @@ class ConnectionProtocol(asyncio.Protocol):
         session = self._sessions.get(deadline.session_id)
         if session is not None:
             session.policy.deadline(deadline.operation_id, deadline.deadline_unix_ms)
+
+    def _on_control(self, event: Any) -> None:
+        """SUPERSEDE, PRIORITY_UPDATE, BUDGET_UPDATE for an active operation: the session's policy applies it."""
+        session = self._sessions.get(event.session_id)
+        sop = session.policy.ops.get(event.operation_id) if session is not None else None
+        if sop is None:
+            return
+        kind = type(event)
+        if kind is ev.OperationSuperseded:
+            session.policy.supersede(sop)
+        elif kind is ev.PriorityUpdated:
+            session.policy.update_priority(sop, event.priority_class)
+        else:
+            session.policy.update_budget(sop, event.token_budget)
 
     def _on_trace_context(self, received: ev.TraceContextReceived) -> None:
         session = self._sessions.get(received.session_id)

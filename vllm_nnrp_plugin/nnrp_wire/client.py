@@ -12,11 +12,14 @@
 What it sends is what nnrp-py's native client sends for the same calls (nnrp-rs
 ``crates/nnrp-runtime/src/client.rs``): CLIENT_HELLO once, with the first session's requested id and
 deadline (``min/max_version_major`` 1, wire formats 0x1, profiles 0x3, payload kinds 0x73, one lane);
-SESSION_OPEN (priority balanced, no resume, lease hint 30 000 ms, ``client_session_tag`` = the requested id);
-FRAME_SUBMIT of one STRUCTURED_EVENT typed frame (``tile_index_mode`` 1, ``loss_tolerance_policy`` 0xff
-inherit; the body is the caller's body region, nnrp-doc ``design/v1-preview3.md`` §9.2A); FRAME_CANCEL
-(header only); CANCEL (source client); DEADLINE; TRACE_CONTEXT (header trace id = the metadata's);
-SESSION_CLOSE (client shutdown, drain, ``last_operation_id``, ``session_close_tag`` = the session id).
+SESSION_OPEN (the caller's priority class, balanced by default; no resume, lease hint 30 000 ms,
+``client_session_tag`` = the requested id); FRAME_SUBMIT of one STRUCTURED_EVENT typed frame (``tile_index_mode``
+1, ``loss_tolerance_policy`` 0xff inherit; the body is the caller's body region, nnrp-doc
+``design/v1-preview3.md`` §9.2A); FRAME_CANCEL (header only); CANCEL (source client); DEADLINE, EXPIRE_AT and
+PRIORITY_UPDATE (scheduling metadata); SUPERSEDE (drop reason superseded); BUDGET_UPDATE (token budget only);
+TRACE_CONTEXT (header trace id = the metadata's); SESSION_CLOSE (client shutdown, drain, ``last_operation_id``,
+``session_close_tag`` = the session id). Every per-operation control has the operation's frame in its header
+(for SUPERSEDE, the superseded operation's).
 Metadata are nnrp-py's struct codecs (``nnrp.core.messages``, ``nnrp.runtime.types``) and, for SESSION_OPEN_ACK
 and SESSION_CLOSE_ACK, :mod:`.codecs`.
 
@@ -62,18 +65,21 @@ from nnrp.core.messages.control import (
 )
 from nnrp.core.messages.data import FrameSubmitMetadata, InputProfile, ResultPushMetadata, TileIndexMode
 from nnrp.runtime.types import (
+    BudgetMetadata,
     ControlRequestMetadata,
     InFlightPolicy,
     PartialResultMetadata,
     PressureMetadata,
     ProgressMetadata,
     RecoverableErrorMetadata,
+    ResultDropReasonCode,
     ResultDropReasonMetadata,
     RetryAfterMetadata,
     RuntimeRole,
     SchedulingMetadata,
     SessionCloseMetadata,
     SessionCloseReason,
+    SupersedeMetadata,
     TraceContextMetadata,
 )
 
@@ -96,7 +102,10 @@ _T = MessageType
 _OFFER_PROFILES = 0x3
 _OFFER_PAYLOAD_KINDS = 0x73
 _OFFER_WIRE_FORMATS = 0x1
-_PRIORITY_BALANCED = 1
+#: SESSION_OPEN / PRIORITY_UPDATE priority_class: 0 interactive, 1 balanced, 2 background (nnrp-rs
+#: ``crates/nnrp-core/src/enums.rs`` ``PriorityClass``)
+_PRIORITY_CLASSES = (0, 1, 2)
+_SUPERSEDED = int(ResultDropReasonCode.SUPERSEDED)
 _LEASE_TTL_HINT_MS = 30_000
 _STRUCTURED_EVENT = int(PayloadKind.STRUCTURED_EVENT)
 
@@ -201,16 +210,20 @@ class ClientConnection:
 
     def open_session(
         self, *, requested_session_id: int = 0, max_in_flight_operations: int = 16, profile_id: int = 2,
-        schema: tuple[int, int] = (4097, 3), default_deadline_ms: int = 500,
+        schema: tuple[int, int] = (4097, 3), default_deadline_ms: int = 500, priority_class: int = 1,
     ) -> int:  # fmt: skip
         """Queue a SESSION_OPEN (after the CLIENT_HELLO on the first call); returns the request token that
         the answering :class:`~.events.SessionOpenAccepted` / ``SessionOpenRejected`` carries. Opens are
         answered in order. ``requested_session_id`` 0 lets the server choose; ``schema`` is (schema_id,
-        schema_version); ``default_deadline_ms`` in ms. Raises :class:`LocalProtocolError` once the connection
-        ended, ``ValueError`` / ``struct.error`` for a value that does not fit its field."""
+        schema_version); ``default_deadline_ms`` in ms; ``priority_class`` 0 interactive, 1 balanced (nnrp-py's
+        ``NativeClientSessionOptions`` default), 2 background. Raises :class:`LocalProtocolError` once the
+        connection ended or for an unknown priority class, ``ValueError`` / ``struct.error`` for a value that
+        does not fit its field."""
         self._check_open()
+        if priority_class not in _PRIORITY_CLASSES:
+            raise LocalProtocolError(f"priority_class {priority_class!r} must be 0, 1 or 2")
         metadata = SessionOpenMetadata(
-            requested_session_id, profile_id, _PRIORITY_BALANCED, 0, schema[0], schema[1], default_deadline_ms,
+            requested_session_id, profile_id, priority_class, 0, schema[0], schema[1], default_deadline_ms,
             max_in_flight_operations, _LEASE_TTL_HINT_MS, 0, 0, 0, requested_session_id,
         )  # fmt: skip
         packed = metadata.pack()
@@ -274,12 +287,57 @@ class ClientConnection:
     def deadline(self, session_id: int, frame_id: int, deadline_unix_ms: int) -> None:
         """Queue a DEADLINE (wall clock, ms since the Unix epoch, > 0) for the active operation of
         ``frame_id``. Raises :class:`LocalProtocolError` when the operation is not active or the deadline is 0."""
+        self._scheduling(_T.DEADLINE, session_id, frame_id, 0, 0, deadline_unix_ms)
+
+    def expire_at(self, session_id: int, frame_id: int, expire_at_unix_ms: int) -> None:
+        """Queue an EXPIRE_AT (wall clock, ms since the Unix epoch, > 0; priority fields 0, flags 0, as nnrp-py's
+        ``expire_runtime_operation_at``) for the active operation of ``frame_id``. Raises
+        :class:`LocalProtocolError` when the operation is not active or the time is 0."""
+        self._scheduling(_T.EXPIRE_AT, session_id, frame_id, 0, 0, expire_at_unix_ms)
+
+    def priority_update(self, session_id: int, frame_id: int, priority_class: int, priority_delta: int = 0) -> None:
+        """Queue a PRIORITY_UPDATE (``deadline_unix_ms`` 0, flags 0, as nnrp-py's ``update_runtime_priority``)
+        for the active operation of ``frame_id``: ``priority_class`` 0 interactive, 1 balanced, 2 background,
+        ``priority_delta`` i16. Raises :class:`LocalProtocolError` when the operation is not active or the class
+        is unknown, ``struct.error`` for a delta outside i16."""
+        if priority_class not in _PRIORITY_CLASSES:
+            raise LocalProtocolError(f"priority_class {priority_class!r} must be 0, 1 or 2")
+        self._scheduling(_T.PRIORITY_UPDATE, session_id, frame_id, priority_class, priority_delta, 0)
+
+    def _scheduling(
+        self, kind: int, session_id: int, frame_id: int, priority_class: int, delta: int, at_ms: int
+    ) -> None:
+        """Scheduling metadata (nnrp-rs ``crates/nnrp-core/src/control.rs`` ``SchedulingMetadata``): a non-zero
+        time for DEADLINE and EXPIRE_AT."""
         op = self._operation(session_id, frame_id)
-        if deadline_unix_ms <= 0:
-            raise LocalProtocolError("deadline_unix_ms must be > 0")
+        if kind != _T.PRIORITY_UPDATE and at_ms <= 0:
+            raise LocalProtocolError(f"{_T(kind).name} time must be > 0")
+        packed = SchedulingMetadata(op.operation_id, op.control_sequence + 1, priority_class, delta, at_ms, 0).pack()
         op.control_sequence += 1
-        metadata = SchedulingMetadata(op.operation_id, op.control_sequence, 0, 0, deadline_unix_ms, 0)
-        self._out.append(encode(_T.DEADLINE, session_id, frame_id, metadata.pack()))
+        self._out.append(encode(kind, session_id, frame_id, packed))
+
+    def supersede(self, session_id: int, frame_id: int, new_operation_id: int = 0, *, diagnostic: bytes = b"") -> None:
+        """Queue a SUPERSEDE of the active operation of ``frame_id`` (the header carries that OLD operation's
+        frame): ``new_operation_id`` the replacing operation (0: none named), ``drop_reason_code`` 2 superseded,
+        flags 0, ``diagnostic`` opaque bytes (nnrp-py's ``supersede_runtime_operation``; nnrp-rs
+        ``crates/nnrp-core/src/control.rs`` ``SupersedeMetadata``). Its terminal still comes (usually a
+        RESULT_DROP_REASON superseded). Raises :class:`LocalProtocolError` when the operation is not active,
+        ``struct.error`` for an id outside u64."""
+        op = self._operation(session_id, frame_id)
+        packed = SupersedeMetadata(
+            op.operation_id, new_operation_id, op.control_sequence + 1, _SUPERSEDED, 0, len(diagnostic)
+        ).pack()
+        op.control_sequence += 1
+        self._out.append(encode(_T.SUPERSEDE, session_id, frame_id, packed, diagnostic))
+
+    def budget_update(self, session_id: int, frame_id: int, token_budget: int) -> None:
+        """Queue a BUDGET_UPDATE for the active operation of ``frame_id``: ``token_budget`` tokens (u32), the
+        compute, memory and bandwidth budgets 0, flags 0 (nnrp-py's ``update_runtime_budget``; nnrp-rs
+        ``crates/nnrp-core/src/control.rs`` ``BudgetMetadata``; it has no control_sequence). Raises
+        :class:`LocalProtocolError` when the operation is not active, ``struct.error`` outside u32."""
+        op = self._operation(session_id, frame_id)
+        packed = BudgetMetadata(op.operation_id, 0, 0, 0, token_budget, 0).pack()
+        self._out.append(encode(_T.BUDGET_UPDATE, session_id, frame_id, packed))
 
     def trace_context(
         self, session_id: int, frame_id: int, trace_id: int, span_id: int, parent_span_id: int,

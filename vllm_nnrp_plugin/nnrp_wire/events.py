@@ -1,8 +1,9 @@
 """What the wire core reports: typed events, plain data (``attrs`` frozen classes).
 
 Server side (:class:`~.server.ServerConnection.receive_data` returns them): a session open to decide, a session
-the client closed (or is closing while its operations drain), an operation submitted, cancelled, bounded by a
-DEADLINE, a TRACE_CONTEXT, a packet the core refused (the connection goes on), and the end of the connection.
+the client closed (or is closing while its operations drain), an operation submitted, cancelled, superseded,
+bounded by a DEADLINE or EXPIRE_AT, re-prioritised (PRIORITY_UPDATE), re-budgeted (BUDGET_UPDATE), a TRACE_CONTEXT,
+a packet the core refused (the connection goes on), and the end of the connection.
 Client side
 (:class:`~.client.ClientConnection.receive_data`): a session opened or refused, results and terminals,
 pressure and trace frames from the server, a session close acknowledged, and the end of the connection.
@@ -112,14 +113,58 @@ class OperationCancelled:
 
 @attrs.frozen
 class DeadlineReceived:
-    """A DEADLINE control (``deadline_unix_ms`` > 0). ``submitted`` is False for one that arrived before its
-    FRAME_SUBMIT (nnrp-py's ``submit_and_poll_result(timeout_ms=…)`` sends it first)."""
+    """A DEADLINE or EXPIRE_AT control (``deadline_unix_ms`` > 0; EXPIRE_AT bounds the operation as a deadline
+    does). ``submitted`` is False for a DEADLINE that arrived before its FRAME_SUBMIT (nnrp-py's
+    ``submit_and_poll_result(timeout_ms=…)`` sends it first); an EXPIRE_AT always names an active operation."""
 
     session_id: int
     frame_id: int
     operation_id: int
     deadline_unix_ms: int
     submitted: bool
+
+
+@attrs.frozen
+class PriorityUpdated:
+    """A PRIORITY_UPDATE for an active operation: ``priority_class`` 0 interactive, 1 balanced, 2 background
+    (nnrp-rs ``crates/nnrp-core/src/enums.rs`` ``PriorityClass``), ``priority_delta`` the signed i16 within it.
+    Advisory: what to reschedule is the application's."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+    priority_class: int
+    priority_delta: int
+
+
+@attrs.frozen
+class OperationSuperseded:
+    """A SUPERSEDE: the active operation ``operation_id`` (the metadata's ``old_operation_id``; ``frame_id`` is
+    its frame) is replaced by ``new_operation_id`` (0: by nothing named). ``drop_reason_code``: 0 or a known
+    drop reason (1..9, usually 2 superseded), ``diagnostic`` the control's bytes. The core marks the operation
+    cancelled as for CANCEL; a terminal is still expected (RESULT_DROP_REASON superseded fits)."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+    new_operation_id: int
+    drop_reason_code: int
+    diagnostic: bytes
+
+
+@attrs.frozen
+class BudgetUpdated:
+    """A BUDGET_UPDATE for an active operation (nnrp-rs ``crates/nnrp-core/src/control.rs`` ``BudgetMetadata``):
+    ``token_budget`` tokens (u32), ``compute_budget_units`` (u64, unit the deployment's),
+    ``memory_budget_bytes`` and ``bandwidth_budget_bytes`` (u64, bytes); 0 = no budget of that kind."""
+
+    session_id: int
+    frame_id: int
+    operation_id: int
+    token_budget: int
+    compute_budget_units: int
+    memory_budget_bytes: int
+    bandwidth_budget_bytes: int
 
 
 @attrs.frozen

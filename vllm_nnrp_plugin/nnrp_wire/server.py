@@ -21,8 +21,9 @@ byte for byte where a native client can tell, with these deliberate differences:
 * session ids are unique per connection (the native registry is server-wide), never reused on it;
 * a known session's packet that breaks a rule is answered with ERROR_RECOVERABLE (the native server sends
   nothing and only its application sees a poll error);
-* a control (FRAME_CANCEL, CANCEL, ABORT, DEADLINE, PRIORITY_UPDATE, EXPIRE_AT, TRACE_CONTEXT) for an operation
-  whose terminal this server sent recently is ignored silently: the client cannot avoid that race.
+* a control (FRAME_CANCEL, CANCEL, ABORT, DEADLINE, PRIORITY_UPDATE, EXPIRE_AT, SUPERSEDE, BUDGET_UPDATE,
+  TRACE_CONTEXT) for an operation whose terminal this server sent recently is ignored silently: the client cannot
+  avoid that race.
 
 Rules and their sources (nnrp-rs paths at the readable commit 784a4a3 unless said otherwise; the behaviour of
 the shipped build where it differs, see each method):
@@ -40,6 +41,11 @@ the shipped build where it differs, see each method):
   ``docs/en/profiles/runtime-control/value-registries.md``: "Receivers MUST reject fixed metadata that sets a
   reserved flag bit, uses a reserved enum value, or sets a reserved field to a non-zero value"), ``body_len``
   equal to the declared length, operation identity (``crates/nnrp-core/src/operation.rs``).
+* Runtime controls a client sends for its operations, each reported as an event (the application decides what
+  they change): FRAME_CANCEL / CANCEL / ABORT → :class:`~.events.OperationCancelled`; DEADLINE / EXPIRE_AT →
+  :class:`~.events.DeadlineReceived`; PRIORITY_UPDATE → :class:`~.events.PriorityUpdated`; SUPERSEDE →
+  :class:`~.events.OperationSuperseded` (cancels the operation as CANCEL does); BUDGET_UPDATE →
+  :class:`~.events.BudgetUpdated`; TRACE_CONTEXT → :class:`~.events.TraceContextReceived`.
 
 Answer each :class:`~.events.SessionOpenRequested` before the next :meth:`~ServerConnection.receive_data`: the
 session exists from ``accept_session`` on. Packets that came in the same read right behind the SESSION_OPEN are
@@ -69,6 +75,7 @@ from nnrp.core.messages.control import (
 )
 from nnrp.core.messages.data import FrameSubmitMetadata
 from nnrp.runtime.types import (
+    BudgetMetadata,
     ControlRequestMetadata,
     PartialResultMetadata,
     PressureMetadata,
@@ -78,6 +85,7 @@ from nnrp.runtime.types import (
     RetryAfterMetadata,
     SchedulingMetadata,
     SessionCloseMetadata,
+    SupersedeMetadata,
     TraceContextMetadata,
 )
 
@@ -104,11 +112,14 @@ from .codecs import (
 )
 from .events import (
     AuthenticationFailed,
+    BudgetUpdated,
     ConnectionEnded,
     DeadlineReceived,
     OperationCancelled,
     OperationSubmitted,
+    OperationSuperseded,
     PacketRejected,
+    PriorityUpdated,
     SessionClosed,
     SessionDraining,
     SessionOpenRequested,
@@ -139,6 +150,9 @@ _FRAME_SUBMIT_META_LEN = FrameSubmitMetadata.STRUCT.size
 _RUNTIME_META_LEN = 32
 _FRAME_CLASSES = frozenset((0, 1, 2, 3))  # keyframe, delta, retransmit, discardable (nnrp-rs enums.rs FrameClass)
 _PRIORITY_CLASSES = frozenset((0, 1, 2))  # interactive, balanced, background (nnrp-rs enums.rs PriorityClass)
+# drop_reason_code 1 deadline_expired .. 9 conformance_injection (nnrp-py ResultDropReasonCode; nnrp-doc
+# runtime-control value-registries); SUPERSEDE may also carry 0 (none)
+_DROP_REASON_CODES = range(1, 10)
 
 # ERROR_RECOVERABLE error_code: the common error registry (nnrp-py ``nnrp.core.enums.ErrorCode``, nnrp-rs
 # ``crates/nnrp-core/src/enums.rs`` ErrorCode). nnrp-doc runtime-control ``control-frames.md`` "Recoverable Error
@@ -162,7 +176,7 @@ class LocalProtocolError(ValueError):
 class _Op:
     """One active operation: the pair fixed at FRAME_SUBMIT (nnrp-rs ``crates/nnrp-core/src/operation.rs``).
     ``streamable`` turns False at the client's FRAME_CANCEL (the shipped native client rejects PARTIAL_RESULT and
-    PROGRESS after it); ``cancelled`` is set by the first FRAME_CANCEL / CANCEL / ABORT."""
+    PROGRESS after it); ``cancelled`` is set by the first FRAME_CANCEL / CANCEL / ABORT / SUPERSEDE."""
 
     __slots__ = ("session_id", "frame_id", "operation_id", "streamable", "cancelled")
 
@@ -828,12 +842,13 @@ class ServerConnection:
         """DEADLINE / PRIORITY_UPDATE / EXPIRE_AT: scheduling metadata (``meta_len`` 32, flags ⊆ 0x3, body
         empty; nnrp-rs ``crates/nnrp-core/src/control.rs`` ``Scheduling``), ``deadline_unix_ms`` ≠ 0 for
         DEADLINE and EXPIRE_AT, a known priority class for PRIORITY_UPDATE. For an active operation the header
-        frame must be its frame; DEADLINE → :class:`~.events.DeadlineReceived` (submitted True), the other two
-        are advisory and ignored once valid. A DEADLINE for an operation not submitted yet is a pre-submit
-        reservation (shipped build; nnrp-rs ``crates/nnrp-runtime/src/pre_submit.rs`` at 00074cf): both ids
-        non-zero, frame free, no duplicate, at most ``max_in_flight_per_session`` per session; the event comes
-        right after the matching FRAME_SUBMIT's OperationSubmitted, with submitted False. (No clock in the core:
-        "deadline in the future" is the application's to judge.)"""
+        frame must be its frame (``server.rs`` scheduling arm); DEADLINE and EXPIRE_AT →
+        :class:`~.events.DeadlineReceived` (submitted True; EXPIRE_AT bounds the operation as a deadline does),
+        PRIORITY_UPDATE → :class:`~.events.PriorityUpdated`. A DEADLINE (only) for an operation not submitted yet
+        is a pre-submit reservation (shipped build; nnrp-rs ``crates/nnrp-runtime/src/pre_submit.rs`` at
+        00074cf): both ids non-zero, frame free, no duplicate, at most ``max_in_flight_per_session`` per
+        session; the event comes right after the matching FRAME_SUBMIT's OperationSubmitted, with submitted
+        False. (No clock in the core: "deadline in the future" is the application's to judge.)"""
         msg_type = packet.msg_type
         name = _name(msg_type)
         metadata = self._runtime_meta(packet, SchedulingMetadata, name)
@@ -861,8 +876,48 @@ class ServerConnection:
             session.reserved_frames[frame_id] = operation_id
             return
         op = self._target(session, packet, operation_id, name)
-        if msg_type == _T.DEADLINE:
+        if msg_type == _T.PRIORITY_UPDATE:
+            events.append(PriorityUpdated(sid, op.frame_id, op.operation_id, metadata.priority_class,
+                                          metadata.priority_delta))  # fmt: skip
+        else:
             events.append(DeadlineReceived(sid, op.frame_id, op.operation_id, metadata.deadline_unix_ms, True))
+
+    def _on_supersede(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """SUPERSEDE: supersede metadata (``meta_len`` 32, flags ⊆ 0x1; nnrp-rs ``crates/nnrp-core/src/control.rs``
+        ``SupersedeMetadata``, ``SUPERSEDE_FLAGS_KNOWN_MASK``), ``body_len == diagnostic_bytes``,
+        ``drop_reason_code`` 0 or a known drop reason (value-registries "Drop Reason Codes"), and
+        ``old_operation_id`` an active operation whose frame is the header frame (nnrp-rs
+        ``crates/nnrp-runtime/src/server.rs`` SUPERSEDE arm, ``require_operation_frame``). The operation is
+        cancelled as by CANCEL (a repeated SUPERSEDE or cancel of it is rejected) →
+        :class:`~.events.OperationSuperseded`."""
+        metadata = self._runtime_meta(packet, SupersedeMetadata, "SUPERSEDE")
+        if len(packet.body) != metadata.diagnostic_bytes:
+            raise _Reject(f"SUPERSEDE body_len {len(packet.body)} != diagnostic_bytes {metadata.diagnostic_bytes}")
+        code = metadata.drop_reason_code
+        if code and code not in _DROP_REASON_CODES:
+            raise _Reject(f"SUPERSEDE unknown drop_reason_code {code}")
+        op = self._target(session, packet, metadata.old_operation_id, "SUPERSEDE")
+        if op.cancelled:
+            raise _Reject(f"SUPERSEDE for operation {op.operation_id} already cancelled", _ERR_STATE)
+        op.cancelled = True
+        events.append(OperationSuperseded(session.session_id, op.frame_id, op.operation_id,
+                                          metadata.new_operation_id, code, packet.body))  # fmt: skip
+
+    def _on_budget_update(self, session: _Session, packet: framing.Packet, events: list) -> None:
+        """BUDGET_UPDATE: budget metadata (``meta_len`` 40, flags ⊆ 0x3; nnrp-rs ``crates/nnrp-core/src/control.rs``
+        ``BudgetMetadata``, ``BUDGET_FLAGS_KNOWN_MASK``), body empty, an active operation whose frame is the
+        header frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` BUDGET_UPDATE arm) →
+        :class:`~.events.BudgetUpdated`."""
+        metadata = self._runtime_meta(packet, BudgetMetadata, "BUDGET_UPDATE")
+        if packet.body:
+            raise _Reject("BUDGET_UPDATE must have an empty body")
+        op = self._target(session, packet, metadata.operation_id, "BUDGET_UPDATE")
+        events.append(
+            BudgetUpdated(
+                session.session_id, op.frame_id, op.operation_id, metadata.token_budget,
+                metadata.compute_budget_units, metadata.memory_budget_bytes, metadata.bandwidth_budget_bytes,
+            )  # fmt: skip
+        )
 
     def _on_trace_context(self, session: _Session, packet: framing.Packet, events: list) -> None:
         """TRACE_CONTEXT: ``meta_len`` 32, flags ⊆ 0x3, ``trace_id`` and ``span_id`` non-zero, ``body_len ==
@@ -1159,6 +1214,8 @@ _SESSION_HANDLERS = {
     int(_T.DEADLINE): ServerConnection._on_scheduling,
     int(_T.PRIORITY_UPDATE): ServerConnection._on_scheduling,
     int(_T.EXPIRE_AT): ServerConnection._on_scheduling,
+    int(_T.SUPERSEDE): ServerConnection._on_supersede,
+    int(_T.BUDGET_UPDATE): ServerConnection._on_budget_update,
     int(_T.TRACE_CONTEXT): ServerConnection._on_trace_context,
     int(_T.BACKPRESSURE): ServerConnection._on_pressure,
     int(_T.CREDIT_UPDATE): ServerConnection._on_pressure,

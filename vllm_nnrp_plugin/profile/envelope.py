@@ -3,8 +3,10 @@
 Shape: ``{"schema_version": "openai-compatible/1", "operation": str, "body": {...},
 "request_id"?: str, "nnrp"?: {...}}``. Unknown top-level keys are ignored (forward compatible). The ``nnrp``
 object carries NNRP-side hints and is never forwarded into ``body``. Read here: ``nnrp.timeout_ms``
-(positive integer, ms from the submit) bounds the operation; the adapter reads ``nnrp.diagnostics`` (``true``:
-the terminal event carries the operation's diagnostics); others (the conformance harness's
+(positive integer, ms from the submit) bounds the operation; ``nnrp.priority_class`` (``interactive``,
+``balanced`` or ``background``: NNRP/1's priority classes) is the operation's own priority class, over its
+session's (an extension of this adapter, :mod:`vllm_nnrp_plugin.controls`); the adapter reads
+``nnrp.diagnostics`` (``true``: the terminal event carries the operation's diagnostics); others (the conformance harness's
 ``cancel_after_events`` …) are ignored.
 
 Codes (the profile freezes only ``missing_messages`` and ``unsupported_operation`` here; the others are this
@@ -23,6 +25,7 @@ from typing import Any
 import attrs
 import orjson
 
+from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.log_safety import loggable
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
 from vllm_nnrp_plugin.profile import errors as E
@@ -44,6 +47,8 @@ class Envelope:
     nnrp: dict[str, Any] = attrs.field(factory=dict)
     #: ``nnrp.timeout_ms``: the operation's time budget in ms from its submit, or None
     timeout_ms: int | None = None
+    #: ``nnrp.priority_class``: the operation's own NNRP priority class name, or None
+    priority_class: str | None = None
 
 
 def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: int) -> Envelope:
@@ -53,7 +58,7 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
     Raises :class:`ProfileError` with code ``envelope_too_large`` (413), ``invalid_json``,
     ``invalid_envelope``, ``unsupported_schema_version``, ``unsupported_operation`` or
     ``missing_messages`` (all 400); ``invalid_envelope`` also for an ``nnrp.timeout_ms`` that is not a
-    positive integer and for nesting deeper than :data:`MAX_NESTING` (also past orjson's own limit of 1024,
+    positive integer, an ``nnrp.priority_class`` that is not a class name, and for nesting deeper than :data:`MAX_NESTING` (also past orjson's own limit of 1024,
     which it reports as a parse error). Raises nothing else for any ``payload``.
     """
     if len(payload) > max_bytes:
@@ -104,7 +109,14 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
         )
     if operation == CHAT_COMPLETIONS_CREATE and "messages" not in body:
         raise E.ProfileError(E.MISSING_MESSAGES, "chat.completions.create body has no messages")
-    return Envelope(operation=operation, body=body, request_id=request_id, nnrp=hints, timeout_ms=timeout_ms)
+    priority_class = hints.get("priority_class")
+    if priority_class is not None and priority_class not in PRIORITY_CLASSES:
+        raise E.ProfileError(
+            E.INVALID_ENVELOPE, f"envelope nnrp.priority_class must be one of {', '.join(PRIORITY_CLASSES)}, got "
+            f"{_preview(priority_class)}"
+        )  # fmt: skip
+    return Envelope(operation=operation, body=body, request_id=request_id, nnrp=hints, timeout_ms=timeout_ms,
+                    priority_class=priority_class)  # fmt: skip
 
 
 def _too_deep() -> E.ProfileError:

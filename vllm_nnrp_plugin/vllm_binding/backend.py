@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.controls import PRIORITY_CLASSES, RuntimeControls
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
@@ -38,10 +39,15 @@ class VLLMBackend:
     ``NNRPStartupError`` when ``operations`` names one this server does not serve, or what is served makes up
     no whole profile level."""
 
-    def __init__(self, state: Any, operations: tuple[str, ...] | None = None, *, vllm_version: str) -> None:
+    def __init__(self, state: Any, operations: tuple[str, ...] | None = None, *, vllm_version: str,
+                 priorities: tuple[int, ...] | None = None) -> None:
         self._engine = state.engine_client
         self._models = state.openai_serving_models
-        self._bindings = {binding.name: binding for binding in _bindings(state, family_of(vllm_version))}
+        #: vLLM ``priority`` by NNRP priority class, when the server schedules by priority (else ``None``)
+        self.priorities = priorities if priorities is not None and scheduling_policy(state) == "priority" else None
+        self._bindings = {
+            binding.name: binding for binding in _bindings(state, family_of(vllm_version), self.priorities)
+        }
         if operations is not None:
             missing = [name for name in operations if name not in self._bindings]
             if missing:
@@ -72,6 +78,15 @@ class VLLMBackend:
             return "text outputs straight from the engine, vLLM's chunk strings for the rest (engine lane)"
         return f"vLLM's chunk strings for every chunk (engine lane off: {chat.lane_off})"
 
+    def priority_note(self) -> str:
+        """What NNRP priority classes do on this server, for the start-up log."""
+        if self.priorities is None:
+            return ("ignored: vLLM schedules first come, first served (start vllm serve with --scheduling-policy "
+                    "priority to use them)")
+        return "vLLM request priority " + ", ".join(
+            f"{name} {value}" for name, value in zip(PRIORITY_CLASSES, self.priorities, strict=True)
+        ) + " (a request body's own priority wins)"
+
     def model_ids(self) -> list[str]:
         """Served model names (``--served-model-name``, else ``--model``)."""
         return [path.name for path in self._models.base_model_paths]
@@ -81,10 +96,11 @@ class VLLMBackend:
         return self._capabilities
 
     async def create(
-        self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None
+        self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+        controls: RuntimeControls | None = None,
     ) -> Call:
         """Run ``operation`` through its binding (the adapter only dispatches advertised operations)."""
-        return await self._bindings[operation].create(body, request_id, traceparent)
+        return await self._bindings[operation].create(body, request_id, traceparent, controls)
 
     def engine_request_id(self, operation: str, request_id: str) -> str:
         return self._bindings[operation].engine_request_id(request_id)
@@ -96,15 +112,21 @@ class VLLMBackend:
             await self._engine.abort(targets)
 
 
-def _bindings(state: Any, family: tuple[int, int]) -> list[Any]:
+def scheduling_policy(state: Any) -> str:
+    """vLLM's ``--scheduling-policy`` (``fcfs``, ``priority``; ``SchedulerConfig.policy``, ``vllm/config/scheduler.py``
+    0.18–0.32)."""
+    return str(state.vllm_config.scheduler_config.policy)
+
+
+def _bindings(state: Any, family: tuple[int, int], priorities: tuple[int, ...] | None) -> list[Any]:
     """The bindings of the serving objects ``state`` of vLLM line ``family`` has, in the capability document's
     order."""
     bindings: list[Any] = []
     if getattr(state, "openai_serving_chat", None) is not None:
-        bindings.append(ChatBinding(state.openai_serving_chat))
+        bindings.append(ChatBinding(state.openai_serving_chat, priorities))
     if getattr(state, "openai_serving_responses", None) is not None:
-        bindings.append(ResponsesBinding(state.openai_serving_responses, family))
+        bindings.append(ResponsesBinding(state.openai_serving_responses, family, priorities))
     bindings.append(ModelsBinding(state.openai_serving_models))
     if getattr(state, "serving_embedding", None) is not None:
-        bindings.append(EmbeddingsBinding(state.serving_embedding))
+        bindings.append(EmbeddingsBinding(state.serving_embedding, priorities))
     return bindings

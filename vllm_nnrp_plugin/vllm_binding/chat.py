@@ -28,9 +28,14 @@ from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile.capabilities import chat_operation
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_body, vllm_chunks
+from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, has_parser, lane_serving, serving_fits
+from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 from vllm_nnrp_plugin.vllm_binding.families import has_tool_parser
-from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate
+from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate, with_controls
+
+#: the body fields a token budget caps (``get_max_tokens`` reads ``max_completion_tokens`` first)
+_MAX_TOKENS = ("max_completion_tokens", "max_tokens")
 
 
 class ChatBinding:
@@ -41,7 +46,7 @@ class ChatBinding:
 
     name = CHAT_COMPLETIONS_CREATE
 
-    def __init__(self, serving: Any) -> None:
+    def __init__(self, serving: Any, priorities: tuple[int, ...] | None = None) -> None:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         self._request_cls = ChatCompletionRequest
@@ -50,18 +55,22 @@ class ChatBinding:
         self._serving = serving
         self.lane_off = serving_fits(serving)
         self.lane_parser = self.lane_off is None and has_parser(serving)
-        # what each request is run on: the lane's view differs from ``serving`` only in its stream generator (and,
-        # with a parser, in the ``parser_cls`` the stream generator sees)
-        self._views = (lambda: serving) if self.lane_off is not None else lane_serving(serving)
+        self._priorities = priorities
+        # what each request is run on: a view of ``serving`` whose engine client is tapped for the request
+        # (:mod:`.engine_tap`); the lane's view differs also in its stream generator (and, with a parser, in the
+        # ``parser_cls`` the stream generator sees)
+        self._views = view_maker(serving) if self.lane_off is not None else lane_serving(serving)
 
     def operation(self) -> dict[str, Any]:
         """The capability entry: tool calls only when vLLM has a tool-call parser (``--tool-call-parser``;
         vLLM refuses ``--enable-auto-tool-choice`` without one): only then does it answer ``tool_choice``."""
         return chat_operation(tool_calls=has_tool_parser(self._serving))
 
-    async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None) -> Call:
+    async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+                     controls: RuntimeControls | None = None) -> Call:
         """Validate ``body`` as vLLM's ``ChatCompletionRequest`` and run it under ``request_id``, with
-        ``traceparent`` (W3C header value) as the parent of vLLM's span when given.
+        ``traceparent`` (W3C header value) as the parent of vLLM's span when given, steered by the operation's
+        runtime ``controls`` (priority, token budget: :func:`~.serving.with_controls`, :mod:`.engine_tap`).
 
         A stream is always run with ``stream_options.include_usage`` (``continuous_usage_stats`` too when
         ``n`` > 1), whatever ``body`` asked: vLLM's usage is how the stream learns that the token budget ended a
@@ -72,6 +81,7 @@ class ChatBinding:
         Raises :class:`ProfileError`: ``invalid_request`` (validation, vLLM 4xx), ``model_not_found`` (404 on
         ``model``), ``backend_error`` (5xx, engine errors).
         """
+        body = with_controls(body, controls, self._priorities, _MAX_TOKENS)
         request = validate(self._request_cls.model_validate, {**body, "request_id": request_id}, self.name)
         if request.stream:
             asked = request.stream_options
@@ -79,7 +89,7 @@ class ChatBinding:
                 include_usage=True,
                 continuous_usage_stats=bool(asked and asked.continuous_usage_stats) or (request.n or 1) > 1,
             )
-        result = await call_serving(self._views(), "create_chat_completion", request, traceparent,
+        result = await call_serving(self._views(controls), "create_chat_completion", request, traceparent,
                                     "/v1/chat/completions")
         if result.__class__ is EngineStream:
             return Call(stream=result.items(self._token_budget(request)))

@@ -28,10 +28,17 @@ from typing import Any
 import orjson
 
 from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import EMBEDDINGS_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation
-from vllm_nnrp_plugin.vllm_binding.serving import error_from_body, error_from_response, trace_request, validate
+from vllm_nnrp_plugin.vllm_binding.serving import (
+    error_from_body,
+    error_from_response,
+    trace_request,
+    validate,
+    with_controls,
+)
 
 #: the encodings vLLM answers with a JSON body (``JsonEncodingFormat``, ``vllm/entrypoints/pooling/utils.py``)
 ENCODING_FORMATS = ("float", "base64")
@@ -44,7 +51,7 @@ class EmbeddingsBinding:
 
     name = EMBEDDINGS_CREATE
 
-    def __init__(self, serving: Any) -> None:
+    def __init__(self, serving: Any, priorities: tuple[int, ...] | None = None) -> None:
         from pydantic import TypeAdapter
         from vllm.entrypoints.openai.models.serving import create_error_response  # this line's, on 0.22 -> 0.32
         from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
@@ -52,6 +59,7 @@ class EmbeddingsBinding:
         self._parse = TypeAdapter(EmbeddingRequest).validate_python
         self._error_response = create_error_response
         self._serving = serving
+        self._priorities = priorities
         self._inputs: dict[str, int] = {}  # request id -> inputs, while its engine requests may run
 
     def operation(self) -> dict[str, Any]:
@@ -67,9 +75,11 @@ class EmbeddingsBinding:
             encoding_formats=list(ENCODING_FORMATS), dimensions=dimensions,
         )  # fmt: skip
 
-    async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None) -> Call:
+    async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+                     controls: RuntimeControls | None = None) -> Call:
         """Validate ``body`` as vLLM's ``EmbeddingRequest`` and run it under ``request_id`` (engine ids
-        ``embd-<request_id>-<i>``), with ``traceparent`` (W3C header value) as the parent of vLLM's span.
+        ``embd-<request_id>-<i>``), with ``traceparent`` (W3C header value) as the parent of vLLM's span, at the
+        ``priority`` of the operation's class (:func:`~.serving.with_controls`; no token budget applies).
 
         Raises :class:`ProfileError`: ``invalid_request`` (validation, a binary ``encoding_format``, vLLM 4xx),
         ``model_not_found`` (404), ``backend_error`` (5xx, engine errors).
@@ -80,7 +90,7 @@ class EmbeddingsBinding:
                 f"invalid {self.name} body: encoding_format {body['encoding_format']!r} is a binary response; "
                 f"over NNRP use one of {', '.join(ENCODING_FORMATS)}",
             )
-        request = validate(self._parse, body, self.name)
+        request = validate(self._parse, with_controls(body, controls, self._priorities), self.name)
         self._inputs[request_id] = _input_count(request)
         try:
             response = await self._serving(request, trace_request(traceparent, "/v1/embeddings", request_id))

@@ -59,8 +59,10 @@ import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from typing import Any
 
+from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.profile.chat_stream import TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import Chunk, Item, TokenBudget, VLLMStream
+from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 from vllm_nnrp_plugin.vllm_binding.families import stream_parser_off
 
 #: what vLLM's generator suspends with when it waits for the next engine output (never seen by the event loop)
@@ -120,14 +122,13 @@ def request_fits(request: Any, parser: bool = False) -> bool:
     )
 
 
-def lane_serving(serving: Any) -> Callable[[], Any]:
-    """What to run each request on: a view of ``serving`` (its class's subclass sharing its ``__dict__``: the same
-    state, the same methods) whose ``chat_completion_stream_generator`` returns an :class:`EngineStream` for a
-    request that :func:`request_fits`, vLLM's own generator otherwise. With a parser (:func:`has_parser`) each
-    request gets a view of its own, whose ``parser_cls`` records the parser vLLM's generator creates for it.
+def lane_serving(serving: Any) -> Callable[[RuntimeControls | None], Any]:
+    """``make(controls)``: a view of ``serving`` for one request (:func:`~.engine_tap.view_maker`: the same state, the
+    same methods, the engine client tapped for ``controls``) whose ``chat_completion_stream_generator`` returns an
+    :class:`EngineStream` for a request that :func:`request_fits`, vLLM's own generator otherwise. With a parser
+    (:func:`has_parser`) the view's ``parser_cls`` records the parser vLLM's generator creates for the request.
     ``serving`` itself is not changed: vLLM's HTTP routes keep using it."""
-    base = type(serving)
-    vllm_generator = base.chat_completion_stream_generator
+    vllm_generator = type(serving).chat_completion_stream_generator
     parser = has_parser(serving)
 
     def chat_completion_stream_generator(self: Any, request: Any, result_generator: Any, *args: Any,
@@ -140,21 +141,10 @@ def lane_serving(serving: Any) -> Callable[[], Any]:
             turn = self._lane_turn = _ParserTurn(request)
         return EngineStream(vllm_generator(self, request, feed, *args, **kwargs), result_generator, feed, turn)
 
-    namespace: dict[str, Any] = {"chat_completion_stream_generator": chat_completion_stream_generator,
-                                 "__module__": __name__}
+    namespace: dict[str, Any] = {"chat_completion_stream_generator": chat_completion_stream_generator}
     if parser:
         namespace.update(__slots__=("_lane_turn",), parser_cls=property(_recording_parser_cls))
-    view_cls = type(base.__name__, (base,), namespace)
-
-    def view() -> Any:
-        made = object.__new__(view_cls)
-        made.__dict__ = serving.__dict__
-        return made
-
-    if parser:
-        return view
-    shared = view()
-    return lambda: shared
+    return view_maker(serving, namespace)
 
 
 def _recording_parser_cls(view: Any) -> Any:

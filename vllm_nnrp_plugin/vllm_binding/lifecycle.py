@@ -71,7 +71,8 @@ async def start_service(state: Any, attach_path: str) -> None:
     if config.max_in_flight_per_session is None:  # a session's credit: what vLLM's scheduler runs at once
         config = attrs.evolve(config, max_in_flight_per_session=state.vllm_config.scheduler_config.max_num_seqs)
     keys = _keys(state, config)
-    backend = VLLMBackend(state, config.operations, vllm_version=decision.vllm_version)
+    backend = VLLMBackend(state, config.operations, vllm_version=decision.vllm_version,
+                          priorities=config.vllm_priorities())
     service = NNRPService(config, backend, asyncio.get_running_loop(), keys=keys)
     bound = await service.start()
     setattr(state, _SERVICE, service)
@@ -92,6 +93,7 @@ async def start_service(state: Any, attach_path: str) -> None:
     chat_stream_path = backend.chat_stream_path()
     if chat_stream_path is not None:
         logger.info("NNRP chat streams: %s", chat_stream_path)
+    logger.info("NNRP priority classes: %s", backend.priority_note())
     if service.metrics_address is not None:
         logger.info("NNRP metrics also served on http://%s/metrics (nnrp.metrics_listen)", service.metrics_address)
 

@@ -29,11 +29,13 @@ import inspect
 from typing import Any
 
 from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation
 from vllm_nnrp_plugin.vllm_binding.families import responses_stream_fails
-from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate
+from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
+from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate, with_controls
 
 #: vLLM's sub-request number of the first (and, without a tool server, only) engine request of a Responses request
 _FIRST_SUB_REQUEST = 0
@@ -41,16 +43,19 @@ _FIRST_SUB_REQUEST = 0
 
 class ResponsesBinding:
     """``responses.create`` over ``app.state.openai_serving_responses`` (present when the server runs the
-    ``generate`` task) of the vLLM line ``family`` ((major, minor))."""
+    ``generate`` task) of the vLLM line ``family`` ((major, minor)). ``priorities``: vLLM ``priority`` by NNRP
+    priority class (:func:`~.serving.with_controls`; ``None``: the server does not schedule by priority)."""
 
     name = RESPONSES_CREATE
 
-    def __init__(self, serving: Any, family: tuple[int, int]) -> None:
+    def __init__(self, serving: Any, family: tuple[int, int], priorities: tuple[int, ...] | None = None) -> None:
         from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
         self._request_cls = ResponsesRequest
         self._serving = serving
         self._family = family
+        self._priorities = priorities
+        self._views = view_maker(serving)  # one per request, its engine client tapped (:mod:`.engine_tap`)
         parser = getattr(serving, "parser", None)
         self._tool_parser = parser is not None and getattr(parser, "tool_parser_cls", None) is not None
 
@@ -60,14 +65,18 @@ class ResponsesBinding:
         does it parse function calls out of the model's output."""
         return operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=self._tool_parser)
 
-    async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None) -> Call:
+    async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+                     controls: RuntimeControls | None = None) -> Call:
         """Validate ``body`` as vLLM's ``ResponsesRequest`` and run it under ``resp_<request_id>``, with
-        ``traceparent`` (W3C header value) as the parent of vLLM's span when given.
+        ``traceparent`` (W3C header value) as the parent of vLLM's span when given, steered by the operation's
+        runtime ``controls`` (priority, token budget as ``max_output_tokens``: :func:`~.serving.with_controls`,
+        :mod:`.engine_tap`).
 
         Raises :class:`ProfileError`: ``invalid_request`` (validation, ``background: true``, a stream this line
         cannot produce, vLLM 4xx),
         ``model_not_found`` (404 on ``model``), ``backend_error`` (5xx, engine errors).
         """
+        body = with_controls(body, controls, self._priorities, ("max_output_tokens",))
         request = validate(self._request_cls.model_validate, {**body, "request_id": f"resp_{request_id}"}, self.name)
         if request.background:
             raise E.ProfileError(E.INVALID_REQUEST, "background responses are not served over NNRP: the operation "
@@ -78,7 +87,7 @@ class ResponsesBinding:
                                  "schema of the calls a tool_choice of \"required\" or a named function forces): "
                                  "its stream fails before its first event. Send it with stream: false, or serve "
                                  "it with vLLM 0.22 or later")  # fmt: skip
-        result = await call_serving(self._serving, "create_responses", request, traceparent, "/v1/responses")
+        result = await call_serving(self._views(controls), "create_responses", request, traceparent, "/v1/responses")
         if inspect.isasyncgen(result):
             return Call(stream=_event_dicts(result))
         if hasattr(result, "output"):

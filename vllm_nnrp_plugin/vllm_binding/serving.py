@@ -11,6 +11,7 @@ import asyncio
 import re
 from typing import Any
 
+from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import errors as E
 
 _FIELD = re.compile(r"\w+")  # a field name or a list index
@@ -24,6 +25,40 @@ def validate(parse: Any, body: dict[str, Any], operation: str) -> Any:
         return parse(body)
     except ValueError as exc:  # pydantic.ValidationError
         raise E.ProfileError(E.INVALID_REQUEST, validation_message(exc, operation)) from None
+
+
+def with_controls(
+    body: dict[str, Any], controls: RuntimeControls | None, priorities: tuple[int, ...] | None,
+    max_tokens_fields: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """``body`` as the operation's runtime controls (:mod:`vllm_nnrp_plugin.controls`) dispatch it (a new dict when
+    something changes; ``body`` itself is never changed), recording the ``priority`` vLLM runs it with:
+
+    * ``priorities`` (vLLM ``priority`` by NNRP class value; ``None`` when the server does not schedule by priority,
+      ``--scheduling-policy``): the request's ``priority`` is that of the operation's class unless ``body`` sets
+      one itself (which wins; vLLM orders its waiting queue by it, lower first:
+      ``vllm/v1/core/sched/request_queue.py``);
+    * a token budget caps every field of ``max_tokens_fields`` ``body`` sets (a higher value comes down to the
+      budget) or, when it sets none, the first of them is set to the budget (tokens).
+    """
+    if controls is None:
+        return body
+    changed: dict[str, Any] = {}
+    if priorities is not None:
+        own = body.get("priority")
+        if own is None:
+            changed["priority"] = controls.vllm_priority = priorities[controls.priority_class]
+        elif type(own) is int:
+            controls.vllm_priority = own
+    budget = controls.token_budget
+    if budget is not None and max_tokens_fields:
+        present = [name for name in max_tokens_fields if body.get(name) is not None]
+        for name in present:
+            if type(body[name]) is int and body[name] > budget:
+                changed[name] = budget
+        if not present:
+            changed[max_tokens_fields[0]] = budget
+    return {**body, **changed} if changed else body
 
 
 def error_from_response(response: Any) -> E.ProfileError:

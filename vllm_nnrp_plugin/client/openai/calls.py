@@ -14,6 +14,10 @@ Routes (vLLM's paths, ``vllm/entrypoints/openai/*/api_router.py``, ``vllm/entryp
   make the list (:func:`vllm_nnrp_plugin.client.openai.sse.model_list`);
 * anything else → FastAPI's 404 / 405 (:func:`vllm_nnrp_plugin.client.openai.sse.route_reply`).
 
+A request header ``X-NNRP-Priority-Class: interactive|balanced|background`` (the SDK's ``extra_headers``) becomes
+the envelope's ``nnrp.priority_class`` (the server schedules that operation in that class); another value is a 400
+``invalid_request`` answer, like an invalid JSON body, without a submit.
+
 A non-streamed answer is the ``response.completed`` body as JSON (200); a terminal ``response.error`` is its HTTP
 status and vLLM's error body (:func:`vllm_nnrp_plugin.client.openai.sse.error_reply`), except ``request_timeout``
 (``httpx.ReadTimeout``); a drop or an NNRP failure is ``httpx.ReadError``.
@@ -37,8 +41,9 @@ import orjson
 from vllm_nnrp_plugin.auth_block import bearer_key, block_of_authorization
 from vllm_nnrp_plugin.client.errors import ClientError
 from vllm_nnrp_plugin.client.openai import sse
-from vllm_nnrp_plugin.client.openai.responses_sse import ResponsesEventStream
 from vllm_nnrp_plugin.client.events import ClientEvent
+from vllm_nnrp_plugin.client.openai.responses_sse import ResponsesEventStream
+from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION, events
 from vllm_nnrp_plugin.profile import errors as E
@@ -54,6 +59,8 @@ _POST_OPERATIONS = {
 }  # fmt: skip
 #: :meth:`Call.answer`'s "submit :attr:`Call.envelope` again" (``models.list`` refused: fetch the capabilities)
 RESUBMIT: Any = object()
+#: the request header naming the operation's priority class (``nnrp.priority_class``)
+PRIORITY_HEADER = "x-nnrp-priority-class"
 Item = ClientEvent | ClientError  # one event of the operation, or the failure that ended it
 
 
@@ -101,6 +108,17 @@ class Call:
 
     def plan(self) -> Any:
         """Set :attr:`envelope` (what to submit) and return None, or return the immediate answer."""
+        priority = self.request.headers.get(PRIORITY_HEADER)
+        if priority is not None and priority not in PRIORITY_CLASSES:
+            return _json(400, {"error": {"message": f"{PRIORITY_HEADER}: {priority!r} is not one of "
+                                         f"{', '.join(PRIORITY_CLASSES)}", "type": "BadRequestError", "param": None,
+                                         "code": E.INVALID_REQUEST}}, self.request)  # fmt: skip
+        answer = self._plan()
+        if answer is None and priority is not None:
+            self.envelope["nnrp"] = {**self.envelope.get("nnrp", {}), "priority_class": priority}
+        return answer
+
+    def _plan(self) -> Any:
         path, method = self.request.url.path, self.request.method
         if path.endswith(sse.MODELS_PATH) and method == "GET":
             self.operation, self.envelope = MODELS_LIST, _envelope(MODELS_LIST, {})

@@ -50,6 +50,7 @@ from nnrp.core.enums import MessageType
 
 from vllm_nnrp_plugin.client.connection import Connection, Session, connect
 from vllm_nnrp_plugin.client.errors import ClientConnectionError, ClientError
+from vllm_nnrp_plugin.controls import priority_class_of
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
@@ -115,13 +116,17 @@ class _Link:
 class Pool:
     """Sessions to ``uri`` (``tcp://``, ``nnrps://`` with ``trusted_cert_der`` or the system's trust store, or
     ``unix://``: :func:`vllm_nnrp_plugin.client.connection.connect`) for one client and one ``api_key`` (sent by
-    every connection it makes), on the running loop it is made on (module docstring for the policy)."""
+    every connection it makes), on the running loop it is made on (module docstring for the policy). Every
+    session opens with ``priority_class`` (``"interactive"`` / ``"balanced"`` / ``"background"``; ``ValueError``
+    for another)."""
 
     def __init__(
         self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
         max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
-        api_key: str | None = None,
+        api_key: str | None = None, priority_class: str = "balanced",
     ) -> None:  # fmt: skip
+        priority_class_of(priority_class)
+        self.priority_class = priority_class
         self.uri = uri
         self.trusted_cert_der = trusted_cert_der
         self.api_key = api_key
@@ -316,7 +321,9 @@ class Pool:
         link = _Link(conn)
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                session = await conn.open_session(max_in_flight_operations=REQUESTED_IN_FLIGHT)
+                session = await conn.open_session(
+                    max_in_flight_operations=REQUESTED_IN_FLIGHT, priority_class=self.priority_class
+                )
                 await self._read_limits(session)
         except (ClientError, TimeoutError) as exc:
             exc = exc if isinstance(exc, ClientError) else ClientConnectionError(f"{self.uri}: no session in time")
@@ -342,7 +349,9 @@ class Pool:
 
     async def _open_session(self, link: _Link) -> None:
         try:
-            session = await link.conn.open_session(max_in_flight_operations=REQUESTED_IN_FLIGHT)
+            session = await link.conn.open_session(
+                max_in_flight_operations=REQUESTED_IN_FLIGHT, priority_class=self.priority_class
+            )
         except ClientError as exc:
             link.opening -= 1
             link.refused_until = time.monotonic() + REFUSED_OPEN_BACKOFF_S

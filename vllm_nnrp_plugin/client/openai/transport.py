@@ -35,6 +35,10 @@ QUIC carriers are :class:`vllm_nnrp_plugin.client.profile_client.ProfileClient`'
   always raises ``CancelledError`` in it.
 * The request's read timeout (``extensions["timeout"]``, what the SDK's ``timeout`` sets) becomes
   ``nnrp.timeout_ms``: a bound on the whole operation, not on the gap between chunks as over HTTP.
+* Priority: the transport's ``priority_class`` (``"interactive"``, ``"balanced"`` — the default — or
+  ``"background"``) is the NNRP priority class every session of its pool opens with (SESSION_OPEN); a call's
+  ``X-NNRP-Priority-Class`` header (``extra_headers={"X-NNRP-Priority-Class": "background"}``) becomes that
+  operation's ``nnrp.priority_class`` (:mod:`vllm_nnrp_plugin.client.openai.calls`).
 * An active valid OpenTelemetry span of the caller becomes the operation's TRACE_CONTEXT (the low 64 bits of its
   trace id, :func:`vllm_nnrp_plugin.client.openai.exchange.trace_of_caller`).
 
@@ -64,6 +68,7 @@ from vllm_nnrp_plugin.auth_block import AuthBlockError
 from vllm_nnrp_plugin.client.openai.calls import Call, Item
 from vllm_nnrp_plugin.client.openai.exchange import Exchange, trace_of_caller
 from vllm_nnrp_plugin.client.openai.pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
+from vllm_nnrp_plugin.controls import priority_class_of
 
 __all__ = ["AsyncNNRPTransport", "NNRPTransport"]
 
@@ -89,12 +94,14 @@ class _Transport:
     def __init__(
         self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
         max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
+        priority_class: str = "balanced",
     ) -> None:  # fmt: skip
         _check_uri(uri)
+        priority_class_of(priority_class)
         self._uri = uri
         self._pool_options = {"max_connections": max_connections,
                               "max_sessions_per_connection": max_sessions_per_connection,
-                              "trusted_cert_der": trusted_cert_der}  # fmt: skip
+                              "trusted_cert_der": trusted_cert_der, "priority_class": priority_class}  # fmt: skip
 
     def _new_pool(self, api_key: str | None) -> Pool:
         return Pool(self._uri, api_key=api_key, **self._pool_options)
@@ -146,8 +153,10 @@ def _stop_at_exit() -> None:
 class NNRPTransport(_Transport):
     """A sync ``httpx.Client`` / ``httpx2.Client`` transport to an NNRP endpoint (module docstring). Thread-safe.
     ``max_connections`` / ``max_sessions_per_connection``: the pool's bounds
-    (:mod:`vllm_nnrp_plugin.client.openai.pool`). ``trusted_cert_der``: for ``nnrps://``. Raises ``ValueError``
-    for an endpoint that is not ``tcp://HOST:PORT``, ``nnrps://HOST:PORT`` or ``unix:///PATH``."""
+    (:mod:`vllm_nnrp_plugin.client.openai.pool`). ``trusted_cert_der``: for ``nnrps://``. ``priority_class``:
+    the NNRP priority class of every session (``"interactive"``, ``"balanced"``, ``"background"``). Raises
+    ``ValueError`` for an endpoint that is not ``tcp://HOST:PORT``, ``nnrps://HOST:PORT`` or ``unix:///PATH``,
+    or another priority class."""
 
     def __init__(self, uri: str, **pool_options: Any) -> None:
         super().__init__(uri, **pool_options)
