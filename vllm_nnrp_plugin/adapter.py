@@ -14,7 +14,7 @@ context at the moment of dispatch (the ``openai-compatible/1`` profile's TRACE_C
 an operation runs in is fixed when it is dispatched). It applies the envelope's ``nnrp.priority_class`` to the
 operation's runtime controls (:mod:`vllm_nnrp_plugin.controls`), never dispatches an operation whose bound already
 passed, and hands the controls to the backend, which reports the engine's prefix-cache hits back (they go into
-``response.usage`` and the completed body's usage: :func:`~vllm_nnrp_plugin.profile.events.with_cached_tokens`).
+``response.usage``: :func:`~vllm_nnrp_plugin.profile.events.with_cached_tokens`; bodies stay vLLM's).
 It records the request, backend timing, token usage, the controls and the abort into the sink's
 :class:`~vllm_nnrp_plugin.observation.Observation`.
 
@@ -44,7 +44,7 @@ from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operation_names
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
 from vllm_nnrp_plugin.profile.envelope import Envelope, decode_envelope
-from vllm_nnrp_plugin.profile.events import USAGE, body_with_cached_tokens, with_cached_tokens
+from vllm_nnrp_plugin.profile.events import USAGE, with_cached_tokens
 from vllm_nnrp_plugin.profile.responses_stream import ResponsesStreamMapper
 from vllm_nnrp_plugin.profile.tool_calls import tools_without_required_arguments
 from vllm_nnrp_plugin.profile.trace import TraceContext
@@ -259,9 +259,8 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
             finished = True
             sink.abort_with(None)
             record.backend_done(time.monotonic_ns())
-            body = _with_cached_tokens(call.body, controls)
-            _record_usage(record, body)
-            sink.complete(body)
+            _record_usage(record, call.body)
+            sink.complete(call.body)
             return
         stream = call.stream
         mapper = STREAM_MAPPERS[envelope.operation](envelope.body)
@@ -277,7 +276,7 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
         for event in mapper.finish():
             sink.partial(event)
         record.backend_done(time.monotonic_ns())
-        body = _with_cached_tokens(mapper.completed_body(), controls)
+        body = mapper.completed_body()
         _record_usage(record, body)
         sink.complete(body)
     except E.ProfileError as err:
@@ -290,13 +289,6 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
         sink.abort_with(None)
         if stream is not None or not finished:
             await _through_cancels(asyncio.ensure_future(_release(stream, None if finished else abort)))
-
-
-def _with_cached_tokens(body: dict[str, Any], controls: RuntimeControls) -> dict[str, Any]:
-    """``body`` with the engine's prefix-cache hits in its usage (:func:`~.profile.events.body_with_cached_tokens`),
-    when the backend reported them."""
-    cached = controls.cached_tokens
-    return body if cached is None else body_with_cached_tokens(body, cached)
 
 
 def _record_usage(record: Observation, body: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ HTTP server is started only when ``nnrp.metrics_listen`` is configured (:func:`s
 | ``nnrp_cancellations_total`` | counter | ``source``, ``reason`` | operations told to stop |
 | ``nnrp_backend_aborts_total`` | counter | ``accepted`` (``true``/``false``) | vLLM aborts issued |
 | ``nnrp_output_events_total`` | counter | ``transport`` | partial results sent |
-| ``nnrp_tokens_total`` | counter | ``kind`` (``input``/``output``) | tokens (from usage, when streamed) |
+| ``nnrp_tokens_total`` | counter | ``kind`` (``input``/``output``; ``cached``: input tokens from vLLM's prefix cache) | tokens (from usage, when streamed) |
 | ``nnrp_queue_delay_seconds`` | histogram | | submit received -> backend called |
 | ``nnrp_first_event_latency_seconds`` | histogram | ``transport`` | submit received -> first partial sent |
 | ``nnrp_operation_duration_seconds`` | histogram | ``operation``, ``outcome`` | submit received -> terminal sent |
@@ -116,6 +116,8 @@ class NNRPMetrics:
             self.tokens.labels("input").inc(record.input_tokens)
         if record.output_tokens is not None:
             self.tokens.labels("output").inc(record.output_tokens)
+        if record.cached_tokens:
+            self.tokens.labels("cached").inc(record.cached_tokens)
         if record.queue_delay_ms is not None:
             self.queue_delay.observe(record.queue_delay_ms / 1000)
         if record.first_event_ms is not None:

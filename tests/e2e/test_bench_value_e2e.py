@@ -3,7 +3,8 @@
 :mod:`bench.value` in tiny sizes: interactive calls beside background streams over NNRP (priority classes) and
 HTTP, an agent whose stale calls are superseded / closed / read to the end, calls with a deadline. It must run,
 fail no call, and show what holds at any size: a stale call read to the end costs its whole budget, one ended
-early costs at least what was read and less than that, and no NNRP result comes long after its deadline."""
+early costs at least what was read and less than that, and no NNRP result comes long after its deadline (1 s: a
+bound, not a timing)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,6 @@ def test_quick_value_benchmark_runs_every_scenario_without_failures():
     completed = rows["value.deadline.completed_latency.nnrp"]
     done = completed.samples if completed.max else 0
     assert done + rows["value.deadline.expired.nnrp"].p50 == calls  # every call completed or ended for its deadline
-    assert completed.max <= deadline_ms + 250, completed  # the server ended the others at their deadline
+    assert completed.max <= deadline_ms + 1000, completed  # the server ended the others at their deadline
     assert rows["value.deadline.expired.http"].p50 == 0  # nothing tells vLLM's HTTP server about a deadline
     assert rows["value.deadline.completed_latency.http"].samples == calls

@@ -85,9 +85,16 @@ def merged(events):
 
 
 def over_nnrp(client, body):
+    """(events, completed body) of ``body`` over NNRP; ``response.usage`` without the plugin's prefix-cache
+    extension (``input_tokens_details``, which vLLM's chat stream does not carry: tests/e2e/test_runtime_controls_e2e.py
+    checks it)."""
     *partials, terminal = client.events(client.submit(envelope(body)), timeout_s=120)
     assert terminal.event["type"] == "response.completed", terminal.event
-    return [p.event for p in partials], terminal.event["body"]
+    events = [p.event for p in partials]
+    for event in events:
+        if event["type"] == "response.usage":
+            assert type(event["usage"].pop("input_tokens_details")["cached_tokens"]) is int
+    return events, terminal.event["body"]
 
 
 @pytest.fixture

@@ -11,15 +11,17 @@ import types
 
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.unit.test_properties import CAPABILITIES, MAX_BYTES
 from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
 from vllm_nnrp_plugin.controls import RuntimeControls, priority_class_of
+from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.metrics import metrics_for
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation, SessionLink
 from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
-from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import DropReason, Operation, ResultDrop, ResultPush
+from vllm_nnrp_plugin.operation import DropReason, Operation, ResultDrop
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.vllm_binding.serving import with_controls
@@ -210,7 +212,7 @@ def test_an_operation_whose_deadline_passed_before_dispatch_never_reaches_the_ba
     assert drop.drop is DropReason.DEADLINE_EXPIRED and sop.observation.priority_class == "balanced"
 
 
-def test_the_envelope_class_steers_the_backend_and_cached_tokens_reach_the_usage_event_and_the_body():
+def test_the_envelope_class_steers_the_backend_and_cached_tokens_reach_the_usage_event():
     sop, link = server_operation(priority_class=2)
     backend = Backend(cached=7)
     run(sop, envelope(priority_class="interactive"), backend)
@@ -219,9 +221,11 @@ def test_the_envelope_class_steers_the_backend_and_cached_tokens_reach_the_usage
     usage = next(a.event for a in sent(link) if getattr(a, "event", {}).get("type") == "response.usage")
     assert usage["usage"] == {"input_tokens": 9, "output_tokens": 1, "total_tokens": 10,
                               "input_tokens_details": {"cached_tokens": 7}}  # fmt: skip
-    terminal = sent(link)[-1]
-    assert terminal.event["body"]["usage"]["prompt_tokens_details"] == {"cached_tokens": 7}
+    assert "prompt_tokens_details" not in sent(link)[-1].event["body"]["usage"]  # the body stays vLLM's
     assert sop.observation.cached_tokens == 7 and sop.observation.priority_class == "interactive"
+    registry = CollectorRegistry()
+    metrics_for(registry).observe(sop.observation)
+    assert registry.get_sample_value("nnrp_tokens_total", {"kind": "cached"}) == 7
 
 
 def test_a_priority_update_that_came_before_the_task_wins_over_the_envelope():

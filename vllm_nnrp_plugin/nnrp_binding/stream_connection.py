@@ -26,9 +26,9 @@ Everything here runs on the loop, so every piece of state has one owner and noth
 
 What came off the wire goes to the session's policy, which reports to the :class:`.handler.SessionHandler`
 (the service) directly: a submit (its envelope unwrapped), a cancel, a SUPERSEDE or a lost client (``on_stop``),
-an NNRP DEADLINE or EXPIRE_AT (``on_deadline``), a terminal sent (``on_terminal``), an operation whose terminal went out last
-(``on_finished``); sessions opened and closed (``on_session``) and refused keys (``on_auth_refused``) come
-from the connection.
+an NNRP DEADLINE or EXPIRE_AT (``on_deadline``), a terminal sent (``on_terminal``), an operation whose terminal
+went out last (``on_finished``); PRIORITY_UPDATE and BUDGET_UPDATE change the operation's runtime controls;
+sessions opened and closed (``on_session``) and refused keys (``on_auth_refused``) come from the connection.
 """
 
 from __future__ import annotations

@@ -89,15 +89,6 @@ def with_cached_tokens(event: dict[str, Any], cached_tokens: int) -> dict[str, A
     return {**event, "usage": {**event["usage"], "input_tokens_details": {"cached_tokens": cached_tokens}}}
 
 
-def body_with_cached_tokens(body: dict[str, Any], cached_tokens: int) -> dict[str, Any]:
-    """A ``chat.completion`` body whose ``usage`` gets OpenAI's ``prompt_tokens_details.cached_tokens`` (tokens)
-    when it has none (vLLM writes it only with ``--enable-prompt-tokens-details``); any other body as it is."""
-    usage = body.get("usage")
-    if not isinstance(usage, dict) or "prompt_tokens" not in usage or usage.get("prompt_tokens_details"):
-        return body
-    return {**body, "usage": {**usage, "prompt_tokens_details": {"cached_tokens": cached_tokens}}}
-
-
 def completed(body: dict[str, Any]) -> dict[str, Any]:
     """``{"type": "response.completed", "body": <chat.completion object>}``."""
     return {"type": COMPLETED, "body": body}
