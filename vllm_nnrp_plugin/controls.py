@@ -7,13 +7,13 @@ them, and the backend binding reads them while the request runs and writes what 
 * **Priority class** (NNRP/1 ``priority_class``: 0 interactive, 1 balanced, 2 background; nnrp-rs
   ``crates/nnrp-core/src/enums.rs`` ``PriorityClass``): the operation's own — the envelope's
   ``nnrp.priority_class``, then a PRIORITY_UPDATE, the later one winning — else its session's (SESSION_OPEN).
-  It is fixed when the operation is dispatched: no vLLM line 0.18–0.32 can change a request's priority once the
-  engine has it (``Request.priority`` is set once, in ``vllm/v1/request.py``, and the engine client has no call
-  that changes it), so a PRIORITY_UPDATE after dispatch is only counted (:attr:`late_priority_updates`).
+  It is fixed when the operation is dispatched: the backend cannot change a request's priority once it has it
+  (:func:`vllm_nnrp_plugin.vllm_binding.serving.with_controls` says why for vLLM), so a PRIORITY_UPDATE after
+  dispatch is only counted (:attr:`late_priority_updates`).
 * **Token budget** (BUDGET_UPDATE ``token_budget``, tokens; 0 carries no token budget): the lowest one wins, as
-  the earliest deadline does; a higher one changes nothing (the body's ``max_tokens`` is never raised, and vLLM
-  cannot raise a running request's ``max_tokens``). Before dispatch it caps the request's ``max_tokens``; after,
-  the binding ends the request's stream at it (finish ``length``).
+  the earliest deadline does; a higher one changes nothing (the body's ``max_tokens`` is never raised, nor can a
+  running request's be). Before dispatch it caps the request's ``max_tokens``; after, the backend ends the
+  request's stream at it (finish ``length``).
 """
 
 from __future__ import annotations

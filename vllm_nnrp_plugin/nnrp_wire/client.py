@@ -87,6 +87,7 @@ from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.codecs import (
     CLOSE_STATUS_CLOSED,
     CLOSE_STATUS_REJECTED,
+    PRIORITY_CLASSES,
     SESSION_STATUS_REJECTED,
     SESSION_STATUS_RESUMED,
     SESSION_STATUS_RETRY_LATER,
@@ -102,9 +103,6 @@ _T = MessageType
 _OFFER_PROFILES = 0x3
 _OFFER_PAYLOAD_KINDS = 0x73
 _OFFER_WIRE_FORMATS = 0x1
-#: SESSION_OPEN / PRIORITY_UPDATE priority_class: 0 interactive, 1 balanced, 2 background (nnrp-rs
-#: ``crates/nnrp-core/src/enums.rs`` ``PriorityClass``)
-_PRIORITY_CLASSES = (0, 1, 2)
 _SUPERSEDED = int(ResultDropReasonCode.SUPERSEDED)
 _LEASE_TTL_HINT_MS = 30_000
 _STRUCTURED_EVENT = int(PayloadKind.STRUCTURED_EVENT)
@@ -220,7 +218,7 @@ class ClientConnection:
         connection ended or for an unknown priority class, ``ValueError`` / ``struct.error`` for a value that
         does not fit its field."""
         self._check_open()
-        if priority_class not in _PRIORITY_CLASSES:
+        if priority_class not in PRIORITY_CLASSES:
             raise LocalProtocolError(f"priority_class {priority_class!r} must be 0, 1 or 2")
         metadata = SessionOpenMetadata(
             requested_session_id, profile_id, priority_class, 0, schema[0], schema[1], default_deadline_ms,
@@ -300,7 +298,7 @@ class ClientConnection:
         for the active operation of ``frame_id``: ``priority_class`` 0 interactive, 1 balanced, 2 background,
         ``priority_delta`` i16. Raises :class:`LocalProtocolError` when the operation is not active or the class
         is unknown, ``struct.error`` for a delta outside i16."""
-        if priority_class not in _PRIORITY_CLASSES:
+        if priority_class not in PRIORITY_CLASSES:
             raise LocalProtocolError(f"priority_class {priority_class!r} must be 0, 1 or 2")
         self._scheduling(_T.PRIORITY_UPDATE, session_id, frame_id, priority_class, priority_delta, 0)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 __all__ = [
+    "PRIORITY_CLASSES",
     "CLOSE_STATUS_ACKNOWLEDGED",
     "CLOSE_STATUS_CLOSED",
     "CLOSE_STATUS_DRAINING",
@@ -49,7 +50,7 @@ SESSION_STATUS_RESUMED = 3
 _SESSION_STATUSES = frozenset((0, 1, 2, 3))
 
 # priority_class u8: interactive, balanced, background (nnrp-rs crates/nnrp-core/src/enums.rs PriorityClass)
-_PRIORITY_CLASSES = frozenset((0, 1, 2))
+PRIORITY_CLASSES = frozenset((0, 1, 2))
 
 # session_error_code u32 (nnrp-rs crates/nnrp-core/src/codes.rs; nnrp-doc design/v1-preview3.md §7.1B)
 SESSION_ERROR_NONE = 0
@@ -133,7 +134,7 @@ class SessionOpenAckMetadata:
         return self.resume_token_bytes + self.session_extension_bytes
 
     def _validate(self) -> None:
-        if self.accepted_priority_class not in _PRIORITY_CLASSES:
+        if self.accepted_priority_class not in PRIORITY_CLASSES:
             raise ValueError(f"SESSION_OPEN_ACK unknown accepted_priority_class {self.accepted_priority_class}")
         if self.session_status not in _SESSION_STATUSES:
             raise ValueError(f"SESSION_OPEN_ACK unknown session_status {self.session_status}")

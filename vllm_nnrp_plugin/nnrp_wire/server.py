@@ -100,6 +100,7 @@ from ..auth_block import (
 from .codecs import (
     CLOSE_STATUS_CLOSED,
     CLOSE_STATUS_DRAINING,
+    PRIORITY_CLASSES,
     SESSION_ERROR_AUTH_FAILED,
     SESSION_ERROR_PROFILE_UNSUPPORTED,
     SESSION_ERROR_RESUME_REJECTED,
@@ -149,7 +150,6 @@ _RESULT_PUSH_META_LEN = 64
 _FRAME_SUBMIT_META_LEN = FrameSubmitMetadata.STRUCT.size
 _RUNTIME_META_LEN = 32
 _FRAME_CLASSES = frozenset((0, 1, 2, 3))  # keyframe, delta, retransmit, discardable (nnrp-rs enums.rs FrameClass)
-_PRIORITY_CLASSES = frozenset((0, 1, 2))  # interactive, balanced, background (nnrp-rs enums.rs PriorityClass)
 # drop_reason_code 1 deadline_expired .. 9 conformance_injection (nnrp-py ResultDropReasonCode; nnrp-doc
 # runtime-control value-registries); SUPERSEDE may also carry 0 (none)
 _DROP_REASON_CODES = range(1, 10)
@@ -856,7 +856,7 @@ class ServerConnection:
             raise _Reject(f"{name} must have an empty body")
         if msg_type != _T.PRIORITY_UPDATE and not metadata.deadline_unix_ms:
             raise _Reject(f"{name} deadline_unix_ms must be non-zero")
-        if msg_type == _T.PRIORITY_UPDATE and metadata.priority_class not in _PRIORITY_CLASSES:
+        if msg_type == _T.PRIORITY_UPDATE and metadata.priority_class not in PRIORITY_CLASSES:
             raise _Reject(f"PRIORITY_UPDATE unknown priority_class {metadata.priority_class}")
         operation_id = metadata.operation_id
         sid = session.session_id

@@ -35,7 +35,9 @@ def with_controls(
     something changes; ``body`` itself is never changed), recording the ``priority`` vLLM runs it with:
 
     * ``priorities`` (vLLM ``priority`` by NNRP class value; ``None`` when the server does not schedule by priority,
-      ``--scheduling-policy``): the request's ``priority`` is that of the operation's class unless ``body`` sets
+      ``--scheduling-policy``): the request's ``priority`` is that of the operation's class — fixed from here on:
+      no vLLM line 0.18–0.32 changes a request's priority once the engine has it (``Request.priority`` is set once,
+      ``vllm/v1/request.py``; the engine client has no call for it) — unless ``body`` sets
       one itself (which wins; vLLM orders its waiting queue by it, lower first:
       ``vllm/v1/core/sched/request_queue.py``);
     * a token budget caps every field of ``max_tokens_fields`` ``body`` sets (a higher value comes down to the
