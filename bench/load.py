@@ -82,7 +82,7 @@ TLS (``python -m bench load --load-tls``; :func:`run` ``tls=True``): the same me
 encrypted. One self-signed certificate (ECDSA P-256, for ``localhost`` and 127.0.0.1, :func:`self_signed`)
 serves both protocols: vLLM's own HTTPS (``--ssl-certfile`` / ``--ssl-keyfile``; the HTTP rows are HTTPS/SSE)
 and NNRP on ``nnrps://127.0.0.1:PORT`` only (``nnrp.tls_cert_file`` / ``tls_key_file`` in the ``nnrp`` block
-of ``--additional-config``: TLS over TCP, :mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`). The load clients
+of ``--additional-config``: TLS over TCP, :mod:`vllm_nnrp_plugin.nnrp_binding.listener`). The load clients
 trust that certificate (``--ca-file``, :mod:`bench.load_client`): aiohttp with an ``ssl.SSLContext`` of it,
 the package's client with ``connect(…, trusted_cert_der=…)``. Every id starts ``load.tls.`` instead of
 ``load.`` (``load.tls.c<N>.…``, ``load.tls.cancel.…``, ``load.tls.burst.…``, ``load.tls.threads.…``, …) and
@@ -415,10 +415,11 @@ _CANCEL_LINE = re.compile(rb"nnrp operation [^\n]*?\bcancel_source=client\b[^\n]
 
 
 def cancel_rows(server: Any, engine: Sequence[int], *, streams: int, per_session: int, cancel: int, max_tokens: int,
-                transport: str, workdir: str, prefix: str = "load") -> list[Result]:  # fmt: skip
+                transport: str, workdir: str, prefix: str = "load", p99_target: Target | None = None) -> list[Result]:  # fmt: skip
     """``streams`` NNRP streams (``per_session`` per session) of which ``cancel``, spread over them, are
     cancelled shortly after their first token (:mod:`bench.load_client` ``--cancel``): client and server
-    cancel latencies, and cancels left without a terminal."""
+    cancel latencies, and cancels left without a terminal; with ``p99_target``, also the server's cancel ->
+    abort p99 (ms) as a row of its own held to it."""
     params = {"streams": streams, "streams_per_session": per_session, "cancelled": cancel, "max_tokens": max_tokens,
               "client_processes": len(shares(-(-streams // per_session))), "nnrp_transport": transport}  # fmt: skip
     offset = server.log.stat().st_size
@@ -436,12 +437,16 @@ def cancel_rows(server: Any, engine: Sequence[int], *, streams: int, per_session
         f"{prefix}.cancel.c{streams}.server_cancel_to_abort_ms.nnrp", "ms", server_ms or [0.0], parameters=params,
         note=f"API server: cancel received -> vLLM abort issued (log lines); p99 {percentile(server_ms or [0.0], 0.99):.2f} ms",
     )  # fmt: skip
-    return [
+    rows = [
         client, server_row,
         Result.of(f"{prefix}.cancel.c{streams}.no_terminal_within_10s.nnrp", "requests", [len(unanswered)],
                   targets=(ALL_ANSWERED,), parameters=params),
         _failed(f"{prefix}.cancel.c{streams}.failed.nnrp", [w], params),
     ]  # fmt: skip
+    if p99_target is not None:
+        rows.append(Result.of(f"{prefix}.cancel.c{streams}.server_cancel_to_abort_p99_ms.nnrp", "ms",
+                              [percentile(server_ms or [0.0], 0.99)], targets=(p99_target,), parameters=params))  # fmt: skip
+    return rows
 
 
 def _burst_results(w: Window, prefix: str, protocol: str, params: dict[str, Any], tls: bool = False) -> list[Result]:

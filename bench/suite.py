@@ -1,6 +1,6 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
-    python -m bench [all|mapper|latency|cancel|framework|e2e|load|parser|value …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
+    python -m bench [all|mapper|latency|cancel|framework|e2e|load|parser|value|carriers …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
         [--load-transport tcp|ipc] [--load-rounds N] [--load-tls] [--load-tools] [--load-responses] \
         [--load-stream-interval N]
 
@@ -16,7 +16,8 @@ an agent server (a hermes tool-call parser, a tool in every request; ids ``load.
 the levels as Responses streams (``load[.tools].responses.…``). ``parser``: vLLM's hermes
 parser per token against the stream's length (:mod:`bench.parser_cost`; vLLM's environment and a model directory).
 ``value``: priorities, SUPERSEDE and deadlines on a ``vllm serve`` whose requests queue (:mod:`bench.value`; the
-same needs as load).
+same needs as load). ``carriers``: the load levels, cancels and threads over every NNRP carrier of one server
+(tcp, nnrps, ws, wss, quic; :mod:`bench.carriers`; the same needs as load).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ FULL: dict[str, Callable[..., list[Result]]] = {
     ),
     "parser": lambda model=None, **_: _parser_cost().run(model=model),
     "value": lambda model=None, **_: _value().run(model=model),
+    "carriers": lambda model=None, load_rounds=2, **_: _carriers().run(model=model, rounds=load_rounds),
 }
 QUICK: dict[str, Callable[..., list[Result]]] = {
     "mapper": lambda **_: mapper.run(repetitions=3, rounds=5),
@@ -61,6 +63,10 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
     "parser": lambda model=None, **_: _parser_cost().run(model=model, lengths=(16, 32), repetitions=1),
     "value": lambda model=None, **_: _value().run(model=model, background=8, rate=4.0, seconds=2.0, agent_calls=10,
                                                   agent_concurrency=4),
+    "carriers": lambda model=None, load_rounds=1, **_: _carriers().run(
+        model=model, levels=(4,), rounds=load_rounds, max_tokens=16, cancel_streams=8, cancel_per_session=4,
+        cancel_sample=4, thread_sessions=8,
+    ),
 }
 
 
@@ -86,6 +92,12 @@ def _parser_cost():
     from bench import parser_cost  # needs vLLM's environment (its parsers and tokenizer)
 
     return parser_cost
+
+
+def _carriers():
+    from bench import carriers  # needs vLLM's environment (aiohttp, a vllm executable)
+
+    return carriers
 
 
 def _value():
@@ -130,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                             load_tools=args.load_tools, load_responses=args.load_responses,
                             load_stream_interval=args.load_stream_interval, **options)  # fmt: skip
     extra = {}
-    if {"e2e", "load", "parser", "value"} & set(which):
+    if {"e2e", "load", "parser", "value", "carriers"} & set(which):
         import vllm
 
         extra["vllm"] = vllm.__version__

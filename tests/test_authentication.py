@@ -149,14 +149,20 @@ def test_a_connection_that_opens_no_session_in_time_is_closed(tmp_path):
         served.stop()
 
 
-def test_quic_refuses_to_start_when_a_key_is_required(tmp_path):
-    """QUIC runs on nnrp-py's native runtime, which cannot receive a key: start-up fails saying so (ws and wss
-    take keys like tcp: tests/test_websocket.py)."""
-    from vllm_nnrp_plugin.nnrp_binding.exposure import ListenError
-
-    cert, key, _ = self_signed(tmp_path)
-    with pytest.raises(ListenError, match="allow_unauthenticated"):
-        ServedNNRP((f"quic://127.0.0.1:{free_port()}",), api_keys=(KEY,), tls_cert_file=cert, tls_key_file=key)
+def test_quic_requires_the_key_too(tmp_path):
+    """QUIC runs on the project's wire core like every other network carrier: with keys, nnrp-py's native QUIC
+    client (which cannot send one) is refused ``auth_failed`` and counted; the server starts (ws and wss take
+    keys like tcp: tests/test_websocket.py)."""
+    cert, key, der = self_signed(tmp_path)
+    served = ServedNNRP((f"quic://127.0.0.1:{free_port()}",), api_keys=(KEY,), tls_cert_file=cert, tls_key_file=key)
+    before = refusals(served, "quic", "missing_key")  # the counter is the process's: other tests count too
+    try:
+        with pytest.raises(ClientTransportError) as refused:
+            asyncio.run(ProfileClient.connect(served.bound[0], trusted_cert_der=der))
+        assert refused.value.status.protocol_error_code == SESSION_ERROR_AUTH_FAILED
+        assert refusals(served, "quic", "missing_key") == before + 1
+    finally:
+        served.stop()
 
 
 def test_no_metric_carries_a_key(served):

@@ -14,7 +14,7 @@ from nnrp.core.enums import MessageType as T
 
 from tests.support import ServedNNRP, envelope, free_port, wait_until
 from vllm_nnrp_plugin.client import connect
-from vllm_nnrp_plugin.nnrp_binding import stream_listener
+from vllm_nnrp_plugin.nnrp_binding import listener as listener_module
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.framing import encode
@@ -72,14 +72,14 @@ def test_connections_over_max_connections_are_closed_at_once_and_counted():
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_connections=3)
     try:
         held = [socket.create_connection(address(served)) for _ in range(3)]
-        assert wait_until(lambda: len(served.service._stream._connections) == 3)
+        assert wait_until(lambda: len(served.service._listener._connections) == 3)
         extra = socket.create_connection(address(served))
         assert closed_by_server(extra)
         counter = served.service._metrics.connections_refused.labels("tcp", "max_connections")
         assert wait_until(lambda: counter._value.get() >= 1)
         for sock in held:
             sock.close()
-        assert wait_until(lambda: not served.service._stream._connections)
+        assert wait_until(lambda: not served.service._listener._connections)
         assert served_promptly(served) < 5  # room again
     finally:
         served.stop()
@@ -97,7 +97,7 @@ def test_incomplete_packets_share_one_budget_and_release_it_when_they_go():
             sock.sendall(bytes(big[:700_000]))  # most of a packet, then nothing
             stalled.append(sock)
             time.sleep(0.3)
-        budget = served.service._stream._budget
+        budget = served.service._listener._budget
         first, second = stalled
         assert closed_by_server(second)  # ended: the total would be 1.4 MB
         assert wait_until(lambda: budget.used < 800_000)
@@ -132,7 +132,7 @@ def test_a_client_that_does_not_read_stops_being_read_and_others_are_served():
 
         thread = threading.Thread(target=flood)
         thread.start()
-        connection = next(iter(served.service._stream._connections))
+        connection = next(iter(served.service._listener._connections))
         held = []
         try:
             for _ in range(30):  # 6 s of flood
@@ -153,7 +153,7 @@ def test_out_of_descriptors_the_listener_pauses_instead_of_spinning(monkeypatch)
     """``accept`` failing with EMFILE: the listening socket leaves the loop for ACCEPT_PAUSE_S (no busy
     loop, one log line), is counted, and accepting resumes afterwards."""
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",))
-    listener = served.service._stream
+    listener = served.service._listener
     (sock,) = listener._listening
     failing = {"left": 1}
     real_accept = socket.socket.accept
@@ -165,7 +165,7 @@ def test_out_of_descriptors_the_listener_pauses_instead_of_spinning(monkeypatch)
         return real_accept(self)
 
     monkeypatch.setattr(socket.socket, "accept", accept)
-    monkeypatch.setattr(stream_listener, "ACCEPT_PAUSE_S", 0.3)
+    monkeypatch.setattr(listener_module, "ACCEPT_PAUSE_S", 0.3)
     try:
         attempt = socket.create_connection(address(served))
         counter = served.service._metrics.connections_refused.labels("tcp", "no_descriptor")
@@ -184,7 +184,7 @@ def test_a_closed_connection_releases_its_buffers_at_once():
     try:
         sock, session_id = opened_socket(served)
         sock.sendall(encode(T.FRAME_SUBMIT, session_id, 1, b"\0" * 72, b"\0" * 900_000)[:800_000])
-        listener = served.service._stream
+        listener = served.service._listener
         assert wait_until(lambda: listener._budget.used >= 700_000)
         (connection,) = listener._connections
         sock.close()

@@ -10,8 +10,6 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``enabled`` | bool | on when ``VLLM_PLUGINS`` names ``nnrp`` | start the listener |
 | ``listen`` | list of URIs | ``["tcp://127.0.0.1:9400"]`` | ``tcp://HOST:PORT``, ``unix:///PATH`` |
 | ``max_envelope_bytes`` | int, bytes | 1048576 | larger envelopes get ``envelope_too_large`` |
-| ``accept_timeout_ms`` | int, ms | 1000 | one accept wait of the native carriers; bounds shutdown time |
-| ``idle_poll_ms`` | int, ms | 100 | native carriers only: shortest poll timeout of an idle session (longer when many sessions are open, up to 6000 ms) |
 | ``max_sessions`` | int | 256 | open sessions per API-server process; more are refused at open |
 | ``max_in_flight_per_session`` | int or null | null: vLLM's ``--max-num-seqs`` | operations one session may have running (its credit); more get ``too_many_requests`` |
 | ``max_in_flight`` | int or null | null: no limit (operations wait in vLLM's queue, as HTTP requests do) | operations one API-server process may have running; more get ``too_many_requests`` |
@@ -30,6 +28,10 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``priorities`` | mapping of NNRP priority class to int | ``{"interactive": -10, "balanced": 0, "background": 10}`` | the vLLM request ``priority`` of each NNRP priority class on a server that schedules by priority (``--scheduling-policy priority``; lower runs first; an HTTP request's default is 0); a class left out keeps its default; a request body's own ``priority`` wins |
 | ``operations`` | list of operation names or null | null: every operation the server's vLLM serving objects offer | serve only these ``openai-compatible/1`` operations over NNRP (e.g. ``["chat.completions.create"]``: a Level-1-only deployment; any other operation gets ``unsupported_operation``) |
 
+``accept_timeout_ms`` and ``idle_poll_ms`` (settings of a QUIC runtime this package no longer has) are accepted
+and ignored with a warning naming them (:data:`OBSOLETE_KEYS`), so a configuration written for an earlier version
+still starts.
+
 Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys, wrong types and
 listen URIs outside the forms of :mod:`vllm_nnrp_plugin.endpoints` are errors
 (:class:`ConfigError`), never ignored; so are a non-loopback address without TLS unless ``allow_non_loopback``
@@ -42,6 +44,7 @@ once it runs: :class:`vllm_nnrp_plugin.vllm_binding.backend.VLLMBackend` refuses
 from __future__ import annotations
 
 import grp
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -58,6 +61,14 @@ from vllm_nnrp_plugin.endpoints import (
 )
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import LEVELS
+
+logger = logging.getLogger(__name__)
+
+#: keys of earlier versions that no longer mean anything, and why: accepted, ignored, named in a warning
+OBSOLETE_KEYS = {
+    "accept_timeout_ms": "QUIC no longer runs on nnrp-py's native runtime (every carrier is served on vLLM's loop)",
+    "idle_poll_ms": "QUIC no longer runs on nnrp-py's native runtime (no session is polled)",
+}
 
 #: every operation of the ``openai-compatible/1`` profile, by level
 PROFILE_OPERATIONS = tuple(name for names in LEVELS.values() for name in names)
@@ -112,8 +123,6 @@ class NNRPConfig:
     enabled: bool | None = None
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)
     max_envelope_bytes: int = attrs.field(default=1 << 20, validator=_positive)
-    accept_timeout_ms: int = attrs.field(default=1000, validator=_positive)
-    idle_poll_ms: int = attrs.field(default=100, validator=_positive)
     max_sessions: int = attrs.field(default=256, validator=_positive)
     max_in_flight_per_session: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     max_in_flight: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
@@ -188,8 +197,13 @@ def load_config(additional_config: Mapping[str, Any] | None, environ: Mapping[st
     block = (additional_config or {}).get(CONFIG_KEY, {})
     if not isinstance(block, Mapping):
         raise ConfigError(f"additional-config key {CONFIG_KEY!r} must be a mapping, got {block!r}")
+    block = dict(block)
+    for key in OBSOLETE_KEYS.keys() & block.keys():
+        del block[key]
+        logger.warning("nnrp.%s has no effect and is ignored: %s. Fix: remove it from --additional-config.", key,
+                       OBSOLETE_KEYS[key])  # fmt: skip
     try:
-        config = _converter.structure(dict(block), NNRPConfig)
+        config = _converter.structure(block, NNRPConfig)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
         raise ConfigError(f"invalid nnrp settings in --additional-config: {_describe(exc)}") from None
     changes: dict[str, Any] = {}

@@ -1,5 +1,5 @@
-"""Listen/connect addresses (the server's and the client's), one URI per nnrp-py carrier
-(``nnrp.native.load_native_transport_binding`` names: ``tcp``, ``ipc``, ``websocket``, ``quic``):
+"""Listen/connect addresses (the server's and the client's), one URI per carrier (named as nnrp-py names its
+carriers: ``tcp``, ``ipc``, ``websocket``, ``quic``):
 
 | URI | carrier | TLS |
 |---|---|---|
@@ -10,10 +10,9 @@
 | ``wss://HOST:PORT/PATH`` | WebSocket | yes |
 | ``quic://HOST:PORT`` | QUIC | always |
 
-TCP (plain and TLS), unix sockets and WebSocket (plain and TLS) are served by the project's own wire core on
-vLLM's event loop (:mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); QUIC by nnrp-py's native runtime, each carrier
-with its own listener (in nnrp-py 1.0.0rc4.post20 one ``NativeServer`` serving several carriers loses sessions
-at accept deadlines). :func:`is_loopback` tells the exposure rule (config.py) which addresses stay on this host.
+Every carrier is served by the project's own wire core on vLLM's event loop
+(:mod:`vllm_nnrp_plugin.nnrp_binding.listener`). :func:`is_loopback` tells the exposure rule (config.py) which
+addresses stay on this host.
 """
 
 from __future__ import annotations
@@ -55,13 +54,6 @@ class Carrier:
     uri: str
     tls: bool = False
     host: str | None = None
-
-    @property
-    def own_wire(self) -> bool:
-        """Served by the project's own wire core on vLLM's loop (TCP, TLS over TCP, unix sockets, WebSocket
-        plain and TLS, :mod:`vllm_nnrp_plugin.nnrp_binding.stream_listener`); ``quic`` by nnrp-py's native runtime
-        (:mod:`vllm_nnrp_plugin.nnrp_binding.listener`)."""
-        return self.transport in ("tcp", "ipc", "websocket")
 
     @property
     def label(self) -> str:

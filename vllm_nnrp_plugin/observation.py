@@ -6,14 +6,14 @@ one :class:`Observation` as the operation lives:
 
 | step | who calls | fields |
 |---|---|---|
-| submit received | session pump | ids, ``transport``, ``submitted_ns``, ``submitted_unix_ns`` |
+| submit received | connection | ids, ``transport``, ``submitted_ns``, ``submitted_unix_ns`` |
 | envelope decoded | adapter | ``operation``, ``model``, ``request_id``, ``diagnostics_requested``, ``started_ns`` |
 | dispatched to vLLM | operation rules | ``trace``: the TRACE_CONTEXT it runs in (fixed fields + attribute byte count, never the body) |
 | first backend chunk, backend done | adapter | ``backend_first_chunk_ns``, ``backend_done_ns`` |
 | usage seen | adapter | ``input_tokens``, ``output_tokens`` |
-| partial result sent | operation rules, told by the session pump | ``events``, ``first_event_ns``, ``last_event_ns`` |
+| partial result sent | operation rules, told by the connection | ``events``, ``first_event_ns``, ``last_event_ns`` |
 | terminal decided | operation rules | ``outcome``, ``error_*``; ``cancel_*`` when told to stop |
-| terminal sealed for sending | operation rules, asked by the session pump | ``terminal_ns`` |
+| terminal sealed for sending | operation rules, asked by the connection | ``terminal_ns`` |
 | backend abort | adapter | ``abort_ns``, ``abort_accepted`` |
 | backend call ended | adapter, from the runtime controls | ``priority_class``, ``vllm_priority``, ``late_priority_updates``, ``token_budget``, ``budget_ended``, ``cached_tokens`` |
 
@@ -167,7 +167,7 @@ class Observation:
 
     @property
     def queue_delay_ms(self) -> float | None:
-        """Submit received -> backend called (ms): time spent in the pump and on the event-loop queue."""
+        """Submit received -> backend called (ms): time spent between the wire core and the adapter on the event loop."""
         return _ms(self.submitted_ns, self.started_ns)
 
     @property

@@ -3,10 +3,11 @@
 :class:`OperationMachine` numbers partial results from 1, decides exactly one terminal and refuses anything
 after it. :class:`Operation` wraps it with every other rule of one submitted operation:
 
-* a peer cancel (or a lost transport) turns the terminal into a drop: nnrp-py's server operation
-  (``nnrp.native.NativeRuntimeServerOperation``) refuses partial results and a RESULT_PUSH once the peer
-  cancelled, so a RESULT_DROP_REASON carrying ``response.cancelled`` is the only deliverable terminal, and a
-  push decided just before the cancel arrived goes out as that drop instead;
+* a peer cancel (or a lost transport) turns the terminal into a drop: NNRP's client refuses partial results and
+  a RESULT_PUSH once it cancelled (nnrp-rs ``crates/nnrp-runtime/src/client.rs``; the wire core,
+  :mod:`vllm_nnrp_plugin.nnrp_wire.server`, refuses them the same way), so a RESULT_DROP_REASON carrying
+  ``response.cancelled`` is the only deliverable terminal, and a push decided just before the cancel arrived
+  goes out as that drop instead;
 * SUPERSEDE ends the operation with the ``superseded`` drop (``response.cancelled {reason: "superseded"}``), as
   a cancel does;
 * an NNRP deadline (DEADLINE, EXPIRE_AT) that passes before the engine produced the operation's first output —
@@ -170,7 +171,7 @@ class Operation:
     :class:`~vllm_nnrp_plugin.observation.Observation` ``observation`` (submit times already set).
 
     Decisions (vLLM's event loop in production) return the :data:`Action` to queue, or ``None``; the sending
-    side (the session pump) reads :attr:`admits_partials` before each partial result and asks :meth:`seal` for
+    side (the connection) reads :attr:`admits_partials` before each partial result and asks :meth:`seal` for
     the terminal.
     """
 
@@ -328,12 +329,6 @@ class Operation:
         if terminal.drop is None and self._cancel_detail is not None:
             terminal = cancelled(self._cancel_reason, self._cancel_detail)
         return self._seal(terminal, now_ns, diagnostics=True)
-
-    def refused(self, now_ns: int) -> ResultDrop:
-        """nnrp-py refused the RESULT_PUSH (the client cancelled before it arrived): the drop that replaces it."""
-        self._terminal_sent = False
-        return self._seal(cancelled(self._cancel_reason, self._cancel_detail or "client_cancelled"), now_ns,
-                          diagnostics=True)  # fmt: skip
 
     def unsendable(self, now_ns: int) -> ResultDrop:
         """A frame of this operation cannot be built (a bug): it ends with a TRANSPORT_CLOSED drop

@@ -1,11 +1,10 @@
 """The NNRP service: listeners (NNRP side) + the adapter + a backend (vLLM side), on one event loop.
 
-Runs on vLLM's API-server event loop: operations are asyncio tasks there. TCP, TLS, unix-socket and WebSocket
-addresses are served on the loop itself by the project's own wire core (:mod:`.nnrp_binding.stream_listener`),
-which tells this service what came off the wire directly; QUIC by nnrp-py's native runtime
-(:mod:`.nnrp_binding.listener`), whose session pumps post the same calls to the loop from their threads. What comes off the wire is a submit with its envelope unwrapped, a cancel or a closed session, a
-DEADLINE, an operation whose terminal went out last; everything else an operation needs on this side is owned
-here, on the loop:
+Runs on vLLM's API-server event loop: operations are asyncio tasks there, and every carrier (TCP, TLS, unix
+sockets, WebSocket, QUIC) is served on the loop itself by the project's own wire core
+(:mod:`.nnrp_binding.listener`), which tells this service what came off the wire directly: a submit with its
+envelope unwrapped, a cancel or a closed session, a DEADLINE, an operation whose terminal went out last;
+everything else an operation needs on this side is owned here, on the loop:
 
 * the process-wide in-flight slots (``nnrp.max_in_flight``; unbounded by default, as vLLM's HTTP server
   queues whatever comes): taken at submit, given back as soon as the operation's terminal went out (the client
@@ -46,7 +45,6 @@ from vllm_nnrp_plugin.nnrp_binding.bounds import CarrierBounds, packet_limit
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.listener import Listener, ListenerHooks
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation
-from vllm_nnrp_plugin.nnrp_binding.stream_listener import StreamListener
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import with_limits
 from vllm_nnrp_plugin.observation import COMPLETED, Observation, log_fields, log_line
@@ -112,62 +110,37 @@ class NNRPService:
         self._hooks = hooks
         self._session_limits = SessionLimits(per_session, config.max_queued_events)
         self._exposure = Exposure(config.tls_cert_file, config.tls_key_file, config.ipc_socket_group)
-        self._stream: StreamListener | None = None
-        self._native: Listener | None = None
+        self._listener: Listener | None = None
 
     @property
     def sessions(self) -> int:
         """Open NNRP sessions."""
-        return sum(listener.sessions for listener in (self._stream, self._native) if listener is not None)
+        return self._listener.sessions if self._listener is not None else 0
 
     async def start(self) -> list[str]:
         """Bind every configured address (on the loop); returns the bound URIs in the configured order.
         Raises ``ListenError`` (and ``MetricsListenError`` with ``metrics_listen``), binding nothing."""
         carriers = _carriers(self._config.listen)
-        own = [carrier for carrier in carriers if carrier.own_wire]
-        native = [carrier for carrier in carriers if not carrier.own_wire]
-        if native and self._keys is not None:
-            raise ListenError(
-                f"NNRP cannot require vLLM's API key on {', '.join(c.uri for c in native)}: QUIC runs on "
-                "nnrp-py's native runtime, which cannot receive an authentication block. Fix: listen on tcp://, "
-                "nnrps://, ws://, wss:// or unix:// instead, or set nnrp.allow_unauthenticated to true to serve QUIC "
-                "without a key."
-            )
         config = self._config
-        self._stream = StreamListener(
-            own, self, max_sessions=config.max_sessions, session_limits=self._session_limits,
+        self._listener = Listener(
+            carriers, self, max_sessions=config.max_sessions, session_limits=self._session_limits,
             exposure=self._exposure, probe=self._hooks.send_probe, tcp_nodelay=self._hooks.tcp_nodelay,
-            other_sessions=lambda: self._native.sessions if self._native is not None else 0,
             keys=self._keys, bounds=CarrierBounds(
                 handshake_timeout_s=config.handshake_timeout_ms / 1000,
                 max_packet_bytes=packet_limit(config.max_envelope_bytes),
                 max_buffered_bytes=config.max_buffered_bytes, max_connections=config.max_connections,
             ),
         )  # fmt: skip
-        bound = dict(zip((c.uri for c in own), await self._stream.start(), strict=True))
+        bound = await self._listener.start()
         try:
-            if native:
-                self._native = Listener(
-                    tuple(carrier.uri for carrier in native), self, self._loop,
-                    accept_timeout_ms=config.accept_timeout_ms, idle_poll_ms=config.idle_poll_ms,
-                    max_sessions=config.max_sessions, session_limits=self._session_limits,
-                    exposure=self._exposure, hooks=self._hooks, other_sessions=lambda: self._stream.sessions,
-                )  # fmt: skip
-                # binding is a native call: keep it off the loop
-                bound.update(zip((c.uri for c in native), await asyncio.to_thread(self._native.start), strict=True))
             if config.metrics_listen is not None:
                 self._metrics_server = metrics.serve_metrics(config.metrics_listen, self._registry)
                 self.metrics_address = self._metrics_server.address
         except BaseException:
-            await self._close_listeners()
+            await self._listener.close()
             raise
-        return [bound[carrier.uri] for carrier in carriers]
+        return bound
 
-    async def _close_listeners(self) -> None:
-        if self._stream is not None:
-            await self._stream.close()
-        if self._native is not None:
-            await asyncio.to_thread(self._native.close)
 
     async def stop(self) -> None:
         """Graceful stop, in this order: stop accepting sessions; give every in-flight operation its one
@@ -179,9 +152,8 @@ class NNRPService:
         self._stopped = asyncio.get_running_loop().create_future()
         try:
             self._stopping = True
-            for listener in (self._stream, self._native):
-                if listener is not None:
-                    listener.stop_accepting()
+            if self._listener is not None:
+                self._listener.stop_accepting()
             tasks = list(self._tasks.items())
             logger.info("NNRP stopping: no new sessions; ending %d in-flight operations", len(tasks))
             for sop, _task in tasks:
@@ -189,13 +161,14 @@ class NNRPService:
                 self.stop_operation(sop)
             if tasks:
                 await asyncio.wait([task for _sop, task in tasks], timeout=ABORT_WAIT_S)
-            await self._close_listeners()
+            if self._listener is not None:
+                await self._listener.close()
             if self._metrics_server is not None:
                 await asyncio.to_thread(self._metrics_server.close)
         finally:
             self._stopped.set_result(None)
 
-    # SessionHandler: what came off the wire, posted to the loop by the session pumps
+    # SessionHandler: what came off the wire, told by the connections on the loop
 
     def on_submit(self, sop: ServerOperation) -> None:
         if self._stopping:

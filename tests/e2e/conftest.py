@@ -20,11 +20,12 @@ from compat.launcher import POOLING_ARGS, SERVED_NAME, VLLMServer, attach_option
 from tests.support import free_port, self_signed
 from vllm_nnrp_plugin.client import ProfileClient
 
-__all__ = ["IN_FLIGHT_PER_SESSION", "LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir"]
+__all__ = ["IN_FLIGHT_PER_SESSION", "MAX_SESSIONS", "LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir"]
 
 MODEL_ENV = "VLLM_NNRP_TEST_MODEL"
 #: the shared server's ``nnrp.max_in_flight_per_session``
 IN_FLIGHT_PER_SESSION = 16
+MAX_SESSIONS = 300
 #: a streamed request that generates for a long time (1000 tokens, EOS ignored): for cancel/shutdown tests
 LONG = {
     "model": SERVED_NAME,
@@ -51,16 +52,20 @@ def vllm_version():
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory, vllm_version):
-    """The plugin enabled through the anchor's attach path, listening on a TCP port, a unix socket, TLS over TCP
-    (``nnrps``) and WebSocket with TLS (``wss``; a self-signed certificate whose DER is ``server.der``). A session's
-    in-flight limit is set to 16 (``nnrp.max_in_flight_per_session``; by default it is vLLM's ``max_num_seqs``) so
-    that the limit and the ``openai`` transports' spread over sessions are reached with CPU-sized fan-outs."""
+    """The plugin enabled through the anchor's attach path, listening on every carrier: a TCP port, a unix socket,
+    TLS over TCP (``nnrps``), WebSocket plain and with TLS (``ws``, ``wss``) and QUIC (a self-signed certificate
+    whose DER is ``server.der``). A session's in-flight limit is set to 16 (``nnrp.max_in_flight_per_session``; by
+    default it is vLLM's ``max_num_seqs``) so that the limit and the ``openai`` transports' spread over sessions
+    are reached with CPU-sized fan-outs; ``max_sessions`` is 300, room for 256 sessions on one carrier beside
+    the other tests'."""
     workdir = tmp_path_factory.mktemp("vllm")
     cert, key, der = self_signed(workdir)
     nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/nnrp.sock",
-            "nnrps": f"nnrps://127.0.0.1:{free_port()}", "wss": f"wss://127.0.0.1:{free_port()}/nnrp"}  # fmt: skip
+            "nnrps": f"nnrps://127.0.0.1:{free_port()}", "ws": f"ws://127.0.0.1:{free_port()}/nnrp",
+            "wss": f"wss://127.0.0.1:{free_port()}/nnrp", "quic": f"quic://127.0.0.1:{free_port()}"}  # fmt: skip
     env, args = attach_options(vllm_version[1])
-    config = {"tls_cert_file": cert, "tls_key_file": key, "max_in_flight_per_session": IN_FLIGHT_PER_SESSION}
+    config = {"tls_cert_file": cert, "tls_key_file": key, "max_in_flight_per_session": IN_FLIGHT_PER_SESSION,
+              "max_sessions": MAX_SESSIONS}  # fmt: skip
     additional = orjson.dumps({"nnrp": config}).decode()
     server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": ",".join(nnrp.values())},
                         extra_args=(*args, "--additional-config", additional))  # fmt: skip

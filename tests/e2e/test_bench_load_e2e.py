@@ -78,3 +78,24 @@ def test_quick_load_benchmark_on_an_agent_server_runs_without_failures():
         assert rows[f"{head}.tokens_per_s.{tail}"].p50 > 0
     assert rows["load.tools.c4.api_server_cpu_us_per_token.nnrp"].parameters["server"] == "hermes tool parser"
     assert not [r for r in rows if r.startswith(("load.tools.cancel", "load.tools.burst", "load.tools.idle"))]
+
+
+def test_quick_carriers_benchmark_drives_every_carrier_without_failures():
+    """``python -m bench carriers --quick``: one server on tcp, nnrps, ws, wss and quic, the same load client on
+    each; every carrier streams, cancels and holds idle sessions without a failure or a new thread."""
+    from bench.carriers import BASE, CARRIERS
+    from bench.suite import QUICK
+
+    rows = {r.id: r for r in QUICK["carriers"](model=model_dir())}
+    for carrier in CARRIERS:
+        assert rows[f"carriers.c4.failed.{carrier}"].max == 0, rows[f"carriers.c4.failed.{carrier}"].note
+        assert rows[f"carriers.c4.tokens_per_s.{carrier}"].p50 > 0
+        assert rows[f"carriers.c4.api_server_cpu_us_per_token.{carrier}"].samples == 1
+        cancel = f"carriers.{carrier}.cancel.c8"
+        assert rows[f"{cancel}.failed.nnrp"].max == 0 and rows[f"{cancel}.no_terminal_within_10s.nnrp"].max == 0
+        assert rows[f"{cancel}.server_cancel_to_abort_ms.nnrp"].samples == 4
+        assert rows[f"{cancel}.server_cancel_to_abort_p99_ms.nnrp"].targets
+        assert rows[f"carriers.{carrier}.threads.api_server.sessions_minus_no_sessions"].max == 0
+    for carrier, base in BASE.items():
+        ratio = rows[f"carriers.c4.api_server_cpu_us_per_token_ratio.{carrier}_over_{base}"]
+        assert ratio.samples == 1 and ratio.targets

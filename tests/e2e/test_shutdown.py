@@ -1,8 +1,8 @@
 """Graceful shutdown of a real ``vllm serve`` (CPU) with NNRP streams in flight: SIGTERM → the listener stops
 accepting first, every in-flight operation gets exactly one terminal, its vLLM request is aborted before vLLM
-stops its engine, and the server exits in time without traceback noise. With one API-server process and with
-two (``--api-server-count 2``: each process runs its own stop, vllm_binding/shutdown.py), through the anchor's
-attach path.
+stops its engine, and the server exits in time without traceback noise. With one API-server process (streams on
+every carrier: TCP, unix socket, WebSocket plain and TLS, QUIC) and with two (``--api-server-count 2``: each
+process runs its own stop, vllm_binding/shutdown.py), through the anchor's attach path.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import re
 import signal
 import time
 
+import orjson
 import pytest
 
 from tests.e2e.conftest import LONG, VLLMServer, attach_options, model_dir
-from tests.support import envelope, two_free_ports
+from tests.support import envelope, free_port, self_signed, two_free_ports
 from vllm_nnrp_plugin.client import ProfileClient
 
 pytestmark = pytest.mark.vllm
@@ -28,18 +29,23 @@ TRANSPORT_CLOSED = 8
 def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request(tmp_path, vllm_version, api_servers):
     port = two_free_ports()
     env, args = attach_options(vllm_version[1])
-    listen = f"tcp://127.0.0.1:{port},unix://{tmp_path}/nnrp.sock"
     # rank r serves on PORT + r and nnrp-r.sock (rank 0: nnrp.sock)
     addresses = [f"tcp://127.0.0.1:{port}", f"unix://{tmp_path}/nnrp.sock"]
     if api_servers == 2:
         addresses += [f"tcp://127.0.0.1:{port + 1}", f"unix://{tmp_path}/nnrp-1.sock"]
+    else:  # every carrier stops the same way
+        addresses += [f"ws://127.0.0.1:{free_port()}/nnrp", f"wss://127.0.0.1:{free_port()}/nnrp",
+                      f"quic://127.0.0.1:{free_port()}"]  # fmt: skip
+    cert, key, der = self_signed(tmp_path)
+    config = orjson.dumps({"nnrp": {"tls_cert_file": cert, "tls_key_file": key}}).decode()
     server = VLLMServer(
         model_dir(),
         tmp_path,
-        env={**env, "VLLM_NNRP_LISTEN": listen},
+        env={**env, "VLLM_NNRP_LISTEN": ",".join(addresses[:2] if api_servers == 2 else addresses)},
         # --enable-log-requests: vLLM then logs "Aborted request(s) <id>"
         # with several API servers vLLM's process manager kills them after --shutdown-timeout (default 0 s)
-        extra_args=(*args, "--enable-log-requests", "--api-server-count", str(api_servers), "--shutdown-timeout", "10"),
+        extra_args=(*args, "--enable-log-requests", "--api-server-count", str(api_servers), "--shutdown-timeout", "10",
+                    "--additional-config", config),
     )
     clients = []
     try:
@@ -48,7 +54,7 @@ def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request
         while server.output().count("NNRP listening on") < api_servers:
             assert time.monotonic() < deadline and server.proc.poll() is None, server.tail()
             time.sleep(0.5)
-        clients = [asyncio.run(ProfileClient.connect(uri)) for uri in addresses]
+        clients = [asyncio.run(ProfileClient.connect(uri, trusted_cert_der=der)) for uri in addresses]
         ops = [
             (client, client.submit(envelope(LONG, request_id=f"shutdown-{c}-{n}")), f"shutdown-{c}-{n}")
             for c, client in enumerate(clients)

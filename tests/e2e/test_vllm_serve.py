@@ -27,10 +27,10 @@ pytestmark = pytest.mark.vllm
 HELLO = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16, "temperature": 0}
 
 
-@pytest.fixture(params=["tcp", "ipc", "nnrps", "wss"])
+@pytest.fixture(params=["tcp", "ipc", "nnrps", "ws", "wss", "quic"])
 def client(request, vllm_server):
-    """nnrp-py's native client (the interop oracle) on each of the project's own carriers: TCP, a unix socket,
-    TLS over TCP, WebSocket over TLS."""
+    """nnrp-py's native client (the interop oracle) on each carrier: TCP, a unix socket, TLS over TCP, WebSocket
+    plain and over TLS, QUIC."""
     client = asyncio.run(ProfileClient.connect(vllm_server.nnrp[request.param], trusted_cert_der=vllm_server.der))
     yield client
     client.close()
@@ -157,7 +157,8 @@ KILLED_CLIENT = textwrap.dedent(
     """
     import asyncio, os, sys, orjson
     from vllm_nnrp_plugin.client import ProfileClient
-    client = asyncio.run(ProfileClient.connect(sys.argv[1]))
+    der = bytes.fromhex(sys.argv[3]) if len(sys.argv) > 3 else None
+    client = asyncio.run(ProfileClient.connect(sys.argv[1], trusted_cert_der=der))
     op = client.submit(orjson.loads(sys.argv[2]))
     events = client.events(op, timeout_s=120)
     next(events); next(events)
@@ -167,19 +168,27 @@ KILLED_CLIENT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+@pytest.mark.parametrize("transport", ["tcp", "ipc", "ws", "quic"])
 def test_a_killed_client_leaves_no_request_running(vllm_server, transport):
     import orjson
 
     assert wait_idle(vllm_server)
     tokens_before = vllm_server.metric("vllm:generation_tokens_total")
     proc = subprocess.run(
-        [sys.executable, "-c", KILLED_CLIENT, vllm_server.nnrp[transport], orjson.dumps(envelope(LONG)).decode()],
+        [sys.executable, "-c", KILLED_CLIENT, vllm_server.nnrp[transport], orjson.dumps(envelope(LONG)).decode(),
+         vllm_server.der.hex()],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert "streaming" in proc.stdout, proc.stderr
+    if transport == "quic":  # UDP has no reset: the server gives a silent client PEER_SILENT_S, then aborts
+        from vllm_nnrp_plugin.nnrp_binding.quic import PEER_SILENT_S
+
+        assert wait_idle(vllm_server, PEER_SILENT_S + 15), "vLLM still runs the dead client's request"
+        time.sleep(1)
+        assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < LONG["max_tokens"]  # cut short
+        return
     assert wait_idle(vllm_server), "vLLM still runs the dead client's request"
     time.sleep(1)
     assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < 200

@@ -1,22 +1,22 @@
-"""Plain stand-ins for the nnrp-py objects a session pump reads (no native session is touched): a submit
-carrying a real typed body, and runtime controls (DEADLINE, TRACE_CONTEXT, cancels)."""
+"""One session's rules (:class:`vllm_nnrp_plugin.nnrp_binding.session_policy.SessionPolicy`) driven the way a
+connection drives them (:mod:`vllm_nnrp_plugin.nnrp_binding.connection`), with plain data: a submit carrying a
+real typed body, and runtime controls (DEADLINE, TRACE_CONTEXT)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import types
-
-from nnrp.core import MessageType
+from collections.abc import Callable
 
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
-from vllm_nnrp_plugin.nnrp_binding.sender import Sender
-from vllm_nnrp_plugin.nnrp_binding.session import SessionPump
+from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation, SessionLink, envelope_of
+from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
 
 
 class Handler:
-    """Records what the pump posts to the loop, in order: ``(callback name, operation, *args)``."""
+    """Records what the session's policy tells the service, in order: ``(callback name, operation, *args)``."""
 
     def __init__(self) -> None:
         self.posted: list[tuple] = []
@@ -27,38 +27,44 @@ class Handler:
         return lambda *args: self.posted.append((name, *args))
 
 
-def pump(max_in_flight: int = 16, max_queued_events: int = 1024) -> tuple[SessionPump, Handler, asyncio.AbstractEventLoop]:
-    """A pump on a fake session; ``loop.run_until_complete(asyncio.sleep(0))`` delivers what it posted."""
-    loop, handler = asyncio.new_event_loop(), Handler()
-    session = types.SimpleNamespace(active_transport_name="tcp")
-    # a sender that is never started: what the pump queues stays in ``pump.link.items`` for the test to read
-    return SessionPump(session, handler, loop, cadence=PollCadence(100), sender=Sender(),
-                       limits=SessionLimits(max_in_flight, max_queued_events)), handler, loop  # fmt: skip
+class Session:
+    """A session of one connection: ``handle(control)`` applies one of this module's controls as the connection
+    does; ``link.items`` holds what its operations queued (nothing sends it)."""
+
+    def __init__(self, handler: Handler, limits: SessionLimits) -> None:
+        self.link = SessionLink(limits.max_queued_events, lambda: None)
+        self.policy = SessionPolicy(handler, limits, self.link, send_credit=lambda window: None)
+
+    def handle(self, control: Callable[[Session], None]) -> None:
+        control(self)
 
 
-def submit(operation_id: int, payload: bytes = b"{}") -> types.SimpleNamespace:
-    metadata = types.SimpleNamespace(payload_kind_bitmap=wire_mapping.STRUCTURED_EVENT, payload_frame_count=1)
-    native = types.SimpleNamespace(
-        operation_id=operation_id, frame_id=operation_id,
-        submit=types.SimpleNamespace(header=types.SimpleNamespace(session_id=1),
-                                     metadata=types.SimpleNamespace(value=metadata),
-                                     tail=types.SimpleNamespace(body=wire_mapping.typed_body(payload))),
-    )  # fmt: skip
-    return types.SimpleNamespace(as_submit=lambda: native, as_runtime=lambda: None)
+def pump(max_in_flight: int = 16, max_queued_events: int = 1024) -> tuple[Session, Handler, asyncio.AbstractEventLoop]:
+    """A session and the handler it reports to (directly: everything runs on one loop, as in the server)."""
+    handler = Handler()
+    return Session(handler, SessionLimits(max_in_flight, max_queued_events)), handler, asyncio.new_event_loop()
 
 
-def runtime(kind: MessageType, value: object, frame_id: int = 0) -> types.SimpleNamespace:
-    control = types.SimpleNamespace(header=types.SimpleNamespace(message_type=kind, frame_id=frame_id),
-                                    metadata=types.SimpleNamespace(value=value))  # fmt: skip
-    return types.SimpleNamespace(as_submit=lambda: None, as_runtime=lambda: control)
+def submit(operation_id: int, payload: bytes = b"{}") -> Callable[[Session], None]:
+    """A SUBMIT of ``operation_id`` (its frame id too) with ``payload`` as the typed body's envelope."""
+
+    def apply(session: Session) -> None:
+        sop = ServerOperation(
+            session.link, session_id=1, operation_id=operation_id, frame_id=operation_id,
+            envelope=envelope_of(wire_mapping.STRUCTURED_EVENT, 1, wire_mapping.typed_body(payload)),
+            transport="tcp", connection_id=1, now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns(),
+        )  # fmt: skip
+        session.policy.submit(sop)
+
+    return apply
 
 
-def deadline(operation_id: int, unix_ms: int) -> types.SimpleNamespace:
-    value = types.SimpleNamespace(operation_id=operation_id, deadline_unix_ms=unix_ms)
-    return runtime(MessageType.DEADLINE, value)
+def deadline(operation_id: int, unix_ms: int) -> Callable[[Session], None]:
+    return lambda session: session.policy.deadline(operation_id, unix_ms)
 
 
 def trace_context(frame_id: int, trace_id: int, span_id: int, flags: int = 1, body_bytes: int = 0):
+    """A TRACE_CONTEXT on ``frame_id`` (0: session scope), its fields under the wire core's names."""
     value = types.SimpleNamespace(trace_id=trace_id, span_id=span_id, parent_span_id=0, stage_code=0, flags=flags,
                                   body_bytes=body_bytes)  # fmt: skip
-    return runtime(MessageType.TRACE_CONTEXT, value, frame_id)
+    return lambda session: session.policy.trace_context(frame_id, session.policy.by_frame(frame_id), value)

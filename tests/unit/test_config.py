@@ -1,3 +1,4 @@
+import logging
 import types
 
 import pytest
@@ -189,3 +190,14 @@ def test_listing_an_operation_the_server_does_not_serve_refuses_to_start(monkeyp
 def test_listing_no_whole_level_refuses_to_start(monkeypatch):
     with pytest.raises(NNRPStartupError, match=r"\(models.list\) make up no whole openai-compatible/1 level"):
         _backend(monkeypatch, ALL, ("models.list",))
+
+
+@pytest.mark.parametrize("key", ["accept_timeout_ms", "idle_poll_ms"])
+def test_a_key_of_the_removed_native_runtime_is_ignored_with_a_warning(key, caplog):
+    """A configuration written for a version whose QUIC ran on nnrp-py's native runtime still starts; the
+    warning names the key and says to remove it."""
+    with caplog.at_level(logging.WARNING, logger="vllm_nnrp_plugin.config"):
+        config = load_config({"nnrp": {key: 500, "max_sessions": 7}})
+    assert config.max_sessions == 7 and not hasattr(config, key)
+    (record,) = [r for r in caplog.records if key in r.getMessage()]
+    assert "ignored" in record.getMessage() and "remove it" in record.getMessage()

@@ -1,6 +1,5 @@
 """Operation bounds from envelope ``nnrp.timeout_ms`` and NNRP DEADLINE controls: the rules in the core
-(:class:`vllm_nnrp_plugin.operation.Operation`), and what the session pump posts to the loop (plain data:
-no native session is touched)."""
+(:class:`vllm_nnrp_plugin.operation.Operation`), and what a session's policy tells the service (plain data)."""
 
 import asyncio
 

@@ -1,4 +1,4 @@
-"""The listener's flush round (:class:`vllm_nnrp_plugin.nnrp_binding.stream_connection.FlushRound`): every
+"""The listener's flush round (:class:`vllm_nnrp_plugin.nnrp_binding.connection.FlushRound`): every
 connection with packets decided in one loop iteration is flushed by one callback in the next, in order, and a
 connection whose flush fails strands no other."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from vllm_nnrp_plugin.nnrp_binding.stream_connection import FlushRound
+from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound
 
 
 class Connection:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support import FIXTURES, recorded_chunks
-from tests.unit.test_merge_and_cadence import operation
+from tests.unit.test_merge import operation
 from tests.unit.test_openai_responses_sse import blocks, sdk_final
 from tests.unit.test_openai_sse import items
 from tests.unit.test_responses_stream import recorded_events, run

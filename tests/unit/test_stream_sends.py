@@ -1,4 +1,4 @@
-"""When the stream carrier sends a partial result (:mod:`vllm_nnrp_plugin.nnrp_binding.stream_connection`): at once,
+"""When the stream carrier sends a partial result (:mod:`vllm_nnrp_plugin.nnrp_binding.connection`): at once,
 framed into the wire core's buffer while nothing of its session waits, all of one iteration's packets in one
 write; queued while the transport is paused, where deltas merge; and after a resume nothing decided later
 overtakes what still waits, so every operation's results stay in order and numbered from 1 without gaps.
@@ -12,7 +12,7 @@ import orjson
 
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.nnrp_binding.stream_connection import ConnectionProtocol, FlushRound, SessionGate
+from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol, FlushRound, SessionGate
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.profile import events

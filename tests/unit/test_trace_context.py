@@ -1,5 +1,5 @@
 """TRACE_CONTEXT -> traceparent: the frozen rules of the ``openai-compatible/1`` profile's TRACE_CONTEXT
-mapping, and their scoping in the session pump (plain data: no native session is touched)."""
+mapping, and their scoping by a session's policy (plain data)."""
 
 import asyncio
 
@@ -43,7 +43,7 @@ def test_observation_has_the_fixed_metadata_and_only_the_attribute_size():
     }  # fmt: skip
 
 
-# -- scoping in the session pump ---------------------------------------------------------------------------
+# -- scoping by the session's policy ---------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def pumped():
 
 
 def submitted(pumped, operation_id):
-    """The operation the pump hands to the loop for a submit of ``operation_id``."""
+    """The operation the session hands to the service for a submit of ``operation_id``."""
     pump, handler, loop = pumped
     pump.handle(fakes.submit(operation_id))
     loop.run_until_complete(asyncio.sleep(0))

@@ -1,6 +1,7 @@
-"""Our asyncio client (``vllm_nnrp_plugin.client.connection``) against nnrp-py's NATIVE server, over TCP and a unix
-socket: hello, open, submit -> partial results -> RESULT_PUSH, FRAME_CANCEL -> RESULT_DROP_REASON (also by
-cancelling the task that iterates), two sessions on one connection, close; and connection loss."""
+"""Our asyncio client (``vllm_nnrp_plugin.client.connection``) against nnrp-py's NATIVE server, over TCP, a unix
+socket, WebSocket (``ws://…/nnrp``, ``wss://…/nnrp``) and QUIC (the TLS ones with a self-signed certificate the
+client trusts): hello, open, submit -> partial results -> RESULT_PUSH, FRAME_CANCEL -> RESULT_DROP_REASON (also
+by cancelling the task that iterates), two sessions on one connection, close; and connection loss."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 import orjson
 import pytest
 from nnrp.core import MessageType, PayloadKind, ResultFlags, ResultPushMetadata, TransportPolicy
-from nnrp.native import NativeRuntimeError, NativeWouldBlockError
+from nnrp.native import NativeRuntimeError, NativeTransportServerSecurity, NativeWouldBlockError
 from nnrp.runtime import PartialResultMetadata, ResultDropReasonCode, ResultDropReasonMetadata, RuntimeRole
 from nnrp.server import (
     NativeServerBootstrapOptions,
@@ -24,7 +25,8 @@ from nnrp.server import (
 
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ClientConnectionError, connect
-from vllm_nnrp_plugin.nnrp_binding import sdk_sync
+from tests.support import self_signed
+from tests.wire.native_accept import Acceptor
 
 DATA = pathlib.Path(__file__).parent / "data" / "captures"
 CANCELLED = b'{"type":"response.cancelled","reason":"client"}'
@@ -35,14 +37,30 @@ class NativeEcho:
     ``response.output_text.delta`` partial results, then ``response.completed`` — or, with ``hold``, waits
     for the client's FRAME_CANCEL and answers it with RESULT_DROP_REASON PEER_CANCELLED."""
 
-    def __init__(self, transport: str, tmp_path) -> None:
-        provider = "tcp://127.0.0.1:0" if transport == "tcp" else f"unix://{tmp_path}/native.sock"
+    #: per carrier: nnrp-py's carrier name, its provider route, the policy that forces it, TLS (nnrp-sdk notes §2)
+    CARRIERS = {
+        "tcp": ("tcp", "tcp://127.0.0.1:0", TransportPolicy.FORCE_TCP, False),
+        "ipc": ("ipc", "unix://{tmp}/native.sock", TransportPolicy.FORCE_IPC, False),
+        "ws": ("websocket", "ws://127.0.0.1:0/nnrp", TransportPolicy.FORCE_WEBSOCKET, False),
+        "wss": ("websocket", "wss://127.0.0.1:0/nnrp", TransportPolicy.FORCE_WEBSOCKET, True),
+        "quic": ("quic", "quic://127.0.0.1:0", TransportPolicy.FORCE_QUIC, True),
+    }
+
+    def __init__(self, carrier: str, tmp_path) -> None:
+        transport, provider, policy, tls = self.CARRIERS[carrier]
+        security = None
+        #: the certificate (DER) a client must trust on a TLS carrier (self-signed for 127.0.0.1 here)
+        self.der: bytes | None = None
+        if tls:
+            security, self.der = _native_security(tmp_path)
+        route = NativeServerProviderRoute(provider_endpoint=provider.format(tmp=tmp_path), security=security)
         self._options = NativeServerBootstrapOptions(
-            endpoint="nnrp://127.0.0.1", provider_routes={transport: NativeServerProviderRoute(provider_endpoint=provider)},
-            transport_policy=TransportPolicy.FORCE_TCP if transport == "tcp" else TransportPolicy.FORCE_IPC,
-            session_defaults=NativeServerSessionOptions(),
+            endpoint="nnrps://127.0.0.1" if tls and transport != "quic" else "nnrp://127.0.0.1",
+            provider_routes={transport: route}, transport_policy=policy, session_defaults=NativeServerSessionOptions(),
         )  # fmt: skip
         self._transport = transport
+        #: nnrp-py's name of the carrier each accepted session used (``active_transport_name``)
+        self.carriers_seen: set[str] = set()
         self._ready = threading.Event()
         self._stop = False
         self.closed_sessions = 0
@@ -67,14 +85,15 @@ class NativeEcho:
             self.uri = str(getattr(bound, "uri", bound))
             self._ready.set()
             sessions, held = [], {}
-            # The product's Acceptor keeps its accept ticket across deadlines: nnrp-py's own
+            # The Acceptor keeps its accept ticket across deadlines: nnrp-py's own
             # NativeServer.accept gives it up at each one and loses a session whose handshake straddles it.
-            acceptor = sdk_sync.Acceptor(server)
+            acceptor = Acceptor(server)
             accept = asyncio.ensure_future(asyncio.to_thread(acceptor.accept, 50))
             while not self._stop:
                 if accept.done():
                     try:
                         sessions.append(accept.result())
+                        self.carriers_seen.add(sessions[-1].active_transport_name)
                     except NativeWouldBlockError:
                         pass
                     accept = asyncio.ensure_future(asyncio.to_thread(acceptor.accept, 50))
@@ -119,6 +138,18 @@ class NativeEcho:
         return kind is not MessageType.SESSION_CLOSE
 
 
+def _native_security(tmp_path) -> tuple[NativeTransportServerSecurity, bytes]:
+    """A self-signed certificate for 127.0.0.1 (``tests.support.self_signed``) as nnrp-py's native server takes
+    it (DER certificate, PKCS#8 DER key), and the certificate's DER for the client to trust."""
+    from cryptography.hazmat.primitives import serialization
+
+    _, key_file, der = self_signed(tmp_path)
+    key = serialization.load_pem_private_key(pathlib.Path(key_file).read_bytes(), password=None)
+    pkcs8 = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption())
+    return NativeTransportServerSecurity(certificate_der=der, private_key_pkcs8_der=pkcs8), der
+
+
 def _push_metadata() -> ResultPushMetadata:
     return ResultPushMetadata(
         status_code=200, result_flags=ResultFlags(0), section_count=0, tile_count=0, active_profile_id=0,
@@ -127,7 +158,7 @@ def _push_metadata() -> ResultPushMetadata:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["tcp", "ipc"])
+@pytest.fixture(scope="module", params=["tcp", "ipc", "ws", "wss", "quic"])
 def native(request, tmp_path_factory):
     server = NativeEcho(request.param, tmp_path_factory.mktemp("native"))
     yield server
@@ -144,7 +175,7 @@ def run(coro, timeout_s: float = 20.0):
 
 def test_open_submit_partials_push_close(native):
     async def scenario():
-        conn = await connect(native.uri)
+        conn = await connect(native.uri, trusted_cert_der=native.der)
         session = await conn.open_session(max_in_flight_operations=4)
         op = session.submit({"n": 3})
         events = [event async for event in op]
@@ -163,11 +194,12 @@ def test_open_submit_partials_push_close(native):
     while native.closed_sessions <= closed_before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert native.closed_sessions > closed_before  # the native server saw SESSION_CLOSE
+    assert native.carriers_seen == {native._transport}  # over the carrier asked for, nothing else
 
 
 def test_frame_cancel_gets_the_drop_reason(native):
     async def scenario():
-        conn = await connect(native.uri)
+        conn = await connect(native.uri, trusted_cert_der=native.der)
         session = await conn.open_session(max_in_flight_operations=4)
         op = session.submit({"n": 1, "hold": True})
         first = await op.__anext__()
@@ -185,7 +217,7 @@ def test_frame_cancel_gets_the_drop_reason(native):
 
 def test_cancelling_the_iterating_task_sends_frame_cancel(native):
     async def scenario():
-        conn = await connect(native.uri)
+        conn = await connect(native.uri, trusted_cert_der=native.der)
         session = await conn.open_session(max_in_flight_operations=4)
         op = session.submit({"n": 1, "hold": True})
         seen = asyncio.Event()
@@ -208,7 +240,7 @@ def test_cancelling_the_iterating_task_sends_frame_cancel(native):
 
 def test_two_sessions_on_one_connection(native):
     async def scenario():
-        conn = await connect(native.uri)
+        conn = await connect(native.uri, trusted_cert_der=native.der)
         a, b = await asyncio.gather(conn.open_session(max_in_flight_operations=4),
                                     conn.open_session(max_in_flight_operations=4))  # fmt: skip
         ops = [s.submit({"n": n}) for s in (a, b) for n in (2, 5)]

@@ -3,15 +3,21 @@ its event classes, stops after ConnectionEnded, never reuses a session id, never
 or operation id again, sends at most one terminal per operation, and only ever queues well-formed packets that a
 native client can route (after the handshake every packet carries a session id except a rejected SESSION_OPEN_ACK
 and TRANSPORT_PROBE_ACK; nothing for a session after its closing SESSION_CLOSE_ACK; a draining session's closing
-ack comes only once each of its operations had its terminal)."""
+ack comes only once each of its operations had its terminal). Each fuzz also proves its generator reached what it
+is there for (every packet shape generated, every event the core reports provoked: see "coverage of the
+generators"), and the fixed cases check the documented outcome exactly: a silent drop or a call that raises
+nothing fails them."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nnrp.core.enums import MessageType as T
+from nnrp.runtime.types import RecoverableErrorMetadata
 
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.codecs import SessionCloseAckMetadata, SessionOpenAckMetadata
@@ -61,6 +67,7 @@ class Harness:
         self.open_on_wire: set[int] = set()
         self.draining: set[int] = set()  # sessions closed with drain while operations ran
         self.events: list = []
+        self.sent: list = []  # every packet the core queued, in order
 
     def feed(self, data: bytes) -> list:
         was_ended = self.ended
@@ -147,6 +154,7 @@ class Harness:
 
     def check_output(self) -> None:
         for packet in self.out.feed(self.server.data_to_send()):  # FramingError would fail the test
+            self.sent.append(packet)
             assert packet.flags == 0 and packet.view_id == 0 and packet.route_id == 0
             kind = packet.msg_type
             if kind == T.SERVER_HELLO_ACK:
@@ -220,14 +228,80 @@ def test_a_corrupted_byte_anywhere(data, name: str, position: int, value: int) -
     assert harness.ended
 
 
-def _random_packet(draw, sessions: list[int]) -> bytes:
-    session = draw(st.sampled_from(sessions * 4 + [0, 1, 99] if sessions else [0, 1, 7, 99]))
-    k = draw(st.integers(1, 4))  # operation k lives on frame k, mostly
-    frame = draw(st.sampled_from([k, k, k, 0, draw(st.integers(0, 5))]))
-    op = draw(st.sampled_from([k, k, k, 0, draw(st.integers(0, 5))]))
-    shape = draw(st.sampled_from(["submit"] * 3 + ["cancel", "abort", "frame_cancel", "deadline", "expire", "priority",
-                                                   "supersede", "budget", "trace", "close", "ping", "open", "random",
-                                                   "random"]))  # fmt: skip
+# -- coverage of the generators ------------------------------------------------------------------------------
+#
+# A property that holds for every example proves little if the generator never makes the interesting inputs.
+# The fuzz runs below count what they generated (packet shapes), what the core reported (event classes) and
+# some outcomes over all the examples of a run, and the test that runs them asserts every expected one was
+# seen: the coverage is computed inside the same test, so a test run alone or in any order checks its own.
+# Hypothesis's examples cluster (it mutates earlier examples), so a rare event can be missing from one run of
+# max_examples by chance: the run is repeated (fresh examples, every invariant still checked) while something
+# is missing, at most COVERAGE_ROUNDS times. Something the generator cannot reach fails every time.
+
+#: most hypothesis runs one coverage test makes before it fails for what its examples never produced
+COVERAGE_ROUNDS = 6
+
+
+class Coverage:
+    """What the runs of one hypothesis test generated and provoked, counted over all their examples."""
+
+    def __init__(self) -> None:
+        self.shapes: Counter[str] = Counter()
+        self.events: Counter[str] = Counter()
+        self.outcomes: Counter[str] = Counter()
+        self.runs = 0
+
+    def saw_events(self, harness: Harness) -> None:
+        self.events.update(type(e).__name__ for e in harness.events)
+
+    def missing(self, shapes=(), events=(), outcomes=()) -> dict[str, list[str]]:
+        gaps = {
+            "shapes": sorted(set(shapes) - set(self.shapes)),
+            "events": sorted(set(events) - set(self.events)),
+            "outcomes": sorted(set(outcomes) - set(self.outcomes)),
+        }
+        return {k: v for k, v in gaps.items() if v}
+
+
+SEEN = Coverage()  # the running fuzz's counts (reset by _covering)
+
+
+def _covering(fuzz, *, shapes=(), events=(), outcomes=()) -> Coverage:
+    """Run the hypothesis test ``fuzz`` (every example; a failing one raises) until its examples generated every
+    one of ``shapes`` and provoked every one of ``events`` and ``outcomes`` (counted into :data:`SEEN`), at most
+    :data:`COVERAGE_ROUNDS` times; fail with what is still missing."""
+    global SEEN
+    SEEN = seen = Coverage()
+    while seen.runs < COVERAGE_ROUNDS:
+        fuzz()
+        seen.runs += 1
+        if not seen.missing(shapes, events, outcomes):
+            return seen
+    gaps = seen.missing(shapes, events, outcomes)
+    raise AssertionError(f"in {seen.runs} runs the generator never produced {gaps}: shapes {dict(seen.shapes)}, "
+                         f"events {dict(seen.events)}, outcomes {dict(seen.outcomes)}")  # fmt: skip
+
+
+#: the packet shapes :func:`_random_packet` makes (``submit`` three times as often)
+SHAPES = ("submit", "cancel", "abort", "frame_cancel", "deadline", "expire", "priority", "supersede", "budget",
+          "trace", "close", "ping", "open", "random")  # fmt: skip
+#: every event class a ServerConnection without ``authenticate`` can report
+SERVER_EVENT_NAMES = tuple(cls.__name__ for cls in w.SERVER_EVENTS)
+
+
+def _random_packet(draw, sessions: list[int], active: dict[tuple[int, int], int]) -> bytes:
+    """One client packet: a well-formed or slightly wrong control, submit, close, open... ``sessions``: the
+    accepted ones; ``active``: (session, frame) → operation id of the operations running now, which a packet
+    names two times in three (else ids that are mostly those of operation k on frame k, or wrong ones)."""
+    if active and draw(st.sampled_from([True, True, False])):
+        (session, frame), op = draw(st.sampled_from(sorted(active.items())))
+    else:
+        session = draw(st.sampled_from(sessions * 8 + [0, 1, 99] if sessions else [0, 1, 7, 99]))
+        k = draw(st.integers(1, 4))  # operation k lives on frame k, mostly
+        frame = draw(st.sampled_from([k, k, k, 0, draw(st.integers(0, 5))]))
+        op = draw(st.sampled_from([k, k, k, 0, draw(st.integers(0, 5))]))
+    shape = draw(st.sampled_from(["submit"] * 2 + list(SHAPES) + ["random"]))
+    SEEN.shapes[shape] += 1
     if shape == "submit":
         return w.submit(session, frame, op, draw(st.binary(max_size=8)), trace_id=draw(st.sampled_from([0, 5])))
     if shape in ("cancel", "abort"):
@@ -261,15 +335,20 @@ def _random_packet(draw, sessions: list[int]) -> bytes:
 
 @settings(max_examples=300 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), handshake=st.sampled_from([True, True, True, False]), count=st.integers(1, 30))
-def test_random_packet_sequences_keep_the_invariants(data, handshake: bool, count: int) -> None:
-    harness = Harness(data.draw, drain=data.draw(st.booleans()))
+def _random_packet_sequences(data, handshake: bool, count: int) -> None:
+    harness = Harness(data.draw, drain=data.draw(st.sampled_from([True, True, False])))
     if handshake:
+        harness.draw = None  # session 7 is accepted (so most examples get past the handshake); later opens are drawn
         harness.feed(w.hello() + w.session_open(7))
+        harness.draw = data.draw
         harness.feed(w.session_open(0))
+        for sid in harness.accepted:  # operations k on frames k already running, for the controls to name
+            if not harness.ended:
+                harness.feed(b"".join(w.submit(sid, k, k) for k in range(1, data.draw(st.integers(1, 3)) + 1)))
     for _ in range(count):
         if harness.ended:
             break
-        packet = _random_packet(data.draw, harness.accepted)
+        packet = _random_packet(data.draw, harness.accepted, harness.ops)
         if data.draw(st.booleans()):
             harness.feed(packet)
         else:
@@ -278,23 +357,25 @@ def test_random_packet_sequences_keep_the_invariants(data, handshake: bool, coun
             harness.feed(packet[cut:])
     harness.feed(b"")
     assert harness.ended
-    KINDS_SEEN.update(type(e).__name__ for e in harness.events)
+    SEEN.saw_events(harness)
 
 
-KINDS_SEEN: set[str] = set()
+def test_random_packet_sequences_keep_the_invariants() -> None:
+    # every shape was generated, and every event the core can report came out of the examples: cancels,
+    # deadlines, priorities, supersedes, budgets and traces reached an active operation, a drain ran...
+    _covering(_random_packet_sequences, shapes=SHAPES, events=SERVER_EVENT_NAMES)
 
 
 @FUZZ
 @given(data=st.data(), count=st.integers(1, 3))
-def test_closes_while_operations_run_keep_the_invariants(data, count: int) -> None:
-    """SESSION_CLOSE (drain or abort, once or twice) among submits, cancels and the application's sends: every
-    operation of a draining session gets its terminal before the closing ack, and nothing follows that ack."""
+def _closes_while_operations_run(data, count: int) -> None:
     harness = Harness(data.draw, drain=data.draw(st.sampled_from([True, True, False])))
     harness.feed(w.hello() + w.session_open(7))
     harness.feed(b"".join(w.submit(7, k, 100 + k) for k in range(1, count + 1)))
     for _ in range(data.draw(st.integers(1, 10))):
         k = data.draw(st.integers(1, count + 1))
         shape = data.draw(st.sampled_from(["drain", "drain", "abort", "submit", "cancel", "ping", "nothing"]))
+        SEEN.shapes[shape] += 1
         packet = {
             "drain": lambda: w.session_close(7, 100 + count),
             "abort": lambda: w.session_close(7, 100 + count, policy=1),
@@ -308,6 +389,7 @@ def test_closes_while_operations_run_keep_the_invariants(data, count: int) -> No
             harness.check_output()
         if harness.ended or 7 in harness.closed_on_wire:
             break
+    drained = 7 in harness.draining
     for (sid, frame), op in sorted(harness.ops.items()):  # the application ends what still runs
         assert harness.server.send_result_push(sid, frame, bytes(64), b"")
         harness.terminals[(sid, frame, op)] = harness.terminals.get((sid, frame, op), 0) + 1
@@ -315,39 +397,105 @@ def test_closes_while_operations_run_keep_the_invariants(data, count: int) -> No
         harness.check_output()
     if 7 in harness.draining or 7 in harness.closed_on_wire:
         assert 7 in harness.closed_on_wire and not harness.server.session_open(7)
-    KINDS_SEEN.update(type(e).__name__ for e in harness.events)
+    if drained:  # the closing ack came right behind the last terminal the application sent here
+        SEEN.outcomes["drain closed by its last terminal"] += 1
+    SEEN.saw_events(harness)
 
 
-@FUZZ
-@given(data=st.data())
-def test_unknown_sessions_and_types_are_fatal_or_rejected_never_raised(data) -> None:
-    harness = Harness()
-    harness.feed(w.hello() + w.session_open(7))
-    session = data.draw(st.sampled_from([7, 8, 1 << 31]))
-    header = bytearray(encode(T.PING, session, 0))
-    header[6] = data.draw(st.integers(0, 255))  # any msg_type byte
-    events = harness.feed(bytes(header))
-    if header[6] not in KINDS or session != 7:
-        assert harness.ended
-    else:
-        assert harness.ended or all(isinstance(e, ev.PacketRejected) for e in events) or header[6] == T.PING
+#: the packets :func:`_closes_while_operations_run` sends, and the events its run must provoke
+CLOSE_SHAPES = ("drain", "abort", "submit", "cancel", "ping", "nothing")
+CLOSE_EVENTS = ("SessionOpenRequested", "OperationSubmitted", "OperationCancelled", "SessionDraining",
+                "SessionClosed", "PacketRejected")  # fmt: skip
 
 
-def test_application_misuse_raises_only_local_protocol_error() -> None:
+def test_closes_while_operations_run_keep_the_invariants() -> None:
+    """SESSION_CLOSE (drain or abort, once or twice) among submits, cancels and the application's sends: every
+    operation of a draining session gets its terminal before the closing ack, and nothing follows that ack."""
+    _covering(_closes_while_operations_run, shapes=CLOSE_SHAPES, events=CLOSE_EVENTS,
+              outcomes=["drain closed by its last terminal"])  # fmt: skip
+
+
+def test_unknown_sessions_and_types_are_fatal_or_rejected_never_raised() -> None:
+    """Every msg_type byte (header-only, frame 0) on the open session 7 and on sessions never opened, checked
+    against the module contract (:mod:`.server`): a header error (unknown type) or a packet for a session that is
+    not open ends the connection, with an error and nothing sent; on the open session a second CLIENT_HELLO ends
+    it too, PING is answered with PONG, PONG is taken silently, and every other type breaks a rule (a type a
+    client must not send on a session, or a missing metadata block): exactly one PacketRejected, answered with
+    one ERROR_RECOVERABLE, and the session goes on. Nothing may pass by producing no reaction at all."""
+    seen: Counter[str] = Counter()
+    for kind in range(256):
+        for session in (7, 8, 1 << 31):
+            harness = Harness()
+            harness.feed(w.hello() + w.session_open(7))
+            assert harness.accepted == [7]
+            harness.sent.clear()
+            header = bytearray(encode(T.PING, session, 0))
+            header[6] = kind  # the msg_type byte
+            events = harness.feed(bytes(header))
+            where = f"msg_type {kind:#04x} on session {session}"
+            if kind not in KINDS or session != 7 or kind == T.CLIENT_HELLO:
+                outcome = "header error" if kind not in KINDS else "unknown session" if session != 7 else "second hello"
+                assert harness.ended, where
+                assert len(events) == 1 and isinstance(events[0], ev.ConnectionEnded), (where, events)
+                assert events[0].error, where  # a protocol violation, not an end of stream
+                assert harness.sent == [], (where, harness.sent)
+            elif kind == T.PING:
+                outcome = "pong"
+                assert events == [] and not harness.ended, (where, events)
+                assert [(p.msg_type, p.session_id, p.frame_id) for p in harness.sent] == [(T.PONG, 7, 0)], where
+            elif kind == T.PONG:
+                outcome = "ignored pong"
+                assert events == [] and harness.sent == [] and not harness.ended, (where, events, harness.sent)
+            else:
+                outcome = "rejected"
+                assert not harness.ended, (where, events)
+                assert len(events) == 1, (where, events)  # never nothing, never more
+                (rejected,) = events
+                assert isinstance(rejected, ev.PacketRejected), (where, rejected)
+                assert (rejected.session_id, rejected.frame_id, rejected.msg_type) == (7, 0, kind), where
+                (answer,) = harness.sent
+                assert (answer.msg_type, answer.session_id, answer.frame_id) == (T.ERROR_RECOVERABLE, 7, 0), where
+                assert RecoverableErrorMetadata.unpack(answer.meta).error_scope == 1  # session scope: frame 0
+                assert harness.server.session_open(7)
+            seen[outcome] += 1
+    assert set(seen) == {"header error", "unknown session", "second hello", "pong", "ignored pong", "rejected"}, seen
+
+
+def _opened_with_one_operation() -> ServerConnection:
     harness = Harness()
     harness.feed(w.hello() + w.session_open(7))
     harness.feed(w.submit(7, 1, 101))
     server = harness.server
-    for call in (
-        lambda: server.send_partial_result(7, 1, 101, -1, b"x"),
-        lambda: server.send_progress(7, 1, 101, 1, 1 << 20, 5),
-        lambda: server.send_result_drop_reason(7, 1, 101, 0, 1 << 16, b""),
-        lambda: server.send_backpressure(7, 1 << 64, 1, 0, 0),
-        lambda: server.send_result_drop_reason(7, 1, 1 << 64, 0, 1, b""),
-    ):
-        try:
-            call()
-        except LocalProtocolError:
-            pass
-    harness.check_output()
+    assert server.data_to_send() == b""  # the harness took the acks
+    return server
+
+
+MISUSE = {
+    "partial sequence -1": lambda s: s.send_partial_result(7, 1, 101, -1, b"x"),
+    "progress stage_code over u16": lambda s: s.send_progress(7, 1, 101, 1, 1 << 20, 5),
+    "drop reason over u16": lambda s: s.send_result_drop_reason(7, 1, 101, 0, 1 << 16, b""),
+    "backpressure credit over u64": lambda s: s.send_backpressure(7, 1 << 64, 1, 0, 0),
+}
+
+
+@pytest.mark.parametrize("call", MISUSE.values(), ids=MISUSE.keys())
+def test_application_misuse_raises_local_protocol_error_and_changes_nothing(call) -> None:
+    """Calls that are wrong whatever the peer did raise LocalProtocolError (module docstring "Errors"), and the
+    connection's state is unchanged: nothing queued, the operation still active (its terminal still goes)."""
+    server = _opened_with_one_operation()
+    with pytest.raises(LocalProtocolError):
+        call(server)
+    assert server.data_to_send() == b""
     assert server.send_result_push(7, 1, bytes(64), b"")
+
+
+def test_an_operation_id_over_u64_is_misuse_not_a_lost_race() -> None:
+    """A value that fits no field raises even when no operation matches it (found by the fuzz)."""
+    server = _opened_with_one_operation()
+    with pytest.raises(LocalProtocolError):
+        server.send_result_drop_reason(7, 1, 1 << 64, 0, 1, b"")
+    with pytest.raises(LocalProtocolError):
+        server.send_partial_result(7, 1, 1 << 64, 1, b"x")
+    with pytest.raises(LocalProtocolError):
+        server.send_progress(7, 1, 1 << 64, 1, 0, 0)
+    assert server.send_result_drop_reason(7, 1, 101, 0, 1, b"")  # the operation itself is untouched

@@ -4,7 +4,9 @@
 * :mod:`.profile_client` — :class:`ProfileClient`: one session over nnrp-py's native client (every carrier,
   WebSocket and QUIC included), the oracle of nnrp-py's own client; used by :mod:`.cli` and :mod:`.conformance`;
 * :mod:`.connection` — :func:`connect`: the project's asyncio client on its sans-IO wire core
-  (:mod:`vllm_nnrp_plugin.nnrp_wire.client`): :class:`Connection`, :class:`Session`, :class:`Operation`;
+  (:mod:`vllm_nnrp_plugin.nnrp_wire.client`): :class:`Connection`, :class:`Session`, :class:`Operation`; over
+  TCP, TLS, unix sockets, and the carriers of :mod:`.websocket` (``ws://``, ``wss://``) and :mod:`.quic`
+  (``quic://``), on every one of which it sends vLLM's API key;
 * :mod:`.openai` — the official ``openai`` SDK over NNRP: :class:`NNRPTransport` and :class:`AsyncNNRPTransport`
   (``httpx`` / ``httpx2`` transports on :mod:`.connection`), with their SSE renderers and error mapping;
 * :mod:`.errors` — :class:`ClientError`, the one base of every error both clients raise, and its subclasses;

@@ -16,10 +16,11 @@ Exit status of these four: 0 on ``response.completed``, 1 on ``response.error`` 
 3 on timeout.
 
 Every operation command and ``capabilities`` speak the project's asyncio client
-(:mod:`vllm_nnrp_plugin.client.connection`) to ``--endpoint`` (``tcp://HOST:PORT``, ``nnrps://HOST:PORT`` or
-``unix:///PATH``) with ``--api-key`` (default: ``$VLLM_API_KEY``, else ``$OPENAI_API_KEY``; sent only when set:
-what a ``vllm serve --api-key`` requires) and, for ``nnrps://``, ``--tls-ca FILE`` (PEM CA or server
-certificates; default: the system's trust store). A refused key exits 2 saying so. ``--priority
+(:mod:`vllm_nnrp_plugin.client.connection`) to ``--endpoint`` (``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
+``unix:///PATH``, ``ws://HOST:PORT[/PATH]``, ``wss://HOST:PORT[/PATH]`` or ``quic://HOST:PORT``) with ``--api-key``
+(default: ``$VLLM_API_KEY``, else ``$OPENAI_API_KEY``; sent only when set: what a ``vllm serve --api-key``
+requires, on every carrier) and, for the TLS carriers ``nnrps://``, ``wss://`` and ``quic://``, ``--tls-ca FILE``
+(PEM CA or server certificates; default: the system's trust store). A refused key exits 2 saying so. ``--priority
 interactive|balanced|background`` opens the session with that NNRP priority class (SESSION_OPEN
 ``priority_class``) and, for the operation commands, puts it in the envelope as ``nnrp.priority_class``; without
 it the session is balanced and the envelope has no ``nnrp`` member.
@@ -118,14 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _endpoint_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint", default=DEFAULT_LISTEN,
-        help=f"tcp://HOST:PORT, nnrps://HOST:PORT or unix:///PATH (default {DEFAULT_LISTEN})",
+        help=f"tcp://HOST:PORT, nnrps://HOST:PORT, unix:///PATH, ws(s)://HOST:PORT[/PATH] or quic://HOST:PORT "
+             f"(default {DEFAULT_LISTEN})",
     )  # fmt: skip
     parser.add_argument(
         "--api-key", default=None,
         help=f"the server's API key (vllm serve --api-key; default: ${API_KEY_ENVS[0]}, else ${API_KEY_ENVS[1]})",
     )  # fmt: skip
-    parser.add_argument("--tls-ca", metavar="FILE", help="PEM CA or server certificate(s) to trust for nnrps:// "
-                        "(default: the system's trust store)")  # fmt: skip
+    parser.add_argument("--tls-ca", metavar="FILE", help="PEM CA or server certificate(s) to trust for nnrps://, "
+                        "wss:// and quic:// (default: the system's trust store)")  # fmt: skip
     parser.add_argument("--priority", choices=tuple(PRIORITY_CLASSES), help="NNRP priority class of the session "
                         "and the operation (envelope nnrp.priority_class; default: a balanced session)")  # fmt: skip
 

@@ -2,7 +2,7 @@
 
 ::
 
-    conn = await connect("tcp://127.0.0.1:9400")          # or unix:///path/to.sock
+    conn = await connect("tcp://127.0.0.1:9400", api_key=key)   # or nnrps://, unix://, ws(s)://…/nnrp, quic://
     session = await conn.open_session()
     op = session.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
                          "body": {...}})
@@ -12,9 +12,15 @@
     await conn.close()
 
 One :class:`Connection` is the ``asyncio.Protocol`` of one transport (TCP with ``TCP_NODELAY``, TLS over TCP,
-or a unix socket). Everything runs on the event loop's callbacks: bytes read go straight into the wire core and its
-events wake the waiting operations; calls queue bytes in the core and one write per loop iteration
-(``loop.call_soon``) sends whatever was queued. No threads, no polling, no timers.
+or a unix socket) or of a carrier that presents itself as one — a WebSocket
+(:class:`~vllm_nnrp_plugin.client.websocket.WebSocketCarrier`: one binary message per packet over TCP or TLS) or
+the NNRP stream of a QUIC connection (:class:`~vllm_nnrp_plugin.client.quic.QuicCarrier`); :func:`connect`
+chooses by the URI's scheme. Everything runs on the event loop's callbacks: bytes read go straight into the wire
+core and its events wake the waiting operations; calls queue bytes in the core and one write per loop iteration
+(``loop.call_soon``) sends whatever was queued. No threads, no polling; the only timers are the carriers' (aioquic's
+loss recovery and idle timeout, the WebSocket close frame's wait). Losing the carrier — TCP, the WebSocket (a
+close frame other than 1000 included) or the QUIC connection (the server's CONNECTION_CLOSE, the idle timeout, an
+ICMP error) — fails everything pending the same way.
 
 An :class:`Operation` yields each PARTIAL_RESULT body as JSON (``orjson``), then its terminal: the
 RESULT_PUSH's typed body (``vllm_nnrp_plugin.wire_mapping.unwrap_typed_body``) or the
@@ -66,6 +72,7 @@ from vllm_nnrp_plugin.client.errors import (
 )
 from vllm_nnrp_plugin.client.priority import with_priority_class
 from vllm_nnrp_plugin.controls import priority_class_of
+from vllm_nnrp_plugin.endpoints import Carrier, EndpointError, parse_endpoint
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
@@ -76,6 +83,10 @@ __all__ = ["Connection", "Operation", "Session", "connect"]
 
 #: the ALPN protocol id of NNRP/1 (NagareWorks/nnrp-doc ``docs/en/design/v1-preview1.md`` §5.1)
 ALPN = "nnrp/1"
+#: the URI schemes :func:`connect` speaks, and how their addresses are written
+SCHEMES = ("tcp", "nnrps", "unix", "ws", "wss", "quic")
+FORMS = ("tcp://HOST:PORT, nnrps://HOST:PORT, unix:///ABSOLUTE/PATH, ws://HOST:PORT[/PATH], wss://HOST:PORT[/PATH] "
+         "or quic://HOST:PORT")
 
 
 async def connect(
@@ -86,47 +97,81 @@ async def connect(
     tls_ca_file: str | None = None,
     max_packet_bytes: int = MAX_PACKET_BYTES,
 ) -> Connection:
-    """Connect to ``tcp://host:port``, ``nnrps://host:port`` (TLS over TCP: the host name checked against the
-    server's certificate, ALPN ``nnrp/1`` offered; trusted: ``trusted_cert_der`` — the server certificate or its
-    CA, DER —, or ``tls_ca_file`` — a PEM file of CA or server certificates —, else the system's trust store) or
-    ``unix:///absolute/path``. ``api_key``: vLLM's API key, sent in CLIENT_HELLO's authentication block
-    (:mod:`vllm_nnrp_plugin.auth_block`; a server that requires none ignores it).
+    """Connect to an NNRP server; ``uri`` (parsed by :func:`vllm_nnrp_plugin.endpoints.parse_endpoint`) is one of
+
+    * ``tcp://HOST:PORT`` — TCP (``TCP_NODELAY``);
+    * ``nnrps://HOST:PORT`` — TLS over TCP, ALPN ``nnrp/1`` offered;
+    * ``unix:///ABSOLUTE/PATH`` — a unix socket;
+    * ``ws://HOST:PORT/PATH`` / ``wss://HOST:PORT/PATH`` — WebSocket (``wss``: over TLS, ALPN ``http/1.1``),
+      ``PATH`` the Upgrade's target, ``/nnrp`` when omitted (:mod:`vllm_nnrp_plugin.client.websocket`);
+    * ``quic://HOST:PORT`` — QUIC (always TLS), ALPN ``nnrp/1`` offered (:mod:`vllm_nnrp_plugin.client.quic`).
+
+    Every TLS carrier checks the server's certificate against the host: trusted are ``trusted_cert_der`` (the
+    server certificate or its CA, DER), or ``tls_ca_file`` (a PEM file of CA or server certificates), else the
+    system's trust store. ``api_key``: vLLM's API key, sent in CLIENT_HELLO's authentication block
+    (:mod:`vllm_nnrp_plugin.auth_block`; a server that requires none ignores it), on every carrier.
     ``max_packet_bytes``: the largest packet accepted from the server (bytes). Raises
-    :class:`ClientConnectionError` (nothing listens, the TLS handshake failed, or an unusable URI: then also a
-    :class:`ClientAddressError`, a ``ValueError``); ``ValueError`` (an :class:`~vllm_nnrp_plugin.auth_block.AuthBlockError`)
-    for a key no authentication block can carry. A wrong or missing key shows at :meth:`Connection.open_session`
-    (:class:`AuthenticationFailed`)."""
-    loop = asyncio.get_running_loop()
+    :class:`ClientConnectionError` (nothing listens, the TLS or QUIC handshake failed, the WebSocket Upgrade was
+    refused — e.g. 404 for a path the server does not serve —, or an unusable URI: then also a
+    :class:`ClientAddressError`, a ``ValueError``); ``ValueError`` (an
+    :class:`~vllm_nnrp_plugin.auth_block.AuthBlockError`) for a key no authentication block can carry. A wrong
+    or missing key shows at :meth:`Connection.open_session` (:class:`AuthenticationFailed`)."""
     block = bearer_block(api_key) if api_key else b""
-    parsed = urllib.parse.urlsplit(uri)
+    carrier, port = address_of(uri)
+    loop = asyncio.get_running_loop()
+    conn = Connection(max_packet_bytes, auth_block=block)
+    host = carrier.host or ""
     try:
-        port = parsed.port
-    except ValueError:  # urllib: "Port could not be cast to integer value" or out of range
-        port = None
-    factory = lambda: Connection(max_packet_bytes, auth_block=block)  # noqa: E731
-    try:
-        if parsed.scheme in ("tcp", "nnrps") and parsed.hostname and port:
-            tls = _tls_context(trusted_cert_der, tls_ca_file) if parsed.scheme == "nnrps" else None
-            _, conn = await loop.create_connection(
-                factory, parsed.hostname, port, ssl=tls, server_hostname=parsed.hostname if tls else None
-            )
-        elif parsed.scheme == "unix" and not parsed.netloc and parsed.path.startswith("/"):
-            _, conn = await loop.create_unix_connection(factory, parsed.path)
+        if carrier.transport == "tcp":
+            tls = _tls_context(trusted_cert_der, tls_ca_file) if carrier.tls else None
+            await loop.create_connection(lambda: conn, host, port, ssl=tls, server_hostname=host if tls else None)
+        elif carrier.transport == "ipc":
+            await loop.create_unix_connection(lambda: conn, urllib.parse.urlsplit(carrier.provider_uri).path)
+        elif carrier.transport == "websocket":  # the carriers' modules load when first used (aioquic is slow to)
+            from vllm_nnrp_plugin.client import websocket
+
+            tls = _tls_context(trusted_cert_der, tls_ca_file, alpn=websocket.ALPN_HTTP11) if carrier.tls else None
+            path = urllib.parse.urlsplit(carrier.provider_uri).path or websocket.DEFAULT_PATH
+            await websocket.open_websocket(conn, host, port, path, ssl=tls)
         else:
-            raise _ConnectAddressError(f"{uri!r} is neither tcp:// nor nnrps://host:port nor unix:///absolute/path")
-    except _ConnectAddressError:
-        raise  # a ConnectionError too, but no connect was tried
-    except (OSError, ssl.SSLError) as exc:
+            from vllm_nnrp_plugin.client import quic
+
+            await quic.open_quic(conn, host, port, trusted_cert_der=trusted_cert_der, tls_ca_file=tls_ca_file,
+                                 alpn=ALPN)
+    except ClientConnectionError as exc:  # the carrier's own: the Upgrade refused, the QUIC handshake failed
+        raise ClientConnectionError(f"cannot connect to {uri}: {exc}") from exc
+    except (OSError, ssl.SSLError, ValueError) as exc:  # ValueError: trusted_cert_der is not a certificate
         raise ClientConnectionError(f"cannot connect to {uri}: {exc}") from exc
     return conn
 
 
-def _tls_context(trusted_cert_der: bytes | None, tls_ca_file: str | None) -> ssl.SSLContext:
+def address_of(uri: str) -> tuple[Carrier, int]:
+    """The carrier of ``uri`` (:func:`vllm_nnrp_plugin.endpoints.parse_endpoint`) and its port (0 for a unix
+    socket): what :func:`connect` would connect to, checked without connecting. Raises
+    :class:`ClientAddressError` (also a ``ValueError`` and a :class:`ClientConnectionError`) naming the accepted
+    forms (:data:`FORMS`)."""
+    if urllib.parse.urlsplit(uri.strip()).scheme not in SCHEMES:
+        raise _ConnectAddressError(f"{uri!r} is not an NNRP address: use {FORMS}")
+    try:
+        carrier = parse_endpoint(uri)
+    except EndpointError as exc:  # the form's rule it breaks (a host and a port, an absolute path, …)
+        raise _ConnectAddressError(str(exc)) from None
+    if carrier.transport == "ipc":
+        return carrier, 0
+    port = urllib.parse.urlsplit(carrier.provider_uri).port
+    if not port:
+        raise _ConnectAddressError(f"{uri!r}: cannot connect to port 0; use {FORMS}")
+    return carrier, port
+
+
+def _tls_context(trusted_cert_der: bytes | None, tls_ca_file: str | None, *, alpn: str = ALPN) -> ssl.SSLContext:
+    """A client TLS context trusting ``trusted_cert_der`` (DER), else ``tls_ca_file`` (PEM), else the system's
+    store; offering ALPN ``alpn``."""
     if trusted_cert_der is not None:
         context = ssl.create_default_context(cadata=ssl.DER_cert_to_PEM_cert(trusted_cert_der))
     else:
         context = ssl.create_default_context(cafile=tls_ca_file)
-    context.set_alpn_protocols([ALPN])
+    context.set_alpn_protocols([alpn])
     return context
 
 
@@ -183,6 +228,11 @@ class Connection(asyncio.Protocol):
         """The connection is gone (lost, ended by the server, or closed): nothing more can be sent on it."""
         return self._error is not None or self._transport is None
 
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """The transport's ``get_extra_info`` (``peername``, ``sockname``, ``ssl_object``, …; the QUIC carrier
+        also has ``alpn_protocol``, the WebSocket carrier ``websocket_path``); ``default`` once it is gone."""
+        return default if self._transport is None else self._transport.get_extra_info(name, default)
+
     def abort(self) -> None:
         """Close the transport at once, without the close handshakes (what is queued may not be sent);
         every pending open, operation and close fails with :class:`ClientConnectionError`."""
@@ -205,7 +255,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:

@@ -43,8 +43,9 @@ class ClientError(Exception):
 class ClientAddressError(ClientError, ValueError):
     """The endpoint URI cannot be used: for :class:`~vllm_nnrp_plugin.client.profile_client.ProfileClient` not
     one of the forms of :mod:`vllm_nnrp_plugin.endpoints`, or a TLS URI without ``trusted_cert_der``;
-    for :func:`~vllm_nnrp_plugin.client.connection.connect` neither ``tcp://`` nor ``nnrps://HOST:PORT`` nor
-    ``unix:///PATH`` (there also a :class:`ClientConnectionError`)."""
+    for :func:`~vllm_nnrp_plugin.client.connection.connect` none of ``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
+    ``unix:///ABSOLUTE/PATH``, ``ws://HOST:PORT[/PATH]``, ``wss://HOST:PORT[/PATH]``, ``quic://HOST:PORT``
+    (:data:`vllm_nnrp_plugin.client.connection.FORMS`; there also a :class:`ClientConnectionError`)."""
 
 
 class ClientConnectionError(ClientError, ConnectionError):

@@ -1,5 +1,5 @@
 """What a client can make the server hold, bounded: the listener's limits on connections and the bytes they
-buffer (plain data; the asyncio carrier, :mod:`.stream_listener` and :mod:`.stream_connection`, enforces them).
+buffer (plain data; the listener and its connections, :mod:`.listener` and :mod:`.connection`, enforce them).
 
 | bound | setting | default | beyond it |
 |---|---|---|---|

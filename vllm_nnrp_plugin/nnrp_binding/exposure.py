@@ -1,13 +1,13 @@
 """Exposure rules of an NNRP listen address: who can reach it and with which credentials.
 
-* TLS carriers get the configured PEM certificate and unencrypted PEM key: ``nnrps`` as an ``ssl.SSLContext``
-  for the asyncio carrier (:func:`server_ssl_context`), ``wss`` and ``quic`` converted to the DER bytes
-  nnrp-py's ``NativeTransportServerSecurity`` takes (:func:`server_security`);
+* TLS carriers get the configured PEM certificate and unencrypted PEM key: ``nnrps`` and ``wss`` as an
+  ``ssl.SSLContext`` (:func:`server_ssl_context`), ``quic`` as aioquic's configuration
+  (:func:`.quic.server_configuration`);
 * a plain (non-TLS) address other hosts can reach is logged as a warning (``vllm_nnrp_plugin.config`` refuses
   it unless ``allow_non_loopback``);
 * a unix socket file is made owner-only (0600), or 0660 owned by ``ipc_socket_group``, right after the bind
   (:func:`restrict_socket`); a stale socket file from a crashed run is removed first;
-* a taken TCP port is reported plainly before nnrp-py's native carrier reports it as an opaque status.
+* a taken TCP port is reported plainly, before anything is bound.
 
 :func:`before_bind` and :func:`after_bind` are the two steps the listener runs around each bind. Every
 problem raises :class:`ListenError` naming the address, the cause and the fix.
@@ -23,9 +23,6 @@ import ssl
 import urllib.parse
 
 import attrs
-from cryptography.hazmat.primitives import serialization
-from cryptography.x509 import load_pem_x509_certificate
-from nnrp.native import NativeTransportServerSecurity
 
 from vllm_nnrp_plugin.endpoints import Carrier, is_loopback
 from vllm_nnrp_plugin.errors import NNRPStartupError
@@ -68,7 +65,7 @@ def after_bind(carrier: Carrier, exposure: Exposure) -> None:
 
 
 def _check_tcp_free(carrier: Carrier) -> None:
-    """The native carrier reports a taken port only as an opaque status; say it plainly first."""
+    """A taken TCP port, said plainly before any address of the listener is bound."""
     parts = urllib.parse.urlsplit(carrier.provider_uri)
     if not parts.port:
         return
@@ -104,26 +101,6 @@ def server_ssl_context(exposure: Exposure) -> ssl.SSLContext:
         ) from None
     context.set_alpn_protocols([ALPN])
     return context
-
-
-def server_security(exposure: Exposure) -> NativeTransportServerSecurity:
-    """The PEM certificate and key as the DER bytes nnrp-py wants. Raises :class:`ListenError`."""
-    try:
-        with open(exposure.tls_cert_file, "rb") as f:
-            cert = load_pem_x509_certificate(f.read())
-        with open(exposure.tls_key_file, "rb") as f:
-            key = serialization.load_pem_private_key(f.read(), password=None)
-    except (OSError, ValueError, TypeError) as exc:
-        raise ListenError(
-            f"cannot load the NNRP TLS certificate/key ({exposure.tls_cert_file}, {exposure.tls_key_file}): {exc}. "
-            "Fix: nnrp.tls_cert_file must be a PEM certificate and nnrp.tls_key_file an unencrypted PEM key."
-        ) from None
-    return NativeTransportServerSecurity(
-        certificate_der=cert.public_bytes(serialization.Encoding.DER),
-        private_key_pkcs8_der=key.private_bytes(
-            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ),
-    )
 
 
 def restrict_socket(path: str, group: str | None) -> None:

@@ -1,6 +1,6 @@
-"""What both carriers — :mod:`.stream_connection` (TCP, unix sockets) and :mod:`.session` (nnrp-py's native
-runtime) — share: the :class:`SessionHandler` they report to (the service), the BACKPRESSURE values they send
-after a refused submit, and what each cancel control is called in an operation's record."""
+"""What every connection (:mod:`.connection`, whatever its carrier) and the session rules
+(:mod:`.session_policy`) share: the :class:`SessionHandler` they report to (the service), the BACKPRESSURE
+values sent after a refused submit, and what each cancel control is called in an operation's record."""
 
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ CANCEL_DETAIL = {
 
 
 class SessionHandler(Protocol):
-    """What comes off the wire, on vLLM's loop (the native carrier posts it there; ``on_session`` may come
-    from its pump thread)."""
+    """What comes off the wire, told on vLLM's loop."""
 
     def on_submit(self, sop: ServerOperation) -> None: ...
 

@@ -1,14 +1,34 @@
-"""NNRP listeners on nnrp-py's native runtime for the carrier the project's own wire core does not serve yet
-(``quic``; TCP, TLS, unix sockets and WebSocket are :mod:`.stream_listener`'s): one nnrp-py native server per
-configured address, each with its own accept thread.
+"""NNRP listeners on vLLM's own event loop, one runtime for every carrier: ``tcp://HOST:PORT``,
+``nnrps://HOST:PORT`` (TLS over TCP), ``unix:///ABS/PATH``, ``ws://`` / ``wss://HOST:PORT/PATH`` (WebSocket,
+:mod:`.websocket`) and ``quic://HOST:PORT`` (:mod:`.quic`). Every connection is a
+:class:`.connection.ConnectionProtocol` (on a WebSocket address its :class:`.websocket.WebSocketConnection`)
+speaking the project's own wire core: over the transport ``loop.connect_accepted_socket`` makes of an
+accepted socket (with asyncio's TLS for ``nnrps`` and ``wss``: the certificate and key of
+``nnrp.tls_cert_file`` / ``tls_key_file``, :func:`.exposure.server_ssl_context`), or over the NNRP stream of a
+QUIC connection (aioquic on a UDP socket of the loop). No thread, no poll: an idle connection costs nothing
+but its socket (or its QUIC state).
 
-Every accepted session gets a :class:`SessionPump` (its polls), started by one starter thread so that the
-accept threads only accept; one :class:`.sender.Sender` sends for all of them, with the polls' budget shared
-through one :class:`.cadence.PollCadence`. TCP and WebSocket sessions get TCP_NODELAY (see
-:mod:`.nodelay`). What each address exposes (TLS credentials, socket file mode, the non-loopback warning,
-stale socket files) is :mod:`.exposure`'s; binding problems raise :class:`~.exposure.ListenError` with the
-cause and the fix, so ``vllm serve`` stops at start-up instead of running without a listener. Sessions over
-``max_sessions`` are refused at open with nnrp-py's ``SESSION_ERROR_LIMIT_REACHED``.
+What a client can make the listener hold is bounded (:mod:`.bounds`, ``bounds``): a TLS handshake that has not
+completed within the handshake timeout is abandoned by asyncio (``ssl_handshake_timeout``), and a connection
+whose first session has not opened within the same time after that is closed by its protocol (on QUIC the
+time runs from the client's first packet); incomplete packets share one budget of bytes; over
+``max_connections`` (every carrier together) a new connection is closed at once; out of file descriptors,
+accepting pauses for :data:`.bounds.ACCEPT_PAUSE_S` instead of spinning on a readable listening socket. Keys:
+a network carrier's connections check vLLM's API keys (``keys``, :mod:`.authentication`); unix sockets never do.
+
+Accepting is the listener's own (``loop.add_reader`` on the listening socket), not ``loop.create_server``'s:
+one callback accepts every connection waiting and (plain carriers) reads the bytes each already sent (a client sends its
+CLIENT_HELLO and SESSION_OPEN right after connecting), which the connection takes as its first read, so a
+session can open without an I/O callback of its connection's own. uvloop, vLLM's loop, takes the GIL again for
+every I/O callback, and while vLLM's tokenizer and chat-template executor threads serve a burst's first
+requests each such callback waits for it: with one accept and one first read per connection, the last
+sessions of a connect burst under load opened long after their TCP handshakes had completed
+(``python -m bench load``, ``load.burst_under_load``; ``docs/benchmarks/README.md``, Load).
+
+The exposure rules are :mod:`.exposure`'s (the non-loopback warning, stale socket files removed, socket files
+made owner-only or group-shared right after the bind); a bind failure raises :class:`~.exposure.ListenError`
+naming the address, the cause and the fix, so ``vllm serve`` stops at start-up instead of running without a
+listener. ``max_sessions`` bounds the sessions open over every connection of this listener.
 """
 
 from __future__ import annotations
@@ -16,258 +36,303 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
-import threading
-import time
+import os
+import socket
+import ssl
 import urllib.parse
-from collections.abc import Callable
 
 import attrs
-from nnrp.core import TransportPolicy
-from nnrp.native import (
-    SESSION_ERROR_LIMIT_REACHED,
-    NativeRuntimeError,
-    NativeWouldBlockError,
-    load_native_transport_binding,
-)
-from nnrp.server import (
-    NativeServerBootstrapOptions,
-    NativeServerProviderRoute,
-    NativeServerSessionOptions,
-    NativeServerSessionPolicyDecision,
-    listen_native_server,
-)
 
 from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.nnrp_binding import exposure, sdk_sync
-from vllm_nnrp_plugin.nnrp_binding.cadence import PollCadence
-from vllm_nnrp_plugin.endpoints import Carrier, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.nnrp_binding import exposure
+from vllm_nnrp_plugin.endpoints import Carrier
+from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys, authenticator_for
+from vllm_nnrp_plugin.nnrp_binding.bounds import ACCEPT_PAUSE_S, BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
-from vllm_nnrp_plugin.nnrp_binding.nodelay import NoDelaySetter
-from vllm_nnrp_plugin.nnrp_binding.sender import Sender
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
-from vllm_nnrp_plugin.nnrp_binding.session import SessionPump
+from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol, FlushRound, SessionGate
+from vllm_nnrp_plugin.nnrp_binding.quic import NNRPQuicServer, server_configuration
+from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
 
 logger = logging.getLogger(__name__)
 
-POLICY = {
-    "tcp": TransportPolicy.FORCE_TCP,
-    "ipc": TransportPolicy.FORCE_IPC,
-    "websocket": TransportPolicy.FORCE_WEBSOCKET,
-    "quic": TransportPolicy.FORCE_QUIC,
-}
+#: pending connections the kernel queues per listening socket (a burst of clients connecting at once)
+BACKLOG = 1024
+#: bytes read from a connection as it is accepted (a client's CLIENT_HELLO + SESSION_OPEN take 150)
+FIRST_READ_BYTES = 64 * 1024
 
 
 @attrs.frozen
 class ListenerHooks:
-    """Explicit hooks for benchmarks (``bench/server.py``): ``send_probe`` is given to every session pump
-    (told about each partial result queued and sent); ``tcp_nodelay=False`` skips the TCP_NODELAY step,
-    leaving nnrp-py's TCP carrier as it is (Nagle on)."""
+    """Explicit hooks for benchmarks (``bench/server.py``): ``send_probe`` is told about each partial result
+    queued and sent; ``tcp_nodelay=False`` leaves Nagle's algorithm on accepted TCP sockets."""
 
     send_probe: SendProbe | None = None
     tcp_nodelay: bool = True
 
 
 class Listener:
-    """Binds every URI of ``listen`` (forms in :mod:`vllm_nnrp_plugin.endpoints`) and serves sessions until
-    :meth:`close`.
-
-    ``accept_timeout_ms``: how long one accept call waits (ms); long waits avoid losing sessions whose
-    handshake straddles an accept deadline (nnrp-py 1.0.0rc4.post20's ``NativeServer.accept`` gives up its
-    pending accept ticket at every deadline; :class:`.sdk_sync.Acceptor` keeps it), and bound how long
-    :meth:`close` waits.
-    ``idle_poll_ms``: the shortest poll timeout of an idle session pump (ms; longer when many sessions are open,
-    :class:`.cadence.PollCadence`). ``max_sessions``: open sessions over all
-    addresses plus ``other_sessions()`` (those of the loop's own listener). ``session_limits``: handed to every
-    session pump; ``hooks``: :class:`ListenerHooks`.
-    """
+    """Serves ``carriers`` (:class:`~vllm_nnrp_plugin.endpoints.Carrier` s of every form) until :meth:`close`."""
 
     def __init__(
         self,
-        listen: tuple[str, ...],
+        carriers: list[Carrier],
         handler: SessionHandler,
-        loop: asyncio.AbstractEventLoop,
         *,
-        accept_timeout_ms: int,
-        idle_poll_ms: int,
         max_sessions: int,
         session_limits: SessionLimits,
         exposure: Exposure = Exposure(),
-        hooks: ListenerHooks = ListenerHooks(),
-        other_sessions: Callable[[], int] = lambda: 0,
+        probe: SendProbe | None = None,
+        tcp_nodelay: bool = True,
+        keys: APIKeys | None = None,
+        bounds: CarrierBounds = CarrierBounds(),
     ) -> None:
-        self._listen = listen
+        self._carriers = carriers
+        self._keys = keys
+        self._bounds = bounds
+        self._budget = BufferBudget(bounds.max_buffered_bytes)
+        self._paused_accepts: dict[int, asyncio.TimerHandle] = {}  # listening fd → its resume timer
         self._handler = handler
-        self._loop = loop
-        self._accept_timeout_ms = accept_timeout_ms
-        self._cadence = PollCadence(idle_poll_ms)
-        self._sender = Sender()
-        #: accepted sessions' pumps waiting to be started (``None``: the listener is closing)
-        self._starting: queue.SimpleQueue[tuple[SessionPump | None, NoDelaySetter | None]] = queue.SimpleQueue()
-        self._starter = threading.Thread(target=self._start_loop, name="nnrp-start", daemon=True)
-        self._max_sessions = max_sessions
-        self._session_limits = session_limits
+        self._limits = session_limits
         self._exposure = exposure
-        self._hooks = hooks
-        self._other_sessions = other_sessions
-        self._stack = contextlib.ExitStack()
-        self._threads: list[threading.Thread] = []
-        self._pumps: set[SessionPump] = set()
-        self._pumps_lock = threading.Lock()
-        self._closing = threading.Event()
-        #: the actually bound addresses, e.g. ``["tcp://127.0.0.1:9400", "unix:///tmp/vllm-nnrp.sock"]``
+        self._probe = probe
+        self._tcp_nodelay = tcp_nodelay
+        self._gate = SessionGate(max_sessions)
+        self._round: FlushRound | None = None  # made on the loop, by start()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listening: list[socket.socket] = []  # read by the loop (add_reader) until stop_accepting
+        self._adopting: set[asyncio.Task] = set()  # accepted sockets becoming transports (held: tasks are weak)
+        self._closed = False
+        self._refusing = False  # stop_accepting was called
+        self._connections: set[ConnectionProtocol] = set()
+        self._quic: list[NNRPQuicServer] = []  # bound QUIC addresses
+        self._socket_files: list[str] = []
+        #: the bound addresses, in the order of ``carriers`` (``:0`` replaced by the real port)
         self.bound: list[str] = []
-
-    def start(self) -> list[str]:
-        """Bind all addresses and start accepting. Raises :class:`ListenError`; binds nothing on failure."""
-        try:
-            carriers = [parse_endpoint(uri) for uri in self._listen]
-        except EndpointError as exc:
-            raise ListenError(f"bad NNRP listen address {exc}. Fix nnrp.listen or VLLM_NNRP_LISTEN.") from None
-        try:
-            for carrier in carriers:
-                self._bind(carrier)
-        except BaseException:
-            self.close()
-            raise
-        self._sender.start()
-        self._starter.start()
-        for thread in self._threads:
-            thread.start()
-        return self.bound
 
     @property
     def sessions(self) -> int:
         """Sessions open right now."""
-        return len(self._pumps)
+        return self._gate.open
 
-    async def evaluate(self, _open: object) -> NativeServerSessionPolicyDecision:
-        """nnrp-py's session policy interface (``application_policy``); replaced by :meth:`decide` once bound
-        (:func:`.sdk_sync.direct_policy`), so that an open does not cost a new event loop."""
-        accepted, code, diagnostic = self.decide(_open)
-        if accepted:
-            return NativeServerSessionPolicyDecision.accept()
-        return NativeServerSessionPolicyDecision.reject(code, diagnostic)
-
-    def decide(self, _open: object) -> tuple[bool, int, str | None]:
-        """Session admission (on nnrp-py's policy threads): refuse over ``max_sessions`` with
-        ``SESSION_ERROR_LIMIT_REACHED``."""
-        if len(self._pumps) + self._other_sessions() >= self._max_sessions:
-            return False, SESSION_ERROR_LIMIT_REACHED, f"{self._max_sessions} NNRP sessions are open (nnrp.max_sessions)"
-        return True, 0, None
-
-    def _bind(self, carrier: Carrier) -> None:
-        exposure.before_bind(carrier)
-        security = exposure.server_security(self._exposure) if carrier.tls else None
-        options = NativeServerBootstrapOptions(
-            endpoint=carrier.endpoint,
-            provider_routes={
-                carrier.transport: NativeServerProviderRoute(provider_endpoint=carrier.provider_uri, security=security)
-            },
-            transport_policy=POLICY[carrier.transport],
-            session_defaults=NativeServerSessionOptions(application_policy=self),
-        )
+    async def start(self) -> list[str]:
+        """Bind every address and start accepting. Raises :class:`ListenError`; binds nothing on failure."""
+        self._loop = asyncio.get_running_loop()
+        self._round = FlushRound(self._loop)
         try:
-            server = self._stack.enter_context(
-                listen_native_server(options, transports=(load_native_transport_binding(carrier.transport),))
+            for carrier in self._carriers:
+                await self._bind(carrier)
+        except BaseException:
+            await self.close()
+            raise
+        return self.bound
+
+    async def _bind(self, carrier: Carrier) -> None:
+        exposure.before_bind(carrier)
+        tls = exposure.server_ssl_context(self._exposure) if carrier.tls else None
+        if tls is not None and carrier.transport == "websocket":
+            tls.set_alpn_protocols(["http/1.1"])  # WebSocket runs over HTTP/1.1 (RFC 6455 §4.1)
+        if carrier.transport == "quic":
+            await self._bind_quic(carrier)
+        elif carrier.transport == "ipc":
+            path = urllib.parse.urlsplit(carrier.provider_uri).path
+            sock = _bound_socket(carrier, socket.AF_UNIX, path)
+            self._socket_files.append(path)
+            exposure.after_bind(carrier, self._exposure)
+            self._listen(sock, carrier, tls)
+            self.bound.append(carrier.uri)
+        else:
+            host = carrier.host or "127.0.0.1"
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            port = urllib.parse.urlsplit(carrier.provider_uri).port
+            sock = _bound_socket(carrier, family, (host, port))
+            self._listen(sock, carrier, tls)
+            self.bound.append(_with_port(carrier.uri, sock.getsockname()[1]))
+
+    async def _bind_quic(self, carrier: Carrier) -> None:
+        """A UDP socket on the loop whose datagrams aioquic's server protocol takes (:mod:`.quic`)."""
+        configuration = server_configuration(self._exposure)
+        door = _Door(None, carrier.label, None, authenticator_for(carrier.transport, self._keys))
+        host = carrier.host or "127.0.0.1"
+        port = urllib.parse.urlsplit(carrier.provider_uri).port
+        try:
+            transport, server = await self._loop.create_datagram_endpoint(  # type: ignore[union-attr]
+                lambda: NNRPQuicServer(configuration, lambda stream: self._attach_quic(door, stream)),
+                local_addr=(host, port),
             )
-        except (NativeRuntimeError, OSError, ValueError) as exc:
+        except OSError as exc:
             raise ListenError(
-                f"cannot listen for NNRP on {carrier.uri}: {exc}. Fix: free that address (is another server "
-                "using it?) or choose another one with nnrp.listen / VLLM_NNRP_LISTEN."
-            ) from exc
-        sdk_sync.direct_policy(server, self.decide)
-        bound = server.bound_provider_endpoints[carrier.transport].uri
-        exposure.after_bind(carrier, self._exposure)
-        self.bound.append(_public_uri(carrier, bound))
-        nodelay = None
-        if carrier.transport in ("tcp", "websocket") and self._hooks.tcp_nodelay:
-            nodelay = NoDelaySetter(urllib.parse.urlsplit(bound).port)
-        self._threads.append(
-            threading.Thread(
-                target=self._accept_loop, args=(server, nodelay), name=f"nnrp-accept-{carrier.transport}", daemon=True
-            )
-        )
+                f"cannot listen for NNRP on {carrier.uri}: {exc.strerror or exc}. Fix: free that UDP port (is another "
+                "server using it?) or choose another address with nnrp.listen / VLLM_NNRP_LISTEN."
+            ) from None
+        self._quic.append(server)
+        self.bound.append(_with_port(carrier.uri, transport.get_extra_info("sockname")[1]))
 
-    def _accept_loop(self, server, nodelay: NoDelaySetter | None) -> None:
-        acceptor = sdk_sync.Acceptor(server)
-        while not self._closing.is_set():
-            try:
-                session = acceptor.accept(self._accept_timeout_ms)
-            except NativeWouldBlockError:
-                continue
-            except NativeRuntimeError as exc:
-                # one failed handshake (client died mid-open): keep serving everybody else
-                logger.warning("NNRP session handshake failed: %s", exc)
-                self._closing.wait(0.01)
-                continue
-            pump = SessionPump(
-                session,
-                self._handler,
-                self._loop,
-                cadence=self._cadence,
-                sender=self._sender,
-                limits=self._session_limits,
-                on_exit=self._forget_pump,
-                probe=self._hooks.send_probe,
-            )
-            with self._pumps_lock:
-                if self._closing.is_set():
-                    pump.stop()
-                self._pumps.add(pump)
-            self._starting.put((pump, nodelay))
+    def _attach_quic(self, door: _Door, stream: asyncio.Transport) -> ConnectionProtocol | None:
+        """The NNRP connection of a new QUIC connection (``None``: over ``max_connections`` or closing)."""
+        if self._refusing or len(self._connections) + len(self._adopting) >= self._bounds.max_connections:
+            self._handler.on_connection_refused(door.name, "max_connections")
+            return None
+        connection = self._protocol(door, b"")
+        connection.connection_made(stream)
+        return connection
 
-    def _start_loop(self) -> None:
-        """Start the pumps of accepted sessions, so that the accept loops only accept (starting a thread
-        waits for it to run, and a burst of connects must not queue behind that). TCP_NODELAY is set once per
-        batch of sessions accepted meanwhile (one scan of the process's sockets covers them all)."""
+    def _listen(self, sock: socket.socket, carrier: Carrier, tls: ssl.SSLContext | None) -> None:
+        sock.listen(BACKLOG)
+        self._listening.append(sock)
+        door = _Door(sock, carrier.label, tls, authenticator_for(carrier.transport, self._keys),
+                     urllib.parse.urlsplit(carrier.provider_uri).path if carrier.transport == "websocket" else None)
+        self._loop.add_reader(sock.fileno(), self._accept, door)  # type: ignore[union-attr]
+
+    def _accept(self, door: _Door) -> None:
+        """Every connection waiting on ``door``'s socket, each with the bytes it already sent unless TLS (module
+        docstring); over ``max_connections`` each is closed at once."""
         while True:
-            batch = [self._starting.get()]
-            while not self._starting.empty():
-                batch.append(self._starting.get())
-            for nodelay in {id(n): n for _, n in batch if n is not None}.values():
-                nodelay.apply()
-            for pump, _ in batch:
-                if pump is None:
-                    return
-                pump.start()
+            try:
+                conn, _ = door.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of file descriptors, ...: pause instead of spinning on a readable socket
+                self._pause_accepting(door, exc)
+                return
+            if len(self._connections) + len(self._adopting) >= self._bounds.max_connections:
+                conn.close()
+                self._handler.on_connection_refused(door.name, "max_connections")
+                continue
+            if door.tls is None:
+                first = _first_bytes(conn)
+                if first is None:  # the client already left
+                    conn.close()
+                    continue
+            else:
+                conn.setblocking(False)
+                first = b""
+            task = self._loop.create_task(self._adopt(conn, door, first))  # type: ignore[union-attr]
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
 
-    def _forget_pump(self, pump: SessionPump) -> None:
-        with self._pumps_lock:
-            self._pumps.discard(pump)
+    def _pause_accepting(self, door: _Door, exc: OSError) -> None:
+        """Accepting on ``door`` failed (out of descriptors, ...): off the loop for :data:`ACCEPT_PAUSE_S`, one log
+        line and one count per pause."""
+        fd = door.sock.fileno()
+        if fd in self._paused_accepts:
+            return
+        logger.warning("NNRP cannot accept connections on %s (%s); accepting pauses for %.1f s",
+                       door.name, exc.strerror or exc, ACCEPT_PAUSE_S)  # fmt: skip
+        self._handler.on_connection_refused(door.name, "no_descriptor")
+        self._loop.remove_reader(fd)  # type: ignore[union-attr]
+
+        def resume() -> None:
+            del self._paused_accepts[fd]
+            if door.sock in self._listening:
+                self._loop.add_reader(fd, self._accept, door)  # type: ignore[union-attr]
+
+        self._paused_accepts[fd] = self._loop.call_later(ACCEPT_PAUSE_S, resume)  # type: ignore[union-attr]
+
+    async def _adopt(self, conn: socket.socket, door: _Door, first: bytes) -> None:
+        """``conn`` becomes a transport of the loop (after its TLS handshake, bounded by the handshake timeout)
+        with a new connection protocol that reads ``first`` first (unless the listener closed meanwhile: then it
+        is closed). The protocol is made before the first wait; a close that comes after that shuts the
+        protocol down with the others."""
+        if self._closed:
+            conn.close()
+            return
+        tls = {} if door.tls is None else {"ssl": door.tls, "ssl_handshake_timeout": self._bounds.handshake_timeout_s}
+        try:
+            await self._loop.connect_accepted_socket(  # type: ignore[union-attr]
+                lambda: self._protocol(door, first), sock=conn, **tls
+            )
+        except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
+            # a failed or abandoned TLS handshake, or a client that left during it: only this connection
+            logger.debug("NNRP connection on %s not established: %s", door.name, exc)
+            conn.close()
+        except Exception:  # the socket failed before it became a transport: only this connection is lost
+            logger.warning("NNRP connection on %s lost while being set up", door.name, exc_info=True)
+            conn.close()
+
+    def _protocol(self, door: _Door, first: bytes) -> ConnectionProtocol:
+        kind, extra = (ConnectionProtocol, {}) if door.websocket_path is None else (
+            WebSocketConnection, {"path": door.websocket_path})  # fmt: skip
+        connection = kind(
+            self._handler, transport_name=door.name, limits=self._limits, gate=self._gate,
+            flush_round=self._round, on_lost=self._connections.discard, probe=self._probe,
+            tcp_nodelay=self._tcp_nodelay, first=first, authenticate=door.keys, bounds=self._bounds,
+            budget=self._budget, **extra,
+        )  # fmt: skip
+        self._connections.add(connection)
+        return connection
 
     def stop_accepting(self) -> None:
-        """No new session from now on (one accepted meanwhile is ended at once); returns without waiting."""
-        self._closing.set()
+        """No new connection from now on; open ones go on until :meth:`close`."""
+        for timer in self._paused_accepts.values():
+            timer.cancel()
+        self._paused_accepts.clear()
+        for sock in self._listening:
+            if self._loop is not None:
+                self._loop.remove_reader(sock.fileno())
+            sock.close()
+        self._listening.clear()
+        self._refusing = True  # new QUIC connections are refused (their UDP socket stays until close)
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop accepting, end every session (in-flight operations get ``server_shutdown``), unbind. Waits for
-        the session pumps up to ``timeout_s`` (s) or, when longer, the idle sessions' poll timeout plus 1 s
-        (a pump ends when its poll returns, :mod:`.cadence`)."""
-        self._closing.set()
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(self._accept_timeout_ms / 1000 + 1)
-        if self._starter.is_alive():
-            self._starting.put((None, None))
-            self._starter.join()
-        with self._pumps_lock:
-            pumps = list(self._pumps)
-        deadline = time.monotonic() + max(timeout_s, self._cadence.idle_poll_ms() / 1000 + 1)
-        for pump in pumps:
-            pump.stop()
-        for pump in pumps:
-            pump.join(max(0.0, deadline - time.monotonic()))
-        self._sender.close()
-        self._stack.close()
-
-
-def _public_uri(carrier: Carrier, bound: str) -> str:
-    """The configured URI with the port actually bound (``:0`` becomes the real port)."""
-    if carrier.transport == "ipc":
-        return bound
-    configured = urllib.parse.urlsplit(carrier.uri)
-    return configured._replace(netloc=urllib.parse.urlsplit(bound).netloc).geturl()
+    async def close(self) -> None:
+        """Stop accepting, end every connection (in-flight operations get ``server_shutdown``, what is queued
+        is written first), unbind and remove the socket files."""
+        self.stop_accepting()
+        self._closed = True  # connections accepted but not adopted yet are closed (_adopt)
+        for connection in list(self._connections):
+            connection.shut_down()
+        quic, self._quic = self._quic, []
+        # every QUIC connection closes (CONNECTION_CLOSE after what it had queued), then its UDP socket
+        await asyncio.gather(*(server.shut_down() for server in quic))
+        for path in self._socket_files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self._socket_files.clear()
 
 
+@attrs.frozen
+class _Door:
+    """One listening socket and what its connections get: the carrier's ``name`` (``tcp``, ``tls``, ``ipc``),
+    the server's TLS context (``None``: plain) and the API-key check (``None``: no key required)."""
+
+    sock: socket.socket | None  # None: a QUIC address (its UDP socket is aioquic's server's)
+    name: str
+    tls: ssl.SSLContext | None
+    keys: APIKeys | None
+    #: a WebSocket address's path, the one its Upgrade must request (``None``: not WebSocket)
+    websocket_path: str | None = None
+
+
+def _with_port(uri: str, port: int) -> str:
+    """``uri`` with the bound ``port`` (``:0`` replaced by the real one)."""
+    configured = urllib.parse.urlsplit(uri)
+    return configured._replace(netloc=f"{configured.netloc.rsplit(':', 1)[0]}:{port}").geturl()
+
+
+def _first_bytes(conn: socket.socket) -> bytes | None:
+    """What the client of the just-accepted ``conn`` already sent (``b""``: nothing yet, the transport reads
+    it), or ``None`` when it already left; ``conn`` is made non-blocking."""
+    conn.setblocking(False)
+    try:
+        return conn.recv(FIRST_READ_BYTES) or None
+    except (BlockingIOError, InterruptedError):
+        return b""
+    except OSError:
+        return None
+
+
+def _bound_socket(carrier: Carrier, family: int, address: object) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if family != socket.AF_UNIX:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(
+            f"cannot listen for NNRP on {carrier.uri}: {exc.strerror or exc}. Fix: free that address (is another "
+            "server using it?) or choose another one with nnrp.listen / VLLM_NNRP_LISTEN."
+        ) from None
+    return sock

@@ -1,23 +1,17 @@
 """One submitted NNRP operation as the adapter sees it, and the session outbox its events wait in.
 
-:class:`ServerOperation` is the operation's rules (:class:`vllm_nnrp_plugin.operation.Operation`) behind one
-lock, plus the :class:`SessionLink` it shares with its session, whichever carrier serves it:
-
-* TCP and unix sockets (:mod:`.stream_connection`): everything runs on vLLM's event loop — the adapter and the
-  service decide, the connection reads and sends — so the lock is never contended;
-* the native carriers (:mod:`.session`, nnrp-py's runtime): vLLM's loop decides (the adapter's ``partial`` /
-  ``complete`` / ``fail`` / ``limit_time`` / ``dispatch``; the service's ``time_out`` / ``shut_down`` /
-  ``refuse``) while the session pump thread reports what came off the wire and sends; ``native`` is then
-  nnrp-py's ``NativeRuntimeServerOperation``, touched by that pump only.
+:class:`ServerOperation` is the operation's rules (:class:`vllm_nnrp_plugin.operation.Operation`) plus the
+:class:`SessionLink` it shares with its session. Both belong to vLLM's event loop, whatever the carrier: the
+adapter and the service decide there, and the connection (:mod:`.connection`) reads and sends there, so
+nothing here is locked and nothing may be touched from another thread.
 
 The envelope is unwrapped from the submit's typed body (:func:`envelope_of`) before the operation is handed to
-the loop.
+the service.
 """
 
 from __future__ import annotations
 
 import collections
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -29,7 +23,7 @@ from vllm_nnrp_plugin.operation import Action, DropReason, Operation, PartialRes
 from vllm_nnrp_plugin.profile import trace
 from vllm_nnrp_plugin.profile.errors import ProfileError
 
-#: an outbox entry asking the pump for a BACKPRESSURE frame before the refusal queued after it
+#: an outbox entry asking the connection for a BACKPRESSURE frame before the refusal queued after it
 PRESSURE = "backpressure"
 
 
@@ -37,10 +31,10 @@ class SendProbe(Protocol):
     """A benchmark's view of the sends (``bench/server.py``); times are ``time.monotonic_ns()``."""
 
     def queued(self, action: PartialResult) -> None:
-        """A partial result entered the outbox (called by the thread that decided it)."""
+        """A partial result was decided (entered the outbox, or goes out at once)."""
 
     def sent(self, action: PartialResult, started_ns: int, ended_ns: int) -> None:
-        """nnrp-py's native send of that partial result ran from ``started_ns`` to ``ended_ns`` (pump thread)."""
+        """The wire core framed that partial result from ``started_ns`` to ``ended_ns``."""
 
 
 class OperationOwner(Protocol):
@@ -54,17 +48,15 @@ class OperationOwner(Protocol):
 
 
 class SessionLink:
-    """What the operations of one session share with its pump: the outbox of decided sends (``items``, a
-    ``deque`` of ``(ServerOperation, Action | PRESSURE)``; appends from any thread never block, only the holder
-    of the session's ``io_lock`` pops; ``notify`` is called after every append), the count of decided events
-    not sent yet (``waiting``, bounded by ``max_queued_events``; a delta that joined a queued one counts too)
-    and the session-scoped TRACE_CONTEXT (frame 0, written by the pump), the default of operations dispatched
-    later. ``send_now``: set by a carrier whose sends never block its caller (the stream carrier on vLLM's
-    loop, while its transport takes writes) — a partial result decided while nothing of the session waits is
-    handed to it at once (``send_now(sop, partial)``, which takes it, :meth:`ServerOperation.take`) instead of
-    queued; ``None``: everything queues."""
+    """What the operations of one session share with its connection, on the loop: the outbox of decided sends
+    (``items``, a ``deque`` of ``(ServerOperation, Action | PRESSURE)``; ``notify`` is called after every
+    append), the count of decided events not sent yet (``waiting``, bounded by ``max_queued_events``; a delta
+    that joined a queued one counts too) and the session-scoped TRACE_CONTEXT (frame 0), the default of
+    operations dispatched later. ``send_now``: set by the connection while its transport takes writes — a
+    partial result decided while nothing of the session waits is handed to it at once (``send_now(sop,
+    partial)``, which takes it, :meth:`ServerOperation.take`) instead of queued; ``None``: everything queues."""
 
-    __slots__ = ("items", "notify", "max_queued_events", "waiting", "probe", "session_trace", "send_now", "_lock")
+    __slots__ = ("items", "notify", "max_queued_events", "waiting", "probe", "session_trace", "send_now")
 
     def __init__(self, max_queued_events: int, notify: Callable[[], None], probe: SendProbe | None = None) -> None:
         self.items: collections.deque[tuple[ServerOperation, Any]] = collections.deque()
@@ -74,7 +66,6 @@ class SessionLink:
         self.probe = probe
         self.session_trace: trace.TraceContext | None = None
         self.send_now: Callable[[ServerOperation, PartialResult], None] | None = None
-        self._lock = threading.Lock()
 
     def put(self, sop: ServerOperation, action: Any) -> None:
         if self.probe is not None and isinstance(action, PartialResult):
@@ -84,28 +75,26 @@ class SessionLink:
 
     def admit(self) -> bool:
         """One more event may wait (True, counted) or ``max_queued_events`` already do (False)."""
-        with self._lock:
-            if self.waiting >= self.max_queued_events:
-                return False
-            self.waiting += 1
-            return True
+        if self.waiting >= self.max_queued_events:
+            return False
+        self.waiting += 1
+        return True
 
     def left(self, events: int) -> None:
         """``events`` waiting events left the outbox (sent or discarded)."""
-        with self._lock:
-            self.waiting -= events
+        self.waiting -= events
 
 
 class ServerOperation:
-    """One submitted operation: ``operation_id`` (u64) and ``frame_id`` (u32) are the client's; ``transport``
-    is the carrier (``tcp``, ``ipc``, ``websocket``, ``quic``); ``observation`` is its record; ``native`` the
-    nnrp-py server operation (pump thread only); ``rules`` its :class:`~vllm_nnrp_plugin.operation.Operation`
-    (read ``rules.admits_partials`` freely; change it only through this object's methods, which hold the
-    lock); ``owner`` is set by whoever runs its backend work; ``controls`` its
+    """One submitted operation, owned by vLLM's event loop: ``operation_id`` (u64) and ``frame_id`` (u32) are
+    the client's; ``transport`` is the carrier (``tcp``, ``tls``, ``ipc``, ``websocket``, ``quic``);
+    ``observation`` is its record; ``rules`` its :class:`~vllm_nnrp_plugin.operation.Operation` (read
+    ``rules.admits_partials`` freely; change it only through this object's methods, which also queue what the
+    rules decide); ``owner`` is set by whoever runs its backend work; ``controls`` its
     :class:`~vllm_nnrp_plugin.controls.RuntimeControls` (made with its session's ``priority_class``)."""
 
-    __slots__ = ("operation_id", "frame_id", "transport", "native", "envelope", "owner", "rules", "controls",
-                 "_abort", "_link", "_lock")  # fmt: skip
+    __slots__ = ("operation_id", "frame_id", "transport", "envelope", "owner", "rules", "controls", "_abort",
+                 "_link")  # fmt: skip
 
     def __init__(
         self,
@@ -119,11 +108,9 @@ class ServerOperation:
         connection_id: int,
         now_ns: int,
         now_unix_ns: int,
-        native: Any = None,
         priority_class: int = BALANCED,
     ) -> None:
-        self.native = native
-        #: the runtime controls (priority, token budget) of its backend request; vLLM's loop only
+        #: the runtime controls (priority, token budget) of its backend request
         self.controls = RuntimeControls(session_class=priority_class)
         self.operation_id = operation_id
         self.frame_id = frame_id
@@ -131,26 +118,12 @@ class ServerOperation:
         self.owner: OperationOwner | None = None
         self._abort: Callable[[], None] | None = None  # the adapter's, while a backend request runs
         self._link = link
-        self._lock = threading.Lock()
         self.rules = Operation(obs.Observation(
             connection_id=connection_id, session_id=session_id, operation_id=operation_id,
             frame_id=frame_id, transport=transport, submitted_ns=now_ns, submitted_unix_ns=now_unix_ns,
         ))  # fmt: skip
         #: the JSON envelope unwrapped from the submit, or the ``invalid_frame`` error its typed body raised
         self.envelope = envelope
-
-    @classmethod
-    def from_native(
-        cls, native: Any, link: SessionLink, *, transport: str, connection_id: int, now_ns: int, now_unix_ns: int
-    ) -> ServerOperation:
-        """The operation of one nnrp-py native submit (``NativeRuntimeServerOperation``)."""
-        submit = native.submit
-        metadata = submit.metadata.value
-        return cls(
-            link, session_id=submit.header.session_id, operation_id=native.operation_id, frame_id=native.frame_id,
-            envelope=envelope_of(metadata.payload_kind_bitmap, metadata.payload_frame_count, submit.tail.body),
-            transport=transport, connection_id=connection_id, now_ns=now_ns, now_unix_ns=now_unix_ns, native=native,
-        )  # fmt: skip
 
     @property
     def observation(self) -> obs.Observation:
@@ -169,20 +142,19 @@ class ServerOperation:
         owner stops it. With the link's ``send_now`` set and nothing of the session waiting, the event is
         numbered and sent at once instead."""
         outbox = self._link
-        with self._lock:
-            if self.rules.finished:
-                return
-            send_now = outbox.send_now
-            overflow = False
-            if send_now is not None and not outbox.items and outbox.admit():
-                action: Action | None = self.rules.partial(event)  # nothing waits, so it joins nothing: out now
+        if self.rules.finished:
+            return
+        send_now = outbox.send_now
+        overflow = False
+        if send_now is not None and not outbox.items and outbox.admit():
+            action: Action | None = self.rules.partial(event)  # nothing waits, so it joins nothing: out now
+        else:
+            send_now = None
+            overflow = not outbox.admit()
+            if overflow:
+                action = self.rules.overflow(outbox.max_queued_events)
             else:
-                send_now = None
-                overflow = not outbox.admit()
-                if overflow:
-                    action = self.rules.overflow(outbox.max_queued_events)
-                else:
-                    action = self.rules.partial(event)  # None when it joined the delta still queued
+                action = self.rules.partial(event)  # None when it joined the delta still queued
         if send_now is not None:
             send_now(self, action)  # type: ignore[arg-type]
         elif action is not None:
@@ -192,27 +164,23 @@ class ServerOperation:
 
     def complete(self, body: dict[str, Any]) -> None:
         """Queue the terminal ``response.completed``."""
-        with self._lock:
-            self._queue(self.rules.complete(body))
+        self._queue(self.rules.complete(body))
 
     def fail(self, err: ProfileError) -> None:
         """Queue the terminal ``response.error``."""
-        with self._lock:
-            self._queue(self.rules.fail(err))
+        self._queue(self.rules.fail(err))
 
     def limit_time(self, timeout_ms: int) -> None:
         """Bound the operation to ``timeout_ms`` (ms) after its submit (envelope ``nnrp.timeout_ms``)."""
-        with self._lock:
-            moved = self.rules.limit_time(timeout_ms)
+        moved = self.rules.limit_time(timeout_ms)
         if moved and self.owner is not None:
             self.owner.rearm(self)
 
     def expired(self) -> bool:
         """Before dispatch: True when its bound has passed (it then ended with the ``deadline_expired`` drop, or
         ``request_timeout`` for the envelope's ``nnrp.timeout_ms``, and must not reach vLLM)."""
-        with self._lock:
-            if not self.rules.expired(time.time_ns() // 1_000_000):
-                return False
+        if not self.rules.expired(time.time_ns() // 1_000_000):
+            return False
         self.time_out()
         return True
 
@@ -220,39 +188,35 @@ class ServerOperation:
         """The operation goes to vLLM now: its controls' priority class is fixed; freeze and return its trace
         context (its own override, else the session's default)."""
         self.controls.dispatched = True
-        with self._lock:
-            return self.rules.dispatch(self._link.session_trace)
+        return self.rules.dispatch(self._link.session_trace)
 
     def abort_with(self, abort: Callable[[], None] | None) -> None:
-        """What stops the backend request at once (``None``: nothing to stop any more); vLLM's loop only."""
+        """What stops the backend request at once (``None``: nothing to stop any more)."""
         self._abort = abort
 
     def abort_now(self) -> None:
-        """The owner stops the operation: abort its backend request now, if one runs; vLLM's loop only."""
+        """The owner stops the operation: abort its backend request now, if one runs."""
         if self._abort is not None:
             self._abort()
 
     # -- the service (vLLM's loop) ------------------------------------------------------------------------------
 
     def bound(self, deadline_unix_ms: int) -> bool:
-        """An NNRP DEADLINE (wall-clock ms): True when it moved the expiry earlier. Any thread (the pump
-        applies one that came before the submit, before handing the operation on)."""
-        with self._lock:
-            return self.rules.bound(deadline_unix_ms)
+        """An NNRP DEADLINE (wall-clock ms): True when it moved the expiry earlier. (The session's policy
+        applies one that came before the submit, before handing the operation on.)"""
+        return self.rules.bound(deadline_unix_ms)
 
     def time_out(self) -> None:
         """The bound passed: terminal ``deadline_expired`` drop (an NNRP deadline; neither the engine nor the
         backend's stream has produced anything yet) or
         ``response.error`` ``request_timeout``, unless one was decided (:meth:`Operation.time_out`)."""
         started = self.controls.engine_started or self.observation.backend_first_chunk_ns is not None
-        with self._lock:
-            self._queue(self.rules.time_out(time.monotonic_ns(), started=started))
+        self._queue(self.rules.time_out(time.monotonic_ns(), started=started))
 
     def shut_down(self) -> None:
         """The server is stopping: terminal ``response.error`` ``server_shutdown`` unless one was decided.
-        Any thread."""
-        with self._lock:
-            self._queue(self.rules.shut_down(time.monotonic_ns()))
+       """
+        self._queue(self.rules.shut_down(time.monotonic_ns()))
 
     def refuse(self, err: ProfileError) -> None:
         """Refused at admission (``too_many_requests``): a BACKPRESSURE frame, then the error terminal."""
@@ -261,55 +225,42 @@ class ServerOperation:
 
     def settle(self) -> bool:
         """One of the two ends happened (terminal sent; task ended or none will run). True exactly once, when
-        both have: the observation is complete. Any thread."""
-        with self._lock:
-            return self.rules.settle()
+        both have: the observation is complete."""
+        return self.rules.settle()
 
-    # -- the session pump ---------------------------------------------------------------------------------------
+    # -- the connection ------------------------------------------------------------------------------------------
 
     def take(self, partial: PartialResult) -> PartialResult:
         """``partial`` goes out now: numbered and encoded (:meth:`Operation.take`)."""
-        with self._lock:
-            taken = self.rules.take(partial)
+        taken = self.rules.take(partial)
         self._link.left(taken.events)
         return taken
 
     def discard(self, partial: PartialResult) -> None:
         """``partial`` will never go out (a terminal or a cancel came first)."""
-        with self._lock:
-            events = partial.events
+        events = partial.events
         self._link.left(events)
 
     def override_trace(self, context: trace.TraceContext) -> None:
         """An operation-scoped TRACE_CONTEXT came in; ignored once dispatched."""
-        with self._lock:
-            self.rules.override_trace(context)
+        self.rules.override_trace(context)
 
     def cancel(self, reason: DropReason, detail: str) -> Terminal | None:
         """The peer cancelled: returns the drop to send now, or ``None`` if a terminal is already queued."""
-        with self._lock:
-            return self.rules.cancel(reason, detail, time.monotonic_ns())
+        return self.rules.cancel(reason, detail, time.monotonic_ns())
 
     def lose(self, detail: str) -> None:
         """The client is gone: the operation ends as cancelled with nothing sent."""
-        with self._lock:
-            self.rules.lose(detail, time.monotonic_ns())
+        self.rules.lose(detail, time.monotonic_ns())
 
     def seal(self, terminal: Terminal) -> tuple[ResultPush | ResultDrop | None, int]:
         """The encoded terminal to send (``None``: one was sent already) and the ms since submit."""
         now_ns = time.monotonic_ns()
-        with self._lock:
-            return self.rules.seal(terminal, now_ns), self.rules.elapsed_ms(now_ns)
-
-    def refused(self) -> ResultDrop:
-        """nnrp-py refused the RESULT_PUSH: the drop to send instead."""
-        with self._lock:
-            return self.rules.refused(time.monotonic_ns())
+        return self.rules.seal(terminal, now_ns), self.rules.elapsed_ms(now_ns)
 
     def unsendable(self) -> ResultDrop:
         """A frame could not be built: the TRANSPORT_CLOSED drop that ends the operation instead."""
-        with self._lock:
-            return self.rules.unsendable(time.monotonic_ns())
+        return self.rules.unsendable(time.monotonic_ns())
 
     def _queue(self, terminal: Terminal | None) -> None:
         if terminal is not None:

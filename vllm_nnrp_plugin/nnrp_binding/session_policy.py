@@ -1,10 +1,9 @@
-"""The rules of one NNRP session that every carrier applies, whatever reads its packets: admission of a
-submit, cancels, DEADLINE and TRACE_CONTEXT controls, the end of an operation (its window freed, a CREDIT_UPDATE
-after a BACKPRESSURE) and the end of the session. The carriers — :mod:`.stream_connection` (TCP, TLS, unix
-sockets on vLLM's loop) and :mod:`.session` (nnrp-py's native runtime, a pump thread per session) — only turn
-packets into these calls and send what the session's outbox holds.
+"""The rules of one NNRP session, the same on every carrier: admission of a submit, cancels, DEADLINE and
+TRACE_CONTEXT controls, the end of an operation (its window freed, a CREDIT_UPDATE after a BACKPRESSURE) and
+the end of the session. The connection (:mod:`.connection`, whatever its carrier) only turns what the wire
+core reports into these calls and sends what the session's outbox holds.
 
-* **Admission**: nnrp-py's credit is advisory (it enforces no credit window), so this is the enforcement: a
+* **Admission**: NNRP's credit is advisory (a client may submit beyond it), so this is the enforcement: a
   submit over ``SessionLimits.max_in_flight`` is answered at once with ``response.error`` ``too_many_requests``
   and never reaches the handler (so never vLLM); the session gets a BACKPRESSURE (credit window 0) first and,
   once one of its operations sent its terminal, a CREDIT_UPDATE with the free window.
@@ -25,9 +24,7 @@ packets into these calls and send what the session's outbox holds.
   default context of the session's operations dispatched later; at operation scope it overrides that
   operation's until it is dispatched. Ineligible contexts (zero ids) are ignored.
 
-The handler calls go through ``post``: a direct call on vLLM's loop (stream carrier), or
-``loop.call_soon_threadsafe`` from a pump thread (native carrier). Each session's policy is touched only by the
-thread that reads that session (the loop, or its pump while it holds the session's I/O lock).
+Everything here runs on vLLM's event loop: the handler (the service) is called directly.
 """
 
 from __future__ import annotations
@@ -43,21 +40,14 @@ from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
 
 
-def call_now(callback: Callable[..., None], *args: Any) -> None:
-    """``post`` for a carrier that runs on vLLM's loop: the handler is called at once."""
-    callback(*args)
-
-
 class SessionPolicy:
     """One session's operations (by id, and by frame for carriers that only see a frame id) and its rules.
 
-    ``link`` is the session's outbox; ``send_credit(window)`` sends a CREDIT_UPDATE; ``post(callback, *args)``
-    delivers a handler call (module docstring); ``on_activity(active)``, if given, is told when the session goes
-    from no operation to one (True) and back (False). Set :attr:`closing` once the session or the server is
-    going away: no CREDIT_UPDATE is sent after that."""
+    ``link`` is the session's outbox; ``send_credit(window)`` sends a CREDIT_UPDATE. Set :attr:`closing` once
+    the session or the server is going away: no CREDIT_UPDATE is sent after that."""
 
     __slots__ = ("ops", "frames", "early_deadlines", "pressured", "closing", "_handler", "_limits", "_link",
-                 "_send_credit", "_post", "_on_activity")  # fmt: skip
+                 "_send_credit")  # fmt: skip
 
     def __init__(
         self,
@@ -66,15 +56,11 @@ class SessionPolicy:
         link: SessionLink,
         *,
         send_credit: Callable[[int], None],
-        post: Callable[..., None] = call_now,
-        on_activity: Callable[[bool], None] | None = None,
     ) -> None:
         self._handler = handler
         self._limits = limits
         self._link = link
         self._send_credit = send_credit
-        self._post = post
-        self._on_activity = on_activity
         #: operations without a sent terminal, by operation id
         self.ops: dict[int, ServerOperation] = {}
         #: frame id → operation id of those operations
@@ -95,14 +81,12 @@ class SessionPolicy:
             ))  # fmt: skip
             sop.settle()  # no task will run for it
             return False
-        if not self.ops and self._on_activity is not None:
-            self._on_activity(True)
         self.ops[sop.operation_id] = sop
         self.frames[sop.frame_id] = sop.operation_id
         early = self.early_deadlines.take(sop.operation_id)
         if early is not None:
             sop.bound(early)
-        self._post(self._handler.on_submit, sop)
+        self._handler.on_submit(sop)
         return True
 
     def by_frame(self, frame_id: int) -> ServerOperation | None:
@@ -118,7 +102,7 @@ class SessionPolicy:
         drop = sop.cancel(DropReason.PEER_CANCELLED, CANCEL_DETAIL[kind])
         if drop is not None:
             self._link.put(sop, drop)
-        self._post(self._handler.on_stop, sop)
+        self._handler.on_stop(sop)
 
     def supersede(self, sop: ServerOperation) -> None:
         """The client superseded ``sop`` (SUPERSEDE): its ``superseded`` drop is queued (or the terminal already
@@ -128,7 +112,7 @@ class SessionPolicy:
         drop = sop.cancel(DropReason.SUPERSEDED, DropReason.SUPERSEDED.value)
         if drop is not None:
             self._link.put(sop, drop)
-        self._post(self._handler.on_stop, sop)
+        self._handler.on_stop(sop)
 
     def update_priority(self, sop: ServerOperation, priority_class: int) -> None:
         """A PRIORITY_UPDATE for ``sop``: its class until it is dispatched; counted after."""
@@ -144,7 +128,7 @@ class SessionPolicy:
         if sop is None:  # not submitted yet, or already finished
             self.early_deadlines.keep(operation_id, deadline_unix_ms)
         elif deadline_unix_ms:
-            self._post(self._handler.on_deadline, sop, deadline_unix_ms)
+            self._handler.on_deadline(sop, deadline_unix_ms)
 
     def trace_context(self, frame_id: int, sop: ServerOperation | None, metadata: Any) -> None:
         """A TRACE_CONTEXT on ``frame_id`` (0: session scope) whose operation, if any, is ``sop``."""
@@ -165,14 +149,12 @@ class SessionPolicy:
         is reported once its task ended too."""
         if self.ops.pop(sop.operation_id, None) is not None:
             self.frames.pop(sop.frame_id, None)
-            self._post(self._handler.on_terminal, sop)
-            if not self.ops and self._on_activity is not None:
-                self._on_activity(False)
+            self._handler.on_terminal(sop)
             if self.pressured and not self.closing:
                 self.pressured = False
                 self._send_credit(self._limits.max_in_flight - len(self.ops))
         if sop.settle():
-            self._post(self._handler.on_finished, sop)
+            self._handler.on_finished(sop)
 
     def cancel_all(self, detail: str) -> None:
         """The client closed the session and its drain time is up: every operation still running ends with
@@ -182,7 +164,7 @@ class SessionPolicy:
             drop = sop.cancel(DropReason.PEER_CANCELLED, detail)
             if drop is not None:
                 self._link.put(sop, drop)
-            self._post(self._handler.on_stop, sop)
+            self._handler.on_stop(sop)
 
     def lose_all(self, detail: str) -> None:
         """The client is gone or closed the session: nothing can be delivered; every operation stops."""
@@ -191,11 +173,11 @@ class SessionPolicy:
         for sop in list(self.ops.values()):
             sop.lose(detail)
             self.terminal_done(sop)
-            self._post(self._handler.on_stop, sop)
+            self._handler.on_stop(sop)
 
     def shut_down(self) -> None:
         """The server stops: every operation's terminal is ``server_shutdown`` and its work stops."""
         self.closing = True
         for sop in list(self.ops.values()):
             sop.shut_down()
-            self._post(self._handler.on_stop, sop)
+            self._handler.on_stop(sop)

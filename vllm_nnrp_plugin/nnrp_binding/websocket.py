@@ -1,5 +1,5 @@
 """NNRP over WebSocket (``ws://HOST:PORT/PATH``, ``wss://`` with TLS) on vLLM's event loop: the byte-stream
-carrier's connection (:class:`.stream_connection.ConnectionProtocol`) with RFC 6455 framing between the transport
+carrier's connection (:class:`.connection.ConnectionProtocol`) with RFC 6455 framing between the transport
 and the project's wire core. The WebSocket protocol is ``wsproto``'s (sans-IO: the HTTP/1.1 Upgrade through h11,
 frame parsing, unmasking, the close handshake); this module only maps it onto NNRP.
 
@@ -34,6 +34,7 @@ listener's budget as on TCP.
 from __future__ import annotations
 
 import logging
+import re
 import struct
 
 from wsproto import ConnectionType, WSConnection
@@ -52,7 +53,7 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from vllm_nnrp_plugin.log_safety import loggable
 from vllm_nnrp_plugin.nnrp_binding.bounds import CarrierBounds
-from vllm_nnrp_plugin.nnrp_binding.stream_connection import ConnectionProtocol
+from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol
 from vllm_nnrp_plugin.nnrp_wire.framing import HEADER_LENGTH
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ CLOSE_UNSUPPORTED_DATA = int(CloseReason.UNSUPPORTED_DATA)  # 1003: a text messa
 CLOSE_POLICY_VIOLATION = int(CloseReason.POLICY_VIOLATION)  # 1008: no session in time
 CLOSE_MESSAGE_TOO_BIG = int(CloseReason.MESSAGE_TOO_BIG)  # 1009
 
+#: the end of an HTTP/1.1 request head: an empty line, with CRLF or bare LF line ends (RFC 9112 §2.2, as h11 reads it)
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
 _lengths = struct.Struct("<II").unpack_from  # meta_len, body_len of an NNRP common header, at offset 12
 _LENGTHS_AT = 12
 _pack_u16 = struct.Struct("!H").pack
@@ -107,7 +110,7 @@ def _frame_header(size: int) -> bytes:
 class WebSocketConnection(ConnectionProtocol):
     """One accepted ``ws`` / ``wss`` connection (``transport_name`` ``websocket``); ``path``: the path the
     Upgrade must request (the listen address's, ``/nnrp`` by default). Everything else as
-    :class:`.stream_connection.ConnectionProtocol`."""
+    :class:`.connection.ConnectionProtocol`."""
 
     def __init__(self, *args, path: str, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -167,9 +170,9 @@ class WebSocketConnection(ConnectionProtocol):
         # ``H11Handshake._accept`` makes its Connection without h11's trailing data)
         head, self._head = self._head, None
         start = len(head) - len(head.lstrip(b"\r\n"))  # an HTTP/1.1 server ignores empty lines before a request
-        end = head.find(b"\r\n\r\n", start)
-        if end >= 0 and end + 4 < len(head):
-            self._ws.receive_data(bytes(head[end + 4 :]))
+        end = _HEAD_END.search(head, start)  # the first empty line; h11 takes bare LF line ends too
+        if end is not None and end.end() < len(head):
+            self._ws.receive_data(bytes(head[end.end() :]))
 
     def _on_bytes(self, message: BytesMessage) -> bool:
         """Feed one piece of a binary message to the wire core; False when the connection ended."""
@@ -194,6 +197,7 @@ class WebSocketConnection(ConnectionProtocol):
         """The client's close frame (answered), or a framing error ``wsproto`` reports as one (the connection
         is failed with its code): either way the connection ends."""
         if self._ws.state is ConnectionState.REMOTE_CLOSING:
+            self.flush()  # the answers to the messages that came before the close frame go first
             self._send_ws(close.response())
             self._open = False
             for event in self._core.receive_data(b""):  # as an end of stream: every operation stops

@@ -5,8 +5,8 @@
 * :mod:`.server` — one server connection: hello, sessions multiplexed on it, operations and runtime control;
 * :mod:`.client` — one client connection, the same protocol from the other side.
 
-The I/O shells live elsewhere: the server's asyncio carrier in :mod:`vllm_nnrp_plugin.nnrp_binding`, the
-client's in the client side. Metadata layouts are nnrp-py's own struct codecs (``nnrp.core.messages``,
+The I/O shells live elsewhere: the server's carriers in :mod:`vllm_nnrp_plugin.nnrp_binding`, the client's in
+:mod:`vllm_nnrp_plugin.client`. Metadata layouts are nnrp-py's own struct codecs (``nnrp.core.messages``,
 ``nnrp.runtime.types``); this package adds what nnrp-py has no codec for (SESSION_OPEN_ACK,
 SESSION_CLOSE_ACK) and the connection and session rules.
 """

@@ -318,7 +318,7 @@ class ServerConnection:
     #: each operation keeps its terminal and the closing ack follows the last one (:meth:`_on_session_close`);
     #: False → :class:`~.events.SessionClosed` at once and the operations are forgotten without a terminal (the
     #: behaviour before drain was supported). Set it (on the instance) once the application handles
-    #: SessionDraining; the default is False only until the stream carrier does, then it becomes True.
+    #: SessionDraining (:mod:`vllm_nnrp_plugin.nnrp_binding.connection` does).
     drain_sessions: bool = False
 
     def __init__(
@@ -1108,6 +1108,7 @@ class ServerConnection:
             raise LocalProtocolError("PARTIAL_RESULT needs a sequence ≥ 1 and a non-empty body")
         op = self._ops.get((session_id, frame_id))
         if op is None or op.operation_id != operation_id or not op.streamable:
+            _check_u64("PARTIAL_RESULT", operation_id, sequence)  # misuse raises even when the operation is gone
             return False
         size = len(body)
         try:
@@ -1132,6 +1133,7 @@ class ServerConnection:
             raise LocalProtocolError("PROGRESS needs a sequence ≥ 1 and percent_x100 in 0..10000 or 0xffff")
         op = self._ops.get((session_id, frame_id))
         if op is None or op.operation_id != operation_id or not op.streamable:
+            _check_u64("PROGRESS", operation_id, sequence)
             return False
         try:
             meta = _PROGRESS_STRUCT.pack(operation_id, sequence, stage_code, percent_x100, 0, 0)
@@ -1164,6 +1166,7 @@ class ServerConnection:
             raise LocalProtocolError("RESULT_DROP_REASON needs a non-zero u16 drop_reason_code and a sequence ≥ 0")
         op = self._ops.get((session_id, frame_id))
         if op is None or op.operation_id != operation_id:
+            _check_u64("RESULT_DROP_REASON", operation_id, sequence)
             return False
         try:
             meta = _DROP_REASON_STRUCT.pack(operation_id, sequence, drop_reason_code, ROLE_SERVER, 0, len(diagnostic), 0)
@@ -1227,3 +1230,10 @@ _SESSION_HANDLERS = {
     int(_T.PONG): ServerConnection._on_ping,
     int(_T.SESSION_CLOSE): ServerConnection._on_session_close,
 }
+
+
+def _check_u64(kind: str, operation_id: int, sequence: int) -> None:
+    """Raise :class:`LocalProtocolError` when ``operation_id`` or ``sequence`` does not fit its u64 field: a call
+    for an operation that is not active (False) is a lost race, one with such a value is misuse."""
+    if not (0 <= operation_id < 1 << 64 and 0 <= sequence < 1 << 64):
+        raise LocalProtocolError(f"{kind} field out of range: operation_id {operation_id}, sequence {sequence}")

@@ -111,8 +111,8 @@ def _keys(state: Any, config: NNRPConfig) -> APIKeys | None:
         )
         return None
     logger.info(
-        "NNRP requires vLLM's API key (%d configured; --api-key / VLLM_API_KEY) on tcp://, nnrps://, ws:// and "
-        "wss://; unix:// sockets are authenticated by their file permissions; nnrp-py's native client cannot send a "
+        "NNRP requires vLLM's API key (%d configured; --api-key / VLLM_API_KEY) on tcp://, nnrps://, ws://, "
+        "wss:// and quic://; unix:// sockets are authenticated by their file permissions; nnrp-py's native client cannot send a "
         "key and is refused",
         len(keys),
     )

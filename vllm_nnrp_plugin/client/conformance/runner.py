@@ -30,7 +30,8 @@ from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", required=True, help="tcp://HOST:PORT or unix:///PATH of the server")
+    parser.add_argument("--endpoint", required=True, help="a plain (non-TLS) address of the server: tcp://HOST:PORT, "
+                        "unix:///PATH or ws://HOST:PORT/PATH")
     parser.add_argument("--suite", help=f"nnrp-conformance directory (default ${ROOT_ENV}, else ../shared/nnrp-conformance)")
     parser.add_argument("--recipes", action="append", default=[], type=pathlib.Path,
                         help="extra recipe directory with a manifest.json (repeatable)")

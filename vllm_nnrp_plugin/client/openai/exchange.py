@@ -12,7 +12,7 @@ its private loop thread), as httpcore's sync and async pools are shells around o
 * **Submit**: a slot of a pooled session (:meth:`vllm_nnrp_plugin.client.openai.pool.Pool.acquire`, waiting at most the
   request's pool timeout: ``PoolTimeout``), then FRAME_SUBMIT, and for a traced call its own TRACE_CONTEXT in the
   same write. The server reads both in one ``data_received`` and dispatches the operation to vLLM in a task that
-  runs in a later loop iteration (:mod:`vllm_nnrp_plugin.nnrp_binding.stream_connection`, ``_on_submit`` →
+  runs in a later loop iteration (:mod:`vllm_nnrp_plugin.nnrp_binding.connection`, ``_on_submit`` →
   :meth:`vllm_nnrp_plugin.service.NNRPService.on_submit`), so the operation's context is applied before its
   dispatch and traced and untraced calls share sessions. (An envelope over asyncio's read size, 256 KiB, may
   arrive in two reads; its context can then come after the dispatch.)

@@ -73,7 +73,8 @@ IDLE_CLOSE_S = 5.0
 REFUSED_OPEN_BACKOFF_S = 1.0
 #: the longest a BACKPRESSURE without ``retry_after_ms`` holds a session without its CREDIT_UPDATE, s
 HOLD_MAX_S = 1.0
-#: the longest a connect (TCP or unix socket, then the first session and the capability document) may take, s
+#: the longest a connect (the carrier's — TCP, TLS, WebSocket Upgrade, QUIC handshake —, then the first session and the
+#: capability document) may take, s
 #: (the openai SDK's default connect timeout)
 CONNECT_TIMEOUT_S = 5.0
 
@@ -114,8 +115,9 @@ class _Link:
 
 
 class Pool:
-    """Sessions to ``uri`` (``tcp://``, ``nnrps://`` with ``trusted_cert_der`` or the system's trust store, or
-    ``unix://``: :func:`vllm_nnrp_plugin.client.connection.connect`) for one client and one ``api_key`` (sent by
+    """Sessions to ``uri`` (any form of :func:`vllm_nnrp_plugin.client.connection.connect`: ``tcp://``,
+    ``unix://``, ``ws://``, and the TLS ones ``nnrps://``, ``wss://``, ``quic://`` with ``trusted_cert_der`` or the
+    system's trust store) for one client and one ``api_key`` (sent by
     every connection it makes), on the running loop it is made on (module docstring for the policy). Every
     session opens with ``priority_class`` (``"interactive"`` / ``"balanced"`` / ``"background"``; ``ValueError``
     for another)."""

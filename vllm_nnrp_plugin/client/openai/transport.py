@@ -11,10 +11,11 @@ works as well: each answer is made by the library of the request, :func:`vllm_nn
 The ``api_key`` the SDK was given travels as it would over HTTPS: the ``Authorization: Bearer <key>`` header the
 SDK builds becomes the connection's authentication block (:mod:`vllm_nnrp_plugin.auth_block`; one pool of sessions
 per key), and a server that requires another key answers 401, which the SDK raises as ``AuthenticationError``.
-The host in ``base_url`` is never contacted; the transport speaks to the NNRP endpoint given, ``tcp://HOST:PORT``,
-``nnrps://HOST:PORT`` (TLS: ``trusted_cert_der``, the server certificate or its CA in DER, else the system's trust
-store) or ``unix:///PATH`` (the project's asyncio client, :mod:`vllm_nnrp_plugin.client.connection`; the WebSocket and
-QUIC carriers are :class:`vllm_nnrp_plugin.client.profile_client.ProfileClient`'s).
+The host in ``base_url`` is never contacted; the transport speaks to the NNRP endpoint given through the project's
+asyncio client (:func:`vllm_nnrp_plugin.client.connection.connect`): ``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
+``unix:///PATH``, ``ws://HOST:PORT[/PATH]``, ``wss://HOST:PORT[/PATH]`` or ``quic://HOST:PORT`` (the TLS ones —
+``nnrps``, ``wss``, ``quic`` — trust ``trusted_cert_der``, the server certificate or its CA in DER, else the
+system's trust store).
 
 * ``POST …/chat/completions``, ``POST …/responses``, ``POST …/embeddings`` → one ``chat.completions.create``,
   ``responses.create``, ``embeddings.create`` submit; streamed answers flow as the events arrive
@@ -58,13 +59,13 @@ import concurrent.futures
 import contextlib
 import functools
 import threading
-import urllib.parse
 import weakref
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from types import ModuleType
 from typing import Any, TypeVar
 
 from vllm_nnrp_plugin.auth_block import AuthBlockError
+from vllm_nnrp_plugin.client.connection import address_of
 from vllm_nnrp_plugin.client.openai.calls import Call, Item
 from vllm_nnrp_plugin.client.openai.exchange import Exchange, trace_of_caller
 from vllm_nnrp_plugin.client.openai.pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
@@ -79,13 +80,9 @@ EXIT_WAIT_S = 1.0
 
 
 def _check_uri(uri: str) -> None:
-    parsed = urllib.parse.urlsplit(uri)
-    if not (parsed.scheme in ("tcp", "nnrps") and parsed.hostname and parsed.port) and not (
-        parsed.scheme == "unix" and not parsed.netloc and parsed.path.startswith("/")
-    ):
-        raise ValueError(
-            f"{uri!r}: the openai transports speak tcp://HOST:PORT, nnrps://HOST:PORT or unix:///ABSOLUTE/PATH"
-        )
+    """Raises :class:`~vllm_nnrp_plugin.client.errors.ClientAddressError` (a ``ValueError``) for an endpoint
+    :func:`~vllm_nnrp_plugin.client.connection.connect` cannot use, naming the forms it can."""
+    address_of(uri)
 
 
 class _Transport:
@@ -153,9 +150,10 @@ def _stop_at_exit() -> None:
 class NNRPTransport(_Transport):
     """A sync ``httpx.Client`` / ``httpx2.Client`` transport to an NNRP endpoint (module docstring). Thread-safe.
     ``max_connections`` / ``max_sessions_per_connection``: the pool's bounds
-    (:mod:`vllm_nnrp_plugin.client.openai.pool`). ``trusted_cert_der``: for ``nnrps://``. ``priority_class``:
-    the NNRP priority class of every session (``"interactive"``, ``"balanced"``, ``"background"``). Raises
-    ``ValueError`` for an endpoint that is not ``tcp://HOST:PORT``, ``nnrps://HOST:PORT`` or ``unix:///PATH``,
+    (:mod:`vllm_nnrp_plugin.client.openai.pool`). ``trusted_cert_der``: for ``nnrps://``, ``wss://`` and
+    ``quic://``. ``priority_class``: the NNRP priority class of every session (``"interactive"``,
+    ``"balanced"``, ``"background"``). Raises ``ValueError`` for an endpoint that is none of
+    :data:`vllm_nnrp_plugin.client.connection.FORMS` (a :class:`~vllm_nnrp_plugin.client.errors.ClientAddressError`),
     or another priority class."""
 
     def __init__(self, uri: str, **pool_options: Any) -> None:

@@ -1,13 +1,10 @@
-"""Deltas that wait to be sent merge (the profile's rule, :func:`vllm_nnrp_plugin.profile.events.merge`), and the
-listener's poll cadence (:class:`vllm_nnrp_plugin.nnrp_binding.cadence.PollCadence`) bounds the polls of all
-sessions together."""
+"""Deltas that wait to be sent merge (the profile's rule, :func:`vllm_nnrp_plugin.profile.events.merge`)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_nnrp_plugin.nnrp_binding import cadence as C
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.operation import Operation
 from vllm_nnrp_plugin.profile import events as ev
@@ -58,25 +55,3 @@ def test_whatever_is_merged_the_client_reads_the_same_text_per_choice_in_order(s
     for index in (0, 1):
         text = "".join(p.event["delta"] for p in sent if p.event["type"] == ev.OUTPUT_TEXT_DELTA and p.event["index"] == index)
         assert text == decided[index]
-
-
-def test_the_active_gap_grows_with_the_active_sessions_to_keep_the_poll_budget():
-    cadence = C.PollCadence(idle_poll_ms=100)
-    assert cadence.active_gap_s() == C.ACTIVE_POLL_GAP_S
-    cadence.activated(1)
-    assert cadence.active_gap_s() == C.ACTIVE_POLL_GAP_S  # one session: as fast as the shortest gap
-    cadence.activated(255)
-    assert cadence.active_gap_s() == 256 / C.ACTIVE_EMPTY_POLLS_PER_S  # all of them: the budget per second
-    cadence.activated(-256)
-    assert cadence.active_gap_s() == C.ACTIVE_POLL_GAP_S
-
-
-def test_idle_polls_lengthen_with_the_open_sessions_up_to_the_cap():
-    cadence = C.PollCadence(idle_poll_ms=100)
-    cadence.opened(1)
-    assert cadence.idle_poll_ms() == 100  # the configured floor
-    cadence.opened(99)
-    assert cadence.idle_poll_ms() == 100 * 1000 // C.IDLE_POLLS_PER_S
-    cadence.opened(10_000)
-    assert cadence.idle_poll_ms() == C.MAX_IDLE_POLL_MS
-    assert C.PollCadence(idle_poll_ms=9000).idle_poll_ms() == 9000  # a longer configured floor is kept

@@ -1,5 +1,7 @@
-"""One NNRP connection over a byte stream (TCP, TLS over TCP or a unix socket) on vLLM's event loop: an
-``asyncio.Protocol`` around the project's sans-IO wire core (:class:`vllm_nnrp_plugin.nnrp_wire.server.ServerConnection`).
+"""One NNRP connection on vLLM's event loop, whatever its carrier: an ``asyncio.Protocol`` around the project's
+sans-IO wire core (:class:`vllm_nnrp_plugin.nnrp_wire.server.ServerConnection`) over a byte stream — a TCP, TLS
+or unix-socket transport, the byte stream inside WebSocket messages (:mod:`.websocket`) or the NNRP stream of a
+QUIC connection (:mod:`.quic`).
 
 Everything here runs on the loop, so every piece of state has one owner and nothing is locked:
 
@@ -10,7 +12,7 @@ Everything here runs on the loop, so every piece of state has one owner and noth
   (:class:`.server_operation.SessionLink`). The first packet of an iteration puts the connection on the
   listener's :class:`FlushRound`, whose one callback per loop iteration flushes every connection on it: each
   encodes every waiting action of every one of its sessions and hands all its bytes to ``transport.write`` in
-  one call (TCP_NODELAY is set on accepted TCP sockets, :mod:`.stream_listener`);
+  one call (TCP_NODELAY is set on accepted TCP sockets, :mod:`.listener`);
 * write back-pressure: while the transport's buffer is above its high-water mark (``pause_writing``) nothing
   is sent at once, nothing is taken from the outboxes and nothing is read from the client; deltas decided meanwhile join the one still waiting
   (:mod:`vllm_nnrp_plugin.operation`) and an outbox holding ``max_queued_events`` decided events ends the
@@ -43,7 +45,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nnrp.native import SESSION_ERROR_LIMIT_REACHED
+
 
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.log_safety import RefusalLogLimiter, loggable
@@ -63,6 +65,7 @@ from vllm_nnrp_plugin.nnrp_binding.handler import (
     SessionHandler,
 )
 from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
+from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_SESSION_LIMIT_REACHED
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
 from vllm_nnrp_plugin.operation import PartialResult, ResultDrop, ResultPush
@@ -78,16 +81,15 @@ WRITE_LOW_WATER = 1 << 18
 
 
 class SessionGate:
-    """``max_sessions`` over every connection of a listener plus ``others()``, the sessions open on the
-    native carriers (:mod:`.listener`): :meth:`try_open` / :meth:`closed`, on the loop only."""
+    """``max_sessions`` over every connection of a listener, every carrier together: :meth:`try_open` /
+    :meth:`closed`, on the loop only."""
 
-    def __init__(self, max_sessions: int, others: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, max_sessions: int) -> None:
         self.max_sessions = max_sessions
-        self.others = others
         self.open = 0
 
     def try_open(self) -> bool:
-        if self.open + self.others() >= self.max_sessions:
+        if self.open >= self.max_sessions:
             return False
         self.open += 1
         return True
@@ -156,7 +158,8 @@ class StreamSession:
 
 
 class ConnectionProtocol(asyncio.Protocol):
-    """One accepted connection. ``transport_name`` is the carrier (``tcp``, ``tls`` or ``ipc``); ``gate`` the
+    """One accepted connection. ``transport_name`` is the carrier (``tcp``, ``tls``, ``ipc``, ``websocket``,
+    ``quic``); ``gate`` the
     listener's session count; ``flush_round`` the listener's :class:`FlushRound`; ``on_lost`` is told when the
     connection ended (the listener forgets it); ``first``: bytes the listener read from the socket as it
     accepted it, taken as the connection's first read; ``authenticate``: the API-key check of the wire core
@@ -182,6 +185,8 @@ class ConnectionProtocol(asyncio.Protocol):
     ) -> None:
         self._handler = handler
         self._handshake_timeout_s = bounds.handshake_timeout_s
+        #: the largest NNRP packet this connection takes (bytes; advertised in SERVER_HELLO_ACK)
+        self.max_packet_bytes = bounds.max_packet_bytes
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._budget = budget if budget is not None else BufferBudget(bounds.max_buffered_bytes)
         self._buffered = 0  # this connection's share of the budget
@@ -393,11 +398,11 @@ class ConnectionProtocol(asyncio.Protocol):
 
     def _on_open(self, request: ev.SessionOpenRequested) -> None:
         if self._stopping:
-            self._core.reject_session(request.request, SESSION_ERROR_LIMIT_REACHED, "the server is stopping")
+            self._core.reject_session(request.request, SESSION_ERROR_SESSION_LIMIT_REACHED, "the server is stopping")
             return
         if not self._gate.try_open():
             self._core.reject_session(
-                request.request, SESSION_ERROR_LIMIT_REACHED,
+                request.request, SESSION_ERROR_SESSION_LIMIT_REACHED,
                 f"{self._gate.max_sessions} NNRP sessions are open (nnrp.max_sessions)",
             )  # fmt: skip
             return
