@@ -31,8 +31,8 @@ after it. :class:`Operation` wraps it with every other rule of one submitted ope
 Frames follow the frozen wire mapping of the ``openai-compatible/1`` profile: ``response.completed`` /
 ``response.error`` as a RESULT_PUSH; a cancellation as a RESULT_DROP_REASON. The NNRP binding
 (:mod:`vllm_nnrp_plugin.wire_mapping`) turns the sealed actions into frames; nothing here knows NNRP types.
-An :class:`Operation` is not thread-safe: its caller serializes the calls (the binding holds one lock per
-operation). Every time is passed in by the caller: ``now_ns`` is ``time.monotonic_ns()``, ``*_unix_ms``
+An :class:`Operation` is not thread-safe: one thread owns it (the binding's, vLLM's event loop:
+:class:`vllm_nnrp_plugin.nnrp_binding.server_operation.ServerOperation`). Every time is passed in by the caller: ``now_ns`` is ``time.monotonic_ns()``, ``*_unix_ms``
 wall-clock ms.
 """
 
