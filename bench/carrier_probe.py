@@ -12,7 +12,7 @@ the recorded backend) listens on ``tcp://``, ``ws://`` and ``quic://``; nnrp-py'
   the same for every count).
 
 It runs against whatever the checkout holds, so the same command measures a runtime before and after a change
-(``docs/benchmarks/carriers-probe*.json``). Prints one JSON object.
+(``docs/benchmarks/carriers-probe*.json``). Prints one JSON object (and writes it to ``--json PATH``).
 """
 
 from __future__ import annotations
@@ -87,14 +87,19 @@ def probe(uri: str, der: bytes, backend, *, operations: int, after: int, pace_us
     }  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.carrier_probe", description=__doc__.split("\n\n")[0])
-    p.add_argument("--operations", type=int, default=200)
-    p.add_argument("--after", type=int, default=5)
-    p.add_argument("--pace-us", type=int, default=500)
-    p.add_argument("--sessions", type=int, default=256)
-    p.add_argument("--carriers", default="tcp,ws,quic")
-    args = p.parse_args(argv)
+    p.add_argument("--operations", type=int, default=200, help="cancelled streams per carrier")
+    p.add_argument("--after", type=int, default=5, help="events read before each cancel")
+    p.add_argument("--pace-us", type=int, default=500, help="µs between the chunks of a stream")
+    p.add_argument("--sessions", type=int, default=256, help="sessions opened on one connection for the thread count")
+    p.add_argument("--carriers", default="tcp,ws,quic", help="comma-separated: tcp, ws, wss, quic")
+    p.add_argument("--json", help="also write the result to this file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         cert, key, der = self_signed(pathlib.Path(tmp))
         carriers = args.carriers.split(",")
@@ -109,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             served.stop()
     out["command"] = "python -m bench.carrier_probe " + " ".join(argv if argv is not None else sys.argv[1:])
-    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+    text = orjson.dumps(out, option=orjson.OPT_INDENT_2)
+    sys.stdout.write(text.decode() + "\n")
+    if args.json:
+        pathlib.Path(args.json).write_bytes(text + b"\n")
     return 0
 
 
