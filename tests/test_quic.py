@@ -269,3 +269,30 @@ def test_a_server_stop_delivers_the_shutdown_terminal_then_closes_the_connection
     pushed, terminated = run(main())
     assert b"server_shutdown" in pushed.body
     assert terminated.error_code == QuicErrorCode.NO_ERROR
+
+
+def test_a_stop_that_outlasts_a_silent_client_leaves_no_task_pending(tmp_path, caplog):
+    """A client gone silent never acknowledges the stop's last packets: the stop gives up on it after its grace
+    time and leaves no waiting task behind (asyncio would log it as destroyed while pending)."""
+    import gc
+    import logging
+
+    cert, key, _ = self_signed(tmp_path)
+    served = ServedNNRP((f"quic://127.0.0.1:{free_port()}",), tls_cert_file=cert, tls_key_file=key)
+
+    async def main():
+        opening = connect("127.0.0.1", port_of(served), configuration=configuration(["nnrp/1"]),
+                          create_protocol=NNRPOverQuic)  # fmt: skip
+        client = await opening.__aenter__()  # never left: the client goes silent
+        await client.open_and_submit(SLOW)
+        if client._timer is not None:
+            client._timer.cancel()
+        client._transport.close()
+
+    run(main())
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        served.stop()
+        served.loop.close()
+        del served
+        gc.collect()  # a task still pending is destroyed (and logged) now
+    assert not [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]

@@ -385,5 +385,8 @@ class NNRPQuicServer(QuicServer):
             if not connection.finishing:
                 connection.close()
         if live:
-            await asyncio.wait([asyncio.ensure_future(c.wait_closed()) for c in live], timeout=grace_s)
+            waits = [asyncio.ensure_future(connection.wait_closed()) for connection in live]
+            _, late = await asyncio.wait(waits, timeout=grace_s)
+            for wait in late:  # closed with the socket below; no task is left pending
+                wait.cancel()
         super().close()
