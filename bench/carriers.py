@@ -40,13 +40,6 @@ WITHIN_10_PERCENT = Target("p50", "<=", 1.10)
 CANCEL_P99 = Target("max", "<=", 5.0)
 
 
-def _ratio(id: str, row: Result, base: Result, parameters: dict[str, Any]) -> Result:
-    row.versus(base)
-    p50, p95 = (float("nan") if r is None else r for r in (row.compare["p50_ratio"], row.compare["p95_ratio"]))
-    return Result(id=id, unit="ratio", samples=row.samples, p50=p50, p95=p95, targets=(WITHIN_10_PERCENT,),
-                  parameters=parameters)  # fmt: skip
-
-
 def level_rows(server: Any, engine: Sequence[int], *, levels: Sequence[int], rounds: int, max_tokens: int,
                carriers: Sequence[str], workdir: str) -> list[Result]:  # fmt: skip
     body = load.request_body("chat", max_tokens)
@@ -73,8 +66,8 @@ def level_rows(server: Any, engine: Sequence[int], *, levels: Sequence[int], rou
             ]  # fmt: skip
         for carrier, base in BASE.items():
             if carrier in cpu and base in cpu:
-                rows.append(_ratio(f"carriers.c{c}.api_server_cpu_us_per_token_ratio.{carrier}_over_{base}",
-                                   cpu[carrier], cpu[base], cpu[carrier].parameters))  # fmt: skip
+                rows.append(load._ratio(f"carriers.c{c}.api_server_cpu_us_per_token_ratio.{carrier}_over_{base}",
+                                        cpu[carrier], cpu[base], WITHIN_10_PERCENT, cpu[carrier].parameters))  # fmt: skip
     return rows
 
 

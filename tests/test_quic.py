@@ -101,6 +101,13 @@ def port_of(served: ServedNNRP) -> int:
     return int(served.bound[0].rsplit(":", 1)[1])
 
 
+def client_of(served: ServedNNRP, alpn: list[str] | None = None):
+    """aioquic's ``connect`` (an async context manager) to ``served`` as :class:`NNRPOverQuic`, offering ``alpn``
+    (default ``nnrp/1``)."""
+    return connect("127.0.0.1", port_of(served), configuration=configuration(alpn or ["nnrp/1"]),
+                   create_protocol=NNRPOverQuic)  # fmt: skip
+
+
 def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, 30))
 
@@ -108,8 +115,7 @@ def run(coroutine):
 @pytest.mark.parametrize("alpn", [["nnrp/1"], ["h3", "nnrp/1"]])
 def test_a_client_offering_nnrp_1_gets_it_and_streams_an_operation(served, alpn):
     async def main():
-        async with connect("127.0.0.1", port_of(served), configuration=configuration(alpn),
-                           create_protocol=NNRPOverQuic) as client:  # fmt: skip
+        async with client_of(served, alpn) as client:
             await client.open_and_submit(STREAM)
             pushed = await client.wait_for(ev.ResultPushed)
             return client.alpn, client.nnrp_events, pushed
@@ -124,8 +130,7 @@ def test_a_client_offering_nnrp_1_gets_it_and_streams_an_operation(served, alpn)
 def test_a_client_offering_only_another_protocol_is_refused_no_application_protocol(served):
     async def main():
         with pytest.raises(ConnectionError):
-            async with connect("127.0.0.1", port_of(served), configuration=configuration(["h3"]),
-                               create_protocol=NNRPOverQuic):  # fmt: skip
+            async with client_of(served, ["h3"]):
                 pass
 
     run(main())
@@ -135,8 +140,7 @@ def test_a_client_offering_only_another_protocol_is_refused_no_application_proto
 @pytest.mark.parametrize("stream", ["second bidirectional", "unidirectional"])
 def test_a_second_stream_ends_the_connection_and_aborts_its_operations(served, stream):
     async def main():
-        async with connect("127.0.0.1", port_of(served), configuration=configuration(["nnrp/1"]),
-                           create_protocol=NNRPOverQuic) as client:  # fmt: skip
+        async with client_of(served) as client:
             await client.open_and_submit(SLOW)
             started = len(served.backend.started)
             other = client._quic.get_next_available_stream_id(is_unidirectional=stream == "unidirectional")
@@ -155,8 +159,7 @@ def test_a_second_stream_ends_the_connection_and_aborts_its_operations(served, s
 
 def test_a_reset_nnrp_stream_is_a_lost_client(served):
     async def main():
-        async with connect("127.0.0.1", port_of(served), configuration=configuration(["nnrp/1"]),
-                           create_protocol=NNRPOverQuic) as client:  # fmt: skip
+        async with client_of(served) as client:
             await client.open_and_submit(SLOW)
             client._quic.reset_stream(0, 0)
             client.transmit()
@@ -170,8 +173,7 @@ def test_a_reset_nnrp_stream_is_a_lost_client(served):
 
 def test_the_end_of_the_clients_stream_stops_its_operations_and_closes_cleanly(served):
     async def main():
-        async with connect("127.0.0.1", port_of(served), configuration=configuration(["nnrp/1"]),
-                           create_protocol=NNRPOverQuic) as client:  # fmt: skip
+        async with client_of(served) as client:
             await client.open_and_submit(SLOW)
             client._quic.send_stream_data(0, b"", end_stream=True)
             client.transmit()
@@ -193,8 +195,7 @@ def test_a_client_that_dies_silently_is_taken_for_gone_and_its_operations_stop(s
     monkeypatch.setattr(quic, "PEER_SILENT_S", PEER_SILENT_S)
 
     async def main():
-        opening = connect("127.0.0.1", port_of(served), configuration=configuration(["nnrp/1"]),
-                          create_protocol=NNRPOverQuic)  # fmt: skip
+        opening = client_of(served)
         client = await opening.__aenter__()  # never left: a dead client closes nothing
         await client.open_and_submit(SLOW)
         if client._timer is not None:
@@ -214,8 +215,7 @@ def test_a_connection_that_opens_no_session_in_time_is_closed_and_counted(served
     before = counter._value.get()
 
     async def main():
-        async with connect("127.0.0.1", port_of(served), configuration=configuration(["nnrp/1"]),
-                           create_protocol=NNRPOverQuic) as client:  # fmt: skip
+        async with client_of(served) as client:
             return await asyncio.wait_for(client.terminated, 10)
 
     assert run(main()).error_code == QuicErrorCode.NO_ERROR
@@ -228,12 +228,10 @@ def test_connections_over_max_connections_are_refused_and_counted(tmp_path):
     counter = served.service._metrics.connections_refused.labels("quic", "max_connections")
 
     async def main():
-        async with connect("127.0.0.1", port_of(served), configuration=configuration(["nnrp/1"]),
-                           create_protocol=NNRPOverQuic) as first:  # fmt: skip
+        async with client_of(served) as first:
             await first.open_and_submit(STREAM)
             try:  # closed at its first packet: its handshake may complete before the CONNECTION_CLOSE is read
-                async with connect("127.0.0.1", port_of(served), configuration=configuration(["nnrp/1"]),
-                                   create_protocol=NNRPOverQuic) as second:  # fmt: skip
+                async with client_of(served) as second:
                     second.nnrp.open_session()
                     second.send()
                     terminated = await asyncio.wait_for(second.terminated, 10)
@@ -259,8 +257,7 @@ def test_a_server_stop_delivers_the_shutdown_terminal_then_closes_the_connection
     served = ServedNNRP((f"quic://127.0.0.1:{free_port()}",), tls_cert_file=cert, tls_key_file=key)
 
     async def main():
-        async with connect("127.0.0.1", port_of(served), configuration=configuration(["nnrp/1"]),
-                           create_protocol=NNRPOverQuic) as client:  # fmt: skip
+        async with client_of(served) as client:
             await client.open_and_submit(SLOW)
             threading.Thread(target=served.stop).start()
             pushed = await client.wait_for(ev.ResultPushed)
@@ -281,8 +278,7 @@ def test_a_stop_that_outlasts_a_silent_client_leaves_no_task_pending(tmp_path, c
     served = ServedNNRP((f"quic://127.0.0.1:{free_port()}",), tls_cert_file=cert, tls_key_file=key)
 
     async def main():
-        opening = connect("127.0.0.1", port_of(served), configuration=configuration(["nnrp/1"]),
-                          create_protocol=NNRPOverQuic)  # fmt: skip
+        opening = client_of(served)
         client = await opening.__aenter__()  # never left: the client goes silent
         await client.open_and_submit(SLOW)
         if client._timer is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import time
 
 import orjson
 import pytest
@@ -20,7 +21,8 @@ from compat.launcher import POOLING_ARGS, SERVED_NAME, VLLMServer, attach_option
 from tests.support import free_port, self_signed
 from vllm_nnrp_plugin.client import ProfileClient
 
-__all__ = ["IN_FLIGHT_PER_SESSION", "MAX_SESSIONS", "LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir"]
+__all__ = ["IN_FLIGHT_PER_SESSION", "MAX_SESSIONS", "LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir",
+           "vllm_requests", "wait_idle"]
 
 MODEL_ENV = "VLLM_NNRP_TEST_MODEL"
 #: the shared server's ``nnrp.max_in_flight_per_session``
@@ -42,6 +44,21 @@ def model_dir() -> str:
         pytest.skip(f"{MODEL_ENV} is not set: run the e2e tests through compat/run-vllm-tests.sh (tox -e vllm-0.26.0)")
     return model
 
+
+
+def vllm_requests(server) -> float:
+    """Requests vLLM runs or queues right now (its ``vllm:num_requests_running`` + ``…_waiting`` gauges)."""
+    return server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting")
+
+
+def wait_idle(server, timeout_s: float = 15.0) -> bool:
+    """True once vLLM reports no running and no waiting request (polled every 0.2 s for up to ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if vllm_requests(server) == 0:
+            return True
+        time.sleep(0.2)
+    return False
 
 @pytest.fixture(scope="session")
 def vllm_version():

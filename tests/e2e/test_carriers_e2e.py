@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 
 import pytest
 from nnrp.client import NativeClientSessionOptions
 
-from tests.e2e.conftest import IN_FLIGHT_PER_SESSION, LONG, SERVED_NAME
+from tests.e2e.conftest import IN_FLIGHT_PER_SESSION, LONG, SERVED_NAME, vllm_requests, wait_idle
 from tests.support import envelope
 from vllm_nnrp_plugin.client import ProfileClient
 
@@ -39,19 +38,6 @@ def more_sessions(client: ProfileClient, count: int) -> list[ProfileClient]:
     return [ProfileClient(contextlib.ExitStack(), client.connection, session) for session in asyncio.run(open_all())]
 
 
-def vllm_requests(server) -> float:
-    return server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting")
-
-
-def wait_idle(server, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if vllm_requests(server) == 0:
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def api_server_threads(server) -> int:
     """Threads of the API-server process (``vllm serve`` itself; the engine core is its child)."""
     return len(os.listdir(f"/proc/{server.proc.pid}/task"))
@@ -59,7 +45,7 @@ def api_server_threads(server) -> int:
 
 @pytest.mark.parametrize("scheme", CARRIERS)
 def test_sessions_on_one_connection_stream_at_once_and_a_cancel_aborts_vllm(vllm_server, scheme):
-    assert wait_idle(vllm_server)
+    assert wait_idle(vllm_server, 30)
     client = connected(vllm_server, scheme)
     try:
         sessions = [client, *more_sessions(client, 3)]
@@ -82,7 +68,7 @@ def test_sessions_on_one_connection_stream_at_once_and_a_cancel_aborts_vllm(vllm
 
 @pytest.mark.parametrize("scheme", ["ipc", *CARRIERS])
 def test_a_session_over_its_in_flight_limit_is_refused_and_vllm_never_sees_it(vllm_server, scheme):
-    assert wait_idle(vllm_server)
+    assert wait_idle(vllm_server, 30)
     client = connected(vllm_server, scheme)
     try:
         ops = [client.submit(envelope(LONG)) for _ in range(IN_FLIGHT_PER_SESSION)]
@@ -95,7 +81,7 @@ def test_a_session_over_its_in_flight_limit_is_refused_and_vllm_never_sees_it(vl
             assert list(client.events(op, timeout_s=60))[-1].terminal
     finally:
         client.close()
-    assert wait_idle(vllm_server), "vLLM still runs cancelled requests"
+    assert wait_idle(vllm_server, 30), "vLLM still runs cancelled requests"
 
 
 @pytest.mark.parametrize("scheme", CARRIERS)

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import LONG, SERVED_NAME, VLLMServer, attach_options, model_dir
+from tests.e2e.conftest import LONG, SERVED_NAME, VLLMServer, attach_options, model_dir, wait_idle
 from tests.support import envelope, free_port, two_free_ports
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body
@@ -43,16 +43,6 @@ def run(client, env, timeout_s=120):
 def http_chat(server, body):
     response = httpx.post(f"{server.http}/v1/chat/completions", json=body, timeout=120)
     return response.status_code, response.json()
-
-
-def wait_idle(server, timeout_s=15.0):
-    """True once vLLM reports no running and no waiting request."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.metric("vllm:num_requests_running") == 0 and server.metric("vllm:num_requests_waiting") == 0:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 @pytest.mark.binding_core

@@ -52,7 +52,6 @@ from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from vllm_nnrp_plugin.log_safety import loggable
-from vllm_nnrp_plugin.nnrp_binding.bounds import CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol
 from vllm_nnrp_plugin.nnrp_wire.framing import HEADER_LENGTH
 
@@ -119,7 +118,6 @@ class WebSocketConnection(ConnectionProtocol):
         self._open = False  # the Upgrade was accepted and no close frame went out yet
         self._head: bytearray | None = bytearray()  # bytes received before the Upgrade was answered
         self._message_bytes = 0  # bytes of the binary message being received
-        self._max_message = kwargs.get("bounds", CarrierBounds()).max_packet_bytes  # the core's packet limit
 
     # -- input ------------------------------------------------------------------------------------------------
 
@@ -178,8 +176,8 @@ class WebSocketConnection(ConnectionProtocol):
         """Feed one piece of a binary message to the wire core; False when the connection ended."""
         data = message.data
         self._message_bytes += len(data)
-        if self._message_bytes > self._max_message:
-            self._fail(CLOSE_MESSAGE_TOO_BIG, f"a message over {self._max_message} bytes")
+        if self._message_bytes > self.max_packet_bytes:
+            self._fail(CLOSE_MESSAGE_TOO_BIG, f"a message over {self.max_packet_bytes} bytes")
             return False
         if data:
             for event in self._core.receive_data(data):
