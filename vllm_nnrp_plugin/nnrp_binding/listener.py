@@ -40,6 +40,7 @@ import os
 import socket
 import ssl
 import urllib.parse
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -52,8 +53,10 @@ from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
 from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol, FlushRound, SessionGate
-from vllm_nnrp_plugin.nnrp_binding.quic import NNRPQuicServer, server_configuration
 from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
+
+if TYPE_CHECKING:
+    from vllm_nnrp_plugin.nnrp_binding.quic import NNRPQuicServer
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +154,10 @@ class Listener:
             self.bound.append(_with_port(carrier.uri, sock.getsockname()[1]))
 
     async def _bind_quic(self, carrier: Carrier) -> None:
-        """A UDP socket on the loop whose datagrams aioquic's server protocol takes (:mod:`.quic`)."""
+        """A UDP socket on the loop whose datagrams aioquic's server protocol takes (:mod:`.quic`, imported here:
+        aioquic takes about 0.1 s to import, which a server without a QUIC address need not pay at start-up)."""
+        from vllm_nnrp_plugin.nnrp_binding.quic import NNRPQuicServer, server_configuration
+
         configuration = server_configuration(self._exposure)
         door = _Door(None, carrier.label, None, authenticator_for(carrier.transport, self._keys))
         host = carrier.host or "127.0.0.1"
