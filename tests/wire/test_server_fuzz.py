@@ -25,6 +25,7 @@ from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader, encode
 from vllm_nnrp_plugin.nnrp_wire.server import LocalProtocolError, ServerConnection
 
 from . import wirekit as w
+from .fuzz_rounds import run_until
 
 SCALE = int(os.environ.get("NNRP_FUZZ_SCALE", "1"))
 FUZZ = settings(max_examples=150 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -235,8 +236,9 @@ def test_a_corrupted_byte_anywhere(data, name: str, position: int, value: int) -
 # some outcomes over all the examples of a run, and the test that runs them asserts every expected one was
 # seen: the coverage is computed inside the same test, so a test run alone or in any order checks its own.
 # Hypothesis's examples cluster (it mutates earlier examples), so a rare event can be missing from one run of
-# max_examples by chance: the run is repeated (fresh examples, every invariant still checked) while something
-# is missing, at most COVERAGE_ROUNDS times. Something the generator cannot reach fails every time.
+# max_examples by chance: the run is repeated (fresh examples, every invariant still checked; see .fuzz_rounds
+# for derandomized profiles) while something is missing, at most COVERAGE_ROUNDS times. Something the generator
+# cannot reach fails every time.
 
 #: most hypothesis runs one coverage test makes before it fails for what its examples never produced
 COVERAGE_ROUNDS = 6
@@ -272,11 +274,9 @@ def _covering(fuzz, *, shapes=(), events=(), outcomes=()) -> Coverage:
     :data:`COVERAGE_ROUNDS` times; fail with what is still missing."""
     global SEEN
     SEEN = seen = Coverage()
-    while seen.runs < COVERAGE_ROUNDS:
-        fuzz()
-        seen.runs += 1
-        if not seen.missing(shapes, events, outcomes):
-            return seen
+    seen.runs = run_until(fuzz, COVERAGE_ROUNDS, lambda: not seen.missing(shapes, events, outcomes))
+    if not seen.missing(shapes, events, outcomes):
+        return seen
     gaps = seen.missing(shapes, events, outcomes)
     raise AssertionError(f"in {seen.runs} runs the generator never produced {gaps}: shapes {dict(seen.shapes)}, "
                          f"events {dict(seen.events)}, outcomes {dict(seen.outcomes)}")  # fmt: skip

@@ -56,6 +56,7 @@ from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader, encode
 
 from . import wirekit as w
+from .fuzz_rounds import run_until
 
 # the carrier's connection module (FlushRound, SessionGate), wherever the restructuring puts it
 _carrier = importlib.import_module(WebSocketConnection.__mro__[1].__module__)
@@ -702,11 +703,10 @@ def _covering(fuzz, expected) -> Counter:
     """Run the hypothesis test ``fuzz`` until its examples covered every one of ``expected`` (at most
     :data:`COVERAGE_ROUNDS` runs); fail with what it never produced."""
     SEEN.clear()
-    for _ in range(COVERAGE_ROUNDS):
-        fuzz()
-        missing = set(expected) - set(SEEN)
-        if not missing:
-            return SEEN
+    run_until(fuzz, COVERAGE_ROUNDS, lambda: not set(expected) - set(SEEN))
+    missing = set(expected) - set(SEEN)
+    if not missing:
+        return SEEN
     raise AssertionError(f"in {COVERAGE_ROUNDS} runs the generator never produced {sorted(missing)}: {dict(SEEN)}")
 
 
