@@ -7,7 +7,7 @@ Rows (events/s, one sample per repetition, single thread = one core):
 * ``mapper.sse_to_partial``: what the server does per chunk before the transport — vLLM's ``data: …``
   strings through :func:`vllm_nnrp_plugin.vllm_binding.chunk_shapes.vllm_chunks` (parsing, normalising, the
   one seam production uses), ``feed``, and encode each event as a numbered partial result
-  (:class:`~vllm_nnrp_plugin.operation.OperationMachine`).
+  (:class:`~vllm_nnrp_plugin.operation.Operation`, one per stream with its observation record).
 
 Input: every recorded ``.sse`` stream of compat/fixtures/vllm/0.26.0 (and shared fixtures of other vLLM lines
 when present), replayed round-robin.
@@ -20,7 +20,8 @@ import pathlib
 import time
 
 from bench.results import Result, Target
-from vllm_nnrp_plugin.operation import OperationMachine
+from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.operation import Operation
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import VLLMStream, vllm_chunks
 
@@ -63,12 +64,15 @@ async def _sse_to_partial_async(streams: list[list[str]], rounds: int) -> int:
     for _ in range(rounds):
         for stream in streams:
             mapper = ChatStreamMapper()
-            machine = OperationMachine()
+            operation = Operation(Observation(
+                connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp", submitted_ns=0,
+                submitted_unix_ns=0,
+            ))  # fmt: skip
             async for chunk in vllm_chunks(_replay(stream)):
                 for event in mapper.feed(chunk):
-                    machine.number(machine.partial(event))  # queued, then taken and encoded for sending
-            machine.complete(mapper.completed_body())
-            events += machine.events_sent
+                    operation.take(operation.partial(event))  # queued, then taken and encoded for sending
+            operation.complete(mapper.completed_body())
+            events += operation.events_sent
     return events
 
 

@@ -1,7 +1,11 @@
 """The operation's rules as plain data (h11 style: events in, actions out; no I/O, no threads, no clock reads).
 
-:class:`OperationMachine` numbers partial results from 1, decides exactly one terminal and refuses anything
-after it. :class:`Operation` wraps it with every other rule of one submitted operation:
+:class:`Operation` owns one submitted operation's lifecycle: its :class:`State` moves only through the table
+:data:`TRANSITIONS`, ``(state, input) -> (effects, new state)`` (the way h2's ``stream.py`` drives a stream).
+The adapter, the service and the carrier are its inputs (:class:`Input`); what a transition asks of them comes
+back as a :class:`Decision` (:class:`Effect`: queue the terminal for the carrier, stop the backend work, send
+now). It numbers partial results from 1, decides exactly one terminal, refuses anything after it, and keeps
+every other rule of an operation:
 
 * a peer cancel (or a lost transport) turns the terminal into a drop: NNRP's client refuses partial results and
   a RESULT_PUSH once it cancelled (nnrp-rs ``crates/nnrp-runtime/src/client.rs``; the wire core,
@@ -31,9 +35,9 @@ after it. :class:`Operation` wraps it with every other rule of one submitted ope
 Frames follow the frozen wire mapping of the ``openai-compatible/1`` profile: ``response.completed`` /
 ``response.error`` as a RESULT_PUSH; a cancellation as a RESULT_DROP_REASON. The NNRP binding
 (:mod:`vllm_nnrp_plugin.wire_mapping`) turns the sealed actions into frames; nothing here knows NNRP types.
-An :class:`Operation` is not thread-safe: one thread owns it (the binding's, vLLM's event loop:
-:class:`vllm_nnrp_plugin.nnrp_binding.server_operation.ServerOperation`). Every time is passed in by the caller: ``now_ns`` is ``time.monotonic_ns()``, ``*_unix_ms``
-wall-clock ms.
+An :class:`Operation` is not thread-safe: vLLM's event loop owns it, through
+:class:`vllm_nnrp_plugin.nnrp_binding.server_operation.ServerOperation`, which carries out its decisions. Every
+time is passed in by the caller: ``now_ns`` is ``time.monotonic_ns()``, ``*_unix_ms`` wall-clock ms.
 """
 
 from __future__ import annotations
@@ -84,8 +88,8 @@ class PartialResult:
 @attrs.frozen
 class Terminal:
     """A decided terminal, not encoded yet: ``event`` is the profile terminal event (``response.completed``,
-    ``response.error`` or ``response.cancelled``); ``status`` informational (200, 4xx, 5xx; 0 for a drop); ``drop`` is set
-    when it goes out as a RESULT_DROP_REASON (a cancellation), ``None`` for a RESULT_PUSH."""
+    ``response.error`` or ``response.cancelled``); ``status`` informational (200, 4xx, 5xx; 0 for a drop);
+    ``drop`` is set when it goes out as a RESULT_DROP_REASON (a cancellation), ``None`` for a RESULT_PUSH."""
 
     status: int
     event: dict[str, Any]
@@ -113,52 +117,99 @@ class ResultDrop:
 Action = PartialResult | Terminal
 
 
-class OperationMachine:
-    """States: open -> finished. Every method returns the action to send, or ``None`` once finished."""
+class State(enum.Enum):
+    """Where one operation is in its lifecycle (:data:`TRANSITIONS`)."""
 
-    __slots__ = ("_sequence", "finished", "outcome")
+    ADMITTED = "admitted"  # submitted and admitted, not handed to vLLM yet
+    RUNNING = "running"  # handed to vLLM (its trace context frozen)
+    DECIDED = "decided"  # its terminal push is queued, not sent yet
+    DROPPING = "dropping"  # cancelled, superseded or expired: only a drop may go out (queued, or the queued push
+    # becomes it)
+    SENT = "sent"  # its terminal went out, or can never (the client is gone)
 
-    def __init__(self) -> None:
-        self._sequence = 0
-        self.finished = False
-        #: "completed", "error:<code>", "cancelled:<reason>" once finished
-        self.outcome: str | None = None
+
+class Input(enum.Enum):
+    """What can happen to an operation, and who says so: the adapter (``DISPATCH``, ``PARTIAL``, ``COMPLETE``,
+    ``FAIL``), the session outbox (``OVERFLOW``), the service (``TIME_OUT``, ``EXPIRE``, ``SHUT_DOWN``), the
+    carrier (``CANCEL``: FRAME_CANCEL, CANCEL, ABORT, SUPERSEDE or a session's end; ``LOSE``; ``SEAL``;
+    ``UNSENDABLE``)."""
+
+    DISPATCH = "dispatch"  # the request goes to vLLM
+    PARTIAL = "partial"  # a non-terminal event
+    COMPLETE = "complete"  # response.completed
+    FAIL = "fail"  # response.error
+    OVERFLOW = "overflow"  # the session outbox is full: response.error client_too_slow
+    TIME_OUT = "time_out"  # a bound passed: response.error request_timeout
+    EXPIRE = "expire"  # an NNRP deadline passed before the engine produced output: the deadline_expired drop
+    SHUT_DOWN = "shut_down"  # the server stops: response.error server_shutdown
+    CANCEL = "cancel"  # the peer cancelled (or superseded) it: the drop
+    LOSE = "lose"  # the client is gone: nothing can be sent
+    SEAL = "seal"  # the carrier sends the queued terminal now
+    UNSENDABLE = "unsendable"  # a frame of it cannot be built: it ends with a server_error drop
+
+
+class Effect(enum.Flag):
+    """What a transition asks of the operation's outputs."""
+
+    NONE = 0
+    QUEUE = enum.auto()  # what was decided (a partial result, or the terminal) goes into the session outbox
+    STOP = enum.auto()  # the backend work stops: the service aborts the vLLM request and cancels its task
+    SEND = enum.auto()  # the terminal is encoded for the carrier to send now
+    FREEZE = enum.auto()  # the trace context is frozen (dispatch)
+
+
+_A, _R, _D, _X, _S = State.ADMITTED, State.RUNNING, State.DECIDED, State.DROPPING, State.SENT
+_Q, _STOP, _SEND = Effect.QUEUE, Effect.STOP, Effect.SEND
+
+#: The lifecycle, ``(state, input) -> (effects, new state)``, the way h2's ``stream.py`` drives an HTTP/2 stream.
+#: A pair not listed changes nothing and has no effect: once a terminal is decided, later decisions are no-ops;
+#: partial results are admitted only before it; a cancel after a decided push turns that push into the drop
+#: when it is sealed (NNRP's client refuses a RESULT_PUSH after it cancelled: nnrp-rs
+#: ``crates/nnrp-runtime/src/client.rs``); a stop is asked again whenever a bound or a shutdown comes while the
+#: task may still run.
+TRANSITIONS: dict[tuple[State, Input], tuple[Effect, State]] = {
+    (_A, Input.DISPATCH): (Effect.FREEZE, _R),
+    (_A, Input.PARTIAL): (_Q, _A), (_R, Input.PARTIAL): (_Q, _R),
+    (_A, Input.COMPLETE): (_Q, _D), (_R, Input.COMPLETE): (_Q, _D),
+    (_A, Input.FAIL): (_Q, _D), (_R, Input.FAIL): (_Q, _D),
+    (_A, Input.OVERFLOW): (_Q | _STOP, _D), (_R, Input.OVERFLOW): (_Q | _STOP, _D),
+    (_A, Input.TIME_OUT): (_Q | _STOP, _D), (_R, Input.TIME_OUT): (_Q | _STOP, _D),
+    (_D, Input.TIME_OUT): (_STOP, _D), (_X, Input.TIME_OUT): (_STOP, _X), (_S, Input.TIME_OUT): (_STOP, _S),
+    (_A, Input.EXPIRE): (_Q | _STOP, _X), (_R, Input.EXPIRE): (_Q | _STOP, _X),
+    (_D, Input.EXPIRE): (_STOP, _D), (_X, Input.EXPIRE): (_STOP, _X), (_S, Input.EXPIRE): (_STOP, _S),
+    (_A, Input.SHUT_DOWN): (_Q | _STOP, _D), (_R, Input.SHUT_DOWN): (_Q | _STOP, _D),
+    (_D, Input.SHUT_DOWN): (_STOP, _D), (_X, Input.SHUT_DOWN): (_STOP, _X), (_S, Input.SHUT_DOWN): (_STOP, _S),
+    (_A, Input.CANCEL): (_Q | _STOP, _X), (_R, Input.CANCEL): (_Q | _STOP, _X),
+    (_D, Input.CANCEL): (_STOP, _X), (_X, Input.CANCEL): (_STOP, _X),
+    (_A, Input.LOSE): (_STOP, _S), (_R, Input.LOSE): (_STOP, _S), (_D, Input.LOSE): (_STOP, _S),
+    (_X, Input.LOSE): (_STOP, _S),
+    (_D, Input.SEAL): (_SEND, _S), (_X, Input.SEAL): (_SEND, _S),
+    (_A, Input.UNSENDABLE): (_SEND | _STOP, _S), (_R, Input.UNSENDABLE): (_SEND | _STOP, _S),
+    (_D, Input.UNSENDABLE): (_SEND | _STOP, _S), (_X, Input.UNSENDABLE): (_SEND | _STOP, _S),
+    (_S, Input.UNSENDABLE): (_SEND | _STOP, _S),  # the sealed terminal itself could not be framed
+}  # fmt: skip
+
+#: states in which partial results are still decided (before a terminal)
+_OPEN = frozenset(state for state, event in TRANSITIONS if event is Input.PARTIAL)
+#: states in which queued partial results may still go out (before a terminal went out or a cancel)
+_ADMITS_PARTIALS = frozenset((_A, _R, _D))
+
+
+@attrs.frozen
+class Decision:
+    """What one input decided: ``effect`` (:class:`Effect`) and, with :attr:`Effect.QUEUE`, the ``terminal`` to
+    queue."""
+
+    effect: Effect
+    terminal: Terminal | None = None
 
     @property
-    def events_sent(self) -> int:
-        """Partial results numbered so far."""
-        return self._sequence
+    def stop(self) -> bool:
+        """The backend work must stop."""
+        return Effect.STOP in self.effect
 
-    def partial(self, event: dict[str, Any]) -> PartialResult | None:
-        """A non-terminal event (``response.output_text.delta``, ``response.usage`` …), not numbered yet."""
-        if self.finished:
-            return None
-        return PartialResult(event)
 
-    def number(self, partial: PartialResult) -> PartialResult:
-        """``partial`` goes out now: the next sequence number and its encoding."""
-        self._sequence += 1
-        partial.sequence, partial.body = self._sequence, events.encode(partial.event)
-        return partial
-
-    def complete(self, body: dict[str, Any]) -> Terminal | None:
-        """Terminal ``response.completed {body}``, status 200."""
-        return self._end(Terminal(200, events.completed(body)), "completed")
-
-    def fail(self, err: ProfileError) -> Terminal | None:
-        """Terminal ``response.error``, status ``err.status``."""
-        return self._end(Terminal(err.status, events.error(err)), f"error:{err.code}")
-
-    def cancel(self, reason: DropReason, detail: str) -> Terminal | None:
-        """Terminal drop carrying ``response.cancelled {reason: detail}``."""
-        return self._end(cancelled(reason, detail), f"cancelled:{detail}")
-
-    def _end(self, terminal: Terminal, outcome: str) -> Terminal | None:
-        if self.finished:
-            return None
-        self.finished = True
-        self.outcome = outcome
-        return terminal
+NOTHING = Decision(Effect.NONE)
 
 
 def cancelled(reason: DropReason, detail: str) -> Terminal:
@@ -167,18 +218,18 @@ def cancelled(reason: DropReason, detail: str) -> Terminal:
 
 
 class Operation:
-    """One submitted operation's rules (module docstring) around its :class:`OperationMachine` and its
-    :class:`~vllm_nnrp_plugin.observation.Observation` ``observation`` (submit times already set).
+    """One submitted operation's rules (module docstring): its :attr:`state` moves only through
+    :data:`TRANSITIONS`; its :class:`~vllm_nnrp_plugin.observation.Observation` ``observation`` has the submit
+    times already set.
 
-    Decisions (vLLM's event loop in production) return the :data:`Action` to queue, or ``None``; the sending
-    side (the connection) reads :attr:`admits_partials` before each partial result and asks :meth:`seal` for
-    the terminal.
+    Decisions (vLLM's event loop in production) return a :class:`Decision` (partial results: the
+    :class:`PartialResult` to queue, or ``None``); the sending side (the connection) reads
+    :attr:`admits_partials` before each partial result and asks :meth:`seal` for the terminal.
     """
 
     __slots__ = (
-        "observation", "submitted_unix_ms", "expires_unix_ms", "admits_partials",
-        "_machine", "_tail", "_cancel_detail", "_cancel_reason", "_terminal_sent", "_trace", "_dispatched",
-        "_unsettled", "_nnrp_deadline",
+        "observation", "submitted_unix_ms", "expires_unix_ms", "admits_partials", "state",
+        "_sequence", "_tail", "_cancel_detail", "_cancel_reason", "_trace", "_unsettled", "_nnrp_deadline",
     )  # fmt: skip
 
     def __init__(self, observation: obs.Observation) -> None:
@@ -186,30 +237,44 @@ class Operation:
         self.submitted_unix_ms = observation.submitted_unix_ns // 1_000_000
         #: wall-clock ms after which the operation ends with ``request_timeout`` (None: unbounded)
         self.expires_unix_ms: int | None = None
-        self._machine = OperationMachine()
-        self._tail: PartialResult | None = None  # the newest partial result decided and not taken yet
-        #: whether a queued partial result may still go out: not after a terminal was sent or a cancel (a plain
-        #: flag: the sending side reads it once per partial result)
+        self.state = State.ADMITTED
+        #: whether a queued partial result may still go out (kept with :attr:`state`: the sending side reads
+        #: it once per partial result)
         self.admits_partials = True
+        self._sequence = 0  # partial results numbered so far
+        self._tail: PartialResult | None = None  # the newest partial result decided and not taken yet
         self._cancel_detail: str | None = None  # the peer cancelled or the transport was lost: only a drop goes out
         self._cancel_reason = DropReason.PEER_CANCELLED  # the drop a push decided before that cancel turns into
         self._nnrp_deadline = False  # the current expiry is an NNRP deadline's (not the envelope's timeout_ms)
-        self._terminal_sent = False
         self._trace: trace.TraceContext | None = None  # operation-scoped TRACE_CONTEXT, until dispatch
-        self._dispatched = False
         self._unsettled = 2  # the terminal sent, and the end of the operation's task
 
     @property
     def finished(self) -> bool:
         """A terminal was decided."""
-        return self._machine.finished
+        return self.state not in _OPEN
+
+    @property
+    def events_sent(self) -> int:
+        """Partial results numbered so far."""
+        return self._sequence
+
+    def _step(self, event: Input) -> Effect:
+        """Take ``event`` through :data:`TRANSITIONS`: the effects it asks for (the state moved)."""
+        effect, self.state = TRANSITIONS.get((self.state, event), (Effect.NONE, self.state))
+        self.admits_partials = self.state in _ADMITS_PARTIALS
+        return effect
+
+    def _decide(self, event: Input, terminal: Terminal) -> Decision:
+        effect = self._step(event)
+        return Decision(effect, terminal if Effect.QUEUE in effect else None) if effect else NOTHING
 
     # -- decisions -----------------------------------------------------------------------------------------
 
     def partial(self, event: dict[str, Any]) -> PartialResult | None:
         """One non-terminal event: the partial result to queue, or ``None`` when there is nothing new to queue
         (a terminal was decided, or ``event`` joined the delta still waiting to be sent)."""
-        if self._machine.finished:
+        if self.state not in _OPEN:
             return None
         tail = self._tail
         if tail is not None:
@@ -218,71 +283,89 @@ class Operation:
                 tail.event = merged
                 tail.events += 1
                 return None
-        self._tail = self._machine.partial(event)
+        self._tail = PartialResult(event)
         return self._tail
 
     def take(self, partial: PartialResult) -> PartialResult:
-        """The sending side takes ``partial`` (queued by :meth:`partial`) to send it now: numbered and encoded;
-        nothing joins it any more."""
+        """The sending side takes ``partial`` (queued by :meth:`partial`) to send it now: numbered (from 1) and
+        encoded; nothing joins it any more."""
         if partial is self._tail:
             self._tail = None
-        return self._machine.number(partial)
+        self._sequence += 1
+        partial.sequence, partial.body = self._sequence, events.encode(partial.event)
+        return partial
 
-    def overflow(self, max_queued_events: int) -> Terminal | None:
+    def overflow(self, max_queued_events: int) -> Decision:
         """The session outbox already holds ``max_queued_events`` events: terminal ``response.error``
-        ``client_too_slow`` (the caller stops the backend work)."""
-        return self.fail(E.client_too_slow(
+        ``client_too_slow``, and the backend work stops."""
+        err = E.client_too_slow(
             f"{max_queued_events} events are waiting to be sent on this session (nnrp.max_queued_events): "
             "the client reads slower than the model generates"
-        ))  # fmt: skip
-
-    def complete(self, body: dict[str, Any]) -> Terminal | None:
-        """Terminal ``response.completed {body}``."""
-        terminal = self._machine.complete(body)
-        if terminal is not None:
-            self.observation.completed()
-        return terminal
-
-    def fail(self, err: ProfileError) -> Terminal | None:
-        """Terminal ``response.error``."""
-        terminal = self._machine.fail(err)
-        if terminal is not None:
+        )  # fmt: skip
+        decision = self._decide(Input.OVERFLOW, Terminal(err.status, events.error(err)))
+        if decision.terminal is not None:
             self.observation.failed(code=err.code, family=err.type, status=err.status)
-        return terminal
+        return decision
 
-    def time_out(self, now_ns: int, *, started: bool = True) -> Terminal | None:
+    def complete(self, body: dict[str, Any]) -> Decision:
+        """Terminal ``response.completed {body}``, status 200."""
+        decision = self._decide(Input.COMPLETE, Terminal(200, events.completed(body)))
+        if decision.terminal is not None:
+            self.observation.completed()
+        return decision
+
+    def fail(self, err: ProfileError) -> Decision:
+        """Terminal ``response.error``, status ``err.status``."""
+        return self._fail(Input.FAIL, err)
+
+    def _fail(self, event: Input, err: ProfileError) -> Decision:
+        decision = self._decide(event, Terminal(err.status, events.error(err)))
+        if decision.terminal is not None:
+            self.observation.failed(code=err.code, family=err.type, status=err.status)
+        return decision
+
+    def time_out(self, now_ns: int, *, started: bool = True) -> Decision:
         """The bound passed: the ``deadline_expired`` drop when it was an NNRP deadline and the engine has not
-        produced output (``started`` False), else ``response.error`` ``request_timeout`` (504); nothing when a
-        terminal was decided."""
+        produced output (``started`` False), else ``response.error`` ``request_timeout`` (504); the backend
+        work stops either way."""
         if self._nnrp_deadline and not started:
-            return self.cancel(DropReason.DEADLINE_EXPIRED, DropReason.DEADLINE_EXPIRED.value, now_ns)
+            reason = DropReason.DEADLINE_EXPIRED
+            return self._drop(Input.EXPIRE, reason, reason.value, now_ns)
         self.observation.cancelled(now_ns, source=obs.DEADLINE, reason=E.REQUEST_TIMEOUT)
         bound_ms = (self.expires_unix_ms or self.submitted_unix_ms) - self.submitted_unix_ms
-        return self.fail(ProfileError(
+        return self._fail(Input.TIME_OUT, ProfileError(
             E.REQUEST_TIMEOUT, f"operation {self.observation.operation_id} exceeded its deadline "
             f"({bound_ms} ms after submit)", E.SERVER_ERROR, 504,
         ))  # fmt: skip
 
-    def shut_down(self, now_ns: int) -> Terminal | None:
-        """The server is stopping: ``response.error`` ``server_shutdown`` unless a terminal was decided."""
+    def shut_down(self, now_ns: int) -> Decision:
+        """The server is stopping: ``response.error`` ``server_shutdown`` unless a terminal was decided; the
+        backend work stops either way."""
         self.observation.cancelled(now_ns, source=obs.SERVER, reason=E.SERVER_SHUTDOWN)
-        return self.fail(E.server_shutdown())
+        return self._fail(Input.SHUT_DOWN, E.server_shutdown())
 
-    def cancel(self, reason: DropReason, detail: str, now_ns: int) -> Terminal | None:
-        """The peer cancelled (or the transport is lost): nothing but a drop goes out from now on. Returns
-        the drop to send at once, or ``None`` when a terminal was decided already (:meth:`seal` turns a
-        push into the drop)."""
-        if self._cancel_detail is None:
+    def cancel(self, reason: DropReason, detail: str, now_ns: int) -> Decision:
+        """The peer cancelled (or superseded) it: nothing but a drop goes out from now on, and the backend work
+        stops. The drop is queued, unless a terminal was decided already (:meth:`seal` turns a push into the
+        drop)."""
+        return self._drop(Input.CANCEL, reason, detail, now_ns)
+
+    def _drop(self, event: Input, reason: DropReason, detail: str, now_ns: int) -> Decision:
+        if (self.state in _OPEN or self.state is _D and event is Input.CANCEL) and self._cancel_detail is None:
             self._cancel_detail, self._cancel_reason = detail, reason
-        self.admits_partials = False
         self.observation.cancelled(now_ns, source=CANCEL_SOURCE[reason], reason=detail)
-        return self._machine.cancel(reason, detail)
+        return self._decide(event, cancelled(reason, detail))
 
-    def lose(self, detail: str, now_ns: int) -> None:
-        """The client is gone: nothing can be delivered; the operation ends as cancelled (``detail``)."""
-        self.cancel(DropReason.TRANSPORT_CLOSED, detail, now_ns)
+    def lose(self, detail: str, now_ns: int) -> Decision:
+        """The client is gone: nothing can be delivered; the operation ends as cancelled (``detail``) and its
+        backend work stops."""
+        if self.state is _S:
+            return NOTHING
+        if self._cancel_detail is None:
+            self._cancel_detail, self._cancel_reason = detail, DropReason.TRANSPORT_CLOSED
+        self.observation.cancelled(now_ns, source=obs.TRANSPORT, reason=detail)
         self.observation.terminal_sent(now_ns, dropped=True)
-        self._terminal_sent, self.admits_partials = True, False
+        return Decision(self._step(Input.LOSE))
 
     # -- deadlines and trace context -----------------------------------------------------------------------
 
@@ -305,15 +388,14 @@ class Operation:
 
     def override_trace(self, context: trace.TraceContext) -> None:
         """An operation-scoped TRACE_CONTEXT; ignored once dispatched (in-flight work never changes)."""
-        if not self._dispatched:
+        if self.state is _A:
             self._trace = context
 
     def dispatch(self, session_trace: trace.TraceContext | None) -> trace.TraceContext | None:
         """The operation goes to vLLM now: its trace context (own override, else ``session_trace``) is frozen,
-        recorded in the observation and returned (the frozen one again on a later call)."""
-        if self._dispatched:
+        recorded in the observation and returned (the frozen one, or ``None``, on a later call)."""
+        if not self._step(Input.DISPATCH):
             return self.observation.trace
-        self._dispatched = True
         context = trace.for_dispatch(session_trace, self._trace)
         self.observation.trace = context
         return context
@@ -324,7 +406,7 @@ class Operation:
         """The terminal about to be sent, encoded once (with ``diagnostics`` when the envelope asked), and
         recorded as sent at ``now_ns``. ``None`` when a terminal was sent already; a push decided before a
         peer cancel becomes the cancel's drop."""
-        if self._terminal_sent:
+        if not self._step(Input.SEAL):
             return None
         if terminal.drop is None and self._cancel_detail is not None:
             terminal = cancelled(self._cancel_reason, self._cancel_detail)
@@ -332,10 +414,10 @@ class Operation:
 
     def unsendable(self, now_ns: int) -> ResultDrop:
         """A frame of this operation cannot be built (a bug): it ends with a TRANSPORT_CLOSED drop
-        ``response.cancelled`` ``server_error`` (no diagnostics: they may be what failed); the caller stops its
-        backend work."""
-        self.cancel(DropReason.TRANSPORT_CLOSED, "server_error", now_ns)
-        self._terminal_sent = False
+        ``response.cancelled`` ``server_error`` (no diagnostics: they may be what failed); its backend work
+        stops (:attr:`Effect.STOP`, always)."""
+        self.observation.cancelled(now_ns, source=obs.TRANSPORT, reason="server_error")
+        self._step(Input.UNSENDABLE)
         return self._seal(cancelled(DropReason.TRANSPORT_CLOSED, "server_error"), now_ns, diagnostics=False)
 
     def elapsed_ms(self, now_ns: int) -> int:
@@ -351,14 +433,13 @@ class Operation:
     def _seal(self, terminal: Terminal, now_ns: int, *, diagnostics: bool) -> ResultPush | ResultDrop:
         record = self.observation
         record.terminal_sent(now_ns, dropped=terminal.drop is not None)
-        self._terminal_sent, self.admits_partials = True, False
         event = terminal.event
         if diagnostics and record.diagnostics_requested:
             event = {**event, "diagnostics": obs.diagnostics(record)}
         encoded = orjson.dumps(event)
         if terminal.drop is None:
             return ResultPush(terminal.status, encoded)
-        return ResultDrop(terminal.drop, self._machine.events_sent + 1, encoded)
+        return ResultDrop(terminal.drop, self._sequence + 1, encoded)
 
 
 class EarlyDeadlines:

@@ -157,8 +157,7 @@ class NNRPService:
             tasks = list(self._tasks.items())
             logger.info("NNRP stopping: no new sessions; ending %d in-flight operations", len(tasks))
             for sop, _task in tasks:
-                sop.shut_down()  # decided now, before the engine's own shutdown can fail the stream
-                self.stop_operation(sop)
+                sop.shut_down()  # decided now, before the engine's own shutdown can fail the stream; stops it
             if tasks:
                 await asyncio.wait([task for _sop, task in tasks], timeout=ABORT_WAIT_S)
             if self._listener is not None:
@@ -190,9 +189,6 @@ class NNRPService:
         sop.owner = self
         if sop.expires_unix_ms is not None:  # a DEADLINE that came before the submit
             self.rearm(sop)
-
-    def on_stop(self, sop: ServerOperation) -> None:
-        self.stop_operation(sop)
 
     def on_deadline(self, sop: ServerOperation, deadline_unix_ms: int) -> None:
         if sop.bound(deadline_unix_ms):
@@ -255,8 +251,7 @@ class NNRPService:
 
     def _expire(self, sop: ServerOperation) -> None:
         self._timers.pop(sop, None)
-        sop.time_out()
-        self.stop_operation(sop)
+        sop.time_out()  # its terminal, and the stop of its work
 
     def _done(self, sop: ServerOperation) -> None:
         self._tasks.pop(sop, None)

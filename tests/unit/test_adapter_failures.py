@@ -52,10 +52,10 @@ class Sink:
             self.partials += 1
 
     def complete(self, body):
-        self._record(self.machine.complete(body))
+        self._record(self.machine.complete(body).terminal)
 
     def fail(self, err):
-        self._record(self.machine.fail(err))
+        self._record(self.machine.fail(err).terminal)
 
     @functools.cached_property
     def controls(self):

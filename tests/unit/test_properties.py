@@ -151,11 +151,11 @@ class RecordingSink:
         self._record(None if action is None else self.machine.take(action))
 
     def complete(self, body):
-        self._record(self.machine.complete(body))
+        self._record(self.machine.complete(body).terminal)
 
     def fail(self, err):
         assert isinstance(err, E.ProfileError) and err.code in CODES
-        self._record(self.machine.fail(err))
+        self._record(self.machine.fail(err).terminal)
 
     @functools.cached_property
     def controls(self):
@@ -322,18 +322,18 @@ def test_the_rules_give_one_terminal_numbered_partials_and_nothing_after_it(sequ
             made += [action] if action is not None else []
             queue.append(action)
         elif name == "complete":
-            queue.append(op.complete({"object": "chat.completion"}))
+            queue.append(op.complete({"object": "chat.completion"}).terminal)
         elif name == "fail":
-            queue.append(op.fail(E.backend_error("boom")))
+            queue.append(op.fail(E.backend_error("boom")).terminal)
         elif name == "time_out":
-            queue.append(op.time_out(1))
+            queue.append(op.time_out(1).terminal)
         elif name == "shut_down":
-            queue.append(op.shut_down(1))
+            queue.append(op.shut_down(1).terminal)
         elif name == "overflow":
-            queue.append(op.overflow(8))
+            queue.append(op.overflow(8).terminal)
         elif name == "peer_cancel":
             cancelled = cancelled or not any(isinstance(a, ResultPush | ResultDrop) for a in sent)
-            drop = op.cancel(DropReason.PEER_CANCELLED, "client_cancelled", 1)
+            drop = op.cancel(DropReason.PEER_CANCELLED, "client_cancelled", 1).terminal
             if drop is not None:
                 flush(op, [drop], sent)  # the pump sends the drop at once
         elif name == "lose":

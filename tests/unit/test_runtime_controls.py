@@ -151,25 +151,26 @@ def rules() -> Operation:
 def test_an_nnrp_deadline_before_any_output_is_the_deadline_drop_after_it_a_timeout():
     op = rules()
     op.bound(1_000_000_000_100)
-    terminal = op.time_out(5, started=False)
-    assert terminal.drop is DropReason.DEADLINE_EXPIRED and terminal.event == {"type": "response.cancelled",
+    decision = op.time_out(5, started=False)
+    terminal = decision.terminal
+    assert decision.stop and terminal.drop is DropReason.DEADLINE_EXPIRED and terminal.event == {"type": "response.cancelled",
                                                                               "reason": "deadline_expired"}
     assert op.observation.cancel_source == "deadline"
     started = rules()
     started.bound(1_000_000_000_100)
-    assert started.time_out(5, started=True).event["error"]["code"] == E.REQUEST_TIMEOUT
+    assert started.time_out(5, started=True).terminal.event["error"]["code"] == E.REQUEST_TIMEOUT
 
 
 def test_the_envelope_timeout_stays_a_request_timeout_before_output_too():
     op = rules()
     op.limit_time(100)
-    assert op.time_out(5, started=False).event["error"]["code"] == E.REQUEST_TIMEOUT
+    assert op.time_out(5, started=False).terminal.event["error"]["code"] == E.REQUEST_TIMEOUT
 
 
 def test_a_push_decided_before_a_supersede_goes_out_as_the_superseded_drop():
     op = rules()
-    push = op.complete({"id": "x"})
-    assert op.cancel(DropReason.SUPERSEDED, "superseded", 1) is None
+    push = op.complete({"id": "x"}).terminal
+    assert op.cancel(DropReason.SUPERSEDED, "superseded", 1).terminal is None
     sealed = op.seal(push, 2)
     assert isinstance(sealed, ResultDrop) and sealed.reason is DropReason.SUPERSEDED
     assert orjson.loads(sealed.diagnostic) == {"type": "response.cancelled", "reason": "superseded"}
@@ -179,13 +180,15 @@ def test_a_push_decided_before_a_supersede_goes_out_as_the_superseded_drop():
 
 
 class Handler:
+    """The service's part: takes the submitted operation over (its owner) and records the stops it is told."""
+
     def __init__(self) -> None:
         self.stopped: list[ServerOperation] = []
 
     def on_submit(self, sop):
-        pass
+        sop.owner = self
 
-    def on_stop(self, sop):
+    def stop_operation(self, sop):
         self.stopped.append(sop)
 
 

@@ -52,9 +52,6 @@ class Handler:
     def on_submit(self, sop) -> None:
         self.submitted.append(sop)
 
-    def on_stop(self, sop) -> None:
-        pass
-
     def on_deadline(self, sop, deadline_unix_ms) -> None:
         pass
 

@@ -27,10 +27,11 @@ Everything here runs on the loop, so every piece of state has one owner and noth
   bug) is aborted rather than left hung or with packets stranded; a lost connection drops its buffers at once.
 
 What came off the wire goes to the session's policy, which reports to the :class:`.handler.SessionHandler`
-(the service) directly: a submit (its envelope unwrapped), a cancel, a SUPERSEDE or a lost client (``on_stop``),
-an NNRP DEADLINE or EXPIRE_AT (``on_deadline``), a terminal sent (``on_terminal``), an operation whose terminal
-went out last (``on_finished``); PRIORITY_UPDATE and BUDGET_UPDATE change the operation's runtime controls;
-sessions opened and closed (``on_session``) and refused keys (``on_auth_refused``) come from the connection.
+(the service) directly: a submit (its envelope unwrapped), an NNRP DEADLINE or EXPIRE_AT (``on_deadline``), a
+terminal sent (``on_terminal``), an operation whose terminal went out last (``on_finished``); a cancel, a
+SUPERSEDE or a lost client goes to the operation's lifecycle, whose decision stops the work through its owner
+(the service); PRIORITY_UPDATE and BUDGET_UPDATE change the operation's runtime controls; sessions opened and
+closed (``on_session``) and refused keys (``on_auth_refused``) come from the connection.
 """
 
 from __future__ import annotations
@@ -574,7 +575,6 @@ class ConnectionProtocol(asyncio.Protocol):
         logger.exception("NNRP frame for operation %d cannot be built; the operation is dropped", sop.operation_id)
         self._send_drop(session, sop, sop.unsendable())
         self._terminal_done(session, sop)
-        self._handler.on_stop(sop)
 
     def _terminal_done(self, session: StreamSession, sop: ServerOperation) -> None:
         """``sop``'s terminal went out (or never can): the session's policy frees its window."""

@@ -28,9 +28,6 @@ class SessionHandler(Protocol):
 
     def on_submit(self, sop: ServerOperation) -> None: ...
 
-    def on_stop(self, sop: ServerOperation) -> None:
-        """The operation must stop: peer cancel or client gone. Abort its backend work."""
-
     def on_deadline(self, sop: ServerOperation, deadline_unix_ms: int) -> None:
         """An NNRP DEADLINE (wall-clock ms) for a submitted operation."""
 

@@ -1,9 +1,11 @@
 """One submitted NNRP operation as the adapter sees it, and the session outbox its events wait in.
 
-:class:`ServerOperation` is the operation's rules (:class:`vllm_nnrp_plugin.operation.Operation`) plus the
-:class:`SessionLink` it shares with its session. Both belong to vLLM's event loop, whatever the carrier: the
-adapter and the service decide there, and the connection (:mod:`.connection`) reads and sends there, so
-nothing here is locked and nothing may be touched from another thread.
+:class:`ServerOperation` is the operation's lifecycle (:class:`vllm_nnrp_plugin.operation.Operation`, whose
+table decides) plus the :class:`SessionLink` it shares with its session; it carries out what the table decides:
+a terminal to queue goes into the link's outbox, a stop to the operation's owner (the service). Both belong to
+vLLM's event loop, whatever the carrier: the adapter and the service decide there, and the connection
+(:mod:`.connection`) reads and sends there, so nothing here is locked and nothing may be touched from another
+thread.
 
 The envelope is unwrapped from the submit's typed body (:func:`envelope_of`) before the operation is handed to
 the service.
@@ -19,7 +21,9 @@ from typing import Any, Protocol
 from vllm_nnrp_plugin import observation as obs
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.controls import BALANCED, RuntimeControls
-from vllm_nnrp_plugin.operation import Action, DropReason, Operation, PartialResult, ResultDrop, ResultPush, Terminal
+from vllm_nnrp_plugin.operation import (
+    Decision, DropReason, Effect, Operation, PartialResult, ResultDrop, ResultPush, Terminal,
+)  # fmt: skip
 from vllm_nnrp_plugin.profile import trace
 from vllm_nnrp_plugin.profile.errors import ProfileError
 
@@ -145,30 +149,22 @@ class ServerOperation:
         if self.rules.finished:
             return
         send_now = outbox.send_now
-        overflow = False
         if send_now is not None and not outbox.items and outbox.admit():
-            action: Action | None = self.rules.partial(event)  # nothing waits, so it joins nothing: out now
+            send_now(self, self.rules.partial(event))  # type: ignore[arg-type]  # nothing waits: out now
+        elif not outbox.admit():
+            self._carry_out(self.rules.overflow(outbox.max_queued_events))
         else:
-            send_now = None
-            overflow = not outbox.admit()
-            if overflow:
-                action = self.rules.overflow(outbox.max_queued_events)
-            else:
-                action = self.rules.partial(event)  # None when it joined the delta still queued
-        if send_now is not None:
-            send_now(self, action)  # type: ignore[arg-type]
-        elif action is not None:
-            outbox.put(self, action)
-        if overflow and self.owner is not None:
-            self.owner.stop_operation(self)
+            action = self.rules.partial(event)  # None when it joined the delta still queued
+            if action is not None:
+                outbox.put(self, action)
 
     def complete(self, body: dict[str, Any]) -> None:
         """Queue the terminal ``response.completed``."""
-        self._queue(self.rules.complete(body))
+        self._carry_out(self.rules.complete(body))
 
     def fail(self, err: ProfileError) -> None:
         """Queue the terminal ``response.error``."""
-        self._queue(self.rules.fail(err))
+        self._carry_out(self.rules.fail(err))
 
     def limit_time(self, timeout_ms: int) -> None:
         """Bound the operation to ``timeout_ms`` (ms) after its submit (envelope ``nnrp.timeout_ms``)."""
@@ -211,12 +207,12 @@ class ServerOperation:
         backend's stream has produced anything yet) or
         ``response.error`` ``request_timeout``, unless one was decided (:meth:`Operation.time_out`)."""
         started = self.controls.engine_started or self.observation.backend_first_chunk_ns is not None
-        self._queue(self.rules.time_out(time.monotonic_ns(), started=started))
+        self._carry_out(self.rules.time_out(time.monotonic_ns(), started=started))
 
     def shut_down(self) -> None:
-        """The server is stopping: terminal ``response.error`` ``server_shutdown`` unless one was decided.
-       """
-        self._queue(self.rules.shut_down(time.monotonic_ns()))
+        """The server is stopping: terminal ``response.error`` ``server_shutdown`` unless one was decided; its
+        backend work stops."""
+        self._carry_out(self.rules.shut_down(time.monotonic_ns()))
 
     def refuse(self, err: ProfileError) -> None:
         """Refused at admission (``too_many_requests``): a BACKPRESSURE frame, then the error terminal."""
@@ -245,13 +241,14 @@ class ServerOperation:
         """An operation-scoped TRACE_CONTEXT came in; ignored once dispatched."""
         self.rules.override_trace(context)
 
-    def cancel(self, reason: DropReason, detail: str) -> Terminal | None:
-        """The peer cancelled: returns the drop to send now, or ``None`` if a terminal is already queued."""
-        return self.rules.cancel(reason, detail, time.monotonic_ns())
+    def cancel(self, reason: DropReason, detail: str) -> None:
+        """The peer cancelled (or superseded) it: its drop is queued (or the terminal already queued becomes it)
+        and its backend work stops."""
+        self._carry_out(self.rules.cancel(reason, detail, time.monotonic_ns()))
 
     def lose(self, detail: str) -> None:
-        """The client is gone: the operation ends as cancelled with nothing sent."""
-        self.rules.lose(detail, time.monotonic_ns())
+        """The client is gone: the operation ends as cancelled with nothing sent; its backend work stops."""
+        self._carry_out(self.rules.lose(detail, time.monotonic_ns()))
 
     def seal(self, terminal: Terminal) -> tuple[ResultPush | ResultDrop | None, int]:
         """The encoded terminal to send (``None``: one was sent already) and the ms since submit."""
@@ -259,12 +256,18 @@ class ServerOperation:
         return self.rules.seal(terminal, now_ns), self.rules.elapsed_ms(now_ns)
 
     def unsendable(self) -> ResultDrop:
-        """A frame could not be built: the TRANSPORT_CLOSED drop that ends the operation instead."""
-        return self.rules.unsendable(time.monotonic_ns())
+        """A frame could not be built: the TRANSPORT_CLOSED drop that ends the operation instead (to send now);
+        its backend work stops."""
+        drop = self.rules.unsendable(time.monotonic_ns())
+        self._carry_out(Decision(Effect.STOP))
+        return drop
 
-    def _queue(self, terminal: Terminal | None) -> None:
-        if terminal is not None:
-            self._link.put(self, terminal)
+    def _carry_out(self, decision: Decision) -> None:
+        """What the lifecycle table decided: the terminal into the outbox, then the stop to the owner."""
+        if decision.terminal is not None:
+            self._link.put(self, decision.terminal)
+        if decision.stop and self.owner is not None:
+            self.owner.stop_operation(self)
 
 
 def envelope_of(payload_kind_bitmap: int, payload_frame_count: int, body: bytes) -> bytes | ProfileError:

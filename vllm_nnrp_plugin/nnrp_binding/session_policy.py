@@ -24,7 +24,9 @@ core reports into these calls and sends what the session's outbox holds.
   default context of the session's operations dispatched later; at operation scope it overrides that
   operation's until it is dispatched. Ineligible contexts (zero ids) are ignored.
 
-Everything here runs on vLLM's event loop: the handler (the service) is called directly.
+What each of these does to the operation itself (its terminal, the stop of its vLLM request) is the operation's
+lifecycle table's to decide (:data:`vllm_nnrp_plugin.operation.TRANSITIONS`); this module decides which operation
+and when. Everything here runs on vLLM's event loop: the handler (the service) is called directly.
 """
 
 from __future__ import annotations
@@ -97,22 +99,14 @@ class SessionPolicy:
     def cancel(self, sop: ServerOperation | None, kind: int) -> None:
         """The client cancelled ``sop`` with the control ``kind`` (a ``MessageType``): its drop is queued (or
         the terminal already queued becomes it) and its vLLM request stops. ``None``: not active, nothing to do."""
-        if sop is None or sop.operation_id not in self.ops:
-            return
-        drop = sop.cancel(DropReason.PEER_CANCELLED, CANCEL_DETAIL[kind])
-        if drop is not None:
-            self._link.put(sop, drop)
-        self._handler.on_stop(sop)
+        if sop is not None and sop.operation_id in self.ops:
+            sop.cancel(DropReason.PEER_CANCELLED, CANCEL_DETAIL[kind])
 
     def supersede(self, sop: ServerOperation) -> None:
         """The client superseded ``sop`` (SUPERSEDE): its ``superseded`` drop is queued (or the terminal already
         queued becomes it) and its vLLM request stops."""
-        if sop.operation_id not in self.ops:
-            return
-        drop = sop.cancel(DropReason.SUPERSEDED, DropReason.SUPERSEDED.value)
-        if drop is not None:
-            self._link.put(sop, drop)
-        self._handler.on_stop(sop)
+        if sop.operation_id in self.ops:
+            sop.cancel(DropReason.SUPERSEDED, DropReason.SUPERSEDED.value)
 
     def update_priority(self, sop: ServerOperation, priority_class: int) -> None:
         """A PRIORITY_UPDATE for ``sop``: its class until it is dispatched; counted after."""
@@ -161,10 +155,7 @@ class SessionPolicy:
         the ``peer_cancelled`` drop (``detail`` its reason) and its vLLM request stops."""
         self.closing = True
         for sop in list(self.ops.values()):
-            drop = sop.cancel(DropReason.PEER_CANCELLED, detail)
-            if drop is not None:
-                self._link.put(sop, drop)
-            self._handler.on_stop(sop)
+            sop.cancel(DropReason.PEER_CANCELLED, detail)
 
     def lose_all(self, detail: str) -> None:
         """The client is gone or closed the session: nothing can be delivered; every operation stops."""
@@ -173,11 +164,9 @@ class SessionPolicy:
         for sop in list(self.ops.values()):
             sop.lose(detail)
             self.terminal_done(sop)
-            self._handler.on_stop(sop)
 
     def shut_down(self) -> None:
         """The server stops: every operation's terminal is ``server_shutdown`` and its work stops."""
         self.closing = True
         for sop in list(self.ops.values()):
             sop.shut_down()
-            self._handler.on_stop(sop)
