@@ -96,6 +96,26 @@ def vllm_server(tmp_path_factory, vllm_version):
 
 
 TOOL_TEMPLATE = pathlib.Path(__file__).resolve().parents[2] / "compat" / "tool_chat_template_hermes.jinja"
+#: vLLM's ``olmo3`` reasoning parser works on the text (``<think>`` … ``</think>``, no special tokens) and starts
+#: inside the reasoning block, so the small model's answer, which never writes ``</think>``, streams as reasoning
+REASONING_ARGS = ("--reasoning-parser", "olmo3")
+
+
+@pytest.fixture(scope="session")
+def vllm_reasoning_server(tmp_path_factory, vllm_version):
+    """A server with a reasoning parser (:data:`REASONING_ARGS`), the plugin listening on a TCP port
+    (``server.nnrp["tcp"]``)."""
+    workdir = tmp_path_factory.mktemp("vllm-reasoning")
+    tcp = f"tcp://127.0.0.1:{free_port()}"
+    env, args = attach_options(vllm_version[1])
+    server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": tcp}, extra_args=(*args, *REASONING_ARGS))
+    server.nnrp = {"tcp": tcp}
+    server.version, server.family = vllm_version
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,9 @@ Cancels, dropped clients and concurrent streams on the lane are the binding core
 On a server with a tool-call parser (``vllm_tools_server``: hermes) the events of every stream — text, tool calls
 for ``tool_choice`` auto, ``required`` and a named function, parallel calls refused, calls cut by ``max_tokens`` or
 a stop string — are again what vLLM's own stream gives; on 0.26–0.32 the lane drives vLLM's parser, on 0.18 and
-0.22 the streams take vLLM's generator and the start-up log says why.
+0.22 the streams take vLLM's generator and the start-up log says why. The same on a server with a reasoning parser
+(``vllm_reasoning_server``: olmo3, where the small model's whole answer is reasoning): the reasoning and content
+text, the finish reasons and usage are vLLM's, for plain text, a token budget, a stop string and usage.
 """
 
 from __future__ import annotations
@@ -136,13 +138,14 @@ def tools_lane_client(vllm_tools_server):
 
 
 @pytest.mark.binding_core
-def test_the_start_up_log_says_which_path_chat_streams_take(vllm_server, vllm_tools_server):
+def test_the_start_up_log_says_which_path_chat_streams_take(vllm_server, vllm_tools_server, vllm_reasoning_server):
     assert "NNRP chat streams: text outputs straight from the engine" in vllm_server.output()
-    if tuple(vllm_tools_server.family) >= (0, 26):
-        assert "through vLLM's own tool-call/reasoning parser object" in vllm_tools_server.output()
-    else:
-        assert "engine lane off: a tool-call or reasoning parser is configured and vLLM keeps this line's parser " \
-               "state in its stream generator" in vllm_tools_server.output()
+    for server in (vllm_tools_server, vllm_reasoning_server):
+        if tuple(server.family) >= (0, 26):
+            assert "through vLLM's own tool-call/reasoning parser object" in server.output()
+        else:
+            assert "engine lane off: a tool-call or reasoning parser is configured and vLLM keeps this line's " \
+                   "parser state in its stream generator" in server.output()
 
 
 @pytest.mark.binding_core
@@ -180,3 +183,52 @@ def test_a_plain_stream_gives_what_vllms_own_stream_gives(vllm_server, lane_clie
         assert completed["choices"][0]["finish_reason"] == "length"
     if case == "min-tokens-ignore-eos":
         assert completed["usage"]["completion_tokens"] == 24
+
+
+REASONING_CASES = {
+    "text": BASE,
+    "budget": {**BASE, "max_tokens": 5},
+    "stop-string": {**BASE, "stop": ["."], "max_tokens": 60},
+    "usage": {**BASE, "stream_options": {"include_usage": True}},
+}
+
+
+def texts(events):
+    """(reasoning text, content text) of choice 0 over ``events``, each joined: how the deltas are split depends
+    on timing (:func:`merged`); a reasoning delta carries vLLM's chunk (``openai_chunk``), whose ``delta`` says
+    which it is."""
+    reasoning, content = [], []
+    for event in events:
+        if event["type"] != "response.output_text.delta" or event["index"] != 0:
+            continue
+        delta = event["openai_chunk"]["choices"][0]["delta"] if "openai_chunk" in event else {"content": event["delta"]}
+        reasoning.append(delta.get("reasoning") or "")
+        content.append(delta.get("content") or "")
+    return "".join(reasoning), "".join(content)
+
+
+@pytest.fixture
+def reasoning_lane_client(vllm_reasoning_server):
+    client = asyncio.run(ProfileClient.connect(vllm_reasoning_server.nnrp["tcp"]))
+    yield client
+    client.close()
+
+
+@pytest.mark.binding_core
+@pytest.mark.parametrize("case", sorted(REASONING_CASES))
+def test_a_stream_on_a_reasoning_parser_server_gives_what_vllms_own_stream_gives(vllm_reasoning_server,
+                                                                                  reasoning_lane_client, case):
+    body = REASONING_CASES[case]
+    events, completed = over_nnrp(reasoning_lane_client, body)
+    reference_events, reference = over_http(vllm_reasoning_server, body)
+    assert texts(events) == texts(reference_events)
+    assert [e for e in events if e["type"] != "response.output_text.delta"] == [
+        e for e in reference_events if e["type"] != "response.output_text.delta"
+    ]
+    assert {k: v for k, v in completed.items() if k not in VOLATILE} == {
+        k: v for k, v in reference.items() if k not in VOLATILE
+    }
+    reasoning, _content = texts(events)
+    assert reasoning and completed["choices"][0]["message"]["reasoning"] == reasoning
+    if case == "budget":
+        assert completed["choices"][0]["finish_reason"] == "length"

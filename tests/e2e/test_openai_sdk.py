@@ -540,29 +540,16 @@ def test_embeddings_refusals_and_models_match_http(pooling_sdks):
 
 # -- reasoning (a server with a reasoning parser) -----------------------------------------------------------
 
-#: vLLM's ``olmo3`` parser works on the text (``<think>`` … ``</think>``, no special tokens) and starts inside the
-#: reasoning block, so the small model's answer, which never writes ``</think>``, streams as ``delta.reasoning``
-REASONING_ARGS = ("--reasoning-parser", "olmo3")
-
-
 @pytest.fixture(scope="module")
-def reasoning_sdks(tmp_path_factory, vllm_version):
+def reasoning_sdks(vllm_reasoning_server):
     """{"http", "nnrp"}: the SDK over HTTP and over NNRP to a server that runs a reasoning parser."""
-    workdir = tmp_path_factory.mktemp("vllm-reasoning")
-    tcp = f"tcp://127.0.0.1:{free_port()}"
-    env, args = attach_options(vllm_version[1])
-    config = {"nnrp": {"enabled": True, "listen": [tcp]}}
-    server = VLLMServer(model_dir(), workdir, env=env,
-                        extra_args=(*args, "--additional-config", json.dumps(config), *REASONING_ARGS))  # fmt: skip
-    transport = NNRPTransport(tcp)
+    transport = NNRPTransport(vllm_reasoning_server.nnrp["tcp"])
     over_http, over_nnrp = httpx.Client(timeout=120), httpx.Client(transport=transport, timeout=120)
     try:
-        server.wait_ready()
-        yield sdk_pair(server.http, over_http, over_nnrp)
+        yield sdk_pair(vllm_reasoning_server.http, over_http, over_nnrp)
     finally:
         over_http.close()
         transport.close()
-        server.stop()
 
 
 def test_streamed_reasoning_is_vllms_delta_reasoning(reasoning_sdks):
