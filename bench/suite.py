@@ -1,8 +1,8 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
-    python -m bench [all|mapper|latency|cancel|framework|e2e|load|parser|value|carriers …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
+    python -m bench [all|mapper|latency|cancel|framework|e2e|load|parser|value|carriers|rust …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
         [--load-transport tcp|ipc] [--load-rounds N] [--load-tls] [--load-tools] [--load-responses] \
-        [--load-stream-interval N]
+        [--load-stream-interval N] [--rust-frontend PATH]
 
 (from the checkout's root: the benchmarks are not part of the installed package).
 
@@ -17,7 +17,10 @@ the levels as Responses streams (``load[.tools].responses.…``). ``parser``: vL
 parser per token against the stream's length (:mod:`bench.parser_cost`; vLLM's environment and a model directory).
 ``value``: priorities, SUPERSEDE and deadlines on a ``vllm serve`` whose requests queue (:mod:`bench.value`; the
 same needs as load). ``carriers``: the load levels, cancels and threads over every NNRP carrier of one server
-(tcp, nnrps, ws, wss, quic; :mod:`bench.carriers`; the same needs as load).
+(tcp, nnrps, ws, wss, quic; :mod:`bench.carriers`; the same needs as load). ``rust``: the load levels over
+HTTP/SSE from vLLM's Rust frontend instead of its Python API server (:mod:`bench.rust_frontend`; vLLM 0.32's
+environment and ``--rust-frontend PATH`` of its ``vllm-rs`` binary; with ``--load-tools`` the agent server; ``all``
+runs it only when the path is given).
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ FULL: dict[str, Callable[..., list[Result]]] = {
     "parser": lambda model=None, **_: _parser_cost().run(model=model),
     "value": lambda model=None, **_: _value().run(model=model),
     "carriers": lambda model=None, load_rounds=2, **_: _carriers().run(model=model, rounds=load_rounds),
+    "rust": lambda model=None, load_rounds=2, load_tools=False, rust_frontend=None, **_: _rust().run(
+        frontend=rust_frontend, model=model, rounds=load_rounds, tools=load_tools,
+    ),
 }
 QUICK: dict[str, Callable[..., list[Result]]] = {
     "mapper": lambda **_: mapper.run(repetitions=3, rounds=5),
@@ -66,6 +72,9 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
     "carriers": lambda model=None, load_rounds=1, **_: _carriers().run(
         model=model, levels=(4,), rounds=load_rounds, max_tokens=16, cancel_streams=8, cancel_per_session=4,
         cancel_sample=4, thread_sessions=8,
+    ),
+    "rust": lambda model=None, load_rounds=1, load_tools=False, rust_frontend=None, **_: _rust().run(
+        frontend=rust_frontend, model=model, levels=(4,), rounds=load_rounds, max_tokens=16, tools=load_tools,
     ),
 }
 
@@ -100,6 +109,12 @@ def _carriers():
     return carriers
 
 
+def _rust():
+    from bench import rust_frontend  # needs vLLM 0.32's environment (aiohttp, a vllm executable)
+
+    return rust_frontend
+
+
 def _value():
     from bench import value  # needs vLLM's environment (aiohttp, a vllm executable)
 
@@ -124,6 +139,8 @@ def parser() -> argparse.ArgumentParser:
                    "(/v1/responses against responses.create; ids load[.tools].responses.*)")
     p.add_argument("--load-stream-interval", type=int, default=8, metavar="N", help="load's second server serves "
                    "with --stream-interval N (default 8; 0: no second server; --quick: none)")
+    p.add_argument("--rust-frontend", metavar="PATH", help="the vllm-rs binary of vLLM's Rust frontend, for rust "
+                   "(from PyPI's CUDA wheel of vLLM 0.32: bench/rust_frontend.py)")
     return p
 
 
@@ -132,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.load_tls and args.load_transport != "tcp":
         p.error("--load-tls serves NNRP on nnrps:// (TLS over TCP); --load-transport ipc does not apply")
-    which = list(FULL) if "all" in args.which else list(dict.fromkeys(args.which))
+    if "rust" in args.which and not args.rust_frontend:
+        p.error("rust needs --rust-frontend PATH (the vllm-rs binary)")
+    everything = [name for name in FULL if name != "rust" or args.rust_frontend]
+    which = everything if "all" in args.which else list(dict.fromkeys(args.which))
     table = QUICK if args.quick else FULL
     rows: list[Result] = []
     for name in which:
@@ -140,9 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         options = {} if args.load_rounds is None else {"load_rounds": args.load_rounds}
         rows += table[name](model=args.model, load_transport=args.load_transport, load_tls=args.load_tls,
                             load_tools=args.load_tools, load_responses=args.load_responses,
-                            load_stream_interval=args.load_stream_interval, **options)  # fmt: skip
+                            load_stream_interval=args.load_stream_interval, rust_frontend=args.rust_frontend,
+                            **options)  # fmt: skip
     extra = {}
-    if {"e2e", "load", "parser", "value", "carriers"} & set(which):
+    if {"e2e", "load", "parser", "value", "carriers", "rust"} & set(which):
         import vllm
 
         extra["vllm"] = vllm.__version__
