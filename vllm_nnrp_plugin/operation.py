@@ -228,7 +228,7 @@ class Operation:
     """
 
     __slots__ = (
-        "observation", "submitted_unix_ms", "expires_unix_ms", "admits_partials", "state",
+        "observation", "submitted_unix_ms", "expires_unix_ms", "admits_partials", "finished", "state",
         "_sequence", "_tail", "_cancel_detail", "_cancel_reason", "_trace", "_unsettled", "_nnrp_deadline",
     )  # fmt: skip
 
@@ -241,6 +241,8 @@ class Operation:
         #: whether a queued partial result may still go out (kept with :attr:`state`: the sending side reads
         #: it once per partial result)
         self.admits_partials = True
+        #: a terminal was decided (kept with :attr:`state`: read once per partial result)
+        self.finished = False
         self._sequence = 0  # partial results numbered so far
         self._tail: PartialResult | None = None  # the newest partial result decided and not taken yet
         self._cancel_detail: str | None = None  # the peer cancelled or the transport was lost: only a drop goes out
@@ -250,19 +252,14 @@ class Operation:
         self._unsettled = 2  # the terminal sent, and the end of the operation's task
 
     @property
-    def finished(self) -> bool:
-        """A terminal was decided."""
-        return self.state not in _OPEN
-
-    @property
     def events_sent(self) -> int:
         """Partial results numbered so far."""
         return self._sequence
 
     def _step(self, event: Input) -> Effect:
         """Take ``event`` through :data:`TRANSITIONS`: the effects it asks for (the state moved)."""
-        effect, self.state = TRANSITIONS.get((self.state, event), (Effect.NONE, self.state))
-        self.admits_partials = self.state in _ADMITS_PARTIALS
+        effect, state = TRANSITIONS.get((self.state, event), (Effect.NONE, self.state))
+        self.state, self.admits_partials, self.finished = state, state in _ADMITS_PARTIALS, state not in _OPEN
         return effect
 
     def _decide(self, event: Input, terminal: Terminal) -> Decision:
@@ -274,7 +271,7 @@ class Operation:
     def partial(self, event: dict[str, Any]) -> PartialResult | None:
         """One non-terminal event: the partial result to queue, or ``None`` when there is nothing new to queue
         (a terminal was decided, or ``event`` joined the delta still waiting to be sent)."""
-        if self.state not in _OPEN:
+        if self.finished:
             return None
         tail = self._tail
         if tail is not None:

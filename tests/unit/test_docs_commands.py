@@ -221,6 +221,8 @@ def check_python(args: list[str]) -> None:
         _parse_with(importlib.import_module("bench.hostile").parser(), rest, "python -m bench.hostile")
     elif module == "bench.carrier_probe":
         _parse_with(importlib.import_module("bench.carrier_probe").parser(), rest, "python -m bench.carrier_probe")
+    elif module == "bench.profile_load":
+        _parse_with(importlib.import_module("bench.profile_load").parser(), rest, "python -m bench.profile_load")
     elif module == "pip":
         check_pip(rest)
     elif module == "pytest":
