@@ -10,6 +10,7 @@ by the checkout's launcher (:mod:`compat.launcher`), enabled through the install
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import time
@@ -101,14 +102,13 @@ TOOL_TEMPLATE = pathlib.Path(__file__).resolve().parents[2] / "compat" / "tool_c
 REASONING_ARGS = ("--reasoning-parser", "olmo3")
 
 
-@pytest.fixture(scope="session")
-def vllm_reasoning_server(tmp_path_factory, vllm_version):
-    """A server with a reasoning parser (:data:`REASONING_ARGS`), the plugin listening on a TCP port
-    (``server.nnrp["tcp"]``)."""
-    workdir = tmp_path_factory.mktemp("vllm-reasoning")
+def _served_on_tcp(tmp_path_factory, vllm_version, name: str, extra_args: tuple[str, ...]):
+    """The small model served with ``extra_args``, the plugin enabled through the anchor's attach path and
+    listening on a TCP port (``server.nnrp["tcp"]``): yields the server once ready, stops it after."""
+    workdir = tmp_path_factory.mktemp(name)
     tcp = f"tcp://127.0.0.1:{free_port()}"
     env, args = attach_options(vllm_version[1])
-    server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": tcp}, extra_args=(*args, *REASONING_ARGS))
+    server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": tcp}, extra_args=(*args, *extra_args))
     server.nnrp = {"tcp": tcp}
     server.version, server.family = vllm_version
     try:
@@ -116,6 +116,12 @@ def vllm_reasoning_server(tmp_path_factory, vllm_version):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_reasoning_server(tmp_path_factory, vllm_version):
+    """A server with a reasoning parser (:data:`REASONING_ARGS`), NNRP on TCP."""
+    yield from _served_on_tcp(tmp_path_factory, vllm_version, "vllm-reasoning", REASONING_ARGS)
 
 
 @pytest.fixture(scope="session")
@@ -152,22 +158,21 @@ def vllm_tools_server(tmp_path_factory, vllm_version):
 def vllm_pooling_server(tmp_path_factory, vllm_version):
     """The same model served as an embedding model (:data:`compat.launcher.POOLING_ARGS`: vLLM's ``embed``
     pooling task, no chat), the plugin enabled through the anchor's attach path, listening on a TCP port."""
-    workdir = tmp_path_factory.mktemp("vllm-pooling")
-    tcp = f"tcp://127.0.0.1:{free_port()}"
-    env, args = attach_options(vllm_version[1])
-    server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": tcp}, extra_args=(*args, *POOLING_ARGS))
-    server.nnrp = {"tcp": tcp}
-    server.version, server.family = vllm_version
+    yield from _served_on_tcp(tmp_path_factory, vllm_version, "vllm-pooling", POOLING_ARGS)
+
+
+@contextlib.contextmanager
+def profile_client(server):
+    """A profile client on ``server``'s NNRP TCP address, closed after."""
+    client = asyncio.run(ProfileClient.connect(server.nnrp["tcp"]))
     try:
-        server.wait_ready()
-        yield server
+        yield client
     finally:
-        server.stop()
+        client.close()
 
 
 @pytest.fixture
 def plain_client(vllm_server):
     """A profile client on the shared server's NNRP TCP address (a server without a tool parser)."""
-    client = asyncio.run(ProfileClient.connect(vllm_server.nnrp["tcp"]))
-    yield client
-    client.close()
+    with profile_client(vllm_server) as client:
+        yield client

@@ -64,7 +64,10 @@ def test_quick_load_benchmark_runs_both_protocols_without_failures():
     assert "load.idle.api_server_cpu_pct.sessions_minus_no_sessions" in rows
     # the floor: the same requests drained inside the API server (bench/drain.py), every output token counted
     assert rows["load.c4.failed.floor"].max == 0, rows["load.c4.failed.floor"].note
-    assert rows["load.c4.tokens_per_s.floor"].p50 > 0 and rows["load.c4.api_server_cpu_us_per_token.floor"].p50 > 0
+    assert rows["load.c4.tokens_per_s.floor"].p50 > 0
+    # CPU time is read in clock ticks (10 ms, /proc/<pid>/stat): the 64 drained tokens of a quick window may cost less
+    # than one, so here only its sample is required (a real run's windows last seconds)
+    assert rows["load.c4.api_server_cpu_us_per_token.floor"].samples == 1
 
 
 def test_quick_load_benchmark_on_an_agent_server_runs_without_failures():

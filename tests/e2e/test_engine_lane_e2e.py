@@ -22,11 +22,10 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.conftest import SERVED_NAME
+from tests.e2e.conftest import SERVED_NAME, profile_client
 from tests.e2e.test_level1 import LOOKUP, TOOL_REQUEST
 from tests.e2e.test_tool_call_truth import get_time_request
 from tests.support import envelope
-from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, usage_asked
 from vllm_nnrp_plugin.profile.tool_calls import tools_without_required_arguments
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, vllm_chunks
@@ -99,13 +98,6 @@ def over_nnrp(client, body):
     return events, terminal.event["body"]
 
 
-@pytest.fixture
-def lane_client(vllm_server):
-    client = asyncio.run(ProfileClient.connect(vllm_server.nnrp["tcp"]))
-    yield client
-    client.close()
-
-
 TOOL_CASES = {
     "no-tools": {**BASE, "max_tokens": 24},
     "auto-text": {**BASE, "tools": [LOOKUP], "max_tokens": 24},
@@ -132,9 +124,8 @@ def call_ids_in_order(events, body):
 
 @pytest.fixture
 def tools_lane_client(vllm_tools_server):
-    client = asyncio.run(ProfileClient.connect(vllm_tools_server.nnrp["tcp"]))
-    yield client
-    client.close()
+    with profile_client(vllm_tools_server) as client:
+        yield client
 
 
 @pytest.mark.binding_core
@@ -168,9 +159,9 @@ def test_a_stream_on_a_tool_parser_server_gives_what_vllms_own_stream_gives(vllm
 
 @pytest.mark.binding_core
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_plain_stream_gives_what_vllms_own_stream_gives(vllm_server, lane_client, case):
+def test_a_plain_stream_gives_what_vllms_own_stream_gives(vllm_server, plain_client, case):
     body = CASES[case]
-    events, completed = over_nnrp(lane_client, body)
+    events, completed = over_nnrp(plain_client, body)
     reference_events, reference = over_http(vllm_server, body)
     assert merged(events) == merged(reference_events)
     assert {k: v for k, v in completed.items() if k not in VOLATILE} == {
@@ -209,9 +200,8 @@ def texts(events):
 
 @pytest.fixture
 def reasoning_lane_client(vllm_reasoning_server):
-    client = asyncio.run(ProfileClient.connect(vllm_reasoning_server.nnrp["tcp"]))
-    yield client
-    client.close()
+    with profile_client(vllm_reasoning_server) as client:
+        yield client
 
 
 @pytest.mark.binding_core

@@ -21,7 +21,7 @@ def test_each_sample_goes_to_the_first_place_in_its_stack_below_the_loop():
         stack("select (selectors.py:468)", count=50),  # an idle loop: not busy
     ])  # fmt: skip
     assert places(raw) == {
-        "socket writes (the kernel's loopback TCP)": 40.0, "vLLM's tool-call/reasoning parser": 30.0,
+        "socket writes (the kernel's loopback TCP or UDP)": 40.0, "vLLM's tool-call/reasoning parser": 30.0,
         "the plugin": 20.0, "vLLM's engine client (output processing, detokenising, stats)": 10.0,
     }  # fmt: skip
 
