@@ -61,6 +61,15 @@ def wait_idle(server, timeout_s: float = 15.0) -> bool:
         time.sleep(0.2)
     return False
 
+def running(server):
+    """Yield ``server`` (a started :class:`VLLMServer`) once it answers, and stop it after, whatever happened."""
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def vllm_version():
     """(version, family) of the vLLM under test."""
@@ -89,11 +98,7 @@ def vllm_server(tmp_path_factory, vllm_version):
                         extra_args=(*args, "--additional-config", additional))  # fmt: skip
     server.nnrp, server.der = nnrp, der
     server.version, server.family = vllm_version
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    yield from running(server)
 
 
 TOOL_TEMPLATE = pathlib.Path(__file__).resolve().parents[2] / "compat" / "tool_chat_template_hermes.jinja"
@@ -111,11 +116,7 @@ def _served_on_tcp(tmp_path_factory, vllm_version, name: str, extra_args: tuple[
     server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": tcp}, extra_args=(*args, *extra_args))
     server.nnrp = {"tcp": tcp}
     server.version, server.family = vllm_version
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    yield from running(server)
 
 
 @pytest.fixture(scope="session")
@@ -147,10 +148,8 @@ def vllm_tools_server(tmp_path_factory, vllm_version):
     server.version, server.family = vllm_version
     server.collector = collector
     try:
-        server.wait_ready()
-        yield server
+        yield from running(server)
     finally:
-        server.stop()
         collector.close()
 
 

@@ -21,7 +21,7 @@ import httpx2
 import openai
 import pytest
 
-from tests.e2e.conftest import TOOL_TEMPLATE, SERVED_NAME, VLLMServer, attach_options, model_dir
+from tests.e2e.conftest import TOOL_TEMPLATE, SERVED_NAME, VLLMServer, attach_options, model_dir, running
 from tests.e2e.test_vllm_serve import wait_idle
 from tests.support import free_port, wait_until
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
@@ -53,11 +53,7 @@ def server(tmp_path_factory, vllm_version):
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", str(TOOL_TEMPLATE),
     ))  # fmt: skip
     server.nnrp = tcp
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    yield from running(server)
 
 
 @pytest.fixture(scope="module")
