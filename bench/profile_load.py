@@ -1,7 +1,8 @@
 """``python -m bench.profile_load``: where the API server's CPU goes under :mod:`bench.load`'s streams.
 
 Serves :mod:`bench.load`'s server (the tiny model with ``--load-format dummy``; ``--tools``: the agent server,
-hermes tool-call parser, one tool in every request), runs one warm-up window, then ``--windows`` windows of
+hermes tool-call parser, one tool in every request; ``--responses``: Responses streams, ``/v1/responses`` and
+``responses.create``), runs one warm-up window, then ``--windows`` windows of
 ``--streams`` streams over ``--protocol`` (``nnrp``: one session per stream over ``--carrier``, default ``tcp``;
 ``http``: vLLM's HTTP/SSE)
 while ``py-spy record`` (``pip install py-spy``; it reads the process from outside, so the server runs as in
@@ -78,9 +79,10 @@ def places(raw: str) -> dict[str, float]:
 
 
 def run(*, model: str, streams: int, windows: int, protocol: str, tools: bool, rate: int, raw: str | None,
-        carrier: str = "tcp") -> dict:  # fmt: skip
-    body = {**load.request_body("chat", 256),
-            **({"tools": [load.AGENT_TOOL], "tool_choice": "auto"} if tools else {})}  # fmt: skip
+        carrier: str = "tcp", responses: bool = False) -> dict:  # fmt: skip
+    api = "responses" if responses else "chat"
+    tool = {"type": "function", **load.AGENT_TOOL["function"]} if responses else load.AGENT_TOOL  # the API's shape
+    body = {**load.request_body(api, 256), **({"tools": [tool], "tool_choice": "auto"} if tools else {})}
     with tempfile.TemporaryDirectory() as workdir:
         cert, key = load.self_signed(workdir)
         nnrp = {carrier: CARRIER_ADDRESS[carrier].format(port=free_port())}
@@ -93,14 +95,14 @@ def run(*, model: str, streams: int, windows: int, protocol: str, tools: bool, r
         try:
             server.wait_ready(START_TIMEOUT_S)
             engine = load.engine_pids(server.pid)
-            load.window(server, engine, "stream", protocol, streams, body, transport=carrier, workdir=workdir)
+            load.window(server, engine, "stream", protocol, streams, body, transport=carrier, workdir=workdir, api=api)
             out = raw or f"{workdir}/py-spy.txt"
             spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate", str(rate), "--format",
                                     "raw", "--nonblocking", "-o", out], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)  # fmt: skip
             time.sleep(1)  # attached
             measured = [load.window(server, engine, "stream", protocol, streams, body, transport=carrier,
-                                    workdir=workdir) for _ in range(windows)]  # fmt: skip
+                                    workdir=workdir, api=api) for _ in range(windows)]  # fmt: skip
             spy.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
             spy.wait(60)
             with open(out, encoding="utf-8") as f:
@@ -108,7 +110,7 @@ def run(*, model: str, streams: int, windows: int, protocol: str, tools: bool, r
         finally:
             server.stop()
     return {"protocol": protocol, "carrier": carrier if protocol == "nnrp" else "tcp", "tools": tools,
-            "streams": streams,
+            "api": api, "streams": streams,
             "api_server_cpu_us_per_token": [round(w.api_cpu_s * 1e6 / max(1, w.tokens), 1) for w in measured],
             "busy_samples_percent": split}  # fmt: skip
 
@@ -120,6 +122,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--streams", type=int, default=128)
     p.add_argument("--windows", type=int, default=2)
     p.add_argument("--tools", action="store_true", help="the agent server (hermes parser, a tool in every request)")
+    p.add_argument("--responses", action="store_true", help="Responses streams instead of chat completions")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second (default 200)")
     p.add_argument("--raw", help="keep py-spy's raw stacks here")
     p.add_argument("--model", default=os.environ.get("VLLM_NNRP_TEST_MODEL"), help="default $VLLM_NNRP_TEST_MODEL")
@@ -132,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model:
         p.error("give --model or set VLLM_NNRP_TEST_MODEL")
     result = run(model=args.model, streams=args.streams, windows=args.windows, protocol=args.protocol,
-                 tools=args.tools, rate=args.rate, raw=args.raw, carrier=args.carrier)  # fmt: skip
+                 tools=args.tools, rate=args.rate, raw=args.raw, carrier=args.carrier,
+                 responses=args.responses)  # fmt: skip
     sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
 

@@ -85,11 +85,11 @@ def merged(events):
     return out
 
 
-def over_nnrp(client, body):
-    """(events, completed body) of ``body`` over NNRP; ``response.usage`` without the plugin's prefix-cache
-    extension (``input_tokens_details``, which vLLM's chat stream does not carry: tests/e2e/test_runtime_controls_e2e.py
-    checks it)."""
-    *partials, terminal = client.events(client.submit(envelope(body)), timeout_s=120)
+def over_nnrp(client, body, wrap=envelope):
+    """(events, completed body) of ``body`` (submitted as ``wrap(body)``: a chat envelope unless told) over NNRP;
+    ``response.usage`` without the plugin's prefix-cache extension (``input_tokens_details``, which vLLM's streams
+    do not carry: tests/e2e/test_runtime_controls_e2e.py checks it)."""
+    *partials, terminal = client.events(client.submit(wrap(body)), timeout_s=120)
     assert terminal.event["type"] == "response.completed", terminal.event
     events = [p.event for p in partials]
     for event in events:

@@ -23,7 +23,7 @@ from typing import Any
 from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.controls import PRIORITY_CLASSES, RuntimeControls
 from vllm_nnrp_plugin.errors import NNRPStartupError
-from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
+from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.vllm_binding.chat import ChatBinding
 from vllm_nnrp_plugin.vllm_binding.embeddings import EmbeddingsBinding
@@ -77,6 +77,18 @@ class VLLMBackend:
         if chat.lane_off is None:
             return "text outputs straight from the engine, vLLM's chunk strings for the rest (engine lane)"
         return f"vLLM's chunk strings for every chunk (engine lane off: {chat.lane_off})"
+
+    def responses_stream_path(self) -> str | None:
+        """How Responses streams reach the profile mapper, for the start-up log (``None``: no Responses here)."""
+        responses = self._bindings.get(RESPONSES_CREATE)
+        if responses is None:
+            return None
+        if responses.lane_off is None and responses.lane_parser:
+            return ("text and reasoning deltas straight from the engine through vLLM's own parser object and event "
+                    "state, vLLM's event objects for the rest (Responses lane with vLLM's parser)")
+        if responses.lane_off is None:
+            return "text deltas straight from the engine, vLLM's event objects for the rest (Responses lane)"
+        return f"vLLM's event objects for every event (Responses lane off: {responses.lane_off})"
 
     def priority_note(self) -> str:
         """What NNRP priority classes do on this server, for the start-up log."""

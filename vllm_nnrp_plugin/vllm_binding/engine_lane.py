@@ -13,7 +13,7 @@ stream all of that carries one piece of text. The engine lane takes those output
   for a request that :func:`request_fits`, returns an :class:`EngineStream` instead of vLLM's generator. vLLM still
   validates and renders the request, derives its sampling parameters, starts it in the engine and formats every
   chunk that is not only text: the first chunk (``role``), an ``echo``, the finish chunk, the usage chunk and
-  error chunks come from vLLM's own generator, which reads its outputs from a :class:`_Feed` the lane fills.
+  error chunks come from vLLM's own generator, which reads its outputs from a :class:`Feed` the lane fills.
 * :meth:`EngineStream.items` reads ``result_generator`` itself. Once vLLM's own strings showed the stream's
   text-only chunk shape (``VLLMStream.text_lane``), an output of one choice with new text and no finish reason is
   handed on as a :class:`~vllm_nnrp_plugin.profile.chat_stream.TextDelta` of that shape — the text-only chunk vLLM
@@ -24,7 +24,7 @@ stream all of that carries one piece of text. The engine lane takes those output
 A server with a tool-call or reasoning parser (``--tool-call-parser``, ``--reasoning-parser``) takes the lane too
 on the lines where vLLM's generator drives one stateful parser object per choice
 (:func:`~vllm_nnrp_plugin.vllm_binding.families.stream_parser_off`; 0.26–0.32). vLLM's generator still creates
-that parser (the view's ``parser_cls`` hands it a :class:`_LaneParser` wrapping the object vLLM's own class makes
+that parser (the view's ``parser_cls`` hands it a :class:`HandOverParser` wrapping the object vLLM's own class makes
 for the request), and the lane calls the same object's ``parse_delta`` with the arguments vLLM's generator would
 pass, once per output, in order, so vLLM's parser still decides what is content, reasoning and tool-call text:
 
@@ -47,26 +47,23 @@ parser object, and a request of one choice without ``logprobs``, ``return_token_
 ``continuous_usage_stats`` (and without ``tools`` on a server without a parser). Everything else takes vLLM's
 generator whole, as before.
 
-vLLM's generator is driven without a task of its own: :class:`_Pump` steps it in the lane's task and gets control
-back when it waits for the next output (the feed suspends it with :data:`_WANTS_OUTPUT`); any other wait inside it
-goes to the event loop as usual.
+vLLM's generator is driven without a task of its own, fed from the lane (:mod:`.driven_generator`).
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.profile.chat_stream import TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import Chunk, Item, TokenBudget, VLLMStream
+from vllm_nnrp_plugin.vllm_binding.driven_generator import Feed, HandOverParser, Pump
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 from vllm_nnrp_plugin.vllm_binding.families import stream_parser_off
 
-#: what vLLM's generator suspends with when it waits for the next engine output (never seen by the event loop)
-_WANTS_OUTPUT = object()
 #: the leading parameters the lane relies on, the same on 0.18–0.32
 _STREAM_GENERATOR_PARAMETERS = ("self", "request", "result_generator", "request_id", "model_name")
 #: the ``DeltaMessage`` fields set on a delta that is only text (``tool_calls``: an empty list some parsers set)
@@ -135,7 +132,7 @@ def lane_serving(serving: Any) -> Callable[[RuntimeControls | None], Any]:
                                          **kwargs: Any) -> Any:
         if not request_fits(request, parser):
             return vllm_generator(self, request, result_generator, *args, **kwargs)
-        feed = _Feed()
+        feed = Feed()
         turn = None
         if parser:
             turn = self._lane_turn = _ParserTurn(request)
@@ -157,15 +154,15 @@ def _recording_parser_cls(view: Any) -> Any:
 
 class _RecordingParserCls:
     """vLLM's parser class as the stream generator of one request sees it: calling it makes vLLM's parser object and
-    returns it wrapped in a :class:`_LaneParser` recorded on ``turn``; every attribute is the class's own."""
+    returns it wrapped in a :class:`HandOverParser` recorded on ``turn``; every attribute is the class's own."""
 
     __slots__ = ("_cls", "_turn")
 
     def __init__(self, cls: Any, turn: _ParserTurn) -> None:
         self._cls, self._turn = cls, turn
 
-    def __call__(self, *args: Any, **kwargs: Any) -> _LaneParser:
-        parser = _LaneParser(self._cls(*args, **kwargs))
+    def __call__(self, *args: Any, **kwargs: Any) -> HandOverParser:
+        parser = HandOverParser(self._cls(*args, **kwargs))
         self._turn.parsers.append(parser)
         return parser
 
@@ -174,60 +171,23 @@ class _RecordingParserCls:
 
 
 class _ParserTurn:
-    """One lane request on a parser server: vLLM's ``ChatCompletionRequest`` and the :class:`_LaneParser` objects
+    """One lane request on a parser server: vLLM's ``ChatCompletionRequest`` and the :class:`HandOverParser` objects
     vLLM's generator created for it (one per choice; the lane drives a request of one choice)."""
 
     __slots__ = ("request", "parsers")
 
     def __init__(self, request: Any) -> None:
         self.request = request
-        self.parsers: list[_LaneParser] = []
-
-
-class _LaneParser:
-    """The parser object vLLM's generator holds: vLLM's own ``parser`` behind it. Its ``parse_delta`` hands over
-    ``pending`` (the delta the lane already parsed for this output) or raises ``error`` (what the lane's parse
-    raised), else drops the first ``skip`` token ids (those of outputs the lane took, prepended only for vLLM's
-    counts) and asks ``parser``. ``tool_call_seen``: vLLM's generator got a delta with tool calls (its
-    ``tools_streamed`` is set). Every other attribute is ``parser``'s."""
-
-    __slots__ = ("parser", "pending", "error", "skip", "tool_call_seen")
-
-    def __init__(self, parser: Any) -> None:
-        self.parser = parser
-        self.pending: Any = None
-        self.error: BaseException | None = None
-        self.skip = 0
-        self.tool_call_seen = False
-
-    def parse_delta(self, delta_text: str, delta_token_ids: list[int], request: Any,
-                    prompt_token_ids: list[int] | None = None, **kwargs: Any) -> Any:
-        error = self.error
-        if error is not None:
-            self.error = None
-            raise error
-        delta = self.pending
-        if delta is not None:
-            self.pending = None
-        else:
-            if self.skip:
-                delta_token_ids, self.skip = delta_token_ids[self.skip:], 0
-            delta = self.parser.parse_delta(delta_text, delta_token_ids, request, prompt_token_ids, **kwargs)
-        if delta is not None and delta.tool_calls:
-            self.tool_call_seen = True
-        return delta
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.parser, name)
+        self.parsers: list[HandOverParser] = []
 
 
 class _Middle:
     """How a parser stream's middle outputs become items: ``head`` and ``rest`` (the chunk and choice fields of vLLM's
-    first middle chunk of this stream, without ``choices`` and ``delta``) and the :class:`_LaneParser`."""
+    first middle chunk of this stream, without ``choices`` and ``delta``) and the :class:`HandOverParser`."""
 
     __slots__ = ("head", "rest", "parser", "parallel", "_text_template")
 
-    def __init__(self, head: Chunk, rest: Chunk, parser: _LaneParser, parallel: bool) -> None:
+    def __init__(self, head: Chunk, rest: Chunk, parser: HandOverParser, parallel: bool) -> None:
         self.head, self.rest, self.parser, self.parallel = head, rest, parser, parallel
         self._text_template: Chunk | None = None
 
@@ -267,14 +227,14 @@ class _Middle:
 
 class EngineStream:
     """One chat stream on the engine lane: ``strings`` (vLLM's stream generator, reading ``feed``), ``outputs``
-    (the engine's ``RequestOutput`` generator, ``result_generator``) and the :class:`_Feed` between them; ``turn``:
+    (the engine's ``RequestOutput`` generator, ``result_generator``) and the :class:`Feed` between them; ``turn``:
     the request's :class:`_ParserTurn` on a parser server. Read it with :meth:`items`."""
 
     __slots__ = ("_pump", "_outputs", "_feed", "_turn")
 
-    def __init__(self, strings: AsyncGenerator[str, None], outputs: AsyncIterator[Any], feed: _Feed,
+    def __init__(self, strings: AsyncGenerator[str, None], outputs: AsyncIterator[Any], feed: Feed,
                  turn: _ParserTurn | None = None) -> None:
-        self._pump = _Pump(strings)
+        self._pump = Pump(strings)
         self._outputs = outputs
         self._feed = feed
         self._turn = turn
@@ -331,7 +291,7 @@ class EngineStream:
                         middle.parser.skip = len(taken)
                     output, taken = _with_token_ids(output, taken), []
                 feed.output = output
-                for string in await pump.strings():
+                for string in await pump.yielded():
                     for item in parser.feed(string):
                         yield item
                 if parser.done:
@@ -340,7 +300,7 @@ class EngineStream:
                     lane = parser.text_lane
                 elif middle is None:
                     middle = _Middle.learn(parser.middle_chunk, turn)
-            for string in await pump.strings():
+            for string in await pump.yielded():
                 for item in parser.feed(string):
                     yield item
             for item in parser.end():
@@ -376,104 +336,3 @@ def _with_token_ids(output: Any, taken: list[int]) -> Any:
     output = copy.copy(output)
     output.outputs = [completion]
     return output
-
-
-class _Feed:
-    """The async iterator vLLM's generator reads ``RequestOutput`` objects from: it hands over the ``output`` the lane
-    put in (or raises its ``error``, or ends once ``ended``), else suspends vLLM's generator with
-    :data:`_WANTS_OUTPUT`, which only :class:`_Pump` sees."""
-
-    __slots__ = ("output", "error", "ended")
-
-    def __init__(self) -> None:
-        self.output: Any = None
-        self.error: BaseException | None = None
-        self.ended = False
-
-    def __aiter__(self) -> _Feed:
-        return self
-
-    def __anext__(self) -> _Feed:
-        return self
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        while True:
-            output = self.output
-            if output is not None:
-                self.output = None
-                return output
-            error = self.error
-            if error is not None:
-                self.error = None
-                raise error
-            if self.ended:
-                raise StopAsyncIteration
-            yield _WANTS_OUTPUT
-
-
-class _Pump:
-    """Steps vLLM's generator ``strings`` in the caller's task: :meth:`strings` runs it until it waits for the next
-    output (or ends) and returns what it yielded meanwhile."""
-
-    __slots__ = ("_strings", "_step", "_ended")
-
-    def __init__(self, strings: AsyncGenerator[str, None]) -> None:
-        self._strings = strings
-        self._step: Any = None  # the step of vLLM's generator that waits for an output
-        self._ended = False
-
-    async def strings(self) -> list[str]:
-        """The strings vLLM's generator yields until it waits for the next output or ends."""
-        out: list[str] = []
-        while not self._ended:
-            step, self._step = self._step or self._strings.__anext__(), None
-            try:
-                yielded = await _Step(step)
-            except StopAsyncIteration:
-                self._ended = True
-                break
-            if yielded is _WANTS_OUTPUT:
-                self._step = step
-                break
-            out.append(yielded)
-        return out
-
-    async def close(self, feed: _Feed) -> None:
-        """End vLLM's generator: where it waits for an output, with ``GeneratorExit`` (its ``finally`` blocks run, as
-        ``aclose`` runs them), then ``aclose`` it."""
-        if self._step is not None:
-            feed.output, feed.error = None, GeneratorExit()
-            try:
-                await self.strings()
-            except GeneratorExit:
-                pass
-        await self._strings.aclose()
-
-
-class _Step:
-    """Awaits one step of vLLM's generator (an ``asend`` of ``__anext__``): its value when it yields a string,
-    :data:`_WANTS_OUTPUT` when it suspends at the feed (the step can be resumed later), ``StopAsyncIteration`` when
-    it ended. Every other suspension inside it is passed to the event loop and resumed (or thrown into) as the loop
-    says, as ``await`` would."""
-
-    __slots__ = ("_step",)
-
-    def __init__(self, step: Any) -> None:
-        self._step = step
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        step = self._step
-        sent: Any = None
-        thrown: BaseException | None = None
-        while True:
-            try:
-                suspended = step.send(sent) if thrown is None else step.throw(thrown)
-            except StopIteration as done:
-                return done.value
-            if suspended is _WANTS_OUTPUT:
-                return _WANTS_OUTPUT
-            sent, thrown = None, None
-            try:
-                sent = yield suspended
-            except BaseException as exc:  # a cancel: thrown into vLLM's generator where it waits
-                thrown = exc

@@ -8,7 +8,8 @@ that this package depends on is decided here (attach paths, and probes of the se
 ``vllm.plugins.load_endpoint_plugins``, the chat protocol module), in :func:`has_tool_parser`, in
 :func:`responses_stream_fails` (a Responses stream a line cannot produce), in :func:`api_keys` (the keys
 HTTP requires), in :func:`stream_parser_off` (whether the engine lane can drive a line's tool-call and reasoning
-parser), in :mod:`.chunk_shapes` (stream and
+parser), in :func:`responses_lane_off` (whether the Responses lane can drive a line's Responses stream processor),
+in :mod:`.chunk_shapes` (stream and
 body shapes), or in :mod:`.engine_lane` (the chat serving object's attributes, per line, that keep a server's
 streams off the engine lane); the rest of the package is line-independent.
 
@@ -294,6 +295,66 @@ def stream_parser_off(serving: object) -> str | None:
         return "the source of vLLM's chat stream generator cannot be read"
     if "parse_delta(" not in source or not ("self.parser_cls(" in source or "self._make_parser(" in source):
         return "vLLM's chat stream generator does not create and drive one parser per choice through parser_cls"
+    return None
+
+
+#: the parameters of ``OpenAIServingResponses._process_simple_streaming_events`` the Responses lane takes, in vLLM's
+#: order (0.22–0.32; ``vllm/entrypoints/openai/responses/serving.py``)
+RESPONSES_PROCESSOR_PARAMETERS = ("self", "request", "sampling_params", "result_generator", "context", "model_name",
+                                  "tokenizer", "request_metadata", "created_time",
+                                  "_increment_sequence_number_and_return")  # fmt: skip
+#: what the source of vLLM's Responses processor and of the event functions it calls must say for the lane
+#: (``streaming_events.py``: a delta of the open text or reasoning item changes only ``state.accumulated_text``)
+_RESPONSES_PROCESSOR_SOURCE = ("processor = SimpleStreamingEventProcessor(", "async for ctx in result_generator:",
+                               "output = ctx.last_output.outputs[0]")  # fmt: skip
+_PARSER_CALL = "ctx.response_parser.parse_delta("
+_NO_PARSER_DELTA = "DeltaMessage(content=output.text)"
+_DELTA_EMITTERS = ("emit_simple_content_delta", "emit_simple_reasoning_delta")
+
+
+def responses_lane_off(serving: object) -> str | None:
+    """Why this line's Responses stream is not one the Responses lane (:mod:`.responses_lane`) can drive, for the
+    Responses serving object ``serving`` (``OpenAIServingResponses``; ``None``: it can). The lane needs, as on
+    0.26.x–0.32.x with or without a parser and on 0.22.x without one (``_process_simple_streaming_events`` in
+    ``vllm/entrypoints/openai/responses/serving.py``, the event functions in ``…/responses/streaming_events.py``):
+
+    * no harmony model (``use_harmony``: those stream through ``_process_harmony_streaming_events``);
+    * ``_process_simple_streaming_events`` with the parameters :data:`RESPONSES_PROCESSOR_PARAMETERS`, whose
+      source makes its ``processor`` (a ``SimpleStreamingEventProcessor``) and reads one context per engine output;
+    * with a parser (``serving.parser``), one the processor reads from the request's context
+      (``ctx.response_parser.parse_delta(…, finished=…)``: 0.26+; 0.22.x makes its own inside the processor, out
+      of the lane's reach); without one, ``DeltaMessage(content=output.text)``;
+    * ``emit_simple_content_delta`` and ``emit_simple_reasoning_delta`` that change only ``state.accumulated_text``
+      (logprobs aside, which the lane's requests do not ask for)."""
+    if getattr(serving, "use_harmony", False):
+        return "the model uses the harmony format"
+    processor = getattr(type(serving), "_process_simple_streaming_events", None)
+    if processor is None:
+        return "the Responses serving object has no _process_simple_streaming_events"
+    names = tuple(inspect.signature(processor).parameters)
+    if names != RESPONSES_PROCESSOR_PARAMETERS:
+        return f"_process_simple_streaming_events's parameters are {names}"
+    try:
+        source = inspect.getsource(processor)
+    except (OSError, TypeError):
+        return "the source of vLLM's Responses stream processor cannot be read"
+    if not all(part in source for part in _RESPONSES_PROCESSOR_SOURCE):
+        return "vLLM's Responses processor keeps its event state in the generator (no SimpleStreamingEventProcessor)"
+    try:
+        events = importlib.import_module(processor.__module__.rsplit(".", 1)[0] + ".streaming_events")
+        emitters = [inspect.getsource(getattr(events, name)) for name in _DELTA_EMITTERS]
+    except (ImportError, AttributeError, OSError, TypeError):
+        return "the source of vLLM's Responses delta events cannot be read"
+    if getattr(serving, "parser", None) is not None:
+        if _PARSER_CALL not in source or "finished=" not in source:
+            return "vLLM keeps this line's Responses parser inside its stream processor"
+    elif _NO_PARSER_DELTA not in source:
+        return "vLLM's Responses processor does not stream the output text as it is"
+    for emitter in emitters:
+        changes = [line.strip() for line in emitter.splitlines() if line.strip().startswith("state.")]
+        if changes != ["state.accumulated_text += delta"] and changes != [
+                "state.accumulated_text += delta", "state.accumulated_logprobs.extend(logprobs)"]:  # fmt: skip
+            return f"vLLM's Responses delta events change more stream state ({changes})"
     return None
 
 

@@ -93,6 +93,9 @@ async def start_service(state: Any, attach_path: str) -> None:
     chat_stream_path = backend.chat_stream_path()
     if chat_stream_path is not None:
         logger.info("NNRP chat streams: %s", chat_stream_path)
+    responses_stream_path = backend.responses_stream_path()
+    if responses_stream_path is not None:
+        logger.info("NNRP Responses streams: %s", responses_stream_path)
     logger.info("NNRP priority classes: %s", backend.priority_note())
     if service.metrics_address is not None:
         logger.info("NNRP metrics also served on http://%s/metrics (nnrp.metrics_listen)", service.metrics_address)

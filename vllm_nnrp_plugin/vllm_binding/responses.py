@@ -8,7 +8,9 @@ streaming event objects (``response.created`` … ``response.completed``), which
 stream items handed to the adapter are those events as dicts (``model_dump(mode="json", by_alias=True)``, the
 ``data:`` of vLLM's SSE; a text delta reduced to the fields the mapper reads), mapped by
 :class:`~vllm_nnrp_plugin.profile.responses_stream.ResponsesStreamMapper`;
-a non-streaming call returns the Response object as ``/v1/responses`` does.
+a non-streaming call returns the Response object as ``/v1/responses`` does. A stream takes the Responses lane
+(:mod:`.responses_lane`) where it can: its text and reasoning deltas come straight from the engine's outputs
+through vLLM's own parser and processor state, as the dicts vLLM's event objects would have given.
 
 Request ids: the request is run with ``request_id = "resp_" + <the adapter's id>`` (the ``resp_`` prefix of
 vLLM's own default, ``ResponsesRequest.request_id``), which is also the Response's ``id``; the engine knows it
@@ -33,8 +35,9 @@ from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation
-from vllm_nnrp_plugin.vllm_binding.families import responses_stream_fails
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
+from vllm_nnrp_plugin.vllm_binding.families import responses_lane_off, responses_stream_fails
+from vllm_nnrp_plugin.vllm_binding.responses_lane import TEXT_DELTA, responses_lane_serving
 from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate, with_controls
 
 #: vLLM's sub-request number of the first (and, without a tool server, only) engine request of a Responses request
@@ -44,7 +47,9 @@ _FIRST_SUB_REQUEST = 0
 class ResponsesBinding:
     """``responses.create`` over ``app.state.openai_serving_responses`` (present when the server runs the
     ``generate`` task) of the vLLM line ``family`` ((major, minor)). ``priorities``: vLLM ``priority`` by NNRP
-    priority class (:func:`~.serving.with_controls`; ``None``: the server does not schedule by priority)."""
+    priority class (:func:`~.serving.with_controls`; ``None``: the server does not schedule by priority).
+    ``lane_off``: why streams cannot take the Responses lane on this server (``None``: they can,
+    :func:`~.families.responses_lane_off`); ``lane_parser``: the lane drives the server's parser."""
 
     name = RESPONSES_CREATE
 
@@ -55,8 +60,11 @@ class ResponsesBinding:
         self._serving = serving
         self._family = family
         self._priorities = priorities
-        self._views = view_maker(serving)  # one per request, its engine client tapped (:mod:`.engine_tap`)
+        self.lane_off = responses_lane_off(serving)
+        # one view per request, its engine client tapped (:mod:`.engine_tap`)
+        self._views = view_maker(serving) if self.lane_off is not None else responses_lane_serving(serving)
         parser = getattr(serving, "parser", None)
+        self.lane_parser = parser is not None
         self._tool_parser = parser is not None and getattr(parser, "tool_parser_cls", None) is not None
 
     def operation(self) -> dict[str, Any]:
@@ -103,18 +111,17 @@ class ResponsesBinding:
         return [self.engine_request_id(request_id)]
 
 
-#: the event type of vLLM's text deltas (openai's ``ResponseTextDeltaEvent``), most of a stream's events
-_TEXT_DELTA = "response.output_text.delta"
-
-
 async def _event_dicts(events: Any) -> Any:
     """vLLM's streamed event objects as the dicts ``/v1/responses`` writes after ``data:``; a text delta (most of a
     stream's events) as only the fields :class:`~vllm_nnrp_plugin.profile.responses_stream.ResponsesStreamMapper`
-    reads of it (``type``, ``output_index``, ``delta``), without dumping the whole event."""
+    reads of it (``type``, ``output_index``, ``delta``), without dumping the whole event; the Responses lane's
+    events are such dicts already."""
     try:
         async for event in events:
-            if event.type == _TEXT_DELTA:
-                yield {"type": _TEXT_DELTA, "output_index": event.output_index, "delta": event.delta}
+            if event.__class__ is dict:
+                yield event
+            elif event.type == TEXT_DELTA:
+                yield {"type": TEXT_DELTA, "output_index": event.output_index, "delta": event.delta}
             else:
                 yield event.model_dump(mode="json", by_alias=True)
     finally:
