@@ -123,6 +123,16 @@ AGENT_TOOL = {"type": "function", "function": {
     "name": "lookup", "description": "Look up current information about a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }}  # fmt: skip
+
+
+def agent_fields(api: str) -> dict[str, Any]:
+    """The fields every request of the agent-server shape adds for ``api`` (``chat`` or ``responses``):
+    :data:`AGENT_TOOL` in that API's own tool shape (Responses: ``{"type": "function", "name", …}``) and
+    ``tool_choice`` auto."""
+    tool = AGENT_TOOL if api == "chat" else {"type": "function", **AGENT_TOOL["function"]}
+    return {"tools": [tool], "tool_choice": "auto"}
+
+
 #: ``vllm serve`` arguments of the agent-server shape
 AGENT_SERVER_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                      "--chat-template", str(ROOT / "compat" / "tool_chat_template_hermes.jinja"))
@@ -735,13 +745,12 @@ def run(
         tiny = str(tiny_model.build(model))
         if tools or responses:
             api = "responses" if responses else "chat"
-            tool = {"type": "function", **AGENT_TOOL["function"]} if responses else AGENT_TOOL  # the API's own shape
             prefix = ".".join(["load", *(["tools"] if tools else []), *(["responses"] if responses else [])])
             parameters = {"api": api, **({"server": "hermes tool parser", "tool_choice": "auto"} if tools else {})}
             return _serve(tiny, workdir, AGENT_SERVER_ARGS if tools else (), prefix=prefix, burst_clients=0,
                           burst_load_streams=0, cancel_streams=0, cancel_per_session=1, cancel_sample=0,
                           idle_sessions=0, idle_seconds=0, parameters=parameters, api=api,
-                          body_extra={"tools": [tool], "tool_choice": "auto"} if tools else None, **kw)  # fmt: skip
+                          body_extra=agent_fields(api) if tools else None, **kw)  # fmt: skip
         rows = _serve(tiny, workdir, (), prefix=prefix, burst_clients=burst_clients, burst_load_streams=burst_load_streams,
                       cancel_streams=cancel_streams, cancel_per_session=cancel_per_session, cancel_sample=cancel_sample,
                       idle_sessions=idle_sessions, idle_seconds=idle_seconds, thread_sessions=thread_sessions, **kw)  # fmt: skip

@@ -81,8 +81,7 @@ def places(raw: str) -> dict[str, float]:
 def run(*, model: str, streams: int, windows: int, protocol: str, tools: bool, rate: int, raw: str | None,
         carrier: str = "tcp", responses: bool = False) -> dict:  # fmt: skip
     api = "responses" if responses else "chat"
-    tool = {"type": "function", **load.AGENT_TOOL["function"]} if responses else load.AGENT_TOOL  # the API's shape
-    body = {**load.request_body(api, 256), **({"tools": [tool], "tool_choice": "auto"} if tools else {})}
+    body = {**load.request_body(api, 256), **(load.agent_fields(api) if tools else {})}
     with tempfile.TemporaryDirectory() as workdir:
         cert, key = load.self_signed(workdir)
         nnrp = {carrier: CARRIER_ADDRESS[carrier].format(port=free_port())}

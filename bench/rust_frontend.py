@@ -111,6 +111,6 @@ def run(*, frontend: str, model: str | None = None, levels: Sequence[int] = load
             served.wait_ready(START_TIMEOUT_S)
             server = RustServer(frontend_pid(served.pid, frontend), served.http)
             engine = load.engine_pids(served.pid)
-            agent = {"tools": [load.AGENT_TOOL], "tool_choice": "auto"} if tools else None
             return level_rows(server, engine, prefix, levels=levels, rounds=rounds, max_tokens=max_tokens,
-                              workdir=workdir, parameters=parameters, body_extra=agent)  # fmt: skip
+                              workdir=workdir, parameters=parameters,
+                              body_extra=load.agent_fields("chat") if tools else None)  # fmt: skip

@@ -32,6 +32,26 @@ from vllm_nnrp_plugin.vllm_binding.models import ModelsBinding
 from vllm_nnrp_plugin.vllm_binding.responses import ResponsesBinding
 
 
+#: how an operation's streams reach the profile mapper, for the start-up log: (label, on the lane with vLLM's
+#: parser, on the lane without one, off the lane — ``{}`` the reason; :mod:`.engine_lane`, :mod:`.responses_lane`)
+STREAM_PATHS = {
+    CHAT_COMPLETIONS_CREATE: (
+        "chat",
+        "outputs straight from the engine through vLLM's own tool-call/reasoning parser object, vLLM's chunk strings "
+        "for the first, finish and first tool-call chunks (engine lane with vLLM's parser)",
+        "text outputs straight from the engine, vLLM's chunk strings for the rest (engine lane)",
+        "vLLM's chunk strings for every chunk (engine lane off: {})",
+    ),
+    RESPONSES_CREATE: (
+        "Responses",
+        "text and reasoning deltas straight from the engine through vLLM's own parser object and event state, "
+        "vLLM's event objects for the rest (Responses lane with vLLM's parser)",
+        "text deltas straight from the engine, vLLM's event objects for the rest (Responses lane)",
+        "vLLM's event objects for every event (Responses lane off: {})",
+    ),
+}
+
+
 class VLLMBackend:
     """:class:`vllm_nnrp_plugin.adapter.Backend` over ``app.state`` (its serving objects, ``engine_client``,
     ``openai_serving_models``) of vLLM ``vllm_version`` (the start-up gate's, :mod:`.gate`), serving
@@ -66,29 +86,16 @@ class VLLMBackend:
         except ValueError as exc:
             raise NNRPStartupError(f"NNRP cannot serve this vLLM server: {exc}") from None
 
-    def chat_stream_path(self) -> str | None:
-        """How chat streams reach the profile mapper, for the start-up log (``None``: no chat on this server)."""
-        chat = self._bindings.get(CHAT_COMPLETIONS_CREATE)
-        if chat is None:
-            return None
-        if chat.lane_off is None and chat.lane_parser:
-            return ("outputs straight from the engine through vLLM's own tool-call/reasoning parser object, vLLM's "
-                    "chunk strings for the first, finish and first tool-call chunks (engine lane with vLLM's parser)")
-        if chat.lane_off is None:
-            return "text outputs straight from the engine, vLLM's chunk strings for the rest (engine lane)"
-        return f"vLLM's chunk strings for every chunk (engine lane off: {chat.lane_off})"
-
-    def responses_stream_path(self) -> str | None:
-        """How Responses streams reach the profile mapper, for the start-up log (``None``: no Responses here)."""
-        responses = self._bindings.get(RESPONSES_CREATE)
-        if responses is None:
-            return None
-        if responses.lane_off is None and responses.lane_parser:
-            return ("text and reasoning deltas straight from the engine through vLLM's own parser object and event "
-                    "state, vLLM's event objects for the rest (Responses lane with vLLM's parser)")
-        if responses.lane_off is None:
-            return "text deltas straight from the engine, vLLM's event objects for the rest (Responses lane)"
-        return f"vLLM's event objects for every event (Responses lane off: {responses.lane_off})"
+    def stream_paths(self) -> list[tuple[str, str]]:
+        """(label, how its streams reach the profile mapper) per streamed operation this server serves, for the
+        start-up log (:data:`STREAM_PATHS`)."""
+        paths = []
+        for operation, (label, with_parser, lane, off) in STREAM_PATHS.items():
+            binding = self._bindings.get(operation)
+            if binding is not None:
+                on_lane = with_parser if binding.lane_parser else lane
+                paths.append((label, on_lane if binding.lane_off is None else off.format(binding.lane_off)))
+        return paths
 
     def priority_note(self) -> str:
         """What NNRP priority classes do on this server, for the start-up log."""

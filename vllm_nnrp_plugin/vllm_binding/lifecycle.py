@@ -90,12 +90,8 @@ async def start_service(state: Any, attach_path: str) -> None:
         count,
         ", ".join(backend.model_ids()),
     )
-    chat_stream_path = backend.chat_stream_path()
-    if chat_stream_path is not None:
-        logger.info("NNRP chat streams: %s", chat_stream_path)
-    responses_stream_path = backend.responses_stream_path()
-    if responses_stream_path is not None:
-        logger.info("NNRP Responses streams: %s", responses_stream_path)
+    for label, path in backend.stream_paths():
+        logger.info("NNRP %s streams: %s", label, path)
     logger.info("NNRP priority classes: %s", backend.priority_note())
     if service.metrics_address is not None:
         logger.info("NNRP metrics also served on http://%s/metrics (nnrp.metrics_listen)", service.metrics_address)
