@@ -18,13 +18,14 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``handshake_timeout_ms`` | int, ms | 10000 | a new connection's TLS handshake, and then its CLIENT_HELLO and first SESSION_OPEN, must each complete within it; else it is closed |
 | ``max_connections`` | int | 2048 | open NNRP connections per API-server process; a new one beyond it is closed at once |
 | ``max_buffered_bytes`` | int, bytes | 268435456 | bytes of incomplete packets over every connection; the connection whose read goes over it ends (one packet may be at most ``max(2 × max_envelope_bytes, max_envelope_bytes + 1 MiB)``) |
-| ``allow_non_loopback`` | bool | false | allow a ``tcp://`` / ``ws://`` address other hosts can reach without TLS (logged as a warning) |
+| ``allow_non_loopback`` | bool | false | allow a ``tcp://`` / ``ws://`` address, or a ``metrics_listen`` host, that other hosts can reach without TLS (logged as a warning) |
 | ``tls_cert_file`` | path | none | PEM certificate for ``nnrps://``, ``wss://`` and ``quic://`` |
 | ``tls_key_file`` | path | none | PEM private key for the same |
 | ``ipc_socket_group`` | group name | none | unix socket files are owner-only (0600); with a group, 0660 and owned by that group |
 | ``fault_injection_backend_error_model`` | str or null | null | **test only**: requests for this model id end
   with ``backend_error`` without reaching vLLM (the conformance suite's ``backend-error`` case) |
-| ``metrics_listen`` | ``HOST:PORT`` or null | null | also serve the NNRP metrics on their own ``/metrics`` server there; by default they are only in vLLM's ``/metrics`` |
+| ``metrics_listen`` | ``HOST:PORT`` or null | null | also serve the NNRP metrics on their own ``/metrics`` server there (no authentication, no TLS; a host other than loopback needs ``allow_non_loopback``); by default they are only in vLLM's ``/metrics`` |
+| ``ws_allowed_origins`` | list of origins or null | null: no browser origin when no API key is required, any when one is | the ``Origin`` values a ``ws://`` / ``wss://`` Upgrade may carry (``"https://app.example.com"``, or ``"*"`` for any); an Upgrade with another ``Origin`` gets HTTP 403; one without ``Origin`` (not a browser) is never refused for it |
 | ``priorities`` | mapping of NNRP priority class to int | ``{"interactive": -10, "balanced": 0, "background": 10}`` | the vLLM request ``priority`` of each NNRP priority class on a server that schedules by priority (``--scheduling-policy priority``; lower runs first; an HTTP request's default is 0); a class left out keeps its default; a request body's own ``priority`` wins |
 | ``operations`` | list of operation names or null | null: every operation the server's vLLM serving objects offer | serve only these ``openai-compatible/1`` operations over NNRP (e.g. ``["chat.completions.create"]``: a Level-1-only deployment; any other operation gets ``unsupported_operation``) |
 
@@ -34,8 +35,9 @@ still starts.
 
 Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys, wrong types and
 listen URIs outside the forms of :mod:`vllm_nnrp_plugin.endpoints` are errors
-(:class:`ConfigError`), never ignored; so are a non-loopback address without TLS unless ``allow_non_loopback``
-is true, a TLS address without ``tls_cert_file`` / ``tls_key_file``, unreadable certificate or key files, an
+(:class:`ConfigError`), never ignored; so are a non-loopback address without TLS, or a non-loopback
+``metrics_listen``, unless ``allow_non_loopback`` is true, a ``quic://`` address without aioquic installed (the
+``[quic]`` extra), a ``ws_allowed_origins`` entry that is not an origin, a TLS address without ``tls_cert_file`` / ``tls_key_file``, unreadable certificate or key files, an
 unknown ``ipc_socket_group`` and an ``operations`` entry that is not an operation of the profile
 (:data:`vllm_nnrp_plugin.profile.LEVELS`). Whether the vLLM server serves the listed operations is known only
 once it runs: :class:`vllm_nnrp_plugin.vllm_binding.backend.VLLMBackend` refuses to start otherwise.
@@ -46,6 +48,7 @@ from __future__ import annotations
 import grp
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,9 +58,12 @@ import cattrs
 from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.endpoints import (
     DEFAULT_LISTEN,
+    QUIC_INSTALL,
     EndpointError,
     is_loopback,
+    is_loopback_host,
     parse_endpoint,
+    quic_available,
 )
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import LEVELS
@@ -103,6 +109,19 @@ def _profile_operations(_inst: object, attribute: attrs.Attribute, value: tuple[
         )
 
 
+#: a browser ``Origin``: scheme, host and an optional port, nothing else (RFC 6454 §7), or ``*`` for any
+_ORIGIN = re.compile(r"\*|https?://[^/?#\s]+")
+
+
+def _origins(_inst: object, attribute: attrs.Attribute, value: tuple[str, ...] | None) -> None:
+    bad = [origin for origin in value or () if not _ORIGIN.fullmatch(origin)]
+    if bad:
+        raise ValueError(
+            f"nnrp.{attribute.name} names {', '.join(map(repr, bad))}, not an origin. Fix: list origins as browsers "
+            'send them, scheme://host[:port] without a path (e.g. "https://app.example.com"), or "*" for any.'
+        )
+
+
 #: vLLM ``priority`` of each NNRP priority class by default: balanced as an HTTP request's default (0)
 DEFAULT_PRIORITIES = {"interactive": -10, "balanced": 0, "background": 10}
 
@@ -137,6 +156,7 @@ class NNRPConfig:
     ipc_socket_group: str | None = None
     fault_injection_backend_error_model: str | None = None
     metrics_listen: str | None = attrs.field(default=None, validator=attrs.validators.optional(_host_port))
+    ws_allowed_origins: tuple[str, ...] | None = attrs.field(default=None, validator=_origins)
     operations: tuple[str, ...] | None = attrs.field(default=None, validator=_profile_operations)
     priorities: dict[str, int] = attrs.field(factory=dict, validator=_priority_classes)
 
@@ -237,6 +257,20 @@ def _check_exposure(config: NNRPConfig) -> None:
                 f"NNRP listen address {uri} is reachable from other hosts without TLS. Fix: listen on 127.0.0.1 "
                 'or a unix socket, use nnrps:// / wss:// / quic:// with nnrp.tls_cert_file and nnrp.tls_key_file, '
                 'or set "allow_non_loopback": true if this network is trusted.'
+            )
+        if carrier.transport == "quic" and not quic_available():
+            raise ConfigError(
+                f"NNRP listen address {uri} is QUIC, and aioquic (which serves it) is not installed in this "
+                f"environment. Fix: {QUIC_INSTALL} into vLLM's environment, or drop the quic:// address."
+            )
+    if config.metrics_listen is not None and not config.allow_non_loopback:
+        host = config.metrics_listen.rpartition(":")[0]
+        if not is_loopback_host(host):
+            raise ConfigError(
+                f"nnrp.metrics_listen {config.metrics_listen} is reachable from other hosts, and the metrics server "
+                "has neither authentication nor TLS. Fix: listen on 127.0.0.1 (scrape through vLLM's own /metrics, "
+                'which carries the same series, or a local agent), or set "allow_non_loopback": true if this '
+                "network is trusted."
             )
     if needs_tls:
         for key in ("tls_cert_file", "tls_key_file"):

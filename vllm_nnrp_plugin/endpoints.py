@@ -17,6 +17,7 @@ addresses stay on this host.
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import urllib.parse
 
@@ -36,6 +37,16 @@ _NETWORK_SCHEMES = {
     "quic": ("quic", "quic", True),
 }
 _FORMS = "tcp://HOST:PORT, nnrps://HOST:PORT, unix:///ABSOLUTE/PATH.sock, ws(s)://HOST:PORT/PATH or quic://HOST:PORT"
+
+
+#: the command that installs what ``quic://`` needs (aioquic is an extra: its pyOpenSSL pins ``cryptography``
+#: below the version some vLLM lines resolve, so a plain install leaves it out)
+QUIC_INSTALL = 'pip install "vllm-nnrp-plugin[quic]"'
+
+
+def quic_available() -> bool:
+    """True when aioquic, which serves and connects ``quic://`` addresses, is installed (the ``[quic]`` extra)."""
+    return importlib.util.find_spec("aioquic") is not None
 
 
 class EndpointError(NNRPStartupError, ValueError):
@@ -93,11 +104,15 @@ def parse_endpoint(uri: str) -> Carrier:
 
 def is_loopback(carrier: Carrier) -> bool:
     """True for IPC and for network addresses that only this host can reach (127.0.0.0/8, ::1, localhost)."""
-    if carrier.host is None:
-        return True
-    if carrier.host == "localhost":
+    return carrier.host is None or is_loopback_host(carrier.host)
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a host only this machine can reach: ``localhost``, 127.0.0.0/8, ``::1`` (bracketed or not)."""
+    host = host.strip("[]")
+    if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(carrier.host).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a host name: it may resolve to anything

@@ -109,7 +109,8 @@ class NNRPService:
         self._loop = loop
         self._hooks = hooks
         self._session_limits = SessionLimits(per_session, config.max_queued_events)
-        self._exposure = Exposure(config.tls_cert_file, config.tls_key_file, config.ipc_socket_group)
+        self._exposure = Exposure(config.tls_cert_file, config.tls_key_file, config.ipc_socket_group,
+                                  config.ws_allowed_origins)
         self._listener: Listener | None = None
 
     @property

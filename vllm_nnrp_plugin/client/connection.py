@@ -72,7 +72,7 @@ from vllm_nnrp_plugin.client.errors import (
 )
 from vllm_nnrp_plugin.client.priority import with_priority_class
 from vllm_nnrp_plugin.controls import priority_class_of
-from vllm_nnrp_plugin.endpoints import Carrier, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.endpoints import QUIC_INSTALL, Carrier, EndpointError, parse_endpoint, quic_available
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
@@ -158,6 +158,9 @@ def address_of(uri: str) -> tuple[Carrier, int]:
         raise _ConnectAddressError(str(exc)) from None
     if carrier.transport == "ipc":
         return carrier, 0
+    if carrier.transport == "quic" and not quic_available():
+        raise _ConnectAddressError(f"{uri!r} is a QUIC address, and aioquic (which speaks QUIC) is not installed "
+                                   f"here. Fix: {QUIC_INSTALL}, or use another address of the server")
     port = urllib.parse.urlsplit(carrier.provider_uri).port
     if not port:
         raise _ConnectAddressError(f"{uri!r}: cannot connect to port 0; use {FORMS}")

@@ -37,11 +37,13 @@ class ListenError(NNRPStartupError):
 @attrs.frozen
 class Exposure:
     """``tls_cert_file`` / ``tls_key_file``: PEM paths for TLS carriers; ``ipc_socket_group``: group of unix
-    socket files (``None``: owner-only)."""
+    socket files (``None``: owner-only); ``ws_allowed_origins``: ``nnrp.ws_allowed_origins``, the browser
+    origins WebSocket addresses accept (:func:`.websocket.allowed_origins`)."""
 
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     ipc_socket_group: str | None = None
+    ws_allowed_origins: tuple[str, ...] | None = None
 
 
 def before_bind(carrier: Carrier) -> None:

@@ -53,7 +53,7 @@ from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
 from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol, FlushRound, SessionGate
-from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
+from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection, allowed_origins
 
 if TYPE_CHECKING:
     from vllm_nnrp_plugin.nnrp_binding.quic import NNRPQuicServer
@@ -258,8 +258,10 @@ class Listener:
             conn.close()
 
     def _protocol(self, door: _Door, first: bytes) -> ConnectionProtocol:
-        kind, extra = (ConnectionProtocol, {}) if door.websocket_path is None else (
-            WebSocketConnection, {"path": door.websocket_path})  # fmt: skip
+        kind, extra = (ConnectionProtocol, {}) if door.websocket_path is None else (WebSocketConnection, {
+            "path": door.websocket_path,
+            "origins": allowed_origins(self._exposure.ws_allowed_origins, door.keys is not None),
+        })  # fmt: skip
         connection = kind(
             self._handler, transport_name=door.name, limits=self._limits, gate=self._gate,
             flush_round=self._round, on_lost=self._connections.discard, probe=self._probe,

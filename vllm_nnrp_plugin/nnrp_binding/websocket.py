@@ -19,6 +19,11 @@ The mapping is nnrp-rs' (``crates/nnrp-transport-websocket/src/lib.rs``: tokio-t
   that ends inside a packet, or bytes the wire core refuses, with 1002; what ``wsproto`` finds malformed
   (unmasked client frames, reserved bits or opcodes, fragmented or oversized control frames, a continuation
   without a start, invalid close payloads) with the code it names;
+* a browser's Upgrade carries an ``Origin`` header; one whose origin :func:`allowed_origins` does not accept
+  (``nnrp.ws_allowed_origins``; by default none when no API key is required, so a web page cannot drive a
+  keyless server on loopback) is answered with HTTP 403 and counted in ``nnrp_connections_refused_total``
+  with reason ``origin``; a client that sends no ``Origin`` (the native client, the project's clients) is not
+  refused for it;
 * pings are answered with a pong carrying the same payload; pongs are ignored; the native client sends neither;
 * a client's close frame (the native client sends one without a status code after its SESSION_CLOSE_ACK) is
   answered with a close frame and the connection ends; this server closes with 1001 when it stops, 1008 when
@@ -95,6 +100,29 @@ def binary_frames(data: bytes) -> bytes:
         size = HEADER_LENGTH + meta_len + body_len
 
 
+#: an ``allowed_origins`` entry that accepts every ``Origin``
+ANY_ORIGIN = "*"
+
+
+def allowed_origins(configured: tuple[str, ...] | None, keys_required: bool) -> frozenset[str]:
+    """The ``Origin`` values a WebSocket address accepts: the configured ones (``nnrp.ws_allowed_origins``,
+    compared without case), else any when the address requires vLLM's API key, else none."""
+    if configured is not None:
+        return frozenset(origin.lower() for origin in configured)
+    return frozenset({ANY_ORIGIN}) if keys_required else frozenset()
+
+
+def _origin_refused(request: Request, origins: frozenset[str]) -> str | None:
+    """The request's ``Origin`` when ``origins`` does not accept it, else ``None`` (no ``Origin``: not a browser)."""
+    if ANY_ORIGIN in origins:
+        return None
+    for name, value in request.extra_headers:
+        if name.lower() == b"origin":
+            origin = value.decode("latin-1").strip()
+            return None if origin.lower() in origins else origin
+    return None
+
+
 _SHORT_HEADERS = [bytes((0x82, n)) for n in range(126)]
 
 
@@ -108,12 +136,13 @@ def _frame_header(size: int) -> bytes:
 
 class WebSocketConnection(ConnectionProtocol):
     """One accepted ``ws`` / ``wss`` connection (``transport_name`` ``websocket``); ``path``: the path the
-    Upgrade must request (the listen address's, ``/nnrp`` by default). Everything else as
-    :class:`.connection.ConnectionProtocol`."""
+    Upgrade must request (the listen address's, ``/nnrp`` by default); ``origins``: the ``Origin`` values it
+    accepts (:func:`allowed_origins`; default none). Everything else as :class:`.connection.ConnectionProtocol`."""
 
-    def __init__(self, *args, path: str, **kwargs) -> None:
+    def __init__(self, *args, path: str, origins: frozenset[str] = frozenset(), **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._path = path
+        self._origins = origins
         self._ws = WSConnection(ConnectionType.SERVER)
         self._open = False  # the Upgrade was accepted and no close frame went out yet
         self._head: bytearray | None = bytearray()  # bytes received before the Upgrade was answered
@@ -160,6 +189,15 @@ class WebSocketConnection(ConnectionProtocol):
                          self.transport_name, loggable(request.target), self._path)  # fmt: skip
             self._head = None
             self._send_ws(RejectConnection(status_code=404))
+            self._end_transport(None)
+            return
+        origin = _origin_refused(request, self._origins)
+        if origin is not None:
+            logger.info("NNRP connection %d on %s: WebSocket Upgrade from origin %s refused (403; "
+                        "nnrp.ws_allowed_origins)", self.connection_id, self.transport_name, loggable(origin))  # fmt: skip
+            self._handler.on_connection_refused(self.transport_name, "origin")
+            self._head = None
+            self._send_ws(RejectConnection(status_code=403))
             self._end_transport(None)
             return
         self._send_ws(AcceptConnection())

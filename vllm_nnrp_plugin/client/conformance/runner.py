@@ -20,12 +20,10 @@ import sys
 
 import orjson
 
-from vllm_nnrp_plugin.client.conformance.driver import run_cases, summary_line
 from vllm_nnrp_plugin.client.conformance.plan import build_plan
 from vllm_nnrp_plugin.client.conformance.rules import results_problems
 from vllm_nnrp_plugin.client.conformance.suite import ROOT_ENV, Suite, locate_suite
 from vllm_nnrp_plugin.client.errors import ClientError
-from vllm_nnrp_plugin.client.profile_client import ProfileClient
 from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
 
 
@@ -58,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the suite as described in the module docstring; returns the exit status. Needs ``jsonschema``
     (the ``conformance`` extra)."""
     import jsonschema
+
+    # nnrp-py's native client (driver, ProfileClient) loads only here: it imports aioquic, which the other
+    # vllm-nnrp commands do not need unless they connect to a quic:// address
+    from vllm_nnrp_plugin.client.conformance.driver import run_cases, summary_line
 
     try:
         suite = Suite(locate_suite(args.suite))
@@ -112,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _capabilities(endpoint: str) -> dict:
+    from vllm_nnrp_plugin.client.profile_client import ProfileClient
+
     client = await ProfileClient.connect(endpoint)
     try:
         return client.capabilities()
