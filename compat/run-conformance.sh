@@ -6,15 +6,24 @@
 # Builds or reuses the anchor's venv (build-vllm-env.sh) and the small model (build-model.sh), then runs three
 # deployments in sequence, each its own `vllm serve` of the model as `example-model` with NNRP on a free TCP
 # port through the checkout's launcher (python -m compat.launcher, the anchor's attach path), each followed by
-# `python -m vllm_nnrp_plugin.client.conformance` with the suite from $NNRP_CONFORMANCE_ROOT (default
-# ../shared/nnrp-conformance next to this checkout):
+# `python -m vllm_nnrp_plugin.client.conformance`:
 #
 #   level1          generate server restricted to Level 1 (nnrp.operations ["chat.completions.create"]): the
-#                   suite's openai-compatible/1 recipes and recipes/ (the suite's mandatory unsupported-operation
-#                   case expects responses.create to be refused, as by a Level-1-only adapter);
+#                   external suite's openai-compatible/1 recipes (when present) and recipes/ (the suite's mandatory
+#                   unsupported-operation case expects responses.create to be refused, as by a Level-1-only
+#                   adapter);
 #   all-operations  the same generate server serving every operation it offers: recipes/responses and
 #                   recipes/level3 only (--no-suite-recipes);
 #   pooling         a pooling server (--convert embed, the same model): recipes/level3 only.
+#
+# The external suite: the public nnrp-conformance suite (https://github.com/NagareWorks/nnrp-conformance,
+# Apache-2.0) at $NNRP_CONFORMANCE_ROOT (default ../shared/nnrp-conformance next to this checkout). Present, its
+# schemas validate everything and its recipes run in level1. Absent, the project's recipes still run, validated
+# against the suite's schemas kept in compat/conformance-schemas/, and the summary says the suite was not found;
+# with NNRP_CONFORMANCE_REQUIRED=1 (what CI sets) its absence fails the run at once (status 2), before any build.
+#
+#   compat/run-conformance.sh --plan     says where the suite is looked for, whether it was found and what would
+#                                        run, and exits (0; 2 when it is required and missing), building nothing
 #
 # A recipe directory without a manifest.json is skipped with a message, and so is a deployment left without
 # recipes. Each deployment's capabilities.json, plan.json and results.json go to $CONFORMANCE_OUT/<deployment>
@@ -31,16 +40,35 @@
 #   "fault_injection_backend_error_model": "backend-error" in level1's nnrp settings
 #       the suite's backend-error case (test-only setting, off by default).
 set -euo pipefail
-VERSION=${1:?usage: run-conformance.sh VLLM_VERSION [conformance args]}
+VERSION=${1:?usage: run-conformance.sh VLLM_VERSION [conformance args] | run-conformance.sh --plan}
 shift
 RUNNER_ARGS=("$@")
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
-SUITE=$(cd "${NNRP_CONFORMANCE_ROOT:-$ROOT/../shared/nnrp-conformance}" 2>/dev/null && pwd) || SUITE=""
-if [ -z "$SUITE" ] || [ ! -f "$SUITE/schemas/api-profile-recipe.schema.json" ]; then
-  echo "run-conformance: the nnrp-conformance suite is not at ${NNRP_CONFORMANCE_ROOT:-$ROOT/../shared/nnrp-conformance}" >&2
-  echo "run-conformance: set NNRP_CONFORMANCE_ROOT to the suite's directory" >&2
+WANTED=${NNRP_CONFORMANCE_ROOT:-$ROOT/../shared/nnrp-conformance}
+SUITE=$(cd "$WANTED" 2>/dev/null && pwd) || SUITE=""
+SUITE_RECIPES=()  # level1's runner arguments for the suite's own recipes: none (they run) or --no-suite-recipes
+if [ -n "$SUITE" ] && [ -f "$SUITE/schemas/api-profile-recipe.schema.json" ] \
+    && [ -f "$SUITE/profiles/openai-compatible/1/manifest.json" ]; then
+  SUITE_STATE="external suite at $SUITE"
+  echo "run-conformance: the nnrp-conformance suite is at $SUITE: its recipes and the project's run" >&2
+elif [ "${NNRP_CONFORMANCE_REQUIRED:-0}" = 1 ]; then
+  echo "run-conformance: the nnrp-conformance suite is not at $WANTED, and NNRP_CONFORMANCE_REQUIRED=1 requires it." >&2
+  echo "run-conformance: get it (git clone https://github.com/NagareWorks/nnrp-conformance) and set NNRP_CONFORMANCE_ROOT to its directory" >&2
   exit 2
+else
+  SUITE="$HERE/conformance-schemas"
+  SUITE_RECIPES=(--no-suite-recipes)
+  SUITE_STATE="external suite not found at $WANTED: the project's recipes only"
+  echo "run-conformance: the external nnrp-conformance suite was not found at $WANTED: running the project's" \
+    "recipes only (to run the suite's too: git clone https://github.com/NagareWorks/nnrp-conformance and set" \
+    "NNRP_CONFORMANCE_ROOT to its directory)" >&2
+fi
+if [ "$VERSION" = "--plan" ]; then
+  if [ ${#SUITE_RECIPES[@]} -eq 0 ]; then LEVEL1="the suite recipes and recipes/"; else LEVEL1="recipes/ only"; fi
+  echo "run-conformance: plan: schemas from $SUITE; level1: $LEVEL1; all-operations: recipes/responses and" \
+    "recipes/level3; pooling: recipes/level3" >&2
+  exit 0
 fi
 VENV=$(bash "$HERE/build-vllm-env.sh" "$VERSION" | tail -n1)
 MODEL=$(bash "$HERE/build-model.sh" "$VENV/bin/python" | tail -n1)
@@ -92,7 +120,7 @@ serve_and_run() {
 level1_deployment() {
   serve_and_run level1 "${GENERATE[@]}" \
     --additional-config '{"nnrp": {"operations": ["chat.completions.create"], "fault_injection_backend_error_model": "backend-error"}}' \
-    -- --recipes "$ROOT/recipes"
+    -- ${SUITE_RECIPES[@]+"${SUITE_RECIPES[@]}"} --recipes "$ROOT/recipes"
 }
 
 all_operations_deployment() {
@@ -121,5 +149,5 @@ for deployment in level1 all_operations pooling; do
   [ "$status" -le "$STATUS" ] || STATUS=$status
 done
 LINE=$(printf '%s, ' "${SUMMARY[@]}")
-echo "run-conformance: ${LINE%, }; results in $OUT" >&2
+echo "run-conformance: ${LINE%, } ($SUITE_STATE); results in $OUT" >&2
 exit "$STATUS"
