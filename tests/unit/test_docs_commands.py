@@ -42,7 +42,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 #: programs a command may start: a fresh Linux machine's, Python's, and what this package and vLLM install
-PROGRAMS = frozenset({"python3", "python", "pip", "vllm", "vllm-nnrp", "bash", "curl", "openssl", "grep", "tail"})
+PROGRAMS = frozenset({"python3", "python", "pip", "vllm", "vllm-nnrp", "bash", "curl", "openssl", "grep", "tail", "git",
+                      "tox"})  # fmt: skip
 SHELL = {"sh", "bash", "shell", "console"}
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\n(?P<body>.*?)^(?P=indent)```", re.S | re.M)
 PLACEHOLDER = re.compile(r"…|\.\.\.|<[A-Za-z][\w-]*>|\[--")
@@ -127,6 +128,9 @@ def check_simple(argv: list[str], tls: dict[str, str]) -> None:
         return
     if re.fullmatch(r"\$\w+/bin/python3?", program):  # a virtual environment's Python ($VENV/bin/python)
         program = "python"
+    venv = re.fullmatch(r"\.venv/bin/(?P<tool>python3?|pip|tox)", program)  # the README's venv in the checkout
+    if venv:
+        program = venv["tool"]
     if program not in PROGRAMS:
         raise DocError(f"{program!r} is not a program a fresh machine has or this package installs")
     if program == "vllm-nnrp":
@@ -137,6 +141,8 @@ def check_simple(argv: list[str], tls: dict[str, str]) -> None:
         check_python(args)
     elif program == "pip":
         check_pip(args)
+    elif program == "tox":
+        check_tox(args)
     elif program == "bash":
         check_path(args[0])
 
@@ -225,6 +231,9 @@ def check_python(args: list[str]) -> None:
         _parse_with(importlib.import_module("bench.profile_load").parser(), rest, "python -m bench.profile_load")
     elif module == "pip":
         check_pip(rest)
+    elif module == "venv":  # python3 -m venv DIR: nothing to check but that it names a directory
+        if not rest or rest[-1].startswith("-"):
+            raise DocError(f"python -m venv without a directory: {rest}")
     elif module == "pytest":
         for arg in rest:
             if not arg.startswith("-"):
@@ -330,8 +339,10 @@ def test_the_pages_have_the_examples_this_test_checks():
     assert sum(1 for _, c in SHELL_COMMANDS if "--additional-config" in c) >= 3
     assert any(b.lang == "yaml" for b in ALL) and any(b.lang == "python" for b in ALL)
     readme = [c for b, c in SHELL_COMMANDS if b.page.name == "README.md" and b.page.parent == ROOT]
-    assert 'python3 -m pip install "tox>=4" && python3 -m tox -e demo' in readme
-    assert 'python3 -m pip install "tox>=4" && python3 -m tox' in readme
+    # in a virtual environment: a stock Debian or Ubuntu refuses pip install into its system Python (PEP 668)
+    assert 'python3 -m venv .venv && .venv/bin/pip install "tox>=4" && .venv/bin/tox -e demo' in readme
+    assert 'python3 -m venv .venv && .venv/bin/pip install "tox>=4" && .venv/bin/tox' in readme
+    assert "python3 -m pip install ." in readme  # the package is not on the index: installed from the clone
 
 
 @pytest.mark.parametrize("item", SHELL_COMMANDS, ids=_id)
@@ -415,6 +426,7 @@ def test_the_compatibility_table_is_the_generated_one():
         "VLLM_PLUGINS=nnrp vllm serve M --additional-config '{\"nnrp\": {\"listen\": [\"nnrps://0.0.0.0:1\"]}}'",
         "vllm serve M --middleware vllm_nnrp_plugin.NNRPMiddleware",
         "python3 -m tox -e vllm-0.99.0",
+        ".venv/bin/tox -e vllm-0.99.0",
         'pip install "vllm-nnrp-plugin[openia]"',
         "vllm-nnrp chat --endpoint … PROMPT",  # a placeholder
         "wget https://example.invalid/x",  # not a program this test knows a fresh machine has
