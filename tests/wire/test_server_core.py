@@ -293,7 +293,8 @@ def test_session_close_acks_and_forgets() -> None:
     server.receive_data(w.submit(sid, 1, 101))
     (closed,) = server.receive_data(w.session_close(sid, 101, policy=1))  # abort (a drain: test_server_ids_and_close)
     assert closed == ev.SessionClosed(sid, 1)
-    (ack,) = w.sent(server)
+    drop, ack = w.sent(server)  # the running operation's terminal first (the core's own peer_cancelled drop)
+    assert (drop.msg_type, drop.session_id, drop.frame_id) == (T.RESULT_DROP_REASON, sid, 1)
     assert (ack.msg_type, ack.session_id, ack.frame_id, ack.body) == (T.SESSION_CLOSE_ACK, sid, 0, b"")
     assert SessionCloseAckMetadata.unpack(ack.meta) == SessionCloseAckMetadata(2, 101, 0)
     assert server.sessions == 0
@@ -642,7 +643,8 @@ def test_sessions_are_independent() -> None:
     assert not server.send_partial_result(b, 1, 1, 2, b"B")
     assert server.send_partial_result(a, 1, 1, 2, b"A")
     assert [(p.msg_type, p.session_id) for p in w.sent(server)] == [
-        (T.PARTIAL_RESULT, b), (T.PARTIAL_RESULT, a), (T.SESSION_CLOSE_ACK, b), (T.PARTIAL_RESULT, a),
+        (T.PARTIAL_RESULT, b), (T.PARTIAL_RESULT, a), (T.RESULT_DROP_REASON, b), (T.SESSION_CLOSE_ACK, b),
+        (T.PARTIAL_RESULT, a),
     ]  # fmt: skip
 
 

@@ -2,8 +2,8 @@
 its event classes, stops after ConnectionEnded, never reuses a session id, never takes a finished operation's frame
 or operation id again, sends at most one terminal per operation, and only ever queues well-formed packets that a
 native client can route (after the handshake every packet carries a session id except a rejected SESSION_OPEN_ACK
-and TRANSPORT_PROBE_ACK; nothing for a session after its closing SESSION_CLOSE_ACK; a draining session's closing
-ack comes only once each of its operations had its terminal). Each fuzz also proves its generator reached what it
+and TRANSPORT_PROBE_ACK; one SESSION_CLOSE_ACK per closed session, close_status closed, only once each of its
+operations had its terminal, and nothing for the session after it). Each fuzz also proves its generator reached what it
 is there for (every packet shape generated, every event the core reports provoked: see "coverage of the
 generators"), and the fixed cases check the documented outcome exactly: a silent drop or a call that raises
 nothing fails them."""
@@ -67,6 +67,7 @@ class Harness:
         self.closed_on_wire: set[int] = set()
         self.open_on_wire: set[int] = set()
         self.draining: set[int] = set()  # sessions closed with drain while operations ran
+        self.on_wire: set[tuple[int, int]] = set()  # (session, frame) submitted and without a terminal on the wire
         self.events: list = []
         self.sent: list = []  # every packet the core queued, in order
 
@@ -88,6 +89,7 @@ class Harness:
                     s == sid and (f == event.frame_id or o == event.operation_id) for s, f, o in self.terminals
                 ), event
                 self.ops[(sid, event.frame_id)] = event.operation_id
+                self.on_wire.add((sid, event.frame_id))
             elif isinstance(event, ev.SessionClosed):
                 self.ops = {k: v for k, v in self.ops.items() if k[0] != event.session_id}
                 self.draining.discard(event.session_id)
@@ -177,8 +179,13 @@ class Harness:
                     assert packet.session_id == meta.session_id == 0
                 continue
             assert packet.session_id in self.open_on_wire, f"{packet} for a session the client does not know"
-            if kind == T.SESSION_CLOSE_ACK and SessionCloseAckMetadata.unpack(packet.meta).close_status == 2:
-                assert not any(s == packet.session_id for s, _ in self.ops), "closed before every terminal"
+            if kind in (T.RESULT_PUSH, T.RESULT_DROP_REASON):
+                key = (packet.session_id, packet.frame_id)
+                assert key in self.on_wire, f"a terminal for no running operation: {packet}"
+                self.on_wire.discard(key)
+            if kind == T.SESSION_CLOSE_ACK:  # the only one for the session: closed, behind every terminal
+                assert SessionCloseAckMetadata.unpack(packet.meta).close_status == 2
+                assert not any(s == packet.session_id for s, _ in self.on_wire), "ack before every terminal"
                 self.open_on_wire.discard(packet.session_id)
                 self.closed_on_wire.add(packet.session_id)
         for count in self.terminals.values():

@@ -8,7 +8,7 @@ import struct
 import time
 
 from nnrp.core.enums import MessageType as T
-from nnrp.runtime.types import RecoverableErrorMetadata
+from nnrp.runtime.types import RecoverableErrorMetadata, ResultDropReasonMetadata
 
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.codecs import SessionCloseAckMetadata, SessionOpenAckMetadata
@@ -180,9 +180,7 @@ def test_a_drained_close_gives_each_operation_its_terminal_then_the_closed_ack()
     server.receive_data(w.submit(sid, 1, 101) + w.submit(sid, 2, 102))
     (draining,) = server.receive_data(w.session_close(sid, 102, drain_timeout_ms=250))
     assert draining == ev.SessionDraining(sid, 1, 250, (101, 102))
-    (ack,) = w.sent(server)
-    assert (ack.msg_type, ack.session_id, ack.frame_id, ack.body) == (T.SESSION_CLOSE_ACK, sid, 0, b"")
-    assert SessionCloseAckMetadata.unpack(ack.meta) == SessionCloseAckMetadata(1, 102, 0)  # draining
+    assert w.sent(server) == []  # no ack (not even close_status draining) before the terminals
     assert server.session_open(sid) and server.sessions == 1
     # the operations go on: results, the client's controls, pings; a new submit is refused
     assert server.send_partial_result(sid, 1, 101, 1, b"more")
@@ -195,7 +193,7 @@ def test_a_drained_close_gives_each_operation_its_terminal_then_the_closed_ack()
     assert server.send_result_drop_reason(sid, 2, 102, 0, 3, b"")
     drop, closed = w.sent(server)
     assert drop.msg_type == T.RESULT_DROP_REASON and closed.msg_type == T.SESSION_CLOSE_ACK
-    assert closed.session_id == sid
+    assert (closed.session_id, closed.frame_id, closed.body) == (sid, 0, b"")
     assert SessionCloseAckMetadata.unpack(closed.meta) == SessionCloseAckMetadata(2, 102, 0)  # closed
     assert not server.session_open(sid) and server.sessions == 0
     assert not server.send_credit_update(sid, 4) and server.data_to_send() == b""
@@ -220,15 +218,39 @@ def test_an_abort_close_ends_a_drain_and_a_second_drain_is_refused() -> None:
     server.data_to_send()
     assert "already draining" in _refusal(server, w.session_close(sid, 101))
     assert server.receive_data(w.session_close(sid, 101, policy=1)) == [ev.SessionClosed(sid, 1)]
-    (ack,) = w.sent(server)
+    drop, ack = w.sent(server)
+    assert (drop.msg_type, drop.frame_id) == (T.RESULT_DROP_REASON, 1)
     assert SessionCloseAckMetadata.unpack(ack.meta).close_status == 2
     assert not server.send_result_push(sid, 1, bytes(64), b"") and server.sessions == 0
 
 
-def test_without_drain_sessions_a_drain_close_forgets_the_operations_as_before() -> None:
+def test_an_abort_close_ends_every_operation_with_a_drop_before_the_ack() -> None:
+    """in_flight_policy abort: the core itself queues a peer_cancelled RESULT_DROP_REASON for each running
+    operation (submit order, result_sequence one past its last partial), then the one closed ack; the
+    application's late sends for those operations and the session return False and queue nothing."""
+    server, sid = _draining_server()
+    server.receive_data(w.submit(sid, 2, 102) + w.submit(sid, 1, 101))
+    assert server.send_partial_result(sid, 2, 102, 1, b"a") and server.send_partial_result(sid, 2, 102, 2, b"b")
+    server.data_to_send()
+    assert server.receive_data(w.session_close(sid, 102, policy=1)) == [ev.SessionClosed(sid, 1)]
+    first, second, ack = w.sent(server)
+    for packet, frame, operation, sequence in ((first, 2, 102, 3), (second, 1, 101, 1)):
+        assert (packet.msg_type, packet.session_id, packet.frame_id, packet.body) == (T.RESULT_DROP_REASON, sid, frame, b"")
+        meta = ResultDropReasonMetadata.unpack(packet.meta)
+        assert (meta.operation_id, meta.result_sequence, meta.drop_reason_code, int(meta.source_role)) == (operation, sequence, 3, 2)
+    assert ack.msg_type == T.SESSION_CLOSE_ACK
+    assert SessionCloseAckMetadata.unpack(ack.meta) == SessionCloseAckMetadata(2, 102, 0)
+    assert not server.send_partial_result(sid, 2, 102, 3, b"late")
+    assert not server.send_result_drop_reason(sid, 1, 101, 0, 3, b"")
+    assert not server.send_result_push(sid, 2, bytes(64), b"") and not server.send_credit_update(sid, 1)
+    assert server.data_to_send() == b""
+
+
+def test_without_drain_sessions_a_drain_close_ends_the_operations_as_an_abort() -> None:
     server, sid = w.opened()
     server.receive_data(w.submit(sid, 1, 101))
     assert server.receive_data(w.session_close(sid, 101)) == [ev.SessionClosed(sid, 1)]
-    (ack,) = w.sent(server)
+    drop, ack = w.sent(server)
+    assert drop.msg_type == T.RESULT_DROP_REASON
     assert SessionCloseAckMetadata.unpack(ack.meta).close_status == 2
     assert not server.send_result_push(sid, 1, bytes(64), b"")

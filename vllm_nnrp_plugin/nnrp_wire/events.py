@@ -49,10 +49,11 @@ class AuthenticationFailed:
 
 @attrs.frozen
 class SessionClosed:
-    """The client closed ``session_id`` (SESSION_CLOSE; the SESSION_CLOSE_ACK is already queued). Its
-    operations are gone: nothing more can be sent for them. ``close_reason``: NNRP close_reason (u16).
-    Comes when the close's ``in_flight_policy`` is abort, or nothing was in flight; a drain with operations in
-    flight gives :class:`SessionDraining` instead."""
+    """The client closed ``session_id`` (SESSION_CLOSE; the SESSION_CLOSE_ACK is already queued, behind a
+    ``peer_cancelled`` RESULT_DROP_REASON the core queued for each operation still running). Its operations are
+    gone: nothing more can be sent for them. ``close_reason``: NNRP close_reason (u16). Comes when the close's
+    ``in_flight_policy`` is abort, or nothing was in flight; a drain with operations in flight gives
+    :class:`SessionDraining` instead."""
 
     session_id: int
     close_reason: int
@@ -61,7 +62,8 @@ class SessionClosed:
 @attrs.frozen
 class SessionDraining:
     """The client closed ``session_id`` with ``in_flight_policy`` drain while ``operation_ids`` (the session's
-    active operations, in submit order) ran; SESSION_CLOSE_ACK close_status draining is already queued.
+    active operations, in submit order) ran; nothing is queued for the close yet (no ack with close_status
+    draining: the terminals come first, :meth:`~.server.ServerConnection._on_session_close`).
 
     The session stays open for them: each still needs its terminal (send it as for any operation; partial
     results and the client's controls go on as before, a new FRAME_SUBMIT is refused). The core queues the

@@ -99,7 +99,6 @@ from ..auth_block import (
 )
 from .codecs import (
     CLOSE_STATUS_CLOSED,
-    CLOSE_STATUS_DRAINING,
     PRIORITY_CLASSES,
     SESSION_ERROR_AUTH_FAILED,
     SESSION_ERROR_PROFILE_UNSUPPORTED,
@@ -162,6 +161,7 @@ _ERR_STATE = int(ErrorCode.INVALID_STATE)  # unknown/duplicate operation or fram
 _ERR_LIMIT = int(ErrorCode.LIMIT_EXCEEDED)  # too many pre-submit DEADLINE reservations
 _RECOVERY_UNSPECIFIED = 0  # reason_code "unspecified" (value-registries "Reason And Stage Codes")
 _IN_FLIGHT_DRAIN = 0  # SESSION_CLOSE in_flight_policy drain (nnrp-rs crates/nnrp-core/src/enums.rs InFlightPolicy)
+_DROP_PEER_CANCELLED = 3  # drop_reason_code peer_cancelled (nnrp-doc runtime-control value-registries)
 _SCOPE_SESSION = 1
 _SCOPE_FRAME = 2
 
@@ -176,9 +176,11 @@ class LocalProtocolError(ValueError):
 class _Op:
     """One active operation: the pair fixed at FRAME_SUBMIT (nnrp-rs ``crates/nnrp-core/src/operation.rs``).
     ``streamable`` turns False at the client's FRAME_CANCEL (the shipped native client rejects PARTIAL_RESULT and
-    PROGRESS after it); ``cancelled`` is set by the first FRAME_CANCEL / CANCEL / ABORT / SUPERSEDE."""
+    PROGRESS after it); ``cancelled`` is set by the first FRAME_CANCEL / CANCEL / ABORT / SUPERSEDE; ``sequence``
+    is the ``result_sequence`` of the last PARTIAL_RESULT sent (0: none), so a drop the core sends itself
+    (:meth:`ServerConnection._on_session_close`) numbers after it."""
 
-    __slots__ = ("session_id", "frame_id", "operation_id", "streamable", "cancelled")
+    __slots__ = ("session_id", "frame_id", "operation_id", "streamable", "cancelled", "sequence")
 
     def __init__(self, session_id: int, frame_id: int, operation_id: int) -> None:
         self.session_id = session_id
@@ -186,6 +188,7 @@ class _Op:
         self.operation_id = operation_id
         self.streamable = True
         self.cancelled = False
+        self.sequence = 0
 
 
 class _Session:
@@ -316,8 +319,8 @@ class ServerConnection:
 
     #: SESSION_CLOSE with ``in_flight_policy`` drain while operations run: True → :class:`~.events.SessionDraining`,
     #: each operation keeps its terminal and the closing ack follows the last one (:meth:`_on_session_close`);
-    #: False → :class:`~.events.SessionClosed` at once and the operations are forgotten without a terminal (the
-    #: behaviour before drain was supported). Set it (on the instance) once the application handles
+    #: False → the core ends them itself as for an abort (a ``peer_cancelled`` drop each, then the ack) and
+    #: reports :class:`~.events.SessionClosed`. Set it (on the instance) once the application handles
     #: SessionDraining (:mod:`vllm_nnrp_plugin.nnrp_binding.connection` does).
     drain_sessions: bool = False
 
@@ -1002,19 +1005,30 @@ class ServerConnection:
 
     def _on_session_close(self, session: _Session, packet: framing.Packet, events: list) -> None:
         """SESSION_CLOSE (``meta_len`` 24, reserved0 0, known close_reason and in_flight_policy, body empty;
-        nnrp-rs ``crates/nnrp-core/src/session.rs`` ``SessionClose``). The SESSION_CLOSE_ACK has header session =
-        the session, frame 0, ``last_operation_id`` echoed (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` close
-        ack); ``in_flight_policy`` says what happens to the operations still running (NagareWorks/nnrp-doc
-        ``docs/en/design/v1-preview3.md`` §7.1C):
+        nnrp-rs ``crates/nnrp-core/src/session.rs`` ``SessionClose``). The one SESSION_CLOSE_ACK has header
+        session = the session, frame 0, close_status closed, ``last_operation_id`` echoed (nnrp-rs
+        ``crates/nnrp-runtime/src/server.rs`` close ack).
 
-        * abort (1), or nothing in flight (or :attr:`drain_sessions` False): :class:`~.events.SessionClosed` and
-          the ack with close_status closed. The session and its operations are forgotten at once;
-        * drain (0) with operations in flight: :class:`~.events.SessionDraining` and the ack with close_status
-          draining. The operations run on and each still gets its terminal (partial results and controls as
-          before; a new FRAME_SUBMIT is refused); right behind the last terminal the core queues the second ack,
-          close_status closed (§7.1C: after "draining" the client keeps taking terminal events until "closed";
-          the native client waits for it, nnrp-rs ``crates/nnrp-runtime/src/client.rs`` close handling). A
-          second SESSION_CLOSE while draining: with abort it ends the drain as above, with drain it is refused.
+        The rule, whatever the application does and in whatever order its sends come: every operation of the
+        session gets its terminal **before** the ack, and nothing is ever queued for the session after it. The
+        native client unregisters the session at the ack, and a later packet for it ends the whole connection,
+        its other sessions included (nnrp-rs ``crates/nnrp-runtime/src/multiplex.rs`` unknown-session packets);
+        the native server also sends no ack before its application has finished with the session. So no ack
+        with close_status draining is ever sent (NagareWorks/nnrp-doc ``docs/en/design/v1-preview3.md`` §7.1C
+        allows it; a client that already counts the session as closed could not take the terminals behind it).
+
+        ``in_flight_policy`` says what happens to the operations still running (§7.1C):
+
+        * nothing in flight: :class:`~.events.SessionClosed` and the ack, at once;
+        * abort (1), or drain while :attr:`drain_sessions` is False: the core ends each operation itself, in
+          submit order, with a RESULT_DROP_REASON ``peer_cancelled`` (source_role server, ``result_sequence``
+          one past its last PARTIAL_RESULT, no diagnostic), then queues the ack; :class:`~.events.SessionClosed`
+          follows, and every later send of the application for those operations returns False;
+        * drain (0): :class:`~.events.SessionDraining`, nothing queued. The operations run on and each still
+          gets its terminal from the application (partial results and controls as before; a new FRAME_SUBMIT is
+          refused); right behind the last terminal the core queues the ack (the native client waits for it:
+          nnrp-rs ``crates/nnrp-runtime/src/client.rs`` close handling, 30 s). A second SESSION_CLOSE while
+          draining: with abort it ends the drain as above, with drain it is refused.
 
         Once closed, the id is never used again on this connection (a later packet for it ends the connection,
         every later send for it returns False)."""
@@ -1032,11 +1046,11 @@ class ServerConnection:
             events.append(
                 SessionDraining(sid, int(metadata.close_reason), metadata.drain_timeout_ms, tuple(session.ops))
             )
-            self._queue(_T.SESSION_CLOSE_ACK, sid, 0,
-                        SessionCloseAckMetadata(CLOSE_STATUS_DRAINING, metadata.last_operation_id).pack())  # fmt: skip
             return
-        for op in session.ops.values():
+        for op in session.ops.values():  # submit order (dict order)
             del self._ops[(sid, op.frame_id)]
+            self._queue(_T.RESULT_DROP_REASON, sid, op.frame_id, _DROP_REASON_STRUCT.pack(
+                op.operation_id, op.sequence + 1, _DROP_PEER_CANCELLED, ROLE_SERVER, 0, 0, 0))  # fmt: skip
         del self._sessions[sid]
         events.append(SessionClosed(sid, int(metadata.close_reason)))
         self._queue(_T.SESSION_CLOSE_ACK, sid, 0, SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, metadata.last_operation_id).pack())
@@ -1118,6 +1132,7 @@ class ServerConnection:
             )  # fmt: skip
         except struct.error as exc:
             raise LocalProtocolError(f"PARTIAL_RESULT field out of range: {exc}") from None
+        op.sequence = sequence
         out = self._out
         out += header
         out += body
