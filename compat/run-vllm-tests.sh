@@ -3,10 +3,11 @@
 #
 #   compat/run-vllm-tests.sh 0.26.0 [pytest args…]
 #
-# Builds or reuses the anchor's venv (build-vllm-env.sh; plus the extras named in compat/vllm-<version>/test-extras)
+# Builds or reuses the anchor's venv (build-vllm-env.sh, with the extras named in compat/vllm-<version>/test-extras)
 # and the small model (build-model.sh), applies the
 # anchor's runtime settings (compat/vllm-<version>/runtime.sh, if any), then runs the given tests with
-# VLLM_NNRP_TEST_MODEL pointing at the model directory. With VLLM_NNRP_RECORD_COMPAT=1 the outcome is recorded
+# VLLM_NNRP_TEST_MODEL pointing at the model directory: against the checkout, or with VLLM_NNRP_WHEEL=<wheel>
+# against that wheel installed (from a copy of the checkout without the package). With VLLM_NNRP_RECORD_COMPAT=1 the outcome is recorded
 # and the compatibility table of docs/compatibility.md is regenerated from the recorded files
 # (compat/compat_table.py): a run of
 # the whole suite (`VLLM_NNRP_RECORD_COMPAT=1 python3 -m tox -e vllm-0.26.0`, or `... -e vllm-0.22.1 -- tests`) in
@@ -17,17 +18,21 @@ VERSION=${1:?usage: run-vllm-tests.sh VLLM_VERSION [pytest args]}
 shift
 HERE=$(cd "$(dirname "$0")" && pwd)
 VENV=$(bash "$HERE/build-vllm-env.sh" "$VERSION" | tail -n1)
-# extras beyond [test] that fit this anchor's pins (compat/vllm-<version>/test-extras, e.g. "agents"); outside
-# build-vllm-env.sh so that adding one does not rebuild the environments
-if [ -f "$HERE/vllm-$VERSION/test-extras" ]; then
-  "$VENV/bin/python" -m pip --disable-pip-version-check -q install -e "$(dirname "$HERE")[$(cat "$HERE/vllm-$VERSION/test-extras")]" >&2
-fi
 # shellcheck source=/dev/null
 [ ! -f "$HERE/vllm-$VERSION/runtime.sh" ] || . "$HERE/vllm-$VERSION/runtime.sh"  # e.g. 0.18.1's LD_PRELOAD
 export VLLM_NNRP_TEST_MODEL
 VLLM_NNRP_TEST_MODEL=$(bash "$HERE/build-model.sh" "$VENV/bin/python" | tail -n1)
-cd "$(dirname "$HERE")"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one did the editable install
+ROOT=$(dirname "$HERE")
+if [ -n "${VLLM_NNRP_WHEEL:-}" ]; then
+  # the installed wheel is under test: run from a copy of the checkout without the package, so that nothing
+  # imports the checkout's vllm_nnrp_plugin (tests/e2e/conftest.py checks where it came from)
+  TREE=$(mktemp -d -t vllm-nnrp-tests.XXXXXX)
+  tar -C "$ROOT" --exclude=./vllm_nnrp_plugin --exclude=./.git --exclude=./.tox -cf - . | tar -C "$TREE" -xf -
+  cd "$TREE"
+else
+  cd "$ROOT"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the tests and compat/ of this checkout
 REPORT=$(mktemp -t "vllm-$VERSION-junit.XXXXXX.xml")
 status=0
 "$VENV/bin/python" -m pytest --junitxml="$REPORT" "$@" || status=$?

@@ -14,6 +14,7 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``max_in_flight_per_session`` | int or null | null: vLLM's ``--max-num-seqs`` | operations one session may have running (its credit); more get ``too_many_requests`` |
 | ``max_in_flight`` | int or null | null: no limit (operations wait in vLLM's queue, as HTTP requests do) | operations one API-server process may have running; more get ``too_many_requests`` |
 | ``max_queued_events`` | int | 1024 | events one session may have waiting to be sent; beyond it the operation that overflows ends with ``client_too_slow`` |
+| ``allow_untested_vllm`` | bool | false | on a vLLM line newer than the newest this release was tested on, start with the newest line's binding instead of refusing; every engine lane still has to pass its start-up self-check (logged as a warning naming the line and the lanes kept) |
 | ``allow_unauthenticated`` | bool | false | serve NNRP without a key although ``vllm serve`` requires one (``--api-key`` / ``VLLM_API_KEY``); logged as a warning |
 | ``handshake_timeout_ms`` | int, ms | 10000 | a new connection's TLS handshake, and then its CLIENT_HELLO and first SESSION_OPEN, must each complete within it; else it is closed |
 | ``max_connections`` | int | 2048 | open NNRP connections per API-server process; a new one beyond it is closed at once |
@@ -146,6 +147,7 @@ class NNRPConfig:
     max_in_flight_per_session: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     max_in_flight: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     max_queued_events: int = attrs.field(default=1024, validator=_positive)
+    allow_untested_vllm: bool = False
     allow_unauthenticated: bool = False
     handshake_timeout_ms: int = attrs.field(default=10_000, validator=_positive)
     max_connections: int = attrs.field(default=2048, validator=_positive)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import pathlib
 import time
@@ -22,10 +23,15 @@ from compat.launcher import POOLING_ARGS, SERVED_NAME, VLLMServer, attach_option
 from tests.support import free_port, self_signed
 from vllm_nnrp_plugin.client import ProfileClient
 
-__all__ = ["IN_FLIGHT_PER_SESSION", "MAX_SESSIONS", "LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir",
+__all__ = ["HAS_QUIC", "QUIC", "IN_FLIGHT_PER_SESSION", "MAX_SESSIONS", "LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir",
            "vllm_requests", "wait_idle"]
 
 MODEL_ENV = "VLLM_NNRP_TEST_MODEL"
+#: the [quic] extra is installed (it is not in the vLLM 0.33/0.34 environments: aioquic's pyOpenSSL cannot take
+#: the cryptography those lines resolve); without it servers listen on no quic:// address
+HAS_QUIC = importlib.util.find_spec("aioquic") is not None
+#: the "quic" carrier as a test parameter, skipped without the [quic] extra
+QUIC = pytest.param("quic", marks=pytest.mark.skipif(not HAS_QUIC, reason="the [quic] extra (aioquic) is not installed"))
 #: the shared server's ``nnrp.max_in_flight_per_session``
 IN_FLIGHT_PER_SESSION = 16
 MAX_SESSIONS = 300
@@ -80,8 +86,8 @@ def vllm_version():
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory, vllm_version):
     """The plugin enabled through the anchor's attach path, listening on every carrier: a TCP port, a unix socket,
-    TLS over TCP (``nnrps``), WebSocket plain and with TLS (``ws``, ``wss``) and QUIC (a self-signed certificate
-    whose DER is ``server.der``). A session's in-flight limit is set to 16 (``nnrp.max_in_flight_per_session``; by
+    TLS over TCP (``nnrps``), WebSocket plain and with TLS (``ws``, ``wss``) and QUIC where the [quic] extra is
+    installed (:data:`HAS_QUIC`) (a self-signed certificate whose DER is ``server.der``). A session's in-flight limit is set to 16 (``nnrp.max_in_flight_per_session``; by
     default it is vLLM's ``max_num_seqs``) so that the limit and the ``openai`` transports' spread over sessions
     are reached with CPU-sized fan-outs; ``max_sessions`` is 300, room for 256 sessions on one carrier beside
     the other tests'."""
@@ -89,7 +95,9 @@ def vllm_server(tmp_path_factory, vllm_version):
     cert, key, der = self_signed(workdir)
     nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/nnrp.sock",
             "nnrps": f"nnrps://127.0.0.1:{free_port()}", "ws": f"ws://127.0.0.1:{free_port()}/nnrp",
-            "wss": f"wss://127.0.0.1:{free_port()}/nnrp", "quic": f"quic://127.0.0.1:{free_port()}"}  # fmt: skip
+            "wss": f"wss://127.0.0.1:{free_port()}/nnrp"}  # fmt: skip
+    if HAS_QUIC:
+        nnrp["quic"] = f"quic://127.0.0.1:{free_port()}"
     env, args = attach_options(vllm_version[1])
     config = {"tls_cert_file": cert, "tls_key_file": key, "max_in_flight_per_session": IN_FLIGHT_PER_SESSION,
               "max_sessions": MAX_SESSIONS}  # fmt: skip

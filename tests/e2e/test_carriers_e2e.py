@@ -14,13 +14,13 @@ import os
 import pytest
 from nnrp.client import NativeClientSessionOptions
 
-from tests.e2e.conftest import IN_FLIGHT_PER_SESSION, LONG, SERVED_NAME, vllm_requests, wait_idle
+from tests.e2e.conftest import IN_FLIGHT_PER_SESSION, LONG, QUIC, SERVED_NAME, vllm_requests, wait_idle
 from tests.support import envelope
 from vllm_nnrp_plugin.client import ProfileClient
 
 pytestmark = [pytest.mark.vllm, pytest.mark.binding_core]
 
-CARRIERS = ["ws", "wss", "quic"]
+CARRIERS = ["ws", "wss", QUIC]
 HELLO = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16,
          "temperature": 0, "stream": True}  # fmt: skip
 

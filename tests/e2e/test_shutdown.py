@@ -15,7 +15,7 @@ import time
 import orjson
 import pytest
 
-from tests.e2e.conftest import LONG, VLLMServer, attach_options, model_dir
+from tests.e2e.conftest import HAS_QUIC, LONG, VLLMServer, attach_options, model_dir
 from tests.support import envelope, free_port, self_signed, two_free_ports
 from vllm_nnrp_plugin.client import ProfileClient
 
@@ -34,8 +34,8 @@ def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request
     if api_servers == 2:
         addresses += [f"tcp://127.0.0.1:{port + 1}", f"unix://{tmp_path}/nnrp-1.sock"]
     else:  # every carrier stops the same way
-        addresses += [f"ws://127.0.0.1:{free_port()}/nnrp", f"wss://127.0.0.1:{free_port()}/nnrp",
-                      f"quic://127.0.0.1:{free_port()}"]  # fmt: skip
+        addresses += [f"ws://127.0.0.1:{free_port()}/nnrp", f"wss://127.0.0.1:{free_port()}/nnrp"]
+        addresses += [f"quic://127.0.0.1:{free_port()}"] if HAS_QUIC else []
     cert, key, der = self_signed(tmp_path)
     config = orjson.dumps({"nnrp": {"tls_cert_file": cert, "tls_key_file": key}}).decode()
     server = VLLMServer(

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import LONG, SERVED_NAME, VLLMServer, attach_options, model_dir, wait_idle
+from tests.e2e.conftest import LONG, QUIC, SERVED_NAME, VLLMServer, attach_options, model_dir, wait_idle
 from tests.support import envelope, free_port, two_free_ports
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import normalise_body
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.vllm
 HELLO = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16, "temperature": 0}
 
 
-@pytest.fixture(params=["tcp", "ipc", "nnrps", "ws", "wss", "quic"])
+@pytest.fixture(params=["tcp", "ipc", "nnrps", "ws", "wss", QUIC])
 def client(request, vllm_server):
     """nnrp-py's native client (the interop oracle) on each carrier: TCP, a unix socket, TLS over TCP, WebSocket
     plain and over TLS, QUIC."""
@@ -158,7 +158,7 @@ KILLED_CLIENT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("transport", ["tcp", "ipc", "ws", "quic"])
+@pytest.mark.parametrize("transport", ["tcp", "ipc", "ws", QUIC])
 def test_a_killed_client_leaves_no_request_running(vllm_server, transport):
     import orjson
 

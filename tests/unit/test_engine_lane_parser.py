@@ -318,8 +318,8 @@ def test_any_sequence_of_parser_deltas_gives_the_events_of_vllms_strings(script,
 
 def test_a_line_whose_generator_keeps_parser_state_keeps_vllms_generator():
     """0.22.x: ``parse_delta`` has no ``finished`` (vLLM's generator keeps text, token and reasoning state of its
-    own beside the parser); 0.18.x: no ``parser_cls`` at all, ``tool_parser`` / ``reasoning_parser_cls``; a
-    generator that does not create its parser through ``parser_cls``."""
+    own beside the parser); 0.18.x: no ``parser_cls`` at all, ``tool_parser`` / ``reasoning_parser_cls``. (A generator
+    that does not create its parser through ``parser_cls`` fails the start-up self-check: tests/unit/test_self_check.py.)"""
     older = ParserServing([], [])
 
     class NoFinished:
@@ -331,10 +331,3 @@ def test_a_line_whose_generator_keeps_parser_state_keeps_vllms_generator():
     eldest = ParserServing([], [])
     eldest.parser_cls, eldest.tool_parser = None, object
     assert "no parser_cls" in serving_fits(eldest)
-
-    class OwnParser(ParserServing):
-        async def chat_completion_stream_generator(self, request, result_generator, request_id, model_name,
-                                                   conversation, tokenizer, request_metadata):
-            yield "data: [DONE]\n\n"  # a generator that does not drive parser_cls
-
-    assert "does not create and drive one parser" in serving_fits(OwnParser([], []))

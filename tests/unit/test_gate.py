@@ -14,6 +14,7 @@ import sys
 import types
 from types import SimpleNamespace
 
+import orjson
 import pytest
 
 from vllm_nnrp_plugin.vllm_binding import families, gate, general
@@ -31,7 +32,7 @@ from vllm_nnrp_plugin.vllm_binding.gate import startup_check
 ON = {"VLLM_PLUGINS": "nnrp"}
 SERVE = ("vllm", "serve", "m")
 WITH_MIDDLEWARE = (*SERVE, "--middleware", MIDDLEWARE_PATH)
-ANCHORS = "0.18.1, 0.22.1, 0.26.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0"
+ANCHORS = "0.18.1, 0.22.1, 0.26.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0, 0.34.0"
 EVERY_ANCHOR = ANCHORS.split(", ")
 
 
@@ -156,29 +157,47 @@ def test_the_real_entry_point_accepts_each_anchor_with_the_middleware(fake_vllm,
 
 @pytest.mark.parametrize(
     "version",
-    ["0.17.1", "0.19.0", "0.20.2", "0.21.0", "0.23.0", "0.24.1", "0.25.0", "0.34.0", "1.0.0"],
+    ["0.17.1", "0.19.0", "0.20.2", "0.21.0", "0.23.0", "0.24.1", "0.25.0", "0.35.0", "1.0.0"],
 )
 def test_other_lines_stop_vllm_serve_with_version_and_anchors(fake_vllm, monkeypatch, version):
-    """Lines from 0.29 on (and so 0.34+, whatever they keep) lay vLLM out as 0.32 does: the refusal comes from
-    the general plugin at argument parsing there too, not after the model loaded."""
+    """Lines from 0.29 on (and so 0.35+, whatever they keep) lay vLLM out as 0.32 does: the refusal comes from
+    the general plugin at argument parsing there too, not after the model loaded. Only a line newer than every
+    tested one is offered the opt-in."""
     fake_vllm(version)
     with pytest.raises(NNRPStartupError) as info:
         serve(monkeypatch)
     message = str(info.value)
     assert f"vLLM {version} is not supported" in message and f"tested anchors: {ANCHORS}" in message
-    assert "0.18.x, 0.22.x, 0.26.x–0.32.x lines only" in message
+    assert "0.18.x, 0.22.x, 0.26.x–0.34.x lines only" in message
     assert "Fix:" in message and "\n" not in message
+    newest = families.family_of(version) > (0, 34)
+    assert ('set "nnrp": {"allow_untested_vllm": true} in --additional-config to run it on the vllm-0.34 binding '
+            "behind its start-up self-checks" in message) == newest
 
 
-@pytest.mark.parametrize("version", ["0.33.0", "0.33.2"])
-def test_the_untested_newest_line_is_refused_saying_it_is_not_yet_tested(fake_vllm, monkeypatch, version):
+@pytest.mark.parametrize("version", ["0.35.0", "0.36.2"])
+def test_a_newer_line_starts_on_the_newest_binding_when_the_operator_allows_untested_vllm(fake_vllm, monkeypatch,
+                                                                                        version):
     fake_vllm(version, relocated=True)
-    assert families.API_SERVER_MODULE not in sys.modules  # as in 0.32's vllm serve
-    with pytest.raises(NNRPStartupError) as info:
-        serve(monkeypatch, argv=SERVE)
-    message = str(info.value)
-    assert message.startswith(f"vllm-nnrp-plugin: vLLM {version} is not yet tested: no CPU build")
-    assert f"tested anchors: {ANCHORS}" in message and "Fix:" in message
+    config = orjson.dumps({"nnrp": {"allow_untested_vllm": True}}).decode()
+    serve(monkeypatch, argv=(*SERVE, "--additional-config", config))
+    decision = gate.decision_for(ENDPOINT_PLUGIN)
+    assert decision.binding.name == "vllm-0.34" and decision.attach_path == ENDPOINT_PLUGIN and decision.untested
+
+
+def test_allow_untested_vllm_does_not_open_the_gaps_between_tested_lines(fake_vllm, monkeypatch):
+    fake_vllm("0.24.1")
+    config = orjson.dumps({"nnrp": {"allow_untested_vllm": True}}).decode()
+    with pytest.raises(NNRPStartupError, match="vLLM 0.24.1 is not supported"):
+        serve(monkeypatch, argv=(*WITH_MIDDLEWARE, "--additional-config", config))
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0", "0.34.1"])
+def test_the_newest_lines_take_the_vllm_034_binding(fake_vllm, monkeypatch, version):
+    fake_vllm(version, relocated=True)
+    serve(monkeypatch, argv=SERVE)
+    decision = gate.decision_for(ENDPOINT_PLUGIN)
+    assert decision.binding.name == "vllm-0.34" and not decision.untested
 
 
 @pytest.mark.parametrize(

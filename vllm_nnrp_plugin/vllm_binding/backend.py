@@ -86,6 +86,15 @@ class VLLMBackend:
         except ValueError as exc:
             raise NNRPStartupError(f"NNRP cannot serve this vLLM server: {exc}") from None
 
+    async def prove_lanes(self) -> None:
+        """Run each streamed operation's lane self-check on the installed vLLM (:mod:`.self_check`; the chat and
+        Responses bindings' ``prove_lane``), switching off the lanes that fail it; before the listener starts."""
+        model = self.model_ids()[0]
+        for binding in self._bindings.values():
+            prove_lane = getattr(binding, "prove_lane", None)
+            if prove_lane is not None:
+                await prove_lane(model)
+
     def stream_paths(self) -> list[tuple[str, str]]:
         """(label, how its streams reach the profile mapper) per streamed operation this server serves, for the
         start-up log (:data:`STREAM_PATHS`)."""

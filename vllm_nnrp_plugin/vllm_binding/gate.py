@@ -33,6 +33,8 @@ from vllm_nnrp_plugin.vllm_binding.families import (
     Binding,
     NNRPStartupError,
     Surface,
+    family_of,
+    is_untested,
     line_name,
     read_surface,
     select_binding,
@@ -52,6 +54,11 @@ class StartupDecision:
     binding: Binding
     attach_path: str
 
+    @property
+    def untested(self) -> bool:
+        """The installed line is newer than every tested one (started by ``nnrp.allow_untested_vllm``)."""
+        return is_untested(family_of(self.vllm_version))
+
 
 _recorded: StartupDecision | None = None
 
@@ -62,14 +69,15 @@ def record(decision: StartupDecision | None) -> None:
     _recorded = decision
 
 
-def decision_for(attach_path: str) -> StartupDecision:
+def decision_for(attach_path: str, allow_untested: bool = False) -> StartupDecision:
     """The decision :func:`record` kept in this process; where the gate did not run, one made now for
-    ``attach_path`` from the installed vLLM (:func:`~.families.read_surface`, :func:`~.families.select_binding`).
-    Raises :class:`NNRPStartupError` when no binding serves the installed vLLM."""
+    ``attach_path`` from the installed vLLM (:func:`~.families.read_surface`, :func:`~.families.select_binding`,
+    ``allow_untested``: ``nnrp.allow_untested_vllm``). Raises :class:`NNRPStartupError` when no binding serves
+    the installed vLLM."""
     if _recorded is not None:
         return _recorded
     surface = read_surface()
-    return StartupDecision(surface.version, select_binding(surface), attach_path)
+    return StartupDecision(surface.version, select_binding(surface, allow_untested), attach_path)
 
 
 def middleware_enables(additional_config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -106,7 +114,7 @@ def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surf
         raise NNRPStartupError(f"vllm-nnrp-plugin: {exc}") from None
     if not config.enabled:
         return None
-    binding = select_binding(surface)
+    binding = select_binding(surface, config.allow_untested_vllm)
     frontend = next((flag for flag in NO_API_SERVER_FLAGS if flag in argv), None)
     if frontend is None and environ.get(RUST_FRONTEND_ENV, "0") not in ("", "0"):
         frontend = f"{RUST_FRONTEND_ENV}={environ[RUST_FRONTEND_ENV]}"

@@ -60,7 +60,7 @@ async def start_service(state: Any, attach_path: str) -> None:
     if not config.enabled:
         logger.info("NNRP listener disabled (nnrp.enabled is false)")
         return
-    decision = decision_for(attach_path)
+    decision = decision_for(attach_path, config.allow_untested_vllm)
     parallel = state.vllm_config.parallel_config
     rank, count = getattr(parallel, "_api_process_rank", 0), getattr(parallel, "_api_process_count", 1)
     # the standalone /metrics (nnrp.metrics_listen) is served once, by rank 0, from the registry that
@@ -73,6 +73,7 @@ async def start_service(state: Any, attach_path: str) -> None:
     keys = _keys(state, config)
     backend = VLLMBackend(state, config.operations, vllm_version=decision.vllm_version,
                           priorities=config.vllm_priorities())
+    await backend.prove_lanes()
     service = NNRPService(config, backend, asyncio.get_running_loop(), keys=keys)
     bound = await service.start()
     setattr(state, _SERVICE, service)
@@ -92,6 +93,13 @@ async def start_service(state: Any, attach_path: str) -> None:
     )
     for label, path in backend.stream_paths():
         logger.info("NNRP %s streams: %s", label, path)
+    if decision.untested:
+        logger.warning(
+            "NNRP runs on vLLM %s, a line newer than every one this release was tested on (nnrp.allow_untested_vllm "
+            "is true): the %s binding's start-up probes passed and the engine lanes kept above passed their "
+            "self-checks on this vLLM, but nothing else of this line was tested",
+            decision.vllm_version, decision.binding.name,
+        )
     logger.info("NNRP priority classes: %s", backend.priority_note())
     if service.metrics_address is not None:
         logger.info("NNRP metrics also served on http://%s/metrics (nnrp.metrics_listen)", service.metrics_address)

@@ -38,6 +38,7 @@ from vllm_nnrp_plugin.profile.capabilities import operation
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 from vllm_nnrp_plugin.vllm_binding.families import responses_lane_off, responses_stream_fails
 from vllm_nnrp_plugin.vllm_binding.responses_lane import TEXT_DELTA, responses_lane_serving
+from vllm_nnrp_plugin.vllm_binding.self_check import prove, responses_cases
 from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate, with_controls
 
 #: vLLM's sub-request number of the first (and, without a tool server, only) engine request of a Responses request
@@ -62,7 +63,9 @@ class ResponsesBinding:
         self._priorities = priorities
         self.lane_off = responses_lane_off(serving)
         # one view per request, its engine client tapped (:mod:`.engine_tap`)
-        self._views = view_maker(serving) if self.lane_off is not None else responses_lane_serving(serving)
+        self._vllm_views = view_maker(serving)
+        self._lane_views = None if self.lane_off is not None else responses_lane_serving(serving)
+        self._views = self._lane_views or self._vllm_views
         parser = getattr(serving, "parser", None)
         self.lane_parser = parser is not None
         self._tool_parser = parser is not None and getattr(parser, "tool_parser_cls", None) is not None
@@ -72,6 +75,19 @@ class ResponsesBinding:
         (``serving.parser.tool_parser_cls``, from ``--enable-auto-tool-choice --tool-call-parser``): only then
         does it parse function calls out of the model's output."""
         return operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=self._tool_parser)
+
+    async def prove_lane(self, model: str) -> None:
+        """Run the lane's start-up self-check (:mod:`.self_check`) for the served ``model``; when the lane is not
+        vLLM's path on the installed vLLM, switch it off (:attr:`lane_off` says why). Never raises."""
+        if self._lane_views is None:
+            return
+        cases = responses_cases(model, self._tool_parser)
+        off = await prove(self._serving, cases, self._run_case, RESPONSES_CREATE)
+        if off is not None:
+            self.lane_off, self.lane_parser, self._views = f"the start-up self-check failed: {off}", False, self._vllm_views
+
+    async def _run_case(self, body: dict[str, Any], request_id: str, lane: bool, engine: Any) -> Call:
+        return await self._create(self._lane_views if lane else self._vllm_views, body, request_id, None, None, engine)
 
     async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None,
                      controls: RuntimeControls | None = None) -> Call:
@@ -84,6 +100,11 @@ class ResponsesBinding:
         cannot produce, vLLM 4xx),
         ``model_not_found`` (404 on ``model``), ``backend_error`` (5xx, engine errors).
         """
+        return await self._create(self._views, body, request_id, traceparent, controls)
+
+    async def _create(self, views: Any, body: dict[str, Any], request_id: str, traceparent: str | None,
+                      controls: RuntimeControls | None, engine: Any = None) -> Call:
+        """:meth:`create` on the views ``views`` (``engine``: the engine client to run on, vLLM's when ``None``)."""
         body = with_controls(body, controls, self._priorities, ("max_output_tokens",))
         request = validate(self._request_cls.model_validate, {**body, "request_id": f"resp_{request_id}"}, self.name)
         if request.background:
@@ -95,7 +116,7 @@ class ResponsesBinding:
                                  "schema of the calls a tool_choice of \"required\" or a named function forces): "
                                  "its stream fails before its first event. Send it with stream: false, or serve "
                                  "it with vLLM 0.22 or later")  # fmt: skip
-        result = await call_serving(self._views(controls), "create_responses", request, traceparent, "/v1/responses")
+        result = await call_serving(views(controls, engine), "create_responses", request, traceparent, "/v1/responses")
         if inspect.isasyncgen(result):
             return Call(stream=_event_dicts(result))
         if hasattr(result, "output"):

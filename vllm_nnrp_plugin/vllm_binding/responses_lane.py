@@ -73,7 +73,8 @@ def responses_lane_serving(serving: Any) -> Callable[[RuntimeControls | None], A
             parser = context.response_parser = HandOverParser(parser)
         feed = Feed()
         events = vllm_processor(self, request, sampling_params, feed, context, *rest)
-        return _lane(events, result_generator, feed, parser, request, _increment_sequence_number_and_return)
+        report = getattr(self._nnrp_engine, "report_lane", None)  # the start-up self-check's engine (.self_check)
+        return _lane(events, result_generator, feed, parser, request, _increment_sequence_number_and_return, report)
 
     return view_maker(serving, {"_process_simple_streaming_events": _process_simple_streaming_events})
 
@@ -89,15 +90,18 @@ class _Numbered:
 
 
 async def _lane(events: AsyncGenerator[Any, None], contexts: AsyncIterator[Any], feed: Feed,
-                parser: HandOverParser | None, request: Any, number: Callable[[Any], Any]) -> AsyncIterator[Any]:  # fmt: skip
+                parser: HandOverParser | None, request: Any, number: Callable[[Any], Any],
+                report: Callable[[int], None] | None = None) -> AsyncIterator[Any]:  # fmt: skip
     """The Responses events of one stream (module docstring): vLLM's processor ``events`` reading ``feed``, the
     contexts ``contexts`` (vLLM's ``result_generator``), the request's ``parser`` (``None``: the server has none)
     and vLLM's ``number`` (``_increment_sequence_number_and_return``). Closing this generator, or reaching its end,
-    closes vLLM's processor and ``contexts``."""
+    closes vLLM's processor and ``contexts``; ``report``, when given, is told how many outputs the lane took
+    itself."""
     pump = Pump(events)
     next_context = contexts.__anext__
     parse = None if parser is None else parser.parser.parse_delta
     state = content = reasoning = None  # vLLM's processor state and its CONTENT / REASONING, once it began
+    taken = 0
     try:
         while True:
             try:
@@ -138,10 +142,12 @@ async def _lane(events: AsyncGenerator[Any, None], contexts: AsyncIterator[Any],
                                 state.accumulated_text += text
                                 item: Any = {"type": TEXT_DELTA, "output_index": state.output_index, "delta": text}
                                 number(item)
+                                taken += 1
                                 yield item
                                 continue
                         elif state.current_state is reasoning:
                             state.accumulated_text += thought
+                            taken += 1
                             yield {"content_index": state.content_index, "delta": thought,
                                    "item_id": state.current_item_id, "output_index": state.output_index,
                                    "sequence_number": number(_Numbered()).sequence_number, "type": REASONING_DELTA}  # fmt: skip
@@ -159,6 +165,8 @@ async def _lane(events: AsyncGenerator[Any, None], contexts: AsyncIterator[Any],
         for event in await pump.yielded():
             yield event
     finally:
+        if report is not None:
+            report(taken)
         try:
             await pump.close(feed)
         finally:
