@@ -7,7 +7,7 @@
 # and the small model (build-model.sh), applies the
 # anchor's runtime settings (compat/vllm-<version>/runtime.sh, if any), then runs the given tests with
 # VLLM_NNRP_TEST_MODEL pointing at the model directory: against the checkout, or with VLLM_NNRP_WHEEL=<wheel>
-# against that wheel installed (from a copy of the checkout without the package). With VLLM_NNRP_RECORD_COMPAT=1 the outcome is recorded
+# against that wheel installed (the tests themselves from the checkout). With VLLM_NNRP_RECORD_COMPAT=1 the outcome is recorded
 # and the compatibility table of docs/compatibility.md is regenerated from the recorded files
 # (compat/compat_table.py): a run of
 # the whole suite (`VLLM_NNRP_RECORD_COMPAT=1 python3 -m tox -e vllm-0.26.0`, or `... -e vllm-0.22.1 -- tests`) in
@@ -23,16 +23,15 @@ VENV=$(bash "$HERE/build-vllm-env.sh" "$VERSION" | tail -n1)
 export VLLM_NNRP_TEST_MODEL
 VLLM_NNRP_TEST_MODEL=$(bash "$HERE/build-model.sh" "$VENV/bin/python" | tail -n1)
 ROOT=$(dirname "$HERE")
+cd "$ROOT"
 if [ -n "${VLLM_NNRP_WHEEL:-}" ]; then
-  # the installed wheel is under test: run from a copy of the checkout without the package, so that nothing
-  # imports the checkout's vllm_nnrp_plugin (tests/e2e/conftest.py checks where it came from)
-  TREE=$(mktemp -d -t vllm-nnrp-tests.XXXXXX)
-  tar -C "$ROOT" --exclude=./vllm_nnrp_plugin --exclude=./.git --exclude=./.tox -cf - . | tar -C "$TREE" -xf -
-  cd "$TREE"
+  # the installed wheel is under test: pytest appends the checkout to sys.path (after site-packages), so the
+  # tests, compat/ and bench/ come from the checkout and vllm_nnrp_plugin from the wheel (tests/e2e/conftest.py
+  # checks where it came from)
+  export PYTEST_ADDOPTS="--import-mode=append${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
 else
-  cd "$ROOT"
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one did the editable install
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the tests and compat/ of this checkout
 REPORT=$(mktemp -t "vllm-$VERSION-junit.XXXXXX.xml")
 status=0
 "$VENV/bin/python" -m pytest --junitxml="$REPORT" "$@" || status=$?

@@ -45,6 +45,19 @@ LONG = {
 }
 
 
+def _package_under_test() -> None:
+    """With ``VLLM_NNRP_WHEEL`` set (CI: compat/run-vllm-tests.sh), the package must be the installed wheel, not the
+    checkout beside these tests."""
+    import vllm_nnrp_plugin
+
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+    if os.environ.get("VLLM_NNRP_WHEEL") and checkout in pathlib.Path(vllm_nnrp_plugin.__file__).resolve().parents:
+        raise pytest.UsageError(f"VLLM_NNRP_WHEEL is set but vllm_nnrp_plugin comes from the checkout {checkout}")
+
+
+_package_under_test()
+
+
 def model_dir() -> str:
     model = os.environ.get(MODEL_ENV)
     if not model:
