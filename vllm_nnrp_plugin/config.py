@@ -16,7 +16,7 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``max_queued_events`` | int | 1024 | events one session may have waiting to be sent; beyond it the operation that overflows ends with ``client_too_slow`` |
 | ``allow_untested_vllm`` | bool | false | on a vLLM line newer than the newest this release was tested on, start with the newest line's binding instead of refusing; every engine lane still has to pass its start-up self-check (logged as a warning naming the line and the lanes kept) |
 | ``allow_unauthenticated`` | bool | false | serve NNRP without a key although ``vllm serve`` requires one (``--api-key`` / ``VLLM_API_KEY``); logged as a warning |
-| ``handshake_timeout_ms`` | int, ms | 10000 | a new connection's TLS handshake, and then its CLIENT_HELLO and first SESSION_OPEN, must each complete within it; else it is closed |
+| ``handshake_timeout_ms`` | int, ms | 10000 | a new connection's TLS handshake must complete within it; then, until its first session is open, its client may stay silent no longer (bytes waiting unread are not silence; a trickling handshake ends at 3 × it: :func:`.nnrp_binding.bounds.handshake_recheck`); else it is closed |
 | ``max_connections`` | int | 2048 | open NNRP connections per API-server process; a new one beyond it is closed at once |
 | ``max_buffered_bytes`` | int, bytes | 268435456 | bytes of incomplete packets over every connection; the connection whose read goes over it ends (one packet may be at most ``max(2 × max_envelope_bytes, max_envelope_bytes + 1 MiB)``) |
 | ``allow_non_loopback`` | bool | false | allow a ``tcp://`` / ``ws://`` address, or a ``metrics_listen`` host, that other hosts can reach without TLS (logged as a warning) |

@@ -77,6 +77,15 @@ CLOSE_INVALID_PAYLOAD, CLOSE_POLICY_VIOLATION, CLOSE_MESSAGE_TOO_BIG = 1007, 100
 # -- the client's bytes ------------------------------------------------------------------------------------------
 
 
+def silence_passes(protocol) -> None:
+    """The handshake timer fires after the client has been silent for the whole bound (its clock marks moved
+    back by the timeout, :func:`vllm_nnrp_plugin.nnrp_binding.bounds.handshake_recheck`)."""
+    protocol._started_at -= protocol._handshake_timeout_s
+    protocol._heard_at -= protocol._handshake_timeout_s
+    protocol._handshake_expired()
+
+
+
 def frame(opcode: int, payload: bytes, *, fin: bool = True, rsv: int = 0, key: bytes | None = b"\x5a\x0f\xc3\x81",
           form: str | None = None, announce: int | None = None) -> bytes:  # fmt: skip
     """A client frame built by hand (RFC 6455 §5.2), for what wsproto's client would refuse to send. ``key``
@@ -322,7 +331,7 @@ async def _drive(client: WSConnection, data: bytes, cuts: list[int], *, eof: boo
             if not protocol.eof_received():
                 transport.close()  # what asyncio does when eof_received returns a false value
         if expire and not transport.is_closing():
-            protocol._handshake_expired()  # the handshake timer fires
+            silence_passes(protocol)  # the handshake timer fires
         if stop and not transport.is_closing():
             protocol.shut_down()
         for _ in range(3):

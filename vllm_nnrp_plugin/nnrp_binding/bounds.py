@@ -3,7 +3,7 @@ buffer (plain data; the listener and its connections, :mod:`.listener` and :mod:
 
 | bound | setting | default | beyond it |
 |---|---|---|---|
-| time from accept to a first open session (each of: TLS handshake; CLIENT_HELLO + SESSION_OPEN) | ``nnrp.handshake_timeout_ms`` | 10000 ms | the connection is closed (``nnrp_handshake_timeouts_total``) |
+| the client's silence before its first session opened (TLS handshake: time to complete it; then :func:`handshake_recheck`: no byte from the client for this long, or a handshake :data:`HANDSHAKE_CAP_FACTOR` times as long, and none waiting unread) | ``nnrp.handshake_timeout_ms`` | 10000 ms | the connection is closed (``nnrp_handshake_timeouts_total``) |
 | one packet (header + metadata + body), advertised as SERVER_HELLO_ACK ``max_body_bytes`` | derived: :func:`packet_limit` of ``nnrp.max_envelope_bytes`` | 2 MiB | the connection ends as for any oversized packet (NNRP framing: nnrp-rs ``crates/nnrp-runtime/src/transport.rs``) |
 | bytes of incomplete packets, over every connection of the process | ``nnrp.max_buffered_bytes`` | 256 MiB | the connection whose read took the total over it ends (oversized) |
 | bytes queued for a client that is not reading | the transport's write buffer, 1 MiB high water | — | the connection stops reading until the client read enough (then the protocol's flow control: nothing more is answered) |
@@ -19,6 +19,32 @@ import attrs
 PACKET_HEADROOM = 1 << 20
 #: how long accepting pauses after the process ran out of file descriptors, s
 ACCEPT_PAUSE_S = 0.5
+#: the longest handshake of a client that keeps sending a little (a byte now and then, never a whole
+#: CLIENT_HELLO and SESSION_OPEN), in handshake timeouts
+HANDSHAKE_CAP_FACTOR = 3
+
+
+def handshake_recheck(elapsed_s: float, silent_s: float, waiting_bytes: int, timeout_s: float) -> float | None:
+    """What the handshake timer decides when it fires, before the connection's first session opened: ``None``
+    to close the connection, else the seconds until it looks again.
+
+    ``elapsed_s``: since the connection started (after TLS); ``silent_s``: since the last bytes read from the
+    client (or the start); ``waiting_bytes``: bytes the client sent that the server has not read yet (the
+    socket's receive queue, ``FIONREAD``; 0 when the server itself stopped reading a client that does not read);
+    ``timeout_s``: ``nnrp.handshake_timeout_ms`` in s.
+
+    The bound measures the client's silence, not the server's: bytes waiting unread mean the server's loop was
+    busy (a timer can fire before the read of the same loop iteration: libuv, uvloop's core, runs due timers
+    before it polls for I/O, https://docs.libuv.org/en/v1.x/design.html "The I/O loop"), so the connection is
+    kept and looked at again after ``timeout_s``. Otherwise it closes once the client was silent for
+    ``timeout_s`` (a client that connected and sent nothing, or half a hello), or once its handshake took
+    :data:`HANDSHAKE_CAP_FACTOR` × ``timeout_s`` (a client that trickles bytes)."""
+    if waiting_bytes > 0:
+        return timeout_s
+    cap_s = HANDSHAKE_CAP_FACTOR * timeout_s
+    if silent_s >= timeout_s or elapsed_s >= cap_s:
+        return None
+    return min(timeout_s - silent_s, cap_s - elapsed_s)
 
 
 def packet_limit(max_envelope_bytes: int) -> int:

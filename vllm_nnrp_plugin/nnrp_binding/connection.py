@@ -22,7 +22,10 @@ Everything here runs on the loop, so every piece of state has one owner and noth
 * session opens over the listener's ``max_sessions`` are refused with ``session_limit_reached`` (NNRP
   ``session_error_code`` 0x00010007); a session counts from its SESSION_OPEN_ACK until the client's close
   handshake or the end of the connection;
-* bounds (:mod:`.bounds`): a connection that has opened no session within the handshake timeout is closed; its
+* bounds (:mod:`.bounds`): a connection that has opened no session and whose client stays silent for the
+  handshake timeout is closed (:func:`.bounds.handshake_recheck`: bytes waiting unread in the socket are the
+  server's delay, not the client's silence, so a stalled loop never closes a client whose CLIENT_HELLO and
+  SESSION_OPEN wait to be read); its
   incomplete packet counts against the listener's buffered-bytes budget; one whose input or flush failed (a
   bug) is aborted rather than left hung or with packets stranded; a lost connection drops its buffers at once.
 
@@ -37,11 +40,13 @@ closed (``on_session``) and refused keys (``on_auth_refused``) come from the con
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import itertools
 import logging
 import socket
 import struct
+import termios
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,7 +63,7 @@ from vllm_nnrp_plugin.nnrp_binding.server_operation import (
     SessionLink,
     envelope_of,
 )
-from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds
+from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds, handshake_recheck
 from vllm_nnrp_plugin.nnrp_binding.handler import (
     PRESSURE_LEVEL_FULL,
     PRESSURE_REASON_IN_FLIGHT,
@@ -79,6 +84,19 @@ _CONNECTION_IDS = itertools.count(1)
 #: it starts again (``transport.set_write_buffer_limits``)
 WRITE_HIGH_WATER = 1 << 20
 WRITE_LOW_WATER = 1 << 18
+
+
+def _bytes_waiting(transport: asyncio.BaseTransport) -> int:
+    """Bytes received by the kernel on ``transport``'s socket and not read yet (``FIONREAD``, ioctl(2) /
+    tcp(7) / unix(7)); 0 when the transport has no socket (QUIC's NNRP stream) or the query fails."""
+    sock = transport.get_extra_info("socket")
+    try:
+        fd = sock.fileno() if sock is not None else -1
+        if fd < 0:
+            return 0
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 class SessionGate:
@@ -166,7 +184,8 @@ class ConnectionProtocol(asyncio.Protocol):
     accepted it, taken as the connection's first read; ``authenticate``: the API-key check of the wire core
     (``None``: no key required); ``bounds``: the listener's :class:`.bounds.CarrierBounds` (the handshake
     timeout runs from the transport's start, after TLS, to the first session's SESSION_OPEN_ACK; the packet
-    limit); ``budget``: the listener's :class:`.bounds.BufferBudget` of incomplete packets."""
+    limit; the client's silence is what it bounds, :func:`.bounds.handshake_recheck`); ``budget``: the listener's
+    :class:`.bounds.BufferBudget` of incomplete packets."""
 
     def __init__(
         self,
@@ -189,6 +208,9 @@ class ConnectionProtocol(asyncio.Protocol):
         #: the largest NNRP packet this connection takes (bytes; advertised in SERVER_HELLO_ACK)
         self.max_packet_bytes = bounds.max_packet_bytes
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started_at = 0.0  # loop time the transport started (after TLS)
+        self._heard_at = 0.0  # loop time of the last read from the client, while no session is open
         self._budget = budget if budget is not None else BufferBudget(bounds.max_buffered_bytes)
         self._buffered = 0  # this connection's share of the budget
         self._first = first
@@ -218,7 +240,9 @@ class ConnectionProtocol(asyncio.Protocol):
             transport.close()
             return
         self._transport = transport  # type: ignore[assignment]
-        self._handshake_timer = asyncio.get_running_loop().call_later(self._handshake_timeout_s, self._handshake_expired)
+        loop = self._loop = asyncio.get_running_loop()
+        self._started_at = self._heard_at = loop.time()
+        self._handshake_timer = loop.call_later(self._handshake_timeout_s, self._handshake_expired)
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
         sock = transport.get_extra_info("socket")
         if self._tcp_nodelay and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -228,6 +252,8 @@ class ConnectionProtocol(asyncio.Protocol):
             self.data_received(first)
 
     def data_received(self, data: bytes) -> None:
+        if self._handshake_timer is not None:
+            self._heard_at = self._loop.time()  # type: ignore[union-attr]
         try:
             for event in self._core.receive_data(data):
                 self._handle(event)
@@ -291,10 +317,25 @@ class ConnectionProtocol(asyncio.Protocol):
         self._schedule_flush()
 
     def _handshake_expired(self) -> None:
-        """No session opened in time (a silent client, half a hello, a refused key held open): close."""
+        """The handshake timer fired before a session opened: close the connection when its client has been
+        silent for the handshake timeout (a silent client, half a hello, a refused key held open) or took
+        too long (:func:`.bounds.handshake_recheck`); look again later when its bytes wait unread (vLLM's loop
+        was busy) or it spoke recently."""
         self._handshake_timer = None
-        logger.debug("NNRP connection %d on %s: no session within %.1f s; closed", self.connection_id,
-                     self.transport_name, self._handshake_timeout_s)  # fmt: skip
+        loop, transport = self._loop, self._transport
+        if loop is None or transport is None or transport.is_closing():
+            return
+        now = loop.time()
+        waiting = 0 if self._paused else _bytes_waiting(transport)  # paused: the client is the one not reading
+        again = handshake_recheck(now - self._started_at, now - self._heard_at, waiting, self._handshake_timeout_s)
+        if again is not None:
+            if waiting:
+                logger.debug("NNRP connection %d on %s: %d bytes of its handshake wait to be read; kept",
+                             self.connection_id, self.transport_name, waiting)  # fmt: skip
+            self._handshake_timer = loop.call_later(again, self._handshake_expired)
+            return
+        logger.debug("NNRP connection %d on %s: no session, client silent for %.1f s; closed", self.connection_id,
+                     self.transport_name, now - self._heard_at)  # fmt: skip
         self._handler.on_handshake_timeout(self.transport_name)
         self._close_transport("handshake_timeout")
 

@@ -151,6 +151,8 @@ class WebSocketConnection(ConnectionProtocol):
     # -- input ------------------------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._handshake_timer is not None:
+            self._heard_at = self._loop.time()  # type: ignore[union-attr]  # the client's silence: connection.py
         try:
             if self._head is not None:
                 self._head += data
