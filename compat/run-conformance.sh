@@ -27,7 +27,8 @@
 #
 # A recipe directory without a manifest.json is skipped with a message, and so is a deployment left without
 # recipes. Each deployment's capabilities.json, plan.json and results.json go to $CONFORMANCE_OUT/<deployment>
-# (default a new temporary directory), its vLLM log to <deployment>.log next to them. Exit status: 0 when every
+# (default a new temporary directory), its vLLM log to <deployment>.log next to them. With VLLM_NNRP_WHEEL set (CI)
+# the plugin under test is that wheel, installed into the anchor's environment by build-vllm-env.sh, not the checkout. Exit status: 0 when every
 # deployment run passed, else the highest status of the failed ones (the runner's: 1 a failed case, 2 the suite,
 # the server or a document unusable; 2 also when vllm serve did not start, whose log end is then printed).
 #
@@ -73,9 +74,24 @@ fi
 VENV=$(bash "$HERE/build-vllm-env.sh" "$VERSION" | tail -n1)
 MODEL=$(bash "$HERE/build-model.sh" "$VENV/bin/python" | tail -n1)
 PY="$VENV/bin/python"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one did the editable install
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vllm-nnrp-conformance.XXXXXX")
 OUT=${CONFORMANCE_OUT:-$WORK/results}
+OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd)  # absolute: the wheel's run below works from another directory
+if [ -n "${VLLM_NNRP_WHEEL:-}" ]; then
+  # the wheel build-vllm-env.sh installed is under test (CI): only compat/ comes from the checkout (a path holding
+  # nothing else), and nothing runs from the checkout's root, so vllm_nnrp_plugin is the installed one
+  mkdir -p "$WORK/path"
+  ln -s "$HERE" "$WORK/path/compat"
+  export PYTHONPATH="$WORK/path${PYTHONPATH:+:$PYTHONPATH}"
+  cd "$WORK"
+  ORIGIN=$("$PY" -c 'import vllm_nnrp_plugin; print(vllm_nnrp_plugin.__file__)')
+  case "$ORIGIN" in
+    "$ROOT"/*) echo "run-conformance: VLLM_NNRP_WHEEL is set but vllm_nnrp_plugin comes from the checkout ($ORIGIN)" >&2; exit 2 ;;
+  esac
+  echo "run-conformance: testing the installed wheel ($ORIGIN)" >&2
+else
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one did the editable install
+fi
 # shellcheck source=/dev/null
 [ ! -f "$HERE/vllm-$VERSION/runtime.sh" ] || . "$HERE/vllm-$VERSION/runtime.sh"  # e.g. 0.18.1's LD_PRELOAD
 
