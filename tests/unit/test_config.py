@@ -3,6 +3,7 @@ import types
 
 import pytest
 
+from vllm_nnrp_plugin.vllm_binding.families import binding_for
 from vllm_nnrp_plugin.config import ConfigError, load_config
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import capabilities
@@ -158,11 +159,11 @@ class _Binding:
 
 def _backend(monkeypatch, served, operations):
     """A VLLMBackend over a state whose serving objects offer ``served`` (bindings stand in for vLLM's)."""
-    monkeypatch.setattr(backend_module, "_bindings", lambda state, family, priorities: [_Binding(name) for name in served])
+    monkeypatch.setattr(backend_module, "_bindings", lambda state, family, binding, priorities: [_Binding(name) for name in served])
     state = types.SimpleNamespace(
         engine_client=None, openai_serving_models=types.SimpleNamespace(base_model_paths=[types.SimpleNamespace(name="m")])
     )
-    return backend_module.VLLMBackend(state, operations, vllm_version="0.26.0")
+    return backend_module.VLLMBackend(state, operations, vllm_version="0.26.0", binding=binding_for((0, 26)))
 
 
 ALL = ("chat.completions.create", "responses.create", "models.list", "embeddings.create")

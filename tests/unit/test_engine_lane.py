@@ -18,12 +18,16 @@ import pytest
 
 from tests.support import as_dict
 from tests.unit.test_chunk_shapes import ANCHORS, profile, sse_items
+from vllm_nnrp_plugin.vllm_binding.families import binding_for
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
 from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, lane_serving, request_fits, serving_fits
 
 PLAIN_CASES = ("a-stream-text", "b-stream-text-usage")
+
+#: the binding of the lines whose calling shape the stand-ins have
+LINE = binding_for((0, 26))
 
 
 def request(**fields):
@@ -237,8 +241,8 @@ def test_fitting_requests():
 def test_a_server_configured_beyond_plain_text_keeps_vllms_generator(attributes, reason):
     serving = RecordedServing([], [])
     serving.__dict__.update(attributes)
-    assert reason in serving_fits(serving)
-    assert serving_fits(RecordedServing([], [])) is None
+    assert reason in serving_fits(serving, LINE)
+    assert serving_fits(RecordedServing([], []), LINE) is None
 
 
 def test_a_stream_generator_of_another_shape_is_refused():
@@ -246,7 +250,7 @@ def test_a_stream_generator_of_another_shape_is_refused():
         async def chat_completion_stream_generator(self, result_generator, request):  # type: ignore[override]
             yield ""
 
-    assert "parameters begin" in serving_fits(Other([], []))
+    assert "parameters begin" in serving_fits(Other([], []), LINE)
 
 
 def test_the_view_shares_the_serving_objects_state_and_leaves_it_unchanged():

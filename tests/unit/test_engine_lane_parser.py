@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from tests.unit.test_chunk_shapes import profile, sse_items
 from tests.unit.test_engine_lane import RecordedServing, completion, request
+from vllm_nnrp_plugin.vllm_binding.families import binding_for
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
@@ -34,6 +35,9 @@ from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, lane_serving
 CASES = [("0.26.0", "d-stream-tool-required"), ("0.26.0", "e-stream-tool-named"), ("0.26.0", "r-stream-reasoning"),
          ("0.27.1", "d-stream-tool-required"), ("0.27.1", "e-stream-tool-named"),
          ("0.32.0", "d-stream-tool-required"), ("0.32.0", "e-stream-tool-named"), ("0.32.0", "r-stream-reasoning")]
+
+#: the binding of the lines whose calling shape the stand-ins have
+LINE = binding_for((0, 26))
 
 
 class DeltaFunctionCall(pydantic.BaseModel):  # vLLM's, vllm/entrypoints/openai/engine/protocol.py
@@ -253,7 +257,7 @@ def test_parallel_calls_refused_keeps_only_the_first_calls_fragments():
 
 def test_a_parser_server_takes_the_lane_and_requests_with_tools_fit():
     serving = ParserServing([], [])
-    assert serving_fits(serving) is None
+    assert serving_fits(serving, LINE) is None
     assert request_fits(tool_request(), parser=True) and not request_fits(tool_request())
     assert not request_fits(tool_request(n=2), parser=True)
 
@@ -327,7 +331,7 @@ def test_a_line_whose_generator_keeps_parser_state_keeps_vllms_generator():
             return None
 
     older.parser_cls = NoFinished
-    assert "parse_delta has no finished argument" in serving_fits(older)
+    assert "parse_delta has no finished argument" in serving_fits(older, LINE)
     eldest = ParserServing([], [])
     eldest.parser_cls, eldest.tool_parser = None, object
-    assert "no parser_cls" in serving_fits(eldest)
+    assert "no parser_cls" in serving_fits(eldest, LINE)

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from tests.support import FIXTURES
+from vllm_nnrp_plugin.vllm_binding.families import binding_for
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.vllm_binding.backend import VLLMBackend
@@ -80,7 +81,7 @@ def test_a_server_with_only_models_list_is_refused_at_start_up():
                                   openai_serving_chat=None, serving_embedding=None,
                                   serving_classification=object())  # fmt: skip
     with pytest.raises(NNRPStartupError, match=r"the operations served \(models.list\) make up no whole"):
-        VLLMBackend(state, vllm_version="0.26.0")
+        VLLMBackend(state, vllm_version="0.26.0", binding=binding_for((0, 26)))
 
 
 def test_the_endpoint_plugin_requires_no_task():
@@ -134,7 +135,7 @@ def pooling_state(serving):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_embeddings_answer_with_vllms_body_under_the_embd_engine_id(vllm_embed, version, case):
     serving = ScriptedServingEmbedding(answer=recorded(case, version))
-    backend = VLLMBackend(pooling_state(serving), vllm_version="0.26.0")
+    backend = VLLMBackend(pooling_state(serving), vllm_version="0.26.0", binding=binding_for((0, 26)))
     traceparent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
     call = run(backend.create("embeddings.create", request_of(case, version), "nnrp-7", traceparent))
     assert call.body == recorded(case, version) and len(call.body["data"]) == 2
@@ -148,7 +149,7 @@ def test_embeddings_answer_with_vllms_body_under_the_embd_engine_id(vllm_embed, 
 
 
 def test_an_unfinished_embedding_aborts_every_inputs_engine_request(vllm_embed):
-    backend = VLLMBackend(pooling_state(ScriptedServingEmbedding(block=True)), vllm_version="0.26.0")
+    backend = VLLMBackend(pooling_state(ScriptedServingEmbedding(block=True)), vllm_version="0.26.0", binding=binding_for((0, 26)))
 
     async def cancelled():
         task = asyncio.ensure_future(backend.create("embeddings.create", request_of("embeddings-a-float"), "nnrp-9"))
@@ -163,7 +164,7 @@ def test_an_unfinished_embedding_aborts_every_inputs_engine_request(vllm_embed):
 
 
 def test_the_capability_document_of_a_pooling_server_claims_level_3(vllm_embed):
-    document = VLLMBackend(pooling_state(ScriptedServingEmbedding()), vllm_version="0.26.0").capabilities()
+    document = VLLMBackend(pooling_state(ScriptedServingEmbedding()), vllm_version="0.26.0", binding=binding_for((0, 26))).capabilities()
     assert document["compatibility_levels"] == [3]
     assert document["models"] == [{"id": "example-model", "owned_by": "vllm"}]
     assert [op["name"] for op in document["operations"]] == ["models.list", "embeddings.create"]
@@ -183,7 +184,7 @@ def test_vllms_errors_map_to_the_profiles_codes_with_vllms_message(vllm_embed, c
     if isinstance(exception, str):
         exception = getattr(pytest.importorskip("vllm.exceptions"), exception)
     message = recorded(case)["error"]["message"]
-    backend = VLLMBackend(pooling_state(ScriptedServingEmbedding(raises=exception(message))), vllm_version="0.26.0")
+    backend = VLLMBackend(pooling_state(ScriptedServingEmbedding(raises=exception(message))), vllm_version="0.26.0", binding=binding_for((0, 26)))
     with pytest.raises(E.ProfileError) as info:
         run(backend.create("embeddings.create", request_of(case), "nnrp-3"))
     assert (info.value.code, info.value.message) == (code, message)
@@ -199,7 +200,7 @@ def test_vllms_errors_map_to_the_profiles_codes_with_vllms_message(vllm_embed, c
 )
 def test_bodies_vllm_cannot_answer_in_json_are_refused_before_vllm_is_called(vllm_embed, body, says):
     serving = ScriptedServingEmbedding(answer=recorded("embeddings-a-float"))
-    backend = VLLMBackend(pooling_state(serving), vllm_version="0.26.0")
+    backend = VLLMBackend(pooling_state(serving), vllm_version="0.26.0", binding=binding_for((0, 26)))
     with pytest.raises(E.ProfileError) as info:
         run(backend.create("embeddings.create", body, "nnrp-4"))
     assert info.value.code == E.INVALID_REQUEST and says in info.value.message

@@ -296,6 +296,7 @@ def test_a_budget_lowered_mid_stream_ends_it_there_with_finish_length_and_aborts
     engine = Engine([output([i], cached=3 if i == 0 else None) for i in range(10)], controls, lower_at=2, budget=4)
     seen = tapped(engine, controls)
     assert len(seen) == 4 and seen[-1].finished and seen[-1].outputs[0].finish_reason == "length"
+    assert not engine.outputs[3].finished and engine.outputs[3].outputs[0].finish_reason is None  # the engine's own
     assert engine.aborted == ["req-1"] and engine.closed
     assert controls.budget_ended and controls.engine_started and controls.cached_tokens == 3
 

@@ -27,7 +27,7 @@ from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
 from vllm_nnrp_plugin.vllm_binding.chat import ChatBinding
 from vllm_nnrp_plugin.vllm_binding.embeddings import EmbeddingsBinding
-from vllm_nnrp_plugin.vllm_binding.families import family_of
+from vllm_nnrp_plugin.vllm_binding.families import Binding, family_of
 from vllm_nnrp_plugin.vllm_binding.models import ModelsBinding
 from vllm_nnrp_plugin.vllm_binding.responses import ResponsesBinding
 
@@ -54,19 +54,20 @@ STREAM_PATHS = {
 
 class VLLMBackend:
     """:class:`vllm_nnrp_plugin.adapter.Backend` over ``app.state`` (its serving objects, ``engine_client``,
-    ``openai_serving_models``) of vLLM ``vllm_version`` (the start-up gate's, :mod:`.gate`), serving
+    ``openai_serving_models``) of vLLM ``vllm_version`` served by the line ``binding`` (the start-up gate's decision,
+    :mod:`.gate`), serving
     ``operations`` (profile operation names; None: every operation the serving objects offer). Raises
     ``NNRPStartupError`` when ``operations`` names one this server does not serve, or what is served makes up
     no whole profile level."""
 
-    def __init__(self, state: Any, operations: tuple[str, ...] | None = None, *, vllm_version: str,
+    def __init__(self, state: Any, operations: tuple[str, ...] | None = None, *, vllm_version: str, binding: Binding,
                  priorities: tuple[int, ...] | None = None) -> None:
         self._engine = state.engine_client
         self._models = state.openai_serving_models
         #: vLLM ``priority`` by NNRP priority class, when the server schedules by priority (else ``None``)
         self.priorities = priorities if priorities is not None and scheduling_policy(state) == "priority" else None
         self._bindings = {
-            binding.name: binding for binding in _bindings(state, family_of(vllm_version), self.priorities)
+            served.name: served for served in _bindings(state, family_of(vllm_version), binding, self.priorities)
         }
         if operations is not None:
             missing = [name for name in operations if name not in self._bindings]
@@ -146,14 +147,14 @@ def scheduling_policy(state: Any) -> str:
     return str(state.vllm_config.scheduler_config.policy)
 
 
-def _bindings(state: Any, family: tuple[int, int], priorities: tuple[int, ...] | None) -> list[Any]:
-    """The bindings of the serving objects ``state`` of vLLM line ``family`` has, in the capability document's
-    order."""
+def _bindings(state: Any, family: tuple[int, int], binding: Binding, priorities: tuple[int, ...] | None) -> list[Any]:
+    """The operation bindings of the serving objects ``state`` of vLLM line ``family`` (served by the line binding
+    ``binding``) has, in the capability document's order."""
     bindings: list[Any] = []
     if getattr(state, "openai_serving_chat", None) is not None:
-        bindings.append(ChatBinding(state.openai_serving_chat, priorities))
+        bindings.append(ChatBinding(state.openai_serving_chat, binding, priorities))
     if getattr(state, "openai_serving_responses", None) is not None:
-        bindings.append(ResponsesBinding(state.openai_serving_responses, family, priorities))
+        bindings.append(ResponsesBinding(state.openai_serving_responses, family, binding, priorities))
     bindings.append(ModelsBinding(state.openai_serving_models))
     if getattr(state, "serving_embedding", None) is not None:
         bindings.append(EmbeddingsBinding(state.serving_embedding, priorities))

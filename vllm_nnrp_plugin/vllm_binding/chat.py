@@ -31,7 +31,7 @@ from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_bo
 from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, has_parser, lane_serving, serving_fits
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
-from vllm_nnrp_plugin.vllm_binding.families import has_tool_parser
+from vllm_nnrp_plugin.vllm_binding.families import Binding, has_tool_parser
 from vllm_nnrp_plugin.vllm_binding.self_check import chat_cases, prove
 from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate, with_controls
 
@@ -47,14 +47,14 @@ class ChatBinding:
 
     name = CHAT_COMPLETIONS_CREATE
 
-    def __init__(self, serving: Any, priorities: tuple[int, ...] | None = None) -> None:
+    def __init__(self, serving: Any, binding: Binding, priorities: tuple[int, ...] | None = None) -> None:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         self._request_cls = ChatCompletionRequest
         annotation = ChatCompletionRequest.model_fields["stream_options"].annotation
         self._stream_options_cls = next(a for a in typing.get_args(annotation) if a is not type(None))
         self._serving = serving
-        self.lane_off = serving_fits(serving)
+        self.lane_off = serving_fits(serving, binding)
         self.lane_parser = self.lane_off is None and has_parser(serving)
         self._priorities = priorities
         # what each request is run on: a view of ``serving`` whose engine client is tapped for the request

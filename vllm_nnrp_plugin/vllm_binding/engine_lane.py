@@ -23,7 +23,7 @@ stream all of that carries one piece of text. The engine lane takes those output
 
 A server with a tool-call or reasoning parser (``--tool-call-parser``, ``--reasoning-parser``) takes the lane too
 on the lines where vLLM's generator drives one stateful parser object per choice
-(:func:`~vllm_nnrp_plugin.vllm_binding.families.stream_parser_off`; 0.26–0.32). vLLM's generator still creates
+(:func:`~vllm_nnrp_plugin.vllm_binding.families.stream_parser_off`; 0.26–0.34). vLLM's generator still creates
 that parser (the view's ``parser_cls`` hands it a :class:`HandOverParser` wrapping the object vLLM's own class makes
 for the request), and the lane calls the same object's ``parse_delta`` with the arguments vLLM's generator would
 pass, once per output, in order, so vLLM's parser still decides what is content, reasoning and tool-call text:
@@ -62,7 +62,7 @@ from vllm_nnrp_plugin.profile.chat_stream import TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import Chunk, Item, TokenBudget, VLLMStream
 from vllm_nnrp_plugin.vllm_binding.driven_generator import Feed, HandOverParser, Pump
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
-from vllm_nnrp_plugin.vllm_binding.families import stream_parser_off
+from vllm_nnrp_plugin.vllm_binding.families import Binding, stream_parser_off
 
 #: the leading parameters the lane relies on, the same on 0.18–0.32
 _STREAM_GENERATOR_PARAMETERS = ("self", "request", "result_generator", "request_id", "model_name")
@@ -71,11 +71,12 @@ _CONTENT = frozenset({"content"})
 _CONTENT_AND_CALLS = frozenset({"content", "tool_calls"})
 
 
-def serving_fits(serving: Any) -> str | None:
-    """Why the chat serving object ``serving`` (``OpenAIServingChat``) cannot use the engine lane, or ``None`` when it
-    can: its attributes ``use_harmony`` (0.18, 0.22), ``enable_log_outputs``, ``enable_force_include_usage``, the
-    signature of ``chat_completion_stream_generator``, and, when it has a parser (``parser_cls`` 0.22+,
-    ``tool_parser`` / ``reasoning_parser_cls`` 0.18 and 0.22), whether the lane can drive it
+def serving_fits(serving: Any, binding: Binding) -> str | None:
+    """Why the chat serving object ``serving`` (``OpenAIServingChat``) of ``binding``'s lines cannot use the engine
+    lane, or ``None`` when it may (its start-up self-check decides: :mod:`.self_check`): its attributes
+    ``use_harmony`` (0.18, 0.22), ``enable_log_outputs``, ``enable_force_include_usage``, the signature of
+    ``chat_completion_stream_generator``, and, when it has a parser (``parser_cls`` 0.22+, ``tool_parser`` /
+    ``reasoning_parser_cls`` 0.18 and 0.22), whether the lane can drive it
     (:func:`~vllm_nnrp_plugin.vllm_binding.families.stream_parser_off`)."""
     if getattr(serving, "use_harmony", False):
         return "the model uses the harmony format"
@@ -90,7 +91,7 @@ def serving_fits(serving: Any) -> str | None:
     if names != _STREAM_GENERATOR_PARAMETERS:
         return f"chat_completion_stream_generator's parameters begin {names}"
     if has_parser(serving):
-        off = stream_parser_off(serving)
+        off = stream_parser_off(serving, binding)
         if off is not None:
             return f"a tool-call or reasoning parser is configured and {off}"
     return None

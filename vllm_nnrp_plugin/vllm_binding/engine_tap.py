@@ -12,7 +12,7 @@ nothing in vLLM is patched. The tapped ``generate`` hands every output on unchan
 * the first output marks the request started in the engine (``engine_started``) and gives its prefix-cache hits
   (``RequestOutput.num_cached_tokens``, reported whatever ``--enable-prompt-tokens-details`` says);
 * with a token budget (a BUDGET_UPDATE after dispatch), the first output that brings the request's output tokens
-  to the budget ends it: that output is handed on as the engine's last, ``finish_reason`` ``length`` — what the
+  to the budget ends it: a copy of that output is handed on as the engine's last, ``finish_reason`` ``length`` — what the
   engine itself reports when ``max_tokens`` ends a request (``vllm/v1/core/sched/utils.py`` ``check_stop``) — so
   vLLM's own generator writes the finish chunk and usage, and the engine request is aborted first
   (``AsyncLLM.abort``). Outputs count by request: a request of one choice streamed with ``DELTA`` or
@@ -23,6 +23,7 @@ nothing in vLLM is patched. The tapped ``generate`` hands every output on unchan
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -105,14 +106,24 @@ async def _tapped(outputs: Any, engine: Any, request_id: str, counting: int,
                     produced = produced + ids if counting == 1 else ids
                 budget = controls.token_budget
                 if budget is not None and produced >= budget and not output.finished and completion is not None:
-                    completion.finish_reason, completion.stop_reason = "length", None
-                    output.finished = True
                     controls.budget_ended = True
                     await engine.abort(request_id)
-                    yield output
+                    yield _ended_by_budget(output)
                     return
             yield output
     finally:
         aclose = getattr(outputs, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+def _ended_by_budget(output: Any) -> Any:
+    """A shallow copy of ``RequestOutput`` ``output`` (its one choice copied too) that ends the request as the engine
+    ends one at ``max_tokens``: ``finished``, ``finish_reason`` ``length``, no ``stop_reason``. The engine's objects
+    are not changed."""
+    completion = copy.copy(output.outputs[0])
+    completion.finish_reason, completion.stop_reason = "length", None
+    ended = copy.copy(output)
+    ended.outputs = [completion, *output.outputs[1:]]
+    ended.finished = True
+    return ended

@@ -71,7 +71,7 @@ async def start_service(state: Any, attach_path: str) -> None:
     if config.max_in_flight_per_session is None:  # a session's credit: what vLLM's scheduler runs at once
         config = attrs.evolve(config, max_in_flight_per_session=state.vllm_config.scheduler_config.max_num_seqs)
     keys = _keys(state, config)
-    backend = VLLMBackend(state, config.operations, vllm_version=decision.vllm_version,
+    backend = VLLMBackend(state, config.operations, vllm_version=decision.vllm_version, binding=decision.binding,
                           priorities=config.vllm_priorities())
     await backend.prove_lanes()
     service = NNRPService(config, backend, asyncio.get_running_loop(), keys=keys)

@@ -36,7 +36,7 @@ from vllm_nnrp_plugin.profile import RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
-from vllm_nnrp_plugin.vllm_binding.families import responses_lane_off, responses_stream_fails
+from vllm_nnrp_plugin.vllm_binding.families import Binding, responses_lane_off, responses_stream_fails
 from vllm_nnrp_plugin.vllm_binding.responses_lane import TEXT_DELTA, responses_lane_serving
 from vllm_nnrp_plugin.vllm_binding.self_check import prove, responses_cases
 from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate, with_controls
@@ -54,14 +54,15 @@ class ResponsesBinding:
 
     name = RESPONSES_CREATE
 
-    def __init__(self, serving: Any, family: tuple[int, int], priorities: tuple[int, ...] | None = None) -> None:
+    def __init__(self, serving: Any, family: tuple[int, int], binding: Binding,
+                 priorities: tuple[int, ...] | None = None) -> None:
         from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
         self._request_cls = ResponsesRequest
         self._serving = serving
         self._family = family
         self._priorities = priorities
-        self.lane_off = responses_lane_off(serving)
+        self.lane_off = responses_lane_off(serving, binding)
         # one view per request, its engine client tapped (:mod:`.engine_tap`)
         self._vllm_views = view_maker(serving)
         self._lane_views = None if self.lane_off is not None else responses_lane_serving(serving)
