@@ -98,6 +98,10 @@ class NNRPMetrics:
             "nnrp_handshake_timeouts", "NNRP connections closed because no session opened within "
             "nnrp.handshake_timeout_ms.", ("transport",), registry=registry,
         )  # fmt: skip
+        self.connections_ended = Counter(
+            "nnrp_connections_ended", "NNRP connections the server ended for breaking a bound (credit_violations: "
+            "kept submitting beyond the granted credit).", ("transport", "reason"), registry=registry,
+        )  # fmt: skip
 
     def observe(self, record: Observation) -> None:
         """Count one finished operation."""

@@ -82,6 +82,7 @@ class NNRPService:
     ) -> None:
         self._keys = keys
         self._auth_log = RefusalLogLimiter()
+        self._ended_log = RefusalLogLimiter()  # connections ended for flooding beyond their credit
         self._backend = with_fault_injection(backend, config.fault_injection_backend_error_model)
         self._config = config
         self._registry = registry
@@ -229,6 +230,16 @@ class NNRPService:
 
     def on_connection_refused(self, transport: str, reason: str) -> None:
         self._metrics.connections_refused.labels(transport, reason).inc()
+
+    def on_connection_ended(self, transport: str, reason: str, detail: str) -> None:
+        """The server ended a connection for breaking a bound (``reason``: ``credit_violations``): counted
+        always; logged as a warning at most ``RefusalLogLimiter``'s lines per window, the rest summed."""
+        self._metrics.connections_ended.labels(transport, reason).inc()
+        write, left_out = self._ended_log.admit(time.monotonic())
+        if left_out:
+            logger.warning("NNRP: %d more connections ended for %s (not logged)", left_out, reason)
+        if write:
+            logger.warning("NNRP connection on %s ended: %s", transport, detail)
 
     # OperationOwner: told directly by the operation, on the loop
 

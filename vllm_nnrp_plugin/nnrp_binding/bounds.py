@@ -9,6 +9,7 @@ buffer (plain data; the listener and its connections, :mod:`.listener` and :mod:
 | bytes queued for a client that is not reading | the transport's write buffer, 1 MiB high water | — | the connection stops reading until the client read enough (then the protocol's flow control: nothing more is answered) |
 | open connections of the process | ``nnrp.max_connections`` | 2048 | a new connection is closed at once (``nnrp_connections_refused_total{reason="max_connections"}``) |
 | file descriptors | the process's limit | — | accepting pauses (``ACCEPT_PAUSE_S``) and resumes, logged once per pause (``reason="no_descriptor"``) |
+| submits beyond a session's granted credit (SESSION_OPEN_ACK ``granted_operation_credit``, the in-flight window) | :class:`ViolationBudget`: :data:`VIOLATION_BURST`, then :data:`VIOLATIONS_PER_S` | 64, then 16/s | the connection ends with ERROR_RECOVERABLE ``LIMIT_EXCEEDED`` (``nnrp_connections_ended_total{reason="credit_violations"}``) |
 """
 
 from __future__ import annotations
@@ -78,3 +79,44 @@ class BufferBudget:
         """A connection's buffered bytes changed by ``delta``; False when the total is now over the limit."""
         self.used += delta
         return self.used <= self.limit
+
+
+#: submits beyond its sessions' granted credit a connection may make at once before it is ended
+VIOLATION_BURST = 64
+#: ... and how many more it earns per second of keeping within it
+VIOLATIONS_PER_S = 16.0
+
+
+class ViolationBudget:
+    """How many submits beyond their granted credit one connection's sessions may make: a token bucket of
+    ``burst`` tokens refilled at ``per_s`` tokens per second (plain data: the caller passes its clock, s).
+
+    NNRP's credit is the server's grant (SESSION_OPEN_ACK ``granted_operation_credit``, then BACKPRESSURE /
+    CREDIT_UPDATE; NagareWorks/nnrp-doc ``docs/en/profiles/runtime-control/control-frames.md`` "Pressure
+    Metadata"), and a client that keeps the window never spends a token. Each submit beyond it is still answered
+    (``too_many_requests``: the client may not have read the BACKPRESSURE yet), but answering costs the server
+    a refusal per submit: a client that keeps submitting beyond its credit faster than ``per_s``, more than
+    ``burst`` times, is flooding and its connection is ended (:meth:`spend` False)."""
+
+    __slots__ = ("burst", "per_s", "_tokens", "_at")
+
+    def __init__(self, burst: int = VIOLATION_BURST, per_s: float = VIOLATIONS_PER_S) -> None:
+        if burst < 1 or per_s < 0:
+            raise ValueError("burst must be at least 1 and per_s not negative")
+        self.burst = burst
+        self.per_s = per_s
+        self._tokens = float(burst)
+        self._at: float | None = None
+
+    def spend(self, now_s: float) -> bool:
+        """One more submit beyond the credit at ``now_s``: True while the budget allows it, False once it is
+        spent (and from then on)."""
+        if self._at is not None and now_s > self._at:
+            self._tokens = min(float(self.burst), self._tokens + (now_s - self._at) * self.per_s)
+        self._at = now_s if self._at is None else max(self._at, now_s)
+        if self._tokens < 1:
+            self._tokens = float("-inf")  # spent for good: the connection ends
+            return False
+        self._tokens -= 1
+        return True
+

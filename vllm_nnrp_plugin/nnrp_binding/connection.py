@@ -63,7 +63,9 @@ from vllm_nnrp_plugin.nnrp_binding.server_operation import (
     SessionLink,
     envelope_of,
 )
-from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds, handshake_recheck
+from nnrp.core.enums import ErrorCode
+
+from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds, ViolationBudget, handshake_recheck
 from vllm_nnrp_plugin.nnrp_binding.handler import (
     PRESSURE_LEVEL_FULL,
     PRESSURE_REASON_IN_FLIGHT,
@@ -84,6 +86,9 @@ _CONNECTION_IDS = itertools.count(1)
 #: it starts again (``transport.set_write_buffer_limits``)
 WRITE_HIGH_WATER = 1 << 20
 WRITE_LOW_WATER = 1 << 18
+#: the most bytes of one read the wire core parses at a time (a read holding thousands of packets is handled
+#: slice by slice, so a connection ended halfway costs no more parsing)
+FEED_BYTES = 1 << 14
 
 
 def _bytes_waiting(transport: asyncio.BaseTransport) -> int:
@@ -226,6 +231,8 @@ class ConnectionProtocol(asyncio.Protocol):
                                       max_packet_bytes=bounds.max_packet_bytes, authenticate=authenticate)  # fmt: skip
         self._core.drain_sessions = True  # a drained SESSION_CLOSE: every operation still gets its terminal
         self._refusals = RefusalLogLimiter()
+        self._violations = ViolationBudget()  # submits beyond the granted credit, over all its sessions
+        self._ending = False  # ended for flooding: the rest of its input is not handled
         self._sessions: dict[int, StreamSession] = {}
         self._transport: asyncio.Transport | None = None
         self._flush_scheduled = False  # on the round's list
@@ -255,8 +262,18 @@ class ConnectionProtocol(asyncio.Protocol):
         if self._handshake_timer is not None:
             self._heard_at = self._loop.time()  # type: ignore[union-attr]
         try:
-            for event in self._core.receive_data(data):
-                self._handle(event)
+            if len(data) <= FEED_BYTES:
+                for event in self._core.receive_data(data):
+                    if self._ending:
+                        return
+                    self._handle(event)
+            else:  # a large read goes to the core in slices: one that floods stops costing at the next slice
+                view = memoryview(data)
+                for start in range(0, len(data), FEED_BYTES):
+                    for event in self._core.receive_data(view[start : start + FEED_BYTES]):  # type: ignore[arg-type]
+                        if self._ending:
+                            return
+                        self._handle(event)
         except Exception:  # a bug while handling this client's input: only this connection ends, logged once
             logger.exception("NNRP connection %d on %s: handling its input failed; the connection is closed",
                              self.connection_id, self.transport_name)  # fmt: skip
@@ -341,7 +358,8 @@ class ConnectionProtocol(asyncio.Protocol):
 
     def _close_transport(self, cause: str) -> None:
         """End the transport after what is queued (``cause``: ``handshake_timeout``, ``ended`` (the wire core
-        ended the connection cleanly), ``failed`` (it ended it over bad input), ``shutdown``); a framing layer
+        ended the connection cleanly), ``failed`` (it ended it over bad input), ``violation`` (it flooded
+        beyond its credit), ``shutdown``); a framing layer
         (:mod:`.websocket`) says goodbye in its own terms first."""
         if self._transport is not None:
             self._transport.close()
@@ -463,6 +481,9 @@ class ConnectionProtocol(asyncio.Protocol):
         session = self._sessions.get(submitted.session_id)
         if session is None:
             return
+        if len(session.policy.ops) >= self._limits.max_in_flight and not self._violations.spend(time.monotonic()):
+            self._end_for_violations(session, submitted.frame_id)
+            return
         metadata: Any = submitted.metadata
         sop = ServerOperation(
             session.link, session_id=session.session_id, operation_id=submitted.operation_id,
@@ -472,6 +493,24 @@ class ConnectionProtocol(asyncio.Protocol):
             now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns(), priority_class=session.priority_class,
         )  # fmt: skip
         session.policy.submit(sop)  # a refusal goes out with this read's flush
+
+    def _end_for_violations(self, session: StreamSession, frame_id: int) -> None:
+        """The client keeps submitting beyond the credit its sessions were granted (SESSION_OPEN_ACK
+        ``granted_operation_credit`` = ``max_in_flight_per_session``, then BACKPRESSURE), past its
+        :class:`.bounds.ViolationBudget`: it stops costing the server a refusal per submit. The session that
+        broke it gets ERROR_RECOVERABLE ``LIMIT_EXCEEDED`` (the protocol's error for a limit; nnrp-py
+        ``nnrp.core.enums.ErrorCode``) on the offending frame, what is queued is written, and the connection
+        ends: nothing more of its input is handled, its operations stop as for a lost client (their vLLM
+        requests are aborted). Counted and logged by the handler (``credit_violations``)."""
+        self._ending = True
+        detail = (f"connection {self.connection_id} kept submitting beyond its granted credit of "
+                  f"{self._limits.max_in_flight} operations per session (nnrp.max_in_flight_per_session) "
+                  f"after {self._violations.burst} refusals; closed")  # fmt: skip
+        self._core.send_recoverable_error(session.session_id, frame_id, int(ErrorCode.LIMIT_EXCEEDED),
+                                          f"submits beyond the granted credit: {detail}")  # fmt: skip
+        self._handler.on_connection_ended(self.transport_name, "credit_violations", detail)
+        self.flush()
+        self._close_transport("violation")
 
     def _on_cancel(self, cancelled: ev.OperationCancelled) -> None:
         session = self._sessions.get(cancelled.session_id)

@@ -47,3 +47,7 @@ class SessionHandler(Protocol):
     def on_connection_refused(self, transport: str, reason: str) -> None:
         """A connection was refused at accept: ``max_connections`` (closed at once) or ``no_descriptor``
         (the process is out of file descriptors; accepting pauses)."""
+
+    def on_connection_ended(self, transport: str, reason: str, detail: str) -> None:
+        """The server ended a connection that broke a bound: ``credit_violations`` (it kept submitting beyond
+        its granted credit, :class:`.bounds.ViolationBudget`); ``detail`` is one log-safe sentence."""

@@ -27,7 +27,8 @@ The mapping is nnrp-rs' (``crates/nnrp-transport-websocket/src/lib.rs``: tokio-t
 * pings are answered with a pong carrying the same payload; pongs are ignored; the native client sends neither;
 * a client's close frame (the native client sends one without a status code after its SESSION_CLOSE_ACK) is
   answered with a close frame and the connection ends; this server closes with 1001 when it stops, 1008 when
-  no session opened within the handshake timeout, 1000 when the wire core ended the connection cleanly.
+  no session opened within the handshake timeout or the client kept submitting beyond its credit, 1000 when the
+  wire core ended the connection cleanly.
 
 Sending costs one ``transport.write`` per loop iteration, as on TCP: the wire core's output of the iteration is
 cut at packet boundaries and each packet gets its 2-, 4- or 10-byte frame header (server frames are not
@@ -221,6 +222,8 @@ class WebSocketConnection(ConnectionProtocol):
             return False
         if data:
             for event in self._core.receive_data(data):
+                if self._ending:  # ended for flooding beyond its credit (connection.py)
+                    return False
                 self._handle(event)
             if not self._open:
                 return False
@@ -296,8 +299,10 @@ class WebSocketConnection(ConnectionProtocol):
 
     def _close_transport(self, cause: str) -> None:
         """The base connection ends the transport (:meth:`.ConnectionProtocol._close_transport`): with 1008 when
-        no session opened in time, 1001 when the server stops, 1002 after bad input, 1000 otherwise."""
+        no session opened in time or the client flooded beyond its credit, 1001 when the server stops, 1002
+        after bad input, 1000 otherwise."""
         self._end_transport(_CLOSE_CODES.get(cause, CLOSE_NORMAL))
 
 
-_CLOSE_CODES = {"handshake_timeout": CLOSE_POLICY_VIOLATION, "shutdown": CLOSE_GOING_AWAY, "failed": CLOSE_PROTOCOL_ERROR}
+_CLOSE_CODES = {"handshake_timeout": CLOSE_POLICY_VIOLATION, "violation": CLOSE_POLICY_VIOLATION,
+                "shutdown": CLOSE_GOING_AWAY, "failed": CLOSE_PROTOCOL_ERROR}  # fmt: skip

@@ -1206,6 +1206,26 @@ class ServerConnection:
         when the session is not open."""
         return self._send_pressure(_T.CREDIT_UPDATE, session_id, credit_window, 0, 0, 0)
 
+    def send_recoverable_error(self, session_id: int, frame_id: int, error_code: int, diagnostic: str) -> bool:
+        """ERROR_RECOVERABLE from the application for an open session (frame scope when ``frame_id`` names a
+        frame, else session scope; source_role server, no retry flags; ``diagnostic`` as UTF-8, at most
+        :data:`MAX_DIAGNOSTIC_BYTES`): the layout the core uses for a refused packet (nnrp-rs
+        ``crates/nnrp-core/src/control.rs`` ``RecoverableError``; nnrp-doc runtime-control ``control-frames.md``
+        "Recoverable Error Metadata"), ``error_code`` from the common error registry (nnrp-py
+        ``nnrp.core.enums.ErrorCode``), e.g. ``LIMIT_EXCEEDED`` before the application ends a connection that
+        floods beyond its credit. False when the session is not open."""
+        if not 0 < error_code <= 0xFFFFFFFF or not 0 <= frame_id <= 0xFFFFFFFF:
+            raise LocalProtocolError(f"ERROR_RECOVERABLE error_code {error_code!r} or frame {frame_id!r} out of range")
+        if session_id not in self._sessions:
+            return False
+        body = diagnostic.encode("utf-8", "replace")[:MAX_DIAGNOSTIC_BYTES]
+        meta = RecoverableErrorMetadata(
+            error_code, _SCOPE_FRAME if frame_id else _SCOPE_SESSION, _RECOVERY_UNSPECIFIED, ROLE_SERVER, 0, 0,
+            session_id, frame_id, 0, len(body),
+        ).pack()  # fmt: skip
+        self._queue(_T.ERROR_RECOVERABLE, session_id, frame_id, meta, body)
+        return True
+
     def _send_pressure(self, msg_type: int, session_id: int, credit: int, level: int, reason: int, retry: int) -> bool:
         try:
             meta = _PRESSURE_STRUCT.pack(0, credit, level, reason, retry, 0, 0)
