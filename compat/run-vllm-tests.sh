@@ -29,12 +29,13 @@ if [ -n "${VLLM_NNRP_WHEEL:-}" ]; then
   # tests, compat/ and bench/ come from the checkout and vllm_nnrp_plugin from the wheel (tests/e2e/conftest.py
   # checks where it came from)
   export PYTEST_ADDOPTS="--import-mode=append${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
+  SAFE_PATH=-P  # python -P: the working directory is not put first on sys.path either
 else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one did the editable install
 fi
 REPORT=$(mktemp -t "vllm-$VERSION-junit.XXXXXX.xml")
 status=0
-"$VENV/bin/python" -m pytest --junitxml="$REPORT" "$@" || status=$?
+"$VENV/bin/python" ${SAFE_PATH:-} -m pytest --junitxml="$REPORT" "$@" || status=$?
 if [ "${VLLM_NNRP_RECORD_COMPAT:-0}" = 1 ]; then
   case " $* " in
     *" -m binding_core "*) SCOPE="binding core" ;;

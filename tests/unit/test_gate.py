@@ -310,19 +310,35 @@ def test_bad_listen_address_in_the_environment_stops_start_up():
 @pytest.mark.parametrize(
     "environ, argv, version",
     [
-        (ON, (*SERVE, "--headless"), "0.26.0"),
-        ({}, (*WITH_MIDDLEWARE, "--headless"), "0.22.1"),
         (ON, (*WITH_MIDDLEWARE, "--grpc"), "0.18.1"),
         ({**ON, "VLLM_USE_RUST_FRONTEND": "1"}, SERVE, "0.26.0"),
         ({**ON, "VLLM_USE_RUST_FRONTEND": "1"}, WITH_MIDDLEWARE, "0.22.1"),
         (ON, (*SERVE, "--grpc"), "0.32.0"),
-        (ON, (*WITH_MIDDLEWARE, "--headless"), "0.32.0"),
         ({**ON, "VLLM_USE_RUST_FRONTEND": "1"}, (*SERVE, "--grpc-port", "50051"), "0.32.0"),
     ],
 )
 def test_modes_without_a_python_api_server_stop_start_up(environ, argv, version):
     with pytest.raises(NNRPStartupError, match="no Python API server"):
         check(environ=environ, argv=argv, version=version)
+
+
+@pytest.mark.parametrize(
+    "environ, argv, version",
+    [
+        (ON, (*SERVE, "--headless"), "0.26.0"),
+        ({}, (*WITH_MIDDLEWARE, "--headless"), "0.22.1"),
+        (ON, (*WITH_MIDDLEWARE, "--headless"), "0.32.0"),
+        (ON, (*SERVE, "--headless", "--data-parallel-start-rank", "2"), "0.34.0"),
+        (ON, (*SERVE, "--headless"), "0.24.1"),  # a line without a binding: nothing runs here to refuse
+    ],
+)
+def test_a_headless_node_with_nnrp_enabled_starts_and_says_nnrp_runs_with_the_api_server(environ, argv, version,
+                                                                                        caplog):
+    """Multi-node data parallelism runs one image on every node, ``--headless`` on those without an API server; with
+    ``VLLM_PLUGINS=nnrp`` set everywhere, those nodes start (vLLM's own arguments, as ``vllm serve`` parses them)."""
+    with caplog.at_level("INFO", logger="vllm.nnrp"):
+        assert check(environ=environ, argv=argv, version=version) is None
+    assert [r.getMessage() for r in caplog.records] == [gate.HEADLESS_NOTE]
 
 
 def test_0_32_modes_without_a_python_api_server_stop_at_the_real_entry_point(fake_vllm, monkeypatch):
@@ -344,7 +360,7 @@ REGISTRY = "vllm.model_executor.models.registry"
     "argv, main_module, spawned, api_server_loaded, expected",
     [
         (SERVE_ARGV, None, False, False, True),  # 0.32 `vllm serve` (API server, or parent of N API servers)
-        ((*SERVE_ARGV, "--headless"), None, False, False, True),  # refused there when NNRP is enabled
+        ((*SERVE_ARGV, "--headless"), None, False, False, True),  # the gate runs there: it says NNRP does nothing
         (SERVE_ARGV, "__mp_main__", True, False, False),  # EngineCore, VllmWorker-0, ApiServer_i (spawned)
         ((REGISTRY.replace(".", "/") + ".py",), REGISTRY, False, False, False),  # model inspection subprocess
         ((VLLM, "bench", "serve"), None, False, False, False),

@@ -185,7 +185,7 @@ def stream_parser_off(serving: object, binding: Binding) -> str | None:
 
 
 #: the parameters of ``OpenAIServingResponses._process_simple_streaming_events`` the Responses lane takes, in vLLM's
-#: order (0.22–0.32; ``vllm/entrypoints/openai/responses/serving.py``)
+#: order (0.22–0.34; ``vllm/entrypoints/openai/responses/serving.py``)
 RESPONSES_PROCESSOR_PARAMETERS = ("self", "request", "sampling_params", "result_generator", "context", "model_name",
                                   "tokenizer", "request_metadata", "created_time",
                                   "_increment_sequence_number_and_return")  # fmt: skip

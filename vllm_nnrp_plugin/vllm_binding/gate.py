@@ -19,6 +19,7 @@ API-server-less modes ``--headless`` and ``--grpc`` (``vllm/entrypoints/cli/serv
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,8 +41,15 @@ from vllm_nnrp_plugin.vllm_binding.families import (
     select_binding,
 )
 
-NO_API_SERVER_FLAGS = ("--headless", "--grpc")
+#: ``vllm serve`` flags of a process that runs no Python API server: ``--headless`` (an engine-only node of a
+#: multi-node deployment; the API server runs on another node, and NNRP with it) and ``--grpc``
+HEADLESS_FLAG = "--headless"
+NO_API_SERVER_FLAGS = (HEADLESS_FLAG, "--grpc")
+#: the start-up line of a ``--headless`` node with NNRP enabled (the same environment is usually set on every node)
+HEADLESS_NOTE = ("NNRP runs where vLLM's API server runs: this --headless node serves no API, so NNRP does nothing "
+                 "here (it listens on the node that runs vllm serve without --headless)")
 RUST_FRONTEND_ENV = "VLLM_USE_RUST_FRONTEND"
+logger = logging.getLogger("vllm.nnrp")  # vLLM's logger's handlers: this runs at argument parsing, before ours exist
 ENDPOINT_PLUGIN_FIX = "export VLLM_PLUGINS=nnrp (or add nnrp to the list it already holds)"
 
 
@@ -100,9 +108,13 @@ def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surf
     where the line has one and ``VLLM_PLUGINS`` names ``nnrp`` (vLLM loads endpoint plugins only when named),
     else the configured middleware.
 
+    A ``--headless`` node (no API server: NNRP is the API server's) returns ``None`` too, with the info line
+    :data:`HEADLESS_NOTE`, whatever its vLLM version: a deployment that sets ``VLLM_PLUGINS=nnrp`` on every node
+    starts.
+
     Raises :class:`NNRPStartupError` for a vLLM without a binding or failing its probes
-    (:func:`select_binding`), a mode without a Python API server (``--headless``, ``--grpc``,
-    ``VLLM_USE_RUST_FRONTEND``), invalid settings or listen addresses, or no attach path (0.18/0.22 without the
+    (:func:`select_binding`), a mode where NNRP is wanted but cannot attach (``--grpc``,
+    ``VLLM_USE_RUST_FRONTEND``: the API is served by something else in this process), invalid settings or listen addresses, or no attach path (0.18/0.22 without the
     ``--middleware`` flag; 0.26–0.32 with neither ``VLLM_PLUGINS=nnrp`` nor the flag) — each with the exact fix.
     """
     block = _nnrp_block(argv)
@@ -113,6 +125,9 @@ def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surf
     except ConfigError as exc:  # checked now rather than after the model loaded
         raise NNRPStartupError(f"vllm-nnrp-plugin: {exc}") from None
     if not config.enabled:
+        return None
+    if HEADLESS_FLAG in argv:
+        logger.info(HEADLESS_NOTE)
         return None
     binding = select_binding(surface, config.allow_untested_vllm)
     frontend = next((flag for flag in NO_API_SERVER_FLAGS if flag in argv), None)
