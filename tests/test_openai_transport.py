@@ -140,7 +140,8 @@ def test_response_error_is_the_sdks_typed_exception(sdk, model, stream, error, s
         assert caught.value.body["message"] == recorded_json(model)["error"]["message"]
 
 
-def test_the_sdks_timeout_is_nnrp_timeout_ms_and_its_expiry_an_api_timeout_error(served, sdk):
+def test_an_answer_silent_for_the_sdks_timeout_is_an_api_timeout_error_and_aborted(served, sdk):
+    # not streamed: nothing comes before the whole answer, 2 s here (tests/test_timeouts.py: the rule in full)
     with pytest.raises(openai.APITimeoutError):
         sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, timeout=0.3,
                                     extra_body={"pace_s": 0.2, "repeat": 5})

@@ -66,7 +66,7 @@ class HeldPool:
     def _flush(self) -> None:
         pass
 
-    async def acquire(self, timeout_s=None):
+    async def acquire(self, timeout_s=None, connect_timeout_s=None):
         if self.gate is not None:
             await self.gate
         return self

@@ -17,9 +17,9 @@ from vllm_nnrp_plugin.client.openai.sse import ChatChunkStream, error_status
 URL = "http://nnrp.invalid/v1"
 
 
-def call(method: str, path: str, body: dict | None = None, **extensions) -> Call:
+def call(method: str, path: str, body: dict | None = None, headers: dict | None = None, **extensions) -> Call:
     request = httpx.Request(method, URL + path, content=orjson.dumps(body) if body is not None else b"",
-                            extensions=extensions)  # fmt: skip
+                            headers=headers, extensions=extensions)  # fmt: skip
     return Call(request)
 
 
@@ -40,8 +40,9 @@ def refused(code: str, status: int = 400) -> ClientEvent:
 def test_posts_become_one_submit_of_their_operation_with_the_body_as_is(path, body, operation, stream):
     planned = call("POST", path, body, timeout={"read": 2.5})
     assert planned.plan() is None
-    assert planned.envelope == {"schema_version": "openai-compatible/1", "operation": operation, "body": body,
-                                "nnrp": {"timeout_ms": 2500}}  # fmt: skip
+    # the read timeout bounds the silence between events on the client, not the whole operation on the server
+    assert planned.envelope == {"schema_version": "openai-compatible/1", "operation": operation, "body": body}
+    assert planned.timeout_s == 2.5
     assert type(planned.stream) is stream if stream else planned.stream is None
 
 
@@ -82,3 +83,16 @@ def test_an_operation_the_server_does_not_serve_is_404_with_vllms_error_shape():
 def test_other_routes_get_fastapis_answer_without_a_submit(method, path, status):
     planned = call(method, path, {})
     assert planned.plan().status_code == status and planned.envelope is None
+
+
+def test_a_bound_on_the_whole_operation_comes_from_the_header_or_the_transport():
+    planned = call("POST", "/chat/completions", {"model": "m", "messages": []}, timeout={"read": 2.5},
+                   headers={"X-NNRP-Timeout-Ms": "1500"})  # fmt: skip
+    assert planned.plan() is None and planned.envelope["nnrp"] == {"timeout_ms": 1500}
+    assert planned.timeout_s == 2.5
+    for bad in ("soon", "0", "-5", "1.5"):
+        refused = call("POST", "/chat/completions", {"model": "m"}, headers={"X-NNRP-Timeout-Ms": bad}).plan()
+        assert refused.status_code == 400 and b"x-nnrp-timeout-ms" in refused.content
+    request = httpx.Request("POST", URL + "/chat/completions", content=b'{"messages": []}')
+    bounded = Call(request, operation_timeout_s=0.25)
+    assert bounded.plan() is None and bounded.envelope["nnrp"] == {"timeout_ms": 250} and bounded.timeout_s is None

@@ -15,6 +15,12 @@ Exit status of these four: 0 on ``response.completed``, 1 on ``response.error`` 
 ``unsupported_operation`` when the server does not serve the operation), 2 on a drop or a transport problem,
 3 on timeout.
 
+``--timeout S`` means what an HTTP client's timeout means: the longest wait to connect, to open the session, and
+for each next event of the answer (the first one included) — a stream that keeps producing runs as long as it
+produces; one silent for longer is cancelled (the server aborts the vLLM request), exit 3. ``--max-time S`` (like
+curl's) bounds the whole operation instead: it is sent as the envelope's ``nnrp.timeout_ms`` and the server ends
+the operation with ``request_timeout`` (exit 3).
+
 Every operation command and ``capabilities`` speak the project's asyncio client
 (:mod:`vllm_nnrp_plugin.client.connection`) to ``--endpoint`` (``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
 ``unix:///PATH``, ``ws://HOST:PORT[/PATH]``, ``wss://HOST:PORT[/PATH]`` or ``quic://HOST:PORT``) with ``--api-key``
@@ -62,6 +68,7 @@ from vllm_nnrp_plugin.profile import (
     RESPONSES_CREATE,
     SCHEMA_VERSION,
 )
+from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events as ev
 
 #: values of each embedding ``vllm-nnrp embed`` prints
@@ -145,7 +152,10 @@ def _operation_parser(commands: Any, name: str, help_text: str, *, timeout: floa
     parser = commands.add_parser(name, help=help_text)
     _endpoint_option(parser)
     parser.add_argument("--json", action="store_true", help=f"print {raw}")
-    parser.add_argument("--timeout", type=float, default=timeout, help=f"seconds to wait for the terminal (default {timeout:g})")
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds to wait to connect, to open the "
+                        f"session, and for each next event of the answer (default {timeout:g})")  # fmt: skip
+    parser.add_argument("--max-time", type=float, help="seconds the whole operation may take (envelope "
+                        "nnrp.timeout_ms; default: no bound while events come)")  # fmt: skip
     return parser
 
 
@@ -204,8 +214,13 @@ def _envelope(operation: str, body: dict[str, Any], args: argparse.Namespace, *f
     that was given on the command line; ``nnrp.priority_class`` when ``--priority`` was."""
     body.update({name: getattr(args, name) for name in fields if getattr(args, name) is not None})
     envelope = {"schema_version": SCHEMA_VERSION, "operation": operation, "body": body}
+    nnrp: dict[str, Any] = {}
     if args.priority:
-        envelope["nnrp"] = {"priority_class": args.priority}
+        nnrp["priority_class"] = args.priority
+    if getattr(args, "max_time", None):
+        nnrp["timeout_ms"] = max(1, int(args.max_time * 1000))
+    if nnrp:
+        envelope["nnrp"] = nnrp
     return envelope
 
 
@@ -244,16 +259,15 @@ async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any)
         return 2
     conn, session = opened
     try:
-        async with asyncio.timeout(args.timeout):
-            op = session.submit(envelope)
-            while events := await op.batch():
-                last = len(events) - 1 if op.finished else -1
-                for n, event in enumerate(events):
-                    status = printer.show(operation_event(op, event, terminal=n == last))
-                    if status is not None:
-                        return status
-    except TimeoutError:
-        print(f"vllm-nnrp: no answer within {args.timeout:g} s", file=sys.stderr)
+        op = session.submit(envelope, read_timeout_s=args.timeout)
+        while events := await op.batch():
+            last = len(events) - 1 if op.finished else -1
+            for n, event in enumerate(events):
+                status = printer.show(operation_event(op, event, terminal=n == last))
+                if status is not None:
+                    return status
+    except TimeoutError:  # ClientTimeout: silent for --timeout, cancelled
+        print(f"vllm-nnrp: no event for {args.timeout:g} s (--timeout); the operation was cancelled", file=sys.stderr)
         return 3
     except ClientError as exc:  # the connection failed mid-operation
         print(f"vllm-nnrp: {exc}", file=sys.stderr)
@@ -264,7 +278,8 @@ async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any)
 
 
 def terminal_status(event: Any) -> int:
-    """The exit status of a terminal event (0 completed, 1 ``response.error``, 2 a drop); says why on stderr."""
+    """The exit status of a terminal event (0 completed, 1 ``response.error``, 3 its ``request_timeout`` (the
+    ``--max-time`` bound), 2 a drop); says why on stderr."""
     data = event.event
     kind = data["type"] if data is not None else None
     if kind == ev.COMPLETED:
@@ -272,7 +287,7 @@ def terminal_status(event: Any) -> int:
     if kind == ev.ERROR:
         error = data["error"]
         print(f"vllm-nnrp: error {error['code']}: {error['message']}", file=sys.stderr)
-        return 1
+        return 3 if error["code"] == E.REQUEST_TIMEOUT else 1
     print(f"vllm-nnrp: operation dropped (NNRP drop reason {event.drop_reason}): {data}", file=sys.stderr)
     return 2
 

@@ -67,6 +67,7 @@ from vllm_nnrp_plugin.client.errors import (
     ClientConnectionError,
     ClientError,
     ClientResponseError,
+    ClientTimeout,
     SessionOpenError,
     _ConnectAddressError,
 )
@@ -373,15 +374,27 @@ class Session:
 
     def submit(
         self, envelope: dict[str, Any] | bytes, *, trace_id: int = 0, trace: tuple[int, int, int] | None = None,
-        priority_class: str | None = None,
+        priority_class: str | None = None, read_timeout_s: float | None = None,
     ) -> Operation:
         """Queue one operation: ``envelope`` (a dict, or JSON bytes sent as they are) in the profile's typed
         body; ``trace_id`` the header's. ``trace`` (trace id, span id, flags; ids non-zero) queues the
         operation's own TRACE_CONTEXT right behind the FRAME_SUBMIT, in the same write. ``priority_class``
         (``"interactive"`` / ``"balanced"`` / ``"background"``; a dict envelope only) is sent as the envelope's
         ``nnrp.priority_class`` (a copy: the caller's dict is not changed). Sent on the next loop iteration.
+
+        ``read_timeout_s`` (s; None: no bound) is the longest silence between two events (the first one
+        included), as an HTTP client's read timeout bounds each read: a stream that keeps producing runs to its
+        end, and a wait for an event (``async for``, :meth:`Operation.batch`, :meth:`Operation.result`) that
+        lasts longer cancels the operation (FRAME_CANCEL: the server aborts the vLLM request) and raises
+        :class:`ClientTimeout` (and again from any later read that would wait). A bound on the whole operation
+        is the envelope's ``nnrp.timeout_ms`` (the server ends it with ``response.error`` ``request_timeout``;
+        docs/wire-mapping.md "Cancellation and timeouts").
+
         Raises :class:`ClientConnectionError`, :class:`ClientError` on a closing session, ``ValueError`` for an
-        unknown priority class or one given with a bytes envelope."""
+        unknown priority class or one given with a bytes envelope, or a ``read_timeout_s`` that is not
+        positive."""
+        if read_timeout_s is not None and not read_timeout_s > 0:
+            raise ValueError(f"read_timeout_s {read_timeout_s!r} must be positive (s) or None")
         conn = self.conn
         conn._check()
         if priority_class is not None:
@@ -396,7 +409,7 @@ class Session:
                 conn._core.trace_context(self.session_id, frame_id, trace[0], trace[1], 0, flags=trace[2])
         except LocalProtocolError as exc:
             raise ClientError(str(exc)) from None
-        op = self._ops[frame_id] = Operation(self, frame_id, operation_id)
+        op = self._ops[frame_id] = Operation(self, frame_id, operation_id, read_timeout_s)
         conn._flush()
         return op
 
@@ -441,10 +454,14 @@ class Operation:
     ``status_code`` (RESULT_PUSH) or ``drop_reason_code`` (a drop) is set."""
 
     __slots__ = ("session", "frame_id", "operation_id", "status_code", "drop_reason_code", "_queue", "_waiters",
-                 "_terminal_event", "_error", "_done", "_cancel_sent", "_on_done")  # fmt: skip
+                 "_terminal_event", "_error", "_done", "_cancel_sent", "_on_done", "_read_timeout_s",
+                 "_timed_out")  # fmt: skip
 
-    def __init__(self, session: Session, frame_id: int, operation_id: int) -> None:
+    def __init__(self, session: Session, frame_id: int, operation_id: int, read_timeout_s: float | None = None) -> None:
         self.session = session
+        #: the longest wait for its next event (s; None: unbounded): :meth:`Session.submit`
+        self._read_timeout_s = read_timeout_s
+        self._timed_out: ClientTimeout | None = None
         self.frame_id = frame_id
         self.operation_id = operation_id
         self.status_code: int | None = None
@@ -581,10 +598,21 @@ class Operation:
         return self._terminal_event
 
     async def _wait(self) -> None:
+        """Wait for the next event (or the end); the read timeout bounds the wait (:meth:`Session.submit`)."""
+        if self._timed_out is not None:
+            raise self._timed_out
         waiter = self.session.conn._loop.create_future()
         self._waiters.append(waiter)
         try:
-            await waiter
+            async with asyncio.timeout(self._read_timeout_s):
+                await waiter
+        except TimeoutError:
+            if waiter.done() and not waiter.cancelled():  # the event came as the timer fired
+                return
+            self.cancel()
+            self._timed_out = ClientTimeout(f"no event of operation {self.operation_id} for {self._read_timeout_s:g} s "
+                                            "(its read timeout); it was cancelled")  # fmt: skip
+            raise self._timed_out from None
         except asyncio.CancelledError:
             self.cancel()
             raise

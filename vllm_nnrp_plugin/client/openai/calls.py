@@ -18,6 +18,17 @@ A request header ``X-NNRP-Priority-Class: interactive|balanced|background`` (the
 the envelope's ``nnrp.priority_class`` (the server schedules that operation in that class); another value is a 400
 ``invalid_request`` answer, like an invalid JSON body, without a submit.
 
+Timeouts mean what they mean over HTTP (httpx's ``Timeout``: https://www.python-httpx.org/advanced/timeouts/):
+the request's ``connect`` and ``pool`` timeouts bound the connect and the wait for a free session, and its ``read``
+timeout (what the SDK's ``timeout`` sets, 600 s by default) bounds the **silence** between two events of the
+operation (before the first one included: a non-streamed answer is one event), not the whole operation; a stream
+that keeps producing runs as long as it produces. When the silence is over, the operation is cancelled
+(FRAME_CANCEL: the server aborts the vLLM request) and the call fails with ``ReadTimeout`` (the SDK's
+``APITimeoutError``). A bound on the whole operation is only there when asked: the header
+``X-NNRP-Timeout-Ms: N`` (positive integer, ms from the submit) or the transport's ``operation_timeout_s``
+becomes the envelope's ``nnrp.timeout_ms`` (the server ends the operation with ``request_timeout`` →
+``ReadTimeout``); another header value is a 400 ``invalid_request`` without a submit.
+
 A non-streamed answer is the ``response.completed`` body as JSON (200); a terminal ``response.error`` is its HTTP
 status and vLLM's error body (:func:`vllm_nnrp_plugin.client.openai.sse.error_reply`), except ``request_timeout``
 (``httpx.ReadTimeout``); a drop or an NNRP failure is ``httpx.ReadError``.
@@ -50,8 +61,6 @@ from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
 from vllm_nnrp_plugin.profile.chat_stream import usage_asked
 
-#: how much longer than ``nnrp.timeout_ms`` the caller waits for the server's terminal before giving up itself
-GRACE_S = 5.0
 #: the operation of each POST path
 _POST_OPERATIONS = {
     sse.CHAT_PATH: CHAT_COMPLETIONS_CREATE, sse.RESPONSES_PATH: RESPONSES_CREATE,
@@ -61,6 +70,8 @@ _POST_OPERATIONS = {
 RESUBMIT: Any = object()
 #: the request header naming the operation's priority class (``nnrp.priority_class``)
 PRIORITY_HEADER = "x-nnrp-priority-class"
+#: the request header asking for a bound on the whole operation (ms; ``nnrp.timeout_ms``)
+TIMEOUT_HEADER = "x-nnrp-timeout-ms"
 Item = ClientEvent | ClientError  # one event of the operation, or the failure that ended it
 
 
@@ -84,14 +95,18 @@ class Call:
     (:meth:`plan`), and how its events become bytes or an error of that library. :attr:`ended`: the operation's
     terminal was read, or the caller gave it up."""
 
-    def __init__(self, request: Any) -> None:
+    def __init__(self, request: Any, *, operation_timeout_s: float | None = None) -> None:
         self.request = request
         self.lib = library(request)
         self.operation: str | None = None
         self.envelope: dict[str, Any] | None = None
         self.stream: sse.ChatChunkStream | ResponsesEventStream | None = None
-        self.timeout_s: float | None = None
         timeouts = request.extensions.get("timeout") or {}
+        #: the longest silence between two events of the operation, the first one included (the request's read
+        #: timeout, s; None: no bound)
+        self.timeout_s: float | None = timeouts.get("read")
+        #: the bound on the whole operation the transport asks for (s; None: none), unless the header names one
+        self.operation_timeout_s = operation_timeout_s
         #: the longest wait for a free session (the request's pool timeout, s; None: no bound)
         self.pool_timeout_s: float | None = timeouts.get("pool")
         #: the longest wait for a connection (the request's connect timeout, s; None: no bound)
@@ -113,10 +128,32 @@ class Call:
             return _json(400, {"error": {"message": f"{PRIORITY_HEADER}: {priority!r} is not one of "
                                          f"{', '.join(PRIORITY_CLASSES)}", "type": "BadRequestError", "param": None,
                                          "code": E.INVALID_REQUEST}}, self.request)  # fmt: skip
+        total_ms = self._operation_timeout_ms()
+        if isinstance(total_ms, str):
+            return _json(400, {"error": {"message": total_ms, "type": "BadRequestError", "param": None,
+                                         "code": E.INVALID_REQUEST}}, self.request)  # fmt: skip
         answer = self._plan()
         if answer is None and priority is not None:
             self.envelope["nnrp"] = {**self.envelope.get("nnrp", {}), "priority_class": priority}
+        if answer is None and total_ms is not None:
+            self.envelope["nnrp"] = {**self.envelope.get("nnrp", {}), "timeout_ms": total_ms}
         return answer
+
+    def _operation_timeout_ms(self) -> int | str | None:
+        """The whole operation's bound asked for (ms): the ``X-NNRP-Timeout-Ms`` header, else the transport's
+        ``operation_timeout_s``, else None; a message (str) for a header that is not a positive integer."""
+        header = self.request.headers.get(TIMEOUT_HEADER)
+        if header is not None:
+            try:
+                value = int(header)
+            except ValueError:
+                value = 0
+            if not 0 < value < 1 << 31:
+                return f"{TIMEOUT_HEADER}: {header!r} is not a positive integer of milliseconds"
+            return value
+        if self.operation_timeout_s is not None:
+            return max(1, int(self.operation_timeout_s * 1000))
+        return None
 
     def _plan(self) -> Any:
         path, method = self.request.url.path, self.request.method
@@ -134,10 +171,6 @@ class Call:
         self.envelope = _envelope(self.operation, body)
         if "x-request-id" in self.request.headers:
             self.envelope["request_id"] = self.request.headers["x-request-id"]
-        read_s = (self.request.extensions.get("timeout") or {}).get("read")
-        if read_s:
-            self.envelope["nnrp"] = {"timeout_ms": max(1, int(read_s * 1000))}
-            self.timeout_s = read_s + GRACE_S
         if isinstance(body, dict) and body.get("stream") and self.operation != EMBEDDINGS_CREATE:
             self.stream = self._stream_of(body)
         return None
@@ -162,11 +195,12 @@ class Call:
         return bearer_key(block) if block else None
 
     def failure(self, exc: ClientError | None) -> Exception:
-        """``ReadError`` for an NNRP failure, ``ReadTimeout`` (``exc`` None) when no answer came (of
-        :attr:`lib`)."""
+        """``ReadError`` for an NNRP failure, ``ReadTimeout`` (``exc`` None) when the operation stayed silent
+        for the read timeout (of :attr:`lib`)."""
         self.ended = True
         if exc is None:
-            return self.lib.ReadTimeout("no answer from the NNRP server in time", request=self.request)
+            return self.lib.ReadTimeout(f"no event from the NNRP server for {self.timeout_s:g} s (the read timeout)",
+                                        request=self.request)  # fmt: skip
         return self.lib.ReadError(f"NNRP: {exc}", request=self.request)
 
     def refused(self, item: Item) -> bool:

@@ -24,9 +24,12 @@ its private loop thread), as httpcore's sync and async pools are shells around o
   the server's drop arrives), so the pool's credit is the server's.
 * **Unauthorized**: the server refused the sessions for want of a valid API key (``auth_failed``) → vLLM's
   401 ``{"error": "Unauthorized"}``, which the SDK raises as ``AuthenticationError``.
-* **Failures**: no session (cannot connect) → ``ConnectError``; the connection lost later → ``ReadError``; no
-  event for the call's timeout (``timeout_s``) → ``ReadTimeout``, after a FRAME_CANCEL — each of the request's
-  library (``httpx`` or ``httpx2``), which the SDK raises as ``APIConnectionError`` / ``APITimeoutError``.
+* **Failures**: no session (cannot connect within the request's connect timeout) → ``ConnectError``; the
+  connection lost later → ``ReadError``; no event for the request's read timeout (``Call.timeout_s``: the
+  silence between two events, the first included, as httpx's read timeout bounds each read over HTTP; a stream
+  that keeps producing is never cut) → ``ReadTimeout``, after a FRAME_CANCEL (the server aborts the vLLM
+  request) — each of the request's library (``httpx`` or ``httpx2``), which the SDK raises as
+  ``APIConnectionError`` / ``APITimeoutError``.
 * **Cancelling** the task that awaits :meth:`respond` or :meth:`items` raises ``CancelledError`` in it and sends
   FRAME_CANCEL (the wait is the operation's own, :meth:`vllm_nnrp_plugin.client.connection.Operation.batch`; the
   timeout is ``asyncio.timeout``, which never swallows a cancel as 3.11's ``asyncio.wait_for`` can, CPython
@@ -126,7 +129,7 @@ class Exchange:
     async def _submit(self) -> None:
         call, pool = self.call, self.pool
         try:
-            lane = await pool.acquire(call.pool_timeout_s)
+            lane = await pool.acquire(call.pool_timeout_s, connect_timeout_s=call.connect_timeout_s)
         except TimeoutError:
             call.ended = True
             raise call.lib.PoolTimeout("no NNRP session free in time", request=call.request) from None

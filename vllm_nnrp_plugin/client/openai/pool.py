@@ -74,8 +74,8 @@ REFUSED_OPEN_BACKOFF_S = 1.0
 #: the longest a BACKPRESSURE without ``retry_after_ms`` holds a session without its CREDIT_UPDATE, s
 HOLD_MAX_S = 1.0
 #: the longest a connect (the carrier's — TCP, TLS, WebSocket Upgrade, QUIC handshake —, then the first session and the
-#: capability document) may take, s
-#: (the openai SDK's default connect timeout)
+#: capability document) may take when the caller names no connect timeout, s (the openai SDK's default connect
+#: timeout, ``openai._constants.DEFAULT_TIMEOUT``)
 CONNECT_TIMEOUT_S = 5.0
 
 _BACKPRESSURE = int(MessageType.BACKPRESSURE)
@@ -143,6 +143,7 @@ class Pool:
         self._max_in_flight: int | None = None
         self._max_sessions: int | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._connect_timeout_s: float | None = CONNECT_TIMEOUT_S  # the latest call's connect timeout
         self._wake_timer: asyncio.TimerHandle | None = None
         self._closed = False
         # cancelled when the loop shuts down (``asyncio.run`` cancels every task): the connections are dropped
@@ -168,12 +169,18 @@ class Pool:
         """Operations submitted through the pool without their terminal yet."""
         return self._in_flight
 
-    async def acquire(self, timeout_s: float | None = None) -> Lane:
+    async def acquire(
+        self, timeout_s: float | None = None, *, connect_timeout_s: float | None = CONNECT_TIMEOUT_S
+    ) -> Lane:
         """A lane with one operation slot taken for the caller (give it back with :meth:`release`). Waits FIFO
-        for at most ``timeout_s`` (None: unbounded). Raises ``TimeoutError``, :class:`ClientError` when no
-        session can be had (cannot connect, the server refused every session, the pool is closed)."""
+        for at most ``timeout_s`` (the request's pool timeout, s; None: unbounded); a connection the pool opens
+        for it has ``connect_timeout_s`` (the request's connect timeout, s; None: unbounded) for the carrier's
+        connect, then again for its first session and the capability document. Raises ``TimeoutError``,
+        :class:`ClientError` when no session can be had (cannot connect, the server refused every session, the
+        pool is closed)."""
         if self._closed:
             raise ClientConnectionError("the NNRP transport is closed")
+        self._connect_timeout_s = connect_timeout_s
         if not self._waiters:
             lane = self._find(time.monotonic())
             if lane is not None:
@@ -313,7 +320,7 @@ class Pool:
 
     async def _connect(self) -> None:
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            async with asyncio.timeout(self._connect_timeout_s):
                 conn = await connect(self.uri, api_key=self.api_key, trusted_cert_der=self.trusted_cert_der)
         except (ClientError, TimeoutError) as exc:
             exc = exc if isinstance(exc, ClientError) else ClientConnectionError(f"cannot connect to {self.uri}: timed out")
@@ -322,7 +329,7 @@ class Pool:
             return
         link = _Link(conn)
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            async with asyncio.timeout(self._connect_timeout_s):
                 session = await conn.open_session(
                     max_in_flight_operations=REQUESTED_IN_FLIGHT, priority_class=self.priority_class
                 )

@@ -31,11 +31,22 @@ system's trust store).
 * Fan-out: concurrent calls share the transport's sessions and connections, which grow with the calls by the
   server's credit (``max_connections``, ``max_sessions_per_connection``: :mod:`vllm_nnrp_plugin.client.openai.pool`),
   and calls beyond that wait their turn (the request's pool timeout) instead of being refused.
+* A fleet: several endpoints (a list, or one string of comma-separated ones; a list of one for a balancer's
+  address or a host name with several addresses) run one pool per replica: each call goes to the replica with
+  the most free capacity, a replica that refuses, drains or is lost gets no call until it is back, and a call
+  whose replica went away before it produced anything is submitted once more on another; a stream that already
+  produced events ends with ``ReadError`` (``APIConnectionError``) as over HTTP
+  (:mod:`vllm_nnrp_plugin.client.fleet_pool`).
 * Closing the response (``stream.close()``, leaving ``with``, a cancelled asyncio task) before its terminal sends
   a FRAME_CANCEL, so the server aborts the vLLM request. Cancelling the task that awaits or iterates a call
   always raises ``CancelledError`` in it.
-* The request's read timeout (``extensions["timeout"]``, what the SDK's ``timeout`` sets) becomes
-  ``nnrp.timeout_ms``: a bound on the whole operation, not on the gap between chunks as over HTTP.
+* Timeouts as over HTTP (the request's ``extensions["timeout"]``, what the SDK's ``timeout`` sets): ``connect``
+  bounds a new connection and its first session, ``pool`` the wait for a free session, and ``read`` the longest
+  silence between two events of the operation (the first one included), not the whole operation: a stream that
+  keeps producing runs to its end, one silent for longer is cancelled (the server aborts the vLLM request) and
+  raises ``APITimeoutError``. A bound on the whole operation only when asked: ``operation_timeout_s`` (every call)
+  or a call's ``X-NNRP-Timeout-Ms`` header (``extra_headers={"X-NNRP-Timeout-Ms": "30000"}``), sent as
+  ``nnrp.timeout_ms`` (:mod:`vllm_nnrp_plugin.client.openai.calls`).
 * Priority: the transport's ``priority_class`` (``"interactive"``, ``"balanced"`` — the default — or
   ``"background"``) is the NNRP priority class every session of its pool opens with (SESSION_OPEN); a call's
   ``X-NNRP-Priority-Class`` header (``extra_headers={"X-NNRP-Priority-Class": "background"}``) becomes that
@@ -60,14 +71,14 @@ import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
 
 from vllm_nnrp_plugin.auth_block import AuthBlockError
-from vllm_nnrp_plugin.client.connection import address_of
 from vllm_nnrp_plugin.client.openai.calls import Call, Item
 from vllm_nnrp_plugin.client.openai.exchange import Exchange, trace_of_caller
+from vllm_nnrp_plugin.client.fleet_pool import FleetPool, check_spec, is_fleet
 from vllm_nnrp_plugin.client.openai.pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
 from vllm_nnrp_plugin.controls import priority_class_of
 
@@ -79,10 +90,11 @@ CLOSE_WAIT_S = 5.0
 EXIT_WAIT_S = 1.0
 
 
-def _check_uri(uri: str) -> None:
+def _check_uri(uri: str | Sequence[str]) -> None:
     """Raises :class:`~vllm_nnrp_plugin.client.errors.ClientAddressError` (a ``ValueError``) for an endpoint
-    :func:`~vllm_nnrp_plugin.client.connection.connect` cannot use, naming the forms it can."""
-    address_of(uri)
+    :func:`~vllm_nnrp_plugin.client.connection.connect` cannot use, naming the forms it can; several endpoints
+    (a list, or one comma-separated string: a fleet, :mod:`vllm_nnrp_plugin.client.fleet_pool`) are each checked."""
+    check_spec(uri)
 
 
 class _Transport:
@@ -91,16 +103,22 @@ class _Transport:
     def __init__(
         self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
         max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
-        priority_class: str = "balanced",
+        priority_class: str = "balanced", operation_timeout_s: float | None = None,
     ) -> None:  # fmt: skip
         _check_uri(uri)
         priority_class_of(priority_class)
+        if operation_timeout_s is not None and not operation_timeout_s > 0:
+            raise ValueError(f"operation_timeout_s {operation_timeout_s!r} must be positive (s) or None")
         self._uri = uri
+        #: the bound on every call's whole operation (s; None: only the read timeout's silence bound)
+        self.operation_timeout_s = operation_timeout_s
         self._pool_options = {"max_connections": max_connections,
                               "max_sessions_per_connection": max_sessions_per_connection,
                               "trusted_cert_der": trusted_cert_der, "priority_class": priority_class}  # fmt: skip
 
-    def _new_pool(self, api_key: str | None) -> Pool:
+    def _new_pool(self, api_key: str | None) -> Pool | FleetPool:
+        if is_fleet(self._uri):  # several addresses, or a list: one pool per replica, calls moved when unstarted
+            return FleetPool(self._uri, api_key=api_key, **self._pool_options)
         return Pool(self._uri, api_key=api_key, **self._pool_options)
 
 
@@ -152,7 +170,9 @@ class NNRPTransport(_Transport):
     ``max_connections`` / ``max_sessions_per_connection``: the pool's bounds
     (:mod:`vllm_nnrp_plugin.client.openai.pool`). ``trusted_cert_der``: for ``nnrps://``, ``wss://`` and
     ``quic://``. ``priority_class``: the NNRP priority class of every session (``"interactive"``,
-    ``"balanced"``, ``"background"``). Raises ``ValueError`` for an endpoint that is none of
+    ``"balanced"``, ``"background"``). ``operation_timeout_s``: a bound on each call's whole operation (s; by
+    default none: the SDK's read timeout bounds the silence between events, as over HTTP). Raises ``ValueError``
+    for an endpoint that is none of
     :data:`vllm_nnrp_plugin.client.connection.FORMS` (a :class:`~vllm_nnrp_plugin.client.errors.ClientAddressError`),
     or another priority class."""
 
@@ -174,7 +194,7 @@ class NNRPTransport(_Transport):
 
     def handle_request(self, request: Any) -> Any:
         request.read()
-        call = Call(request)
+        call = Call(request, operation_timeout_s=self.operation_timeout_s)
         planned = call.plan()
         if planned is not None:
             return planned
@@ -278,7 +298,7 @@ class AsyncNNRPTransport(_Transport):
 
     async def handle_async_request(self, request: Any) -> Any:
         await request.aread()
-        call = Call(request)
+        call = Call(request, operation_timeout_s=self.operation_timeout_s)
         planned = call.plan()
         if planned is not None:
             return planned
