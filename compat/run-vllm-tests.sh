@@ -33,12 +33,22 @@ if [ -n "${VLLM_NNRP_WHEEL:-}" ]; then
 else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one did the editable install
 fi
+# a grafted environment (RECIPE=graft: vLLM 0.33+, Triton interpreted, each decode step 0.2-0.5 s) runs the part of
+# the binding core listed in compat/grafted-core.txt (a pytest -k expression: the start-up line, chat streamed
+# against HTTP, cancel, API keys, SIGTERM, the lanes' start-up log and parity on the tool-call and reasoning servers,
+# Responses tool calls and cancel) when asked for the binding core
+ARGS=("$@")
+if grep -q '^RECIPE=graft' "$HERE/vllm-$VERSION/env.sh" && [[ " $* " == *" -m binding_core "* ]]; then
+  echo "run-vllm-tests: vLLM $VERSION is a grafted environment: the binding core's part in compat/grafted-core.txt" >&2
+  ARGS+=(-k "$(cat "$HERE/grafted-core.txt")")
+  GRAFTED=1
+fi
 REPORT=$(mktemp -t "vllm-$VERSION-junit.XXXXXX.xml")
 status=0
-"$VENV/bin/python" ${SAFE_PATH:-} -m pytest --junitxml="$REPORT" "$@" || status=$?
+"$VENV/bin/python" ${SAFE_PATH:-} -m pytest --junitxml="$REPORT" "${ARGS[@]}" || status=$?
 if [ "${VLLM_NNRP_RECORD_COMPAT:-0}" = 1 ]; then
   case " $* " in
-    *" -m binding_core "*) SCOPE="binding core" ;;
+    *" -m binding_core "*) SCOPE="binding core${GRAFTED:+, grafted part}" ;;
     *) SCOPE="whole suite" ;;
   esac
   env -u LD_PRELOAD "$VENV/bin/python" "$HERE/compat_table.py" record "$VERSION" "$REPORT" "$SCOPE" >&2 || true

@@ -72,6 +72,20 @@ def test_length_cut_stream_completes_with_the_incomplete_response(version):
     assert events[-1]["usage"]["output_tokens"] == 5
 
 
+def test_from_0_34_a_cut_stream_ends_with_response_incomplete_and_completes_with_that_response():
+    """vLLM 0.33+ ends a Response cut by ``max_output_tokens`` with ``response.incomplete`` (recorded on 0.34.0 with
+    the olmo3 reasoning parser, where the whole answer is reasoning): the operation completes with that Response,
+    as it does with 0.32's ``response.completed`` of status ``incomplete``."""
+    items = recorded_events("responses-r-stream-reasoning-cut", "0.34.0")
+    assert items[-1]["type"] == "response.incomplete"
+    events, body = run(items)
+    assert body == items[-1]["response"] and body["status"] == "incomplete"
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    *reasoning, usage = events
+    assert reasoning and all(e["type"] == "response.output_text.delta" and "openai_chunk" in e for e in reasoning)
+    assert usage == {"type": "response.usage", "usage": profile_usage(body)} and usage["usage"]["output_tokens"] == 32
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_function_call_stream_is_started_deltas_completed_with_vllms_ids(version):
     items = recorded_events("responses-d-stream-tool-required", version)

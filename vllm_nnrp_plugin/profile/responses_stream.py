@@ -19,7 +19,8 @@ item in the Response's ``output``; it is the profile event's ``index``.
   ``completed``) when the Response is not ``incomplete``
   (:func:`~vllm_nnrp_plugin.profile.tool_calls.ending_arguments`): the function call vLLM's completed
   Response lists for it;
-* ``response.completed {response}`` -> ``response.usage {usage: {input_tokens, output_tokens, total_tokens}}``
+* ``response.completed {response}`` (or ``response.incomplete {response}``, vLLM 0.33+'s end of a Response cut
+  short) -> ``response.usage {usage: {input_tokens, output_tokens, total_tokens}}``
   from the Response's ``usage`` (the Responses API always reports usage at its end; it has no
   ``stream_options``), and the Response object becomes :meth:`ResponsesStreamMapper.completed_body`: the body
   of the terminal ``response.completed``, the same object the non-streaming call returns;
@@ -47,6 +48,13 @@ from typing import Any
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events
 from vllm_nnrp_plugin.profile.tool_calls import ending_arguments, is_one_json_value
+
+
+#: the events that end a Response stream with the Response object: ``response.completed``, and
+#: ``response.incomplete`` (openai's ``ResponseIncompleteEvent``), which vLLM 0.33+ sends instead when the Response's
+#: status is ``incomplete`` (``max_output_tokens`` cut it; ``responses_stream_generator`` in
+#: ``vllm/entrypoints/openai/responses/serving.py``); earlier lines send ``response.completed`` for both
+_ENDS = frozenset({"response.completed", "response.incomplete"})
 
 
 class ResponsesStreamMapper:
@@ -92,7 +100,7 @@ class ResponsesStreamMapper:
                 return [events.tool_call_completed(call.index, call.item_id, call.call_id, call.name, call.arguments)]
             self._pending.append(call)
             return []
-        if kind == "response.completed":
+        if kind in _ENDS:
             return self._complete(item["response"])
         if kind == "error" or "error" in item:
             raise _stream_error(item)
