@@ -17,6 +17,7 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``allow_untested_vllm`` | bool | false | on a vLLM line newer than the newest this release was tested on, start with the newest line's binding instead of refusing; every engine lane still has to pass its start-up self-check (logged as a warning naming the line and the lanes kept) |
 | ``allow_unauthenticated`` | bool | false | serve NNRP without a key although ``vllm serve`` requires one (``--api-key`` / ``VLLM_API_KEY``); logged as a warning |
 | ``handshake_timeout_ms`` | int, ms | 10000 | a new connection's TLS handshake must complete within it; then, until its first session is open, its client may stay silent no longer (bytes waiting unread are not silence; a trickling handshake ends at 3 × it: :func:`.nnrp_binding.bounds.handshake_recheck`); else it is closed |
+| ``drain_timeout_ms`` | int, ms | 30000 | on vLLM's shutdown (SIGTERM), how long operations already running may go on finishing while the server takes no new connection, session or operation (:mod:`vllm_nnrp_plugin.draining`); then the rest end with ``server_shutdown``; 0: end them at once |
 | ``max_connections`` | int | 2048 | open NNRP connections per API-server process; a new one beyond it is closed at once |
 | ``max_buffered_bytes`` | int, bytes | 268435456 | bytes of incomplete packets over every connection; the connection whose read goes over it ends (one packet may be at most ``max(2 × max_envelope_bytes, max_envelope_bytes + 1 MiB)``) |
 | ``allow_non_loopback`` | bool | false | allow a ``tcp://`` / ``ws://`` address, or a ``metrics_listen`` host, that other hosts can reach without TLS (logged as a warning) |
@@ -89,6 +90,11 @@ class ConfigError(NNRPStartupError, ValueError):
     """The ``nnrp`` settings are invalid; the message says which key and how to fix it."""
 
 
+def _not_negative(_inst: object, attribute: attrs.Attribute, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"nnrp.{attribute.name} must be 0 or more, got {value!r}")
+
+
 def _positive(_inst: object, attribute: attrs.Attribute, value: int) -> None:
     if value <= 0:
         raise ValueError(f"nnrp.{attribute.name} must be > 0, got {value}")
@@ -150,6 +156,7 @@ class NNRPConfig:
     allow_untested_vllm: bool = False
     allow_unauthenticated: bool = False
     handshake_timeout_ms: int = attrs.field(default=10_000, validator=_positive)
+    drain_timeout_ms: int = attrs.field(default=30_000, validator=_not_negative)
     max_connections: int = attrs.field(default=2048, validator=_positive)
     max_buffered_bytes: int = attrs.field(default=256 << 20, validator=_positive)
     allow_non_loopback: bool = False

@@ -103,6 +103,9 @@ class NNRPService:
         self._timers: dict[ServerOperation, asyncio.TimerHandle] = {}
         self._stopping = False
         self._stopped: asyncio.Future | None = None
+        #: set while :meth:`drain` waits for the running operations (no new session or operation meanwhile)
+        self._draining = False
+        self._idle: asyncio.Future | None = None  # set when the last operation's task ended during a drain
         #: process-wide in-flight operations (``nnrp.max_in_flight``): taken at submit, given back when the
         #: operation's terminal went out or its task ended, whichever is first; both on the loop
         self.in_flight = Slots(config.max_in_flight)
@@ -144,6 +147,27 @@ class NNRPService:
         return bound
 
 
+    async def drain(self, grace_s: float) -> None:
+        """Drain, then :meth:`stop` (vLLM's shutdown on SIGTERM, ``nnrp.drain_timeout_ms``): at once, no new
+        connection, session or operation, said on the wire as :mod:`vllm_nnrp_plugin.draining` describes (new
+        submits get ``server_shutdown`` before reaching vLLM; every open session a BACKPRESSURE credit 0,
+        level paused, reason draining); the running operations finish for at most ``grace_s`` (s; 0: not at
+        all); then :meth:`stop` ends the rest with ``server_shutdown``. Idempotent with :meth:`stop`."""
+        if self._stopped is None and not self._draining:
+            self._draining = True
+            if self._listener is not None:
+                self._listener.drain(int(grace_s * 1000))
+            running = len(self._tasks)
+            logger.info("NNRP draining: no new sessions or operations; %d running get up to %.0f s to finish",
+                        running, grace_s)  # fmt: skip
+            if running and grace_s > 0:
+                self._idle = asyncio.get_running_loop().create_future()
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._idle), grace_s)
+                except TimeoutError:
+                    logger.info("NNRP drain: %d operations still running after %.0f s", len(self._tasks), grace_s)
+        await self.stop()
+
     async def stop(self) -> None:
         """Graceful stop, in this order: stop accepting sessions; give every in-flight operation its one
         terminal (``response.error`` ``server_shutdown``) and abort its vLLM request; end the sessions; unbind.
@@ -172,7 +196,7 @@ class NNRPService:
     # SessionHandler: what came off the wire, told by the connections on the loop
 
     def on_submit(self, sop: ServerOperation) -> None:
-        if self._stopping:
+        if self._stopping or self._draining:
             sop.shut_down()
             self._settle(sop)  # no task will run
             return
@@ -267,6 +291,8 @@ class NNRPService:
 
     def _done(self, sop: ServerOperation) -> None:
         self._tasks.pop(sop, None)
+        if self._idle is not None and not self._tasks and not self._idle.done():
+            self._idle.set_result(None)  # the drain's last running operation ended
         timer = self._timers.pop(sop, None)
         if timer is not None:
             timer.cancel()

@@ -53,6 +53,7 @@ from typing import Any
 
 
 
+from vllm_nnrp_plugin import draining
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.log_safety import RefusalLogLimiter, loggable
 from vllm_nnrp_plugin import wire_mapping
@@ -381,6 +382,16 @@ class ConnectionProtocol(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
+    def drain(self, retry_after_ms: int) -> None:
+        """The server drains (:mod:`vllm_nnrp_plugin.draining`): no new session from now on, and every open
+        session gets one BACKPRESSURE (credit 0, level paused, reason draining, ``retry_after_ms``); the
+        operations running go on (a submit that still comes is refused by the service)."""
+        self._stopping = True
+        for session in self._sessions.values():
+            self._core.send_backpressure(session.session_id, 0, draining.PRESSURE_LEVEL_PAUSED,
+                                         draining.PRESSURE_REASON_DRAINING, min(retry_after_ms, 0xFFFFFFFF))
+        self.flush()
+
     def shut_down(self) -> None:
         """The server stops: in-flight operations get ``server_shutdown`` (their tasks are the service's to
         cancel), what is queued is written, then the connection is closed."""
@@ -458,7 +469,7 @@ class ConnectionProtocol(asyncio.Protocol):
 
     def _on_open(self, request: ev.SessionOpenRequested) -> None:
         if self._stopping:
-            self._core.reject_session(request.request, SESSION_ERROR_SESSION_LIMIT_REACHED, "the server is stopping")
+            self._core.reject_session(request.request, SESSION_ERROR_SESSION_LIMIT_REACHED, draining.DRAINING_DIAGNOSTIC)
             return
         if not self._gate.try_open():
             self._core.reject_session(

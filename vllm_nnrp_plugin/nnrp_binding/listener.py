@@ -283,6 +283,14 @@ class Listener:
         self._listening.clear()
         self._refusing = True  # new QUIC connections are refused (their UDP socket stays until close)
 
+    def drain(self, retry_after_ms: int) -> None:
+        """Stop accepting; every open connection refuses new sessions and tells its sessions the server drains
+        (:meth:`.connection.ConnectionProtocol.drain`); running operations go on until :meth:`close`. QUIC
+        connections are only refused new ones."""
+        self.stop_accepting()
+        for connection in list(self._connections):
+            connection.drain(retry_after_ms)
+
     async def close(self) -> None:
         """Stop accepting, end every connection (in-flight operations get ``server_shutdown``, what is queued
         is written first), unbind and remove the socket files."""

@@ -29,7 +29,7 @@ logger = logging.getLogger("vllm_nnrp_plugin")
 _ATTACHED = "nnrp_service_attached"
 _SERVICE = "nnrp_service"
 _UNDO_SHUTDOWN_HOOK = "nnrp_undo_shutdown_hook"
-STOP_BUDGET_S = 10.0  # longest NNRP graceful stop before vLLM's engine shutdown proceeds (SIGTERM/SIGINT)
+STOP_BUDGET_S = 10.0  # longest NNRP graceful stop, after the drain, before vLLM's engine shutdown proceeds (SIGTERM/SIGINT)
 
 
 def claim(state: Any, attach_path: str) -> bool:
@@ -77,8 +77,9 @@ async def start_service(state: Any, attach_path: str) -> None:
     service = NNRPService(config, backend, asyncio.get_running_loop(), keys=keys)
     bound = await service.start()
     setattr(state, _SERVICE, service)
+    drain_s = config.drain_timeout_ms / 1000  # running operations finish first (nnrp.drain_timeout_ms)
     undo = stop_before_engine_shutdown(
-        state.engine_client, asyncio.get_running_loop(), service.stop, budget_s=STOP_BUDGET_S
+        state.engine_client, asyncio.get_running_loop(), lambda: service.drain(drain_s), budget_s=drain_s + STOP_BUDGET_S
     )
     setattr(state, _UNDO_SHUTDOWN_HOOK, undo)
     logger.info(
