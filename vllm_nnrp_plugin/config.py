@@ -9,7 +9,7 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 |---|---|---|---|
 | ``enabled`` | bool | on when ``VLLM_PLUGINS`` names ``nnrp`` | start the listener |
 | ``listen`` | list of URIs | ``["tcp://127.0.0.1:9400"]`` | ``tcp://HOST:PORT``, ``unix:///PATH`` |
-| ``max_envelope_bytes`` | int, bytes | 1048576 | larger envelopes get ``envelope_too_large`` |
+| ``max_envelope_bytes`` | int, bytes | 33554432 (32 MiB) | larger envelopes get ``envelope_too_large``; sized to take what vLLM's HTTP server takes (uvicorn sets no request-body limit: https://www.uvicorn.org/settings/, so a long-context prompt or base64 images reach vLLM, which answers them itself); memory is bounded by ``max_buffered_bytes`` and the read back-pressure, not by this |
 | ``max_sessions`` | int | 256 | open sessions per API-server process; more are refused at open |
 | ``max_in_flight_per_session`` | int or null | null: vLLM's ``--max-num-seqs`` | operations one session may have running (its credit); more get ``too_many_requests`` |
 | ``max_in_flight`` | int or null | null: no limit (operations wait in vLLM's queue, as HTTP requests do) | operations one API-server process may have running; more get ``too_many_requests`` |
@@ -19,7 +19,7 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``handshake_timeout_ms`` | int, ms | 10000 | a new connection's TLS handshake must complete within it; then, until its first session is open, its client may stay silent no longer (bytes waiting unread are not silence; a trickling handshake ends at 3 × it: :func:`.nnrp_binding.bounds.handshake_recheck`); else it is closed |
 | ``drain_timeout_ms`` | int, ms | 30000 | on vLLM's shutdown (SIGTERM), how long operations already running may go on finishing while the server takes no new connection, session or operation (:mod:`vllm_nnrp_plugin.draining`); then the rest end with ``server_shutdown``; 0: end them at once |
 | ``max_connections`` | int | 2048 | open NNRP connections per API-server process; a new one beyond it is closed at once |
-| ``max_buffered_bytes`` | int, bytes | 268435456 | bytes of incomplete packets over every connection; the connection whose read goes over it ends (one packet may be at most ``max(2 × max_envelope_bytes, max_envelope_bytes + 1 MiB)``) |
+| ``max_buffered_bytes`` | int, bytes | 268435456 | bytes of incomplete packets over every connection; the connection whose read goes over it ends (one packet may be at most ``max(2 × max_envelope_bytes, max_envelope_bytes + 1 MiB)``, 64 MiB by default: the native peers' packet limit, advertised in SERVER_HELLO_ACK ``max_body_bytes``) |
 | ``allow_non_loopback`` | bool | false | allow a ``tcp://`` / ``ws://`` address, or a ``metrics_listen`` host, that other hosts can reach without TLS (logged as a warning) |
 | ``tls_cert_file`` | path | none | PEM certificate for ``nnrps://``, ``wss://`` and ``quic://`` |
 | ``tls_key_file`` | path | none | PEM private key for the same |
@@ -148,7 +148,7 @@ class NNRPConfig:
 
     enabled: bool | None = None
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)
-    max_envelope_bytes: int = attrs.field(default=1 << 20, validator=_positive)
+    max_envelope_bytes: int = attrs.field(default=32 << 20, validator=_positive)
     max_sessions: int = attrs.field(default=256, validator=_positive)
     max_in_flight_per_session: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     max_in_flight: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))

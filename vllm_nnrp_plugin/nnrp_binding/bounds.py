@@ -4,7 +4,7 @@ buffer (plain data; the listener and its connections, :mod:`.listener` and :mod:
 | bound | setting | default | beyond it |
 |---|---|---|---|
 | the client's silence before its first session opened (TLS handshake: time to complete it; then :func:`handshake_recheck`: no byte from the client for this long, or a handshake :data:`HANDSHAKE_CAP_FACTOR` times as long, and none waiting unread) | ``nnrp.handshake_timeout_ms`` | 10000 ms | the connection is closed (``nnrp_handshake_timeouts_total``) |
-| one packet (header + metadata + body), advertised as SERVER_HELLO_ACK ``max_body_bytes`` | derived: :func:`packet_limit` of ``nnrp.max_envelope_bytes`` | 2 MiB | the connection ends as for any oversized packet (NNRP framing: nnrp-rs ``crates/nnrp-runtime/src/transport.rs``) |
+| one packet (header + metadata + body), advertised as SERVER_HELLO_ACK ``max_body_bytes`` | derived: :func:`packet_limit` of ``nnrp.max_envelope_bytes`` (32 MiB) | 64 MiB (the native peers' own packet limit, nnrp-rs ``crates/nnrp-runtime/src/transport.rs``) | the connection ends as for any oversized packet (NNRP framing, same source) |
 | bytes of incomplete packets, over every connection of the process | ``nnrp.max_buffered_bytes`` | 256 MiB | the connection whose read took the total over it ends (oversized) |
 | bytes queued for a client that is not reading | the transport's write buffer, 1 MiB high water | — | the connection stops reading until the client read enough (then the protocol's flow control: nothing more is answered) |
 | open connections of the process | ``nnrp.max_connections`` | 2048 | a new connection is closed at once (``nnrp_connections_refused_total{reason="max_connections"}``) |
@@ -61,7 +61,7 @@ class CarrierBounds:
     ``max_buffered_bytes`` (bytes, over every connection), ``max_connections``."""
 
     handshake_timeout_s: float = 10.0
-    max_packet_bytes: int = packet_limit(1 << 20)
+    max_packet_bytes: int = packet_limit(32 << 20)
     max_buffered_bytes: int = 256 << 20
     max_connections: int = 2048
 
