@@ -58,6 +58,13 @@ def sdist(tmp_path, *, drop: str | None = None) -> pathlib.Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def same_checkout(monkeypatch):
+    """main() lists the checkout's modules again: the list the synthetic archives were made from (the working tree
+    may change while the tests run)."""
+    monkeypatch.setattr(check_package, "checkout_modules", lambda root=ROOT: set(MODULES))
+
+
 def problems(whl: pathlib.Path, sd: pathlib.Path) -> list[str]:
     return check_package.wheel_problems(whl, MODULES, PYPROJECT) + check_package.sdist_problems(sd, MODULES)
 
