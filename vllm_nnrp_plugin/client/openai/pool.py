@@ -116,8 +116,8 @@ class _Link:
 
 class Pool:
     """Sessions to ``uri`` (any form of :func:`vllm_nnrp_plugin.client.connection.connect`: ``tcp://``,
-    ``unix://``, ``ws://``, and the TLS ones ``nnrps://``, ``wss://``, ``quic://`` with ``trusted_cert_der`` or the
-    system's trust store) for one client and one ``api_key`` (sent by
+    ``unix://``, ``ws://``, and the TLS ones ``nnrps://``, ``wss://``, ``quic://`` with ``trusted_cert_der`` (DER),
+    ``tls_ca_file`` (PEM) or the system's trust store) for one client and one ``api_key`` (sent by
     every connection it makes), on the running loop it is made on (module docstring for the policy). Every
     session opens with ``priority_class`` (``"interactive"`` / ``"balanced"`` / ``"background"``; ``ValueError``
     for another)."""
@@ -125,12 +125,13 @@ class Pool:
     def __init__(
         self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
         max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
-        api_key: str | None = None, priority_class: str = "balanced",
+        tls_ca_file: str | None = None, api_key: str | None = None, priority_class: str = "balanced",
     ) -> None:  # fmt: skip
         priority_class_of(priority_class)
         self.priority_class = priority_class
         self.uri = uri
         self.trusted_cert_der = trusted_cert_der
+        self.tls_ca_file = tls_ca_file
         self.api_key = api_key
         self.max_connections = max_connections
         self.max_sessions_per_connection = max_sessions_per_connection
@@ -321,7 +322,8 @@ class Pool:
     async def _connect(self) -> None:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                conn = await connect(self.uri, api_key=self.api_key, trusted_cert_der=self.trusted_cert_der)
+                conn = await connect(self.uri, api_key=self.api_key, trusted_cert_der=self.trusted_cert_der,
+                                     tls_ca_file=self.tls_ca_file)  # fmt: skip
         except (ClientError, TimeoutError) as exc:
             exc = exc if isinstance(exc, ClientError) else ClientConnectionError(f"cannot connect to {self.uri}: timed out")
             self._connecting -= 1

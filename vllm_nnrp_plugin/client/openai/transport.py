@@ -14,8 +14,9 @@ per key), and a server that requires another key answers 401, which the SDK rais
 The host in ``base_url`` is never contacted; the transport speaks to the NNRP endpoint given through the project's
 asyncio client (:func:`vllm_nnrp_plugin.client.connection.connect`): ``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
 ``unix:///PATH``, ``ws://HOST:PORT[/PATH]``, ``wss://HOST:PORT[/PATH]`` or ``quic://HOST:PORT`` (the TLS ones —
-``nnrps``, ``wss``, ``quic`` — trust ``trusted_cert_der``, the server certificate or its CA in DER, else the
-system's trust store).
+``nnrps``, ``wss``, ``quic`` — trust ``trusted_cert_der``, the server certificate or its CA in DER, else
+``tls_ca_file``, a PEM file of CA or server certificates, else the system's trust store: the same as
+:func:`~vllm_nnrp_plugin.client.connection.connect`).
 
 * ``POST …/chat/completions``, ``POST …/responses``, ``POST …/embeddings`` → one ``chat.completions.create``,
   ``responses.create``, ``embeddings.create`` submit; streamed answers flow as the events arrive
@@ -69,6 +70,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import functools
+import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
@@ -103,10 +105,15 @@ class _Transport:
     def __init__(
         self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
         max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
-        priority_class: str = "balanced", operation_timeout_s: float | None = None,
+        tls_ca_file: str | os.PathLike[str] | None = None, priority_class: str = "balanced",
+        operation_timeout_s: float | None = None,
     ) -> None:  # fmt: skip
         _check_uri(uri)
         priority_class_of(priority_class)
+        if tls_ca_file is not None:
+            tls_ca_file = os.fspath(tls_ca_file)
+            if not os.access(tls_ca_file, os.R_OK):
+                raise ValueError(f"tls_ca_file {tls_ca_file!r} is not a readable PEM file")
         if operation_timeout_s is not None and not operation_timeout_s > 0:
             raise ValueError(f"operation_timeout_s {operation_timeout_s!r} must be positive (s) or None")
         self._uri = uri
@@ -114,7 +121,8 @@ class _Transport:
         self.operation_timeout_s = operation_timeout_s
         self._pool_options = {"max_connections": max_connections,
                               "max_sessions_per_connection": max_sessions_per_connection,
-                              "trusted_cert_der": trusted_cert_der, "priority_class": priority_class}  # fmt: skip
+                              "trusted_cert_der": trusted_cert_der, "tls_ca_file": tls_ca_file,
+                              "priority_class": priority_class}  # fmt: skip
 
     def _new_pool(self, api_key: str | None) -> Pool | FleetPool:
         if is_fleet(self._uri):  # several addresses, or a list: one pool per replica, calls moved when unstarted
@@ -168,13 +176,15 @@ def _stop_at_exit() -> None:
 class NNRPTransport(_Transport):
     """A sync ``httpx.Client`` / ``httpx2.Client`` transport to an NNRP endpoint (module docstring). Thread-safe.
     ``max_connections`` / ``max_sessions_per_connection``: the pool's bounds
-    (:mod:`vllm_nnrp_plugin.client.openai.pool`). ``trusted_cert_der``: for ``nnrps://``, ``wss://`` and
-    ``quic://``. ``priority_class``: the NNRP priority class of every session (``"interactive"``,
-    ``"balanced"``, ``"background"``). ``operation_timeout_s``: a bound on each call's whole operation (s; by
-    default none: the SDK's read timeout bounds the silence between events, as over HTTP). Raises ``ValueError``
-    for an endpoint that is none of
+    (:mod:`vllm_nnrp_plugin.client.openai.pool`). ``trusted_cert_der`` (DER bytes) or ``tls_ca_file`` (path of a
+    PEM file of CA or server certificates, e.g. the ``nnrp.crt`` of docs/operating.md's TLS walk-through): what
+    ``nnrps://``, ``wss://`` and ``quic://`` trust instead of the system's store, as for
+    :func:`~vllm_nnrp_plugin.client.connection.connect`. ``priority_class``: the NNRP priority class of every
+    session (``"interactive"``, ``"balanced"``, ``"background"``). ``operation_timeout_s``: a bound on each
+    call's whole operation (s; by default none: the SDK's read timeout bounds the silence between events, as
+    over HTTP). Raises ``ValueError`` for an endpoint that is none of
     :data:`vllm_nnrp_plugin.client.connection.FORMS` (a :class:`~vllm_nnrp_plugin.client.errors.ClientAddressError`),
-    or another priority class."""
+    another priority class, or a ``tls_ca_file`` that cannot be read."""
 
     def __init__(self, uri: str, **pool_options: Any) -> None:
         super().__init__(uri, **pool_options)
