@@ -13,13 +13,14 @@
 #                   unsupported-operation case expects responses.create to be refused, as by a Level-1-only
 #                   adapter);
 #   all-operations  the same generate server serving every operation it offers: recipes/responses and
-#                   recipes/level3 only (--no-suite-recipes);
+#                   recipes/level3 only (--no-suite-recipes, or --no-suite without the suite);
 #   pooling         a pooling server (--convert embed, the same model): recipes/level3 only.
 #
 # The external suite: the public nnrp-conformance suite (https://github.com/NagareWorks/nnrp-conformance,
 # Apache-2.0) at $NNRP_CONFORMANCE_ROOT (default ../shared/nnrp-conformance next to this checkout). Present, its
-# schemas validate everything and its recipes run in level1. Absent, the project's recipes still run, validated
-# against the suite's schemas kept in compat/conformance-schemas/, and the summary says the suite was not found;
+# schemas validate everything and its recipes run in level1. Absent, the project's recipes still run (the runner's
+# --no-suite: not validated against the suite's schemas, which the project does not copy), and the summary says the
+# suite was not found;
 # with NNRP_CONFORMANCE_REQUIRED=1 (what CI sets) its absence fails the run at once (status 2), before any build.
 #
 #   compat/run-conformance.sh --plan     says where the suite is looked for, whether it was found and what would
@@ -48,7 +49,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 WANTED=${NNRP_CONFORMANCE_ROOT:-$ROOT/../shared/nnrp-conformance}
 SUITE=$(cd "$WANTED" 2>/dev/null && pwd) || SUITE=""
-SUITE_RECIPES=()  # level1's runner arguments for the suite's own recipes: none (they run) or --no-suite-recipes
+SUITE_RECIPES=()  # level1's runner arguments for the suite's own recipes: none (they run), or --no-suite (no suite)
+ONLY_OURS=(--no-suite-recipes)  # the other deployments': the project's recipes only (--no-suite without a suite)
 if [ -n "$SUITE" ] && [ -f "$SUITE/schemas/api-profile-recipe.schema.json" ] \
     && [ -f "$SUITE/profiles/openai-compatible/1/manifest.json" ]; then
   SUITE_STATE="external suite at $SUITE"
@@ -58,8 +60,9 @@ elif [ "${NNRP_CONFORMANCE_REQUIRED:-0}" = 1 ]; then
   echo "run-conformance: get it (git clone https://github.com/NagareWorks/nnrp-conformance) and set NNRP_CONFORMANCE_ROOT to its directory" >&2
   exit 2
 else
-  SUITE="$HERE/conformance-schemas"
-  SUITE_RECIPES=(--no-suite-recipes)
+  SUITE=""
+  SUITE_RECIPES=(--no-suite)
+  ONLY_OURS=(--no-suite)
   SUITE_STATE="external suite not found at $WANTED: the project's recipes only"
   echo "run-conformance: the external nnrp-conformance suite was not found at $WANTED: running the project's" \
     "recipes only (to run the suite's too: git clone https://github.com/NagareWorks/nnrp-conformance and set" \
@@ -67,7 +70,7 @@ else
 fi
 if [ "$VERSION" = "--plan" ]; then
   if [ ${#SUITE_RECIPES[@]} -eq 0 ]; then LEVEL1="the suite recipes and recipes/"; else LEVEL1="recipes/ only"; fi
-  echo "run-conformance: plan: schemas from $SUITE; level1: $LEVEL1; all-operations: recipes/responses and" \
+  echo "run-conformance: plan: schemas from ${SUITE:-nowhere (no suite: documents not validated)}; level1: $LEVEL1; all-operations: recipes/responses and" \
     "recipes/level3; pooling: recipes/level3" >&2
   exit 0
 fi
@@ -129,7 +132,7 @@ serve_and_run() {
   mkdir -p "$OUT/$name"
   echo "run-conformance: [$name] vllm serve $VERSION (log $OUT/$name.log), NNRP $nnrp" >&2
   "$PY" -m compat.launcher --listen "$nnrp" --log "$OUT/$name.log" "$MODEL" "${serve[@]}" \
-    -- "$PY" -m vllm_nnrp_plugin.client.conformance --endpoint "$nnrp" --suite "$SUITE" --out "$OUT/$name" \
+    -- "$PY" -m vllm_nnrp_plugin.client.conformance --endpoint "$nnrp" ${SUITE:+--suite "$SUITE"} --out "$OUT/$name" \
     "$@" ${RUNNER_ARGS[@]+"${RUNNER_ARGS[@]}"}
 }
 
@@ -143,14 +146,14 @@ all_operations_deployment() {
   local recipes
   mapfile -t recipes < <(recipe_options "$ROOT/recipes/responses" "$ROOT/recipes/level3")
   if [ ${#recipes[@]} -eq 0 ]; then skipped all-operations; return 0; fi
-  serve_and_run all-operations "${GENERATE[@]}" -- --no-suite-recipes "${recipes[@]}"
+  serve_and_run all-operations "${GENERATE[@]}" -- "${ONLY_OURS[@]}" "${recipes[@]}"
 }
 
 pooling_deployment() {
   local recipes
   mapfile -t recipes < <(recipe_options "$ROOT/recipes/level3")
   if [ ${#recipes[@]} -eq 0 ]; then skipped pooling; return 0; fi
-  serve_and_run pooling --convert embed -- --no-suite-recipes "${recipes[@]}"
+  serve_and_run pooling --convert embed -- "${ONLY_OURS[@]}" "${recipes[@]}"
 }
 
 STATUS=0

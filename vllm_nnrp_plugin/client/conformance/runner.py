@@ -3,7 +3,8 @@
 Steps: fetch the server's capability document over NNRP (``nnrp.capabilities``), derive the conformance
 manifest and validate it against ``api-profile-capabilities``; build and validate the execution plan from the
 suite's ``openai-compatible/1`` manifest (unless ``--no-suite-recipes``: then only the ``--recipes``
-directories; the suite's schemas still validate everything) plus each ``--recipes DIR/manifest.json``; drive
+directories; the suite's schemas still validate everything; with ``--no-suite``, no suite at all: the
+``--recipes`` directories only, unvalidated) plus each ``--recipes DIR/manifest.json``; drive
 every selected case;
 write ``capabilities.json``, ``plan.json`` and ``results.json`` into ``--out``; validate the results against
 ``api-profile-case-results`` and the suite's rules. Exit status: 0 only when every selected case passed and
@@ -33,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", help=f"nnrp-conformance directory (default ${ROOT_ENV}, else ../shared/nnrp-conformance)")
     parser.add_argument("--recipes", action="append", default=[], type=pathlib.Path,
                         help="extra recipe directory with a manifest.json (repeatable)")
+    parser.add_argument("--no-suite", action="store_true",
+                        help="run without the nnrp-conformance suite: only the --recipes directories, their documents "
+                        "not validated against the suite's schemas (which are the suite's; get the suite to check "
+                        "them)")
     parser.add_argument("--no-suite-recipes", action="store_true",
                         help="run only the --recipes directories, not the suite's openai-compatible/1 recipes "
                         "(e.g. against a deployment that serves more than Level 1, where the suite's Level-1 "
@@ -62,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from vllm_nnrp_plugin.client.conformance.driver import run_cases, summary_line
 
     try:
-        suite = Suite(locate_suite(args.suite))
-        recipes = load_recipes(suite, args.recipes, suite_recipes=not args.no_suite_recipes)
+        suite = Suite(None if args.no_suite else locate_suite(args.suite))
+        recipes = load_recipes(suite, args.recipes, suite_recipes=not (args.no_suite or args.no_suite_recipes))
     except (FileNotFoundError, jsonschema.ValidationError, orjson.JSONDecodeError) as exc:
         print(f"vllm-nnrp conformance: unusable suite or recipes: {exc}", file=sys.stderr)
         return 2

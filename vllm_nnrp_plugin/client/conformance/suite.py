@@ -36,23 +36,30 @@ def read_json(path: pathlib.Path) -> Any:
 
 
 class Suite:
-    """The schemas of a located suite, and loaders that validate what they load against them."""
+    """The schemas of a located suite (``root``), and loaders that validate what they load against them. Without a
+    suite (``root`` ``None``: the project's own recipes only) nothing is validated: the schemas are the suite's, and
+    the project keeps no copy of them."""
 
-    def __init__(self, root: pathlib.Path) -> None:
+    def __init__(self, root: pathlib.Path | None) -> None:
         self.root = root
-        self.schemas = {
+        self.schemas = {} if root is None else {
             name: read_json(root / "schemas" / f"api-profile-{name}.schema.json")
             for name in ("suite", "recipe", "capabilities", "execution-plan", "case-results")
-        }
+        }  # fmt: skip
 
     def validate(self, document: Any, schema: str) -> None:
-        """Raises ``jsonschema.ValidationError`` unless ``document`` matches ``api-profile-<schema>``.
-        (``jsonschema`` is the ``conformance`` extra, imported only here.)"""
+        """Raises ``jsonschema.ValidationError`` unless ``document`` matches ``api-profile-<schema>`` (no check
+        without a suite). (``jsonschema`` is the ``conformance`` extra, imported only here.)"""
+        if self.root is None:
+            return
         import jsonschema
 
         jsonschema.validate(document, self.schemas[schema])
 
     def profile_manifest(self) -> pathlib.Path:
+        """The suite's ``openai-compatible/1`` manifest. Raises FileNotFoundError without a suite."""
+        if self.root is None:
+            raise FileNotFoundError("no nnrp-conformance suite: its recipes cannot run (--no-suite)")
         return self.root / PROFILE_DIR / "manifest.json"
 
     def recipes(self, manifest_path: pathlib.Path) -> list[dict[str, Any]]:
