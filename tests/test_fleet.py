@@ -343,3 +343,25 @@ def test_bad_fleet_addresses_are_value_errors():
     for bad in (["tcp://127.0.0.2:1", "http://x"], ["tcp://127.0.0.2"], "tcp://127.0.0.2:1,,http://x", []):
         with pytest.raises(ValueError):
             NNRPTransport(bad)
+
+
+def test_a_stop_during_the_drain_waits_for_its_running_operations(replicas):
+    """vLLM's SIGTERM also stops uvicorn, whose lifespan exit stops the service while vLLM's shutdown still
+    drains: the stop waits for the drain, so the stream running completes instead of ending ``server_shutdown``."""
+    server = replicas[0]
+
+    async def main():
+        conn = await connect(server.bound[0])
+        session = await conn.open_session()
+        op = session.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
+                             "body": {"model": "a-stream-text", "stream": True, "messages": MESSAGES,
+                                      "pace_s": 0.02}})  # fmt: skip
+        await op.__anext__()
+        drained = asyncio.run_coroutine_threadsafe(server.service.drain(10.0), server.loop)
+        stopped = asyncio.run_coroutine_threadsafe(server.service.stop(), server.loop)
+        terminal = await op.result()
+        await asyncio.wrap_future(stopped)
+        await asyncio.wrap_future(drained)
+        return terminal
+
+    assert asyncio.run(main())["type"] == "response.completed"

@@ -106,6 +106,7 @@ class NNRPService:
         #: set while :meth:`drain` waits for the running operations (no new session or operation meanwhile)
         self._draining = False
         self._idle: asyncio.Future | None = None  # set when the last operation's task ended during a drain
+        self._drain_until = 0.0  # time.monotonic() at which the drain's grace ends
         #: process-wide in-flight operations (``nnrp.max_in_flight``): taken at submit, given back when the
         #: operation's terminal went out or its task ended, whichever is first; both on the loop
         self.in_flight = Slots(config.max_in_flight)
@@ -162,16 +163,26 @@ class NNRPService:
                         running, grace_s)  # fmt: skip
             if running and grace_s > 0:
                 self._idle = asyncio.get_running_loop().create_future()
-                try:
-                    await asyncio.wait_for(asyncio.shield(self._idle), grace_s)
-                except TimeoutError:
-                    logger.info("NNRP drain: %d operations still running after %.0f s", len(self._tasks), grace_s)
+                self._drain_until = time.monotonic() + grace_s
+                await self._drained()
         await self.stop()
+
+    async def _drained(self) -> None:
+        """Wait until the drain's running operations ended or its grace is over."""
+        remaining = self._drain_until - time.monotonic()
+        if self._idle is None or self._idle.done() or remaining <= 0:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._idle), remaining)
+        except TimeoutError:
+            logger.info("NNRP drain: %d operations still running at the end of the grace time", len(self._tasks))
 
     async def stop(self) -> None:
         """Graceful stop, in this order: stop accepting sessions; give every in-flight operation its one
         terminal (``response.error`` ``server_shutdown``) and abort its vLLM request; end the sessions; unbind.
-        Idempotent: a second call waits for the first."""
+        Idempotent: a second call waits for the first. During a :meth:`drain` (uvicorn's own SIGTERM handling
+        stops the app while vLLM's shutdown runs the drain), it first waits for the drain's grace."""
+        await self._drained()
         if self._stopped is not None:
             await asyncio.shield(self._stopped)
             return
