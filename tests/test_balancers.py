@@ -2,7 +2,9 @@
 checks, NGINX's ``stream`` proxy, and NGINX's HTTP proxy for ``ws://`` (Debian's ``haproxy``, ``nginx`` and
 ``libnginx-mod-stream``; each case is skipped when its binary is not installed). The replicas are the plugin's real
 server on 127.0.0.2 and 127.0.0.3 with vLLM 0.26.0's recorded streams; the balancer listens on 127.0.0.4; the
-client is the ``openai`` SDK in the fleet mode over the balancer's one address. One replica drains while streams
+client is the ``openai`` SDK in the fleet mode over the balancer's one address. TLS both ways: HAProxy ending
+``nnrps://`` (plain NNRP to the replicas), and HAProxy relaying end-to-end ``nnrps://`` to replicas holding the
+certificate. One replica drains while streams
 run through the balancer: every stream completes, every later call completes (on the other replica), and the
 drained replica's backend gets no new request."""
 
@@ -17,7 +19,7 @@ import time
 
 import pytest
 
-from tests.support import ServedNNRP, free_port
+from tests.support import ServedNNRP, free_port, self_signed
 from tests.test_fleet import MESSAGES, async_sdk, streamed
 from tests.test_openai_fanout import TEXT
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport
@@ -108,20 +110,26 @@ def _listening(host: str, port: int, timeout_s: float = 10.0) -> None:
     raise RuntimeError(f"nothing listens on {host}:{port}")
 
 
-def _start(command: list[str], port: int) -> subprocess.Popen:
+def _start(command: list[str], port: int, host: str = BALANCER) -> subprocess.Popen:
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        _listening(BALANCER, port)
+        _listening(host, port)
     except RuntimeError:
         proc.kill()
         raise RuntimeError(f"{command[0]} did not start: {proc.communicate(timeout=5)[1].decode()[-2000:]}") from None
     return proc
 
 
-def haproxy(tmp_path, replica_port: int, port: int) -> subprocess.Popen:
+def haproxy(tmp_path, replica_port: int, port: int, *, balancer: str = BALANCER, tls_pem: str | None = None
+            ) -> subprocess.Popen:  # fmt: skip
+    """HAProxy ``mode tcp`` on ``balancer``:``port``; with ``tls_pem`` (certificate and key, PEM) it ends TLS there
+    (``ssl crt``, ALPN ``nnrp/1``) and speaks plain NNRP to the replicas."""
     cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(HAPROXY.format(balancer=BALANCER, port=port, replica_port=replica_port))
-    return _start(["haproxy", "-f", str(cfg)], port)
+    text = HAPROXY.format(balancer=balancer, port=port, replica_port=replica_port)
+    if tls_pem is not None:
+        text = text.replace(f"bind {balancer}:{port}", f"bind {balancer}:{port} ssl crt {tls_pem} alpn nnrp/1")
+    cfg.write_text(text)
+    return _start(["haproxy", "-f", str(cfg)], port, balancer)
 
 
 def nginx(tmp_path, block: str, replica_port: int, port: int, *, stream: bool) -> subprocess.Popen:
@@ -132,31 +140,45 @@ def nginx(tmp_path, block: str, replica_port: int, port: int, *, stream: bool) -
     return _start(["nginx", "-c", str(cfg), "-e", str(tmp_path / "error.log")], port)
 
 
+#: case -> (installed, the replicas' scheme, the client's scheme); the TLS cases put the balancer on 127.0.0.1,
+#: the address the test certificate names
 CASES = {
-    "haproxy-tcp": (shutil.which("haproxy"), "tcp"),
-    "nginx-stream": (shutil.which("nginx") and NGINX_STREAM_MODULE.exists(), "tcp"),
-    "nginx-websocket": (shutil.which("nginx"), "ws"),
+    "haproxy-tcp": (shutil.which("haproxy"), "tcp", "tcp"),
+    "haproxy-tls-at-the-balancer": (shutil.which("haproxy"), "tcp", "nnrps"),
+    "haproxy-tls-end-to-end": (shutil.which("haproxy"), "nnrps", "nnrps"),
+    "nginx-stream": (shutil.which("nginx") and NGINX_STREAM_MODULE.exists(), "tcp", "tcp"),
+    "nginx-websocket": (shutil.which("nginx"), "ws", "ws"),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_replica_drains_behind_the_balancer_and_no_call_is_lost(case, tmp_path):
-    available, scheme = CASES[case]
+    available, scheme, client_scheme = CASES[case]
     if not available:
         pytest.skip(f"{case}: the balancer is not installed (Debian: haproxy, nginx, libnginx-mod-stream)")
     replica_port, port = free_port(), free_port()
     path = "/nnrp" if scheme == "ws" else ""
-    replicas = [ServedNNRP((f"{scheme}://127.0.0.{n}:{replica_port}{path}",)) for n in (2, 3)]
-    if case == "haproxy-tcp":
+    cert, key, der = self_signed(tmp_path)
+    tls = {"tls_cert_file": cert, "tls_key_file": key} if scheme == "nnrps" else {}
+    replicas = [ServedNNRP((f"{scheme}://127.0.0.{n}:{replica_port}{path}",), **tls) for n in (2, 3)]
+    host = BALANCER
+    if case.startswith("haproxy-tls"):
+        host = "127.0.0.1"
+        pem = tmp_path / "balancer.pem"
+        pem.write_text(pathlib.Path(cert).read_text() + pathlib.Path(key).read_text())
+        balancer = haproxy(tmp_path, replica_port, port, balancer=host,
+                           tls_pem=str(pem) if scheme == "tcp" else None)  # fmt: skip
+    elif case == "haproxy-tcp":
         balancer = haproxy(tmp_path, replica_port, port)
     else:
         balancer = nginx(tmp_path, NGINX_STREAM if scheme == "tcp" else NGINX_WEBSOCKET, replica_port, port,
                          stream=scheme == "tcp")  # fmt: skip
     try:
-        address = f"{scheme}://{BALANCER}:{port}{path}"
+        address = f"{client_scheme}://{host}:{port}{path}"
+        options = {"trusted_cert_der": der} if client_scheme == "nnrps" else {}
 
         async def main():
-            async with async_sdk(AsyncNNRPTransport([address])) as sdk:
+            async with async_sdk(AsyncNNRPTransport([address], **options)) as sdk:
                 assert await streamed(sdk) == TEXT
                 first = next(r for r in replicas if r.backend.started)  # the one the balancer chose
                 running = [asyncio.ensure_future(streamed(sdk, extra_body={"pace_s": 0.02, "repeat": 3}))
