@@ -365,3 +365,26 @@ def test_a_stop_during_the_drain_waits_for_its_running_operations(replicas):
         return terminal
 
     assert asyncio.run(main())["type"] == "response.completed"
+
+
+def test_the_command_takes_a_fleet_and_goes_past_a_replica_that_is_gone(replicas):
+    """``vllm-nnrp chat --endpoint A,B`` with A stopped: the answer comes from B, exit status 0; with both
+    stopped, exit status 2 naming the fleet."""
+    import subprocess
+    import sys
+
+    low, high = replicas
+    low.stop()
+    endpoint = f"{low.bound[0]},{high.bound[0]}"
+
+    def chat():
+        return subprocess.run([sys.executable, "-m", "vllm_nnrp_plugin.client.cli", "chat", "--endpoint", endpoint,
+                               "--model", "c-nonstream-text", "--no-stream", "--timeout", "10", "hi"],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    done = chat()
+    assert done.returncode == 0, done.stderr
+    assert NONSTREAM_TEXT in done.stdout
+    high.stop()
+    done = chat()
+    assert done.returncode == 2 and "cannot reach the fleet" in done.stderr

@@ -39,6 +39,7 @@ _EXPORTS = {
     "Operation": "connection",
     "Session": "connection",
     "connect": "connection",
+    "FleetPool": "fleet_pool",
     "AsyncNNRPTransport": "openai.transport",
     "NNRPTransport": "openai.transport",
 }

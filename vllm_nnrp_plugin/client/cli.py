@@ -127,7 +127,7 @@ def _endpoint_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint", default=DEFAULT_LISTEN,
         help=f"tcp://HOST:PORT, nnrps://HOST:PORT, unix:///PATH, ws(s)://HOST:PORT[/PATH] or quic://HOST:PORT "
-             f"(default {DEFAULT_LISTEN})",
+             f"(default {DEFAULT_LISTEN}); several, comma-separated: the replicas of a fleet",
     )  # fmt: skip
     parser.add_argument(
         "--api-key", default=None,
@@ -253,7 +253,10 @@ async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any)
     """Submit ``envelope`` and show its events with ``printer`` until the terminal; the exit status."""
     from vllm_nnrp_plugin.client.errors import ClientError
     from vllm_nnrp_plugin.client.events import operation_event
+    from vllm_nnrp_plugin.client.fleet_cli import is_fleet_endpoint, run_on_fleet
 
+    if is_fleet_endpoint(args.endpoint):  # several addresses: the fleet's replicas (client/fleet_cli.py)
+        return await run_on_fleet(args, envelope, printer, api_key_of(args))
     opened = await _session(args)
     if opened is None:
         return 2

@@ -1,0 +1,71 @@
+"""``vllm-nnrp`` over a fleet: ``--endpoint`` naming several addresses (comma-separated) runs the command's one
+operation through :class:`vllm_nnrp_plugin.client.fleet_pool.FleetPool` (the replica with the most free capacity;
+once more on another replica when the first went away before any event), with the exit statuses of
+:mod:`vllm_nnrp_plugin.client.cli`: 0 success, 1 ``response.error``, 2 a drop or transport failure (no replica
+reachable included), 3 a timeout."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ssl
+import sys
+from typing import Any
+
+from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
+from vllm_nnrp_plugin.client.events import operation_event
+
+__all__ = ["is_fleet_endpoint", "run_on_fleet"]
+
+
+def is_fleet_endpoint(endpoint: str) -> bool:
+    """``--endpoint`` names several addresses (comma-separated)."""
+    return "," in endpoint
+
+
+def _trusted_der(tls_ca_file: str | None) -> bytes | None:
+    """The first certificate of ``--tls-ca`` (PEM) in DER, what the fleet's pools trust; None without one."""
+    if not tls_ca_file:
+        return None
+    with open(tls_ca_file, encoding="ascii") as f:
+        return ssl.PEM_cert_to_DER_cert(f.read())
+
+
+async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], printer: Any, api_key: str | None) -> int:
+    """Submit ``envelope`` over the fleet of ``args.endpoint`` and show its events with ``printer`` (as the
+    single-address path of :mod:`vllm_nnrp_plugin.client.cli` does); the exit status. ``args.timeout`` (s) bounds
+    the wait for a replica's session and each wait for the next event."""
+    from vllm_nnrp_plugin.client.fleet_pool import FleetPool
+
+    try:
+        pool = FleetPool(args.endpoint, api_key=api_key, trusted_cert_der=_trusted_der(args.tls_ca),
+                         priority_class=args.priority or "balanced")  # fmt: skip
+    except (ValueError, OSError) as exc:
+        print(f"vllm-nnrp: {args.endpoint}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        try:
+            op = await asyncio.wait_for(pool.submit(envelope, timeout_s=args.timeout, read_timeout_s=args.timeout),
+                                        args.timeout)  # fmt: skip
+        except AuthenticationFailed:
+            print(f"vllm-nnrp: {args.endpoint} requires an API key and refused this one (or none was given)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        except (ClientError, TimeoutError) as exc:
+            print(f"vllm-nnrp: cannot reach the fleet {args.endpoint}: {exc or 'timed out'}", file=sys.stderr)
+            return 2
+        while events := await op.batch():
+            last = len(events) - 1 if op.finished else -1
+            for n, event in enumerate(events):
+                status = printer.show(operation_event(op, event, terminal=n == last))
+                if status is not None:
+                    return status
+    except TimeoutError:  # ClientTimeout: silent for --timeout, cancelled
+        print(f"vllm-nnrp: no event for {args.timeout:g} s (--timeout); the operation was cancelled", file=sys.stderr)
+        return 3
+    except ClientError as exc:
+        print(f"vllm-nnrp: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        await pool.aclose()
+    return 2
