@@ -72,6 +72,8 @@ def test_a_replica_out_is_tried_again_after_its_backoff_by_one_call():
     assert [fleet.choose(10.1, {}) for _ in range(3)] == [B, B, B]
     assert fleet.choose(10.0 + policy.BACKOFF_FIRST_S, {}) == A  # probed by one call
     assert fleet.choose(10.0 + policy.BACKOFF_FIRST_S, {}) == B  # the others go on elsewhere meanwhile
+    fleet.abandoned(A)  # that call gave up waiting: the next one probes
+    assert fleet.choose(10.0 + policy.BACKOFF_FIRST_S, {}) == A
     fleet.failed(A, 11.0, "refused")  # the probe failed: the backoff doubles
     assert fleet.replicas[A].retry_at == pytest.approx(11.0 + 2 * policy.BACKOFF_FIRST_S)
     fleet.reached(A)

@@ -223,6 +223,13 @@ class Fleet:
         if replica is not None:
             replica.state, replica.failures, replica.probing, replica.reason = UP, 0, False, ""
 
+    def abandoned(self, address: str) -> None:
+        """The call that chose ``address`` stopped waiting before it learnt anything (its pool timeout, a
+        cancel): another call may probe it."""
+        replica = self.replicas.get(address)
+        if replica is not None:
+            replica.probing = False
+
     def failed(self, address: str, now: float, reason: str) -> None:
         """``address`` cannot be reached or lost its connection: out until the backoff passed (doubling with
         each failure in a row, :data:`BACKOFF_FIRST_S` … :data:`BACKOFF_MAX_S`)."""

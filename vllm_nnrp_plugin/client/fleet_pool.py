@@ -194,6 +194,9 @@ class FleetPool:
                 self._lost(pool, str(exc))
                 last = exc
                 continue
+            except BaseException:  # the caller's pool timeout, a cancel: the replica's health is not known
+                self.fleet.abandoned(address)
+                raise
             self.fleet.reached(address)
             return FleetLane(self, pool, lane)
 
