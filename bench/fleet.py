@@ -28,7 +28,10 @@ SIGKILL to each cut stream's error is kept (``cut_after_kill_s``, the largest).
 
 Scenarios: ``rolling`` — :data:`SETTLE_S` of load, then each replica in turn: SIGTERM, wait for its exit, start it
 again on the same addresses, wait until it serves, :data:`SETTLE_S` more; ``kill`` — :data:`SETTLE_S` of load,
-SIGKILL of replica 1, :data:`SETTLE_S` more (replica 1 is started again afterwards for the next mode).
+SIGKILL of replica 1, :data:`SETTLE_S` more (replica 1 is started again afterwards for the next mode);
+``placement`` — replica 1 served with ``--slow-max-num-seqs`` (it grants that many operations per session),
+replica 2 with ``--max-num-seqs``, :data:`PLACEMENT_S` of load through the fleet mode: the requests each replica's
+vLLM finished (``vllm:request_success_total``) show the spread.
 
 Prints one Markdown table (and writes JSON with ``--json``).
 """
@@ -47,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from typing import Any
 
 import orjson
@@ -62,6 +66,8 @@ SETTLE_S = 8.0
 SILENCE_S = 30.0
 #: a call running this long is hung (s)
 CALL_S = 120.0
+#: load of the placement scenario (s)
+PLACEMENT_S = 20.0
 #: longest wait for a replica to serve after its start (s)
 START_S = 600.0
 MODES = ("fleet", "haproxy-nnrp-fleet", "haproxy-nnrp", "haproxy-http")
@@ -102,8 +108,9 @@ backend http_replicas
 class Replica:
     """One ``vllm serve`` of the tiny model: NNRP on ``nnrp`` (tcp URI), HTTP on 127.0.0.1:``http_port``."""
 
-    def __init__(self, model: str, workdir: str, host: str, nnrp_port: int, http_port: int, max_num_seqs: int) -> None:
-        self.model, self.workdir, self.max_num_seqs = model, workdir, max_num_seqs
+    def __init__(self, model: str, workdir: str, host: str, nnrp_port: int, http_port: int, max_num_seqs: int,
+                 cpu: int = 0) -> None:  # fmt: skip
+        self.model, self.workdir, self.max_num_seqs, self.cpu = model, workdir, max_num_seqs, cpu
         self.nnrp = f"tcp://{host}:{nnrp_port}"
         self.host, self.nnrp_port, self.http_port = host, nnrp_port, http_port
         self.server: Any = None
@@ -115,6 +122,7 @@ class Replica:
         self.server = serve_with_nnrp(
             self.model, self.workdir, listen=(self.nnrp,), port=self.http_port,
             log=f"{self.workdir}/vllm-{self.host}-{self.starts}.log",
+            env={"VLLM_CPU_OMP_THREADS_BIND": str(self.cpu)},  # one core per replica's engine
             extra_args=("--load-format", "dummy", "--max-num-seqs", str(self.max_num_seqs),
                         "--additional-config", orjson.dumps(config).decode()),
         )  # fmt: skip
@@ -124,9 +132,20 @@ class Replica:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # NNRP listens just before vLLM's "startup complete"
             with contextlib.suppress(OSError), socket.create_connection((self.host, self.nnrp_port), timeout=1):
-                return
+                break
             time.sleep(0.2)
-        raise RuntimeError(f"{self.nnrp} does not accept connections")
+        else:
+            raise RuntimeError(f"{self.nnrp} does not accept connections")
+        self.warm()
+
+    def warm(self) -> None:
+        """Two short chats over HTTP: the engine's first requests after a start are not measured."""
+        body = orjson.dumps({"model": SERVED_NAME, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi."}]})
+        for _ in range(2):
+            request = urllib.request.Request(f"{self.server.http}/v1/chat/completions", data=body,
+                                             headers={"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(request, timeout=START_S) as response:
+                response.read()
 
     def terminate(self) -> float:
         """SIGTERM and wait for the exit; the seconds it took."""
@@ -271,7 +290,10 @@ async def scenario(kind: str, mode: str, replicas: list[Replica], balancer: Bala
     steps: list[str] = []
     killed_at = None
     await asyncio.sleep(SETTLE_S)
-    if kind == "rolling":
+    counted = [_requests(r) for r in replicas]
+    if kind == "placement":
+        await asyncio.sleep(PLACEMENT_S)
+    elif kind == "rolling":
         for replica in replicas:
             took = await asyncio.to_thread(replica.terminate)
             steps.append(f"{replica.host} stopped in {took:.1f} s")
@@ -295,10 +317,21 @@ async def scenario(kind: str, mode: str, replicas: list[Replica], balancer: Bala
     row: dict[str, Any] = {"scenario": kind, "mode": mode, "streams": streams, "max_tokens": max_tokens,
                            "seconds": round(time.monotonic() - started, 1), **tally.counts, "errors": tally.errors,
                            "samples": tally.samples, "steps": steps}  # fmt: skip
+    if kind == "placement":
+        row["per_replica"] = {f"{r.host} (--max-num-seqs {r.max_num_seqs})": _requests(r) - n
+                              for r, n in zip(replicas, counted)}  # fmt: skip
     if killed_at is not None:
         late = [at - killed_at for at in tally.cut_at if at >= killed_at]
         row["cut_after_kill_s"] = round(max(late), 3) if late else None
     return row
+
+
+def _requests(replica: Replica) -> float:
+    """Requests the replica's vLLM finished so far (its ``vllm:request_success_total``); 0 when it is down."""
+    try:
+        return replica.server.metric("vllm:request_success_total")
+    except Exception:  # noqa: BLE001 — a replica being restarted has no /metrics
+        return 0.0
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -306,6 +339,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     out = [head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         extra = f"; slowest cut after the kill {r['cut_after_kill_s']} s" if r.get("cut_after_kill_s") is not None else ""
+        if r.get("per_replica"):
+            extra += "; requests per replica: " + ", ".join(f"{k} {v:.0f}" for k, v in r["per_replica"].items())
         errors = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "none"
         out.append(f"| {r['scenario']} | {r['mode']} | {r['ok']} | {r['failed_unstarted']} | {r['cut']} | {r['hung']} "
                    f"| {errors}{extra} | {r['seconds']} |")  # fmt: skip
@@ -319,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--scenario", choices=["rolling", "kill", "both"], default="both")
+    p.add_argument("--scenario", choices=["rolling", "kill", "both", "placement"], default="both")
+    p.add_argument("--slow-max-num-seqs", type=int, default=8,
+                   help="placement: the first replica's --max-num-seqs (the second has --max-num-seqs)")
     p.add_argument("--json", help="write the rows there too")
     p.add_argument("--workdir", help="keep the replicas' logs there (default: a temporary directory)")
     args = p.parse_args(argv)
@@ -330,13 +367,18 @@ def main(argv: list[str] | None = None) -> int:
         if mode not in MODES:
             raise SystemExit(f"bench fleet: unknown mode {mode!r}; use {', '.join(MODES)}")
     scenarios = ["rolling", "kill"] if args.scenario == "both" else [args.scenario]
+    if args.scenario == "placement":
+        modes = [m for m in modes if not m.startswith("haproxy")] or ["fleet"]
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or stack.enter_context(tempfile.TemporaryDirectory())
         os.makedirs(workdir, exist_ok=True)
         tiny = str(tiny_model.build(args.model))
         nnrp_port = free_port()
-        replicas = [Replica(tiny, workdir, host, nnrp_port, free_port(), args.max_num_seqs) for host in REPLICA_HOSTS]
+        replicas = [Replica(tiny, workdir, host, nnrp_port, free_port(), args.max_num_seqs, n % (os.cpu_count() or 1))
+                    for n, host in enumerate(REPLICA_HOSTS)]  # fmt: skip
+        if args.scenario == "placement":
+            replicas[0].max_num_seqs = args.slow_max_num_seqs
         balancer = None
         try:
             for replica in replicas:
