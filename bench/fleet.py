@@ -347,7 +347,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.fleet`` (module docstring)."""
     p = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("VLLM_NNRP_TEST_MODEL"), help="source model directory")
     p.add_argument("--streams", type=int, default=64)
@@ -359,7 +360,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="placement: the first replica's --max-num-seqs (the second has --max-num-seqs)")
     p.add_argument("--json", help="write the rows there too")
     p.add_argument("--workdir", help="keep the replicas' logs there (default: a temporary directory)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if not args.model:
         raise SystemExit("bench fleet: give --model or set VLLM_NNRP_TEST_MODEL")
     modes = [m for m in args.modes.split(",") if m]

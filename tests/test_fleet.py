@@ -166,8 +166,8 @@ def test_a_draining_replica_finishes_its_streams_and_new_calls_go_elsewhere(repl
     async def main():
         async with async_sdk(AsyncNNRPTransport([low.bound[0], high.bound[0]])) as sdk:
             running = [asyncio.ensure_future(streamed(sdk, extra_body={"pace_s": 0.05, "repeat": 3})) for _ in range(8)]
-            while len(low.backend.started) < 1 or len(high.backend.started) < 1 or low.backend.open_streams < 1:
-                await asyncio.sleep(0.01)
+            while len(low.backend.started) + len(high.backend.started) < 8 or low.backend.open_streams < 1:
+                await asyncio.sleep(0.01)  # every stream reached a replica
             started_on_low = len(low.backend.started)
             drained = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(low.service.drain(10.0), low.loop))
             later = await asyncio.gather(*(streamed(sdk) for _ in range(6)))

@@ -229,6 +229,8 @@ def check_python(args: list[str]) -> None:
         _parse_with(importlib.import_module("bench.carrier_probe").parser(), rest, "python -m bench.carrier_probe")
     elif module == "bench.profile_load":
         _parse_with(importlib.import_module("bench.profile_load").parser(), rest, "python -m bench.profile_load")
+    elif module == "bench.fleet":
+        _parse_with(importlib.import_module("bench.fleet").parser(), rest, "python -m bench.fleet")
     elif module == "pip":
         check_pip(rest)
     elif module == "venv":  # python3 -m venv DIR: nothing to check but that it names a directory
