@@ -1,8 +1,9 @@
 """docs/security.md's recipe, "NNRP behind vLLM's key, over TLS", followed as an operator would, without vLLM: the
-documented ``nnrp`` settings (``nnrps://0.0.0.0:…``, a certificate and key) loaded as ``vllm serve`` loads them, a
-listener on every interface requiring the key, and the documented ``vllm-nnrp chat --endpoint nnrps://… --tls-ca …``
+documented ``nnrp`` settings (``nnrps://<the server's address>:…``, a certificate and key) loaded as ``vllm serve``
+loads them, a listener on that address (here 127.0.0.1 for the page's 192.0.2.10) requiring the key, and the
+documented ``vllm-nnrp chat --endpoint nnrps://… --tls-ca …``
 run as a separate process with ``VLLM_API_KEY`` exported. The same server refuses a client without the key, one
-that does not trust the certificate, and a plain ``tcp://`` address on every interface."""
+that does not trust the certificate, and a plain ``tcp://`` address reachable from other hosts."""
 
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ from vllm_nnrp_plugin.config import ConfigError, load_config
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "security.md"
 KEY = "3f1c2a9d8e7b6a5f4e3d2c1b0a998877"
+#: the page's stand-in for the server's address, and the address the test serves it on
+DOCUMENTED_HOST, LOCAL_HOST = "192.0.2.10", "127.0.0.1"
 
 
 def documented() -> tuple[dict, list[str]]:
     """The recipe's ``--additional-config`` block and its ``vllm-nnrp`` command line, as the page prints them."""
-    (serve,) = [c for b in blocks([PAGE]) for c in commands(b) if "nnrps://0.0.0.0" in c]
+    (serve,) = [c for b in blocks([PAGE]) for c in commands(b) if "vllm serve" in c and f"nnrps://{DOCUMENTED_HOST}" in c]
     additional = json.loads(re.search(r"--additional-config '(.*)'", serve)[1])
     (client,) = [c for b in blocks([PAGE]) for c in commands(b) if c.startswith("vllm-nnrp ")]
     return additional["nnrp"], shlex.split(client)
@@ -40,7 +43,7 @@ def served(tmp_path_factory):
     cert, key, _der = self_signed(tmp_path_factory.mktemp("tls"))
     port = free_port()
     settings = {**settings, "tls_cert_file": cert, "tls_key_file": key,
-                "listen": [u.replace(":9443", f":{port}") for u in settings["listen"]]}  # fmt: skip
+                "listen": [u.replace(f"{DOCUMENTED_HOST}:9443", f"{LOCAL_HOST}:{port}") for u in settings["listen"]]}  # fmt: skip
     config = load_config({"nnrp": settings}, {"VLLM_PLUGINS": "nnrp", "VLLM_API_KEY": KEY})
     fields = {k: getattr(config, k) for k in ("tls_cert_file", "tls_key_file", "max_in_flight")}
     server = ServedNNRP(config.listen, backend=ExampleModelBackend(), api_keys=(KEY,), **fields)
@@ -49,8 +52,9 @@ def served(tmp_path_factory):
 
 
 def run_client(argv: list[str], cert: str, port: int, key: str | None) -> subprocess.CompletedProcess:
-    """The documented command with the test server's name, port and certificate (ca.crt: the self-signed one)."""
-    argv = [a.replace("nnrp.example.com:9443", f"localhost:{port}").replace("ca.crt", cert) for a in argv]
+    """The documented command with the test server's address, port and certificate (server.crt: the self-signed
+    one)."""
+    argv = [a.replace(f"{DOCUMENTED_HOST}:9443", f"{LOCAL_HOST}:{port}").replace("server.crt", cert) for a in argv]
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "OPENAI_API_KEY")}
     if key is not None:
         env["VLLM_API_KEY"] = key
@@ -58,9 +62,9 @@ def run_client(argv: list[str], cert: str, port: int, key: str | None) -> subpro
                           capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
 
 
-def test_the_recipe_listens_on_every_interface_over_tls(served):
+def test_the_recipe_listens_on_the_servers_address_over_tls(served):
     server, _cert, port = served
-    assert server.bound == [f"nnrps://0.0.0.0:{port}"]
+    assert server.bound == [f"nnrps://{LOCAL_HOST}:{port}"]
 
 
 def test_the_documented_client_with_the_key_gets_an_answer(served):
@@ -92,6 +96,6 @@ def test_a_client_that_does_not_trust_the_certificate_is_refused(served, tmp_pat
 
 def test_the_same_exposure_without_tls_is_refused_at_start_up():
     settings, _ = documented()
-    plain = {**settings, "listen": ["tcp://0.0.0.0:9400"]}
+    plain = {**settings, "listen": [f"tcp://{DOCUMENTED_HOST}:9400"]}
     with pytest.raises(ConfigError, match="reachable from other hosts without TLS"):
         load_config({"nnrp": plain}, {"VLLM_PLUGINS": "nnrp", "VLLM_API_KEY": KEY})

@@ -168,14 +168,20 @@ async def _session(args: argparse.Namespace) -> tuple[Any, Any] | None:
         conn = await asyncio.wait_for(connect(args.endpoint, api_key=api_key_of(args), tls_ca_file=args.tls_ca),
                                       args.timeout)  # fmt: skip
     except (ClientError, ValueError, TimeoutError) as exc:  # an unusable address or key, no server, TLS refused
-        print(f"vllm-nnrp: cannot connect to {args.endpoint}: {exc or 'timed out'}", file=sys.stderr)
+        reason = str(exc) or "timed out"
+        if not reason.startswith("cannot connect to"):  # the connection's own errors already say it
+            reason = f"cannot connect to {args.endpoint}: {reason}"
+        hint = ("; pass --tls-ca FILE (the server's certificate, or the CA that signed it), and check that the "
+                "certificate names the host or IP address you connect to") if "CERTIFICATE_VERIFY_FAILED" in reason else ""
+        print(f"vllm-nnrp: {reason}{hint}", file=sys.stderr)
         return None
     try:
         session = await asyncio.wait_for(conn.open_session(priority_class=args.priority or "balanced"), args.timeout)
     except AuthenticationFailed:
         await conn.close()
-        print(f"vllm-nnrp: {args.endpoint} requires an API key and refused this one (or none was given): use "
-              f"--api-key or ${API_KEY_ENVS[0]}", file=sys.stderr)  # fmt: skip
+        what = "refused the key given" if api_key_of(args) else "requires an API key and none was given"
+        print(f"vllm-nnrp: {args.endpoint} {what}: use --api-key or ${API_KEY_ENVS[0]} (vLLM's --api-key)",
+              file=sys.stderr)  # fmt: skip
         return None
     except (ClientError, TimeoutError) as exc:
         await conn.close()
