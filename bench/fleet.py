@@ -66,6 +66,8 @@ SETTLE_S = 8.0
 SILENCE_S = 30.0
 #: a call running this long is hung (s)
 CALL_S = 120.0
+#: how long past the drain's grace a SIGTERM'd replica may take to exit before it is killed (s)
+EXIT_WAIT_S = 40.0
 #: load of the placement scenario (s)
 PLACEMENT_S = 20.0
 #: longest wait for a replica to serve after its start (s)
@@ -147,13 +149,20 @@ class Replica:
             with urllib.request.urlopen(request, timeout=START_S) as response:
                 response.read()
 
-    def terminate(self) -> float:
-        """SIGTERM and wait for the exit; the seconds it took."""
+    def terminate(self) -> tuple[float, bool]:
+        """SIGTERM and wait for the exit: (the seconds it took, whether it exited by itself). A replica still up
+        :data:`EXIT_WAIT_S` after the drain's grace (vLLM's HTTP server waits for every open HTTP connection,
+        which a balancer may keep) is killed."""
         t0 = time.monotonic()
         self.server.proc.send_signal(signal.SIGTERM)
-        self.server.proc.wait(DRAIN_MS / 1000 + 120)
+        try:
+            self.server.proc.wait(DRAIN_MS / 1000 + EXIT_WAIT_S)
+            exited = True
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return time.monotonic() - t0, False
         self.server._log_file.close()
-        return time.monotonic() - t0
+        return time.monotonic() - t0, exited
 
     def kill(self) -> None:
         self.server.proc.send_signal(signal.SIGKILL)
@@ -295,8 +304,9 @@ async def scenario(kind: str, mode: str, replicas: list[Replica], balancer: Bala
         await asyncio.sleep(PLACEMENT_S)
     elif kind == "rolling":
         for replica in replicas:
-            took = await asyncio.to_thread(replica.terminate)
-            steps.append(f"{replica.host} stopped in {took:.1f} s")
+            took, exited = await asyncio.to_thread(replica.terminate)
+            steps.append(f"{replica.host} stopped in {took:.1f} s" if exited else
+                         f"{replica.host} still up {took:.0f} s after SIGTERM: killed")  # fmt: skip
             await asyncio.to_thread(replica.start)
             await asyncio.to_thread(replica.wait_ready)
             await asyncio.sleep(SETTLE_S)
