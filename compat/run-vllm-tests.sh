@@ -30,6 +30,12 @@ if [ -n "${VLLM_NNRP_WHEEL:-}" ]; then
   # checks where it came from)
   export PYTEST_ADDOPTS="--import-mode=append${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
   SAFE_PATH=-P  # python -P: the working directory is not put first on sys.path either
+  # bench/ and compat/ importable in every process the tests start (a benchmark's vllm serve loads
+  # bench.drain.DrainMiddleware), from a directory that holds nothing else
+  SHIM=$(mktemp -d -t vllm-nnrp-path.XXXXXX)
+  ln -s "$ROOT/bench" "$SHIM/bench"
+  ln -s "$ROOT/compat" "$SHIM/compat"
+  export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, whichever one did the editable install
 fi
