@@ -18,16 +18,17 @@ import pytest
 from bench import fleet as bench_fleet
 from bench import tiny_model
 from compat.launcher import free_port
+from tests.e2e.conftest import model_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.fleet]
 
 
 @pytest.fixture(scope="module")
-def replicas(request, model_dir, tmp_path_factory):
+def replicas(request, tmp_path_factory):
     if "fleet" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("starts several vllm serve replicas: run with -m fleet")
     workdir = str(tmp_path_factory.mktemp("fleet"))
-    tiny = str(tiny_model.build(model_dir))
+    tiny = str(tiny_model.build(model_dir()))
     port = free_port()
     started = [bench_fleet.Replica(tiny, workdir, host, port, free_port(), 64) for host in bench_fleet.REPLICA_HOSTS]
     try:
