@@ -20,7 +20,7 @@ import time
 import pytest
 
 from tests.support import ServedNNRP, free_port, self_signed
-from tests.test_fleet import MESSAGES, async_sdk, streamed
+from tests.test_fleet import async_sdk, streamed
 from tests.test_openai_fanout import TEXT
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport
 

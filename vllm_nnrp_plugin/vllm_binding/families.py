@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.vllm_binding.lines import BINDINGS
