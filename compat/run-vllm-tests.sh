@@ -41,8 +41,8 @@ else
 fi
 # a grafted environment (RECIPE=graft: vLLM 0.33+, Triton interpreted, each decode step 0.2-0.5 s) runs the part of
 # the binding core listed in compat/grafted-core.txt (a pytest -k expression: the start-up line, chat streamed
-# against HTTP, cancel, API keys, SIGTERM, the lanes' start-up log and parity on the tool-call and reasoning servers,
-# Responses tool calls and cancel) when asked for the binding core
+# against HTTP, cancel, API keys, SIGTERM, the lanes' start-up log and their parity with vLLM's own streams on the
+# plain, tool-call and reasoning servers, Responses tool calls and cancel) when asked for the binding core
 ARGS=("$@")
 if grep -q '^RECIPE=graft' "$HERE/vllm-$VERSION/env.sh" && [[ " $* " == *" -m binding_core "* ]]; then
   echo "run-vllm-tests: vLLM $VERSION is a grafted environment: the binding core's part in compat/grafted-core.txt" >&2
