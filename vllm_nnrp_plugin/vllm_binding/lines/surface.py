@@ -117,4 +117,5 @@ ENDPOINT_PLUGINS = Probe("vllm.plugins.load_endpoint_plugins", lambda s: s.endpo
 NO_ENDPOINT_PLUGINS = Probe(
     "no vllm.plugins.load_endpoint_plugins (the 0.18/0.22 lines have none)", lambda s: not s.endpoint_plugins
 )
-
+#: the probes of the relocated layout (0.29+: ``vllm/entrypoints/launchers/app.py``, the endpoint-plugin hook)
+RELOCATED_LAYOUT = (ENDPOINT_PLUGINS, BUILD_APP_022, CHAT, RELOCATED)

@@ -8,19 +8,6 @@
 * 0.32 reads a ``traceparent`` header even with tracing off (0.18–0.26 only with ``--otlp-traces-endpoint``).
 """
 
-from vllm_nnrp_plugin.vllm_binding.lines.surface import (
-    BUILD_APP_022,
-    CHAT,
-    ENDPOINT_PLUGIN,
-    ENDPOINT_PLUGINS,
-    MIDDLEWARE,
-    RELOCATED,
-    Binding,
-)
+from vllm_nnrp_plugin.vllm_binding.lines.surface import ENDPOINT_PLUGIN, MIDDLEWARE, RELOCATED_LAYOUT, Binding
 
-BINDING = Binding(
-    "vllm-0.32",
-    ("0.29.0", "0.30.0", "0.31.0", "0.32.0"),
-    (ENDPOINT_PLUGIN, MIDDLEWARE),
-    (ENDPOINT_PLUGINS, BUILD_APP_022, CHAT, RELOCATED),
-)
+BINDING = Binding("vllm-0.32", ("0.29.0", "0.30.0", "0.31.0", "0.32.0"), (ENDPOINT_PLUGIN, MIDDLEWARE), RELOCATED_LAYOUT)

