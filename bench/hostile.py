@@ -36,6 +36,7 @@ import time
 import orjson
 from nnrp.core.enums import MessageType as T
 
+from compat.launcher import free_port
 from vllm_nnrp_plugin.client.connection import connect
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
@@ -55,12 +56,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def opened(port: int) -> tuple[socket.socket, int]:

@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import os
 import pathlib
+import random
 import re
 import signal
 import socket
@@ -63,11 +64,48 @@ class ServeError(RuntimeError):
     """``vllm serve`` exited during start-up or was not ready in time; the message carries the end of its log."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: the kernel's ephemeral port range (``net.ipv4.ip_local_port_range``): ports it hands to ``bind(0)`` and to the
+#: local end of outgoing connections
+_EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
+#: the lowest port :func:`free_port` picks (below it sit well-known services)
+_LOWEST_PICK = 10000
+#: ports :func:`free_port` already handed out in this process (never twice)
+_picked: set[int] = set()
+_pick = random.Random()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(pathlib.Path(_EPHEMERAL).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):  # TCP carriers and QUIC's UDP
+        with socket.socket(socket.AF_INET, kind) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_port(span: int = 1) -> int:
+    """A port P on 127.0.0.1 with P … P + ``span`` - 1 free for TCP and UDP right now, picked below the kernel's
+    ephemeral range and never twice in one process.
+
+    A port from ``bind(0)`` lies inside the ephemeral range, so between the pick and the server's bind the kernel
+    can hand it to any outgoing connection or ``bind(0)`` of the starting ``vllm serve`` (its engine's sockets,
+    its HTTP clients): the server then fails with "Address already in use". Below the range only explicit
+    choices compete."""
+    high = _ephemeral_low() - span
+    while True:
+        port = _pick.randrange(_LOWEST_PICK, high)
+        ports = range(port, port + span)
+        if _picked.isdisjoint(ports) and all(_bindable(p) for p in ports):
+            _picked.update(ports)
+            return port
 
 
 def installed_vllm(python: str = sys.executable) -> tuple[str, tuple[int, int]]:

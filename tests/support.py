@@ -12,12 +12,12 @@ import asyncio
 import datetime
 import ipaddress
 import pathlib
-import socket
 import types
 from typing import Any
 
 import orjson
 
+from compat.launcher import free_port
 from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
 from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
@@ -132,23 +132,9 @@ def envelope(body: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"schema_version": "openai-compatible/1", "operation": "chat.completions.create", "body": body, **extra}
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def two_free_ports() -> int:
     """A port P with P and P + 1 both free (rank 1 of 2 listens on P + 1)."""
-    while True:
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
+    return free_port(span=2)
 
 
 class ServedNNRP:

@@ -12,7 +12,6 @@ import openai
 import pytest
 
 from tests.support import ServedNNRP, free_port, self_signed
-from tests.test_client_carriers import free_udp_port
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -24,7 +23,7 @@ def served(tmp_path_factory):
     cert, key, _ = self_signed(tmp)
     other, _, _ = self_signed(tmp_path_factory.mktemp("other"), "localhost")  # another self-signed certificate
     server = ServedNNRP((f"nnrps://127.0.0.1:{free_port()}", f"wss://127.0.0.1:{free_port()}/nnrp",
-                         f"quic://127.0.0.1:{free_udp_port()}"), tls_cert_file=cert, tls_key_file=key)  # fmt: skip
+                         f"quic://127.0.0.1:{free_port()}"), tls_cert_file=cert, tls_key_file=key)  # fmt: skip
     server.cert, server.other = cert, other
     yield server
     server.stop()
