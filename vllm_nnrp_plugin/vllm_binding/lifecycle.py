@@ -29,7 +29,6 @@ logger = logging.getLogger("vllm_nnrp_plugin")
 _ATTACHED = "nnrp_service_attached"
 _SERVICE = "nnrp_service"
 _UNDO_SHUTDOWN_HOOK = "nnrp_undo_shutdown_hook"
-STOP_BUDGET_S = 10.0  # longest NNRP graceful stop, after the drain, before vLLM's engine shutdown proceeds (SIGTERM/SIGINT)
 
 
 def claim(state: Any, attach_path: str) -> bool:
@@ -77,10 +76,11 @@ async def start_service(state: Any, attach_path: str) -> None:
     service = NNRPService(config, backend, asyncio.get_running_loop(), keys=keys)
     bound = await service.start()
     setattr(state, _SERVICE, service)
-    drain_s = config.drain_timeout_ms / 1000  # running operations finish first (nnrp.drain_timeout_ms)
     undo = stop_before_engine_shutdown(
-        state.engine_client, asyncio.get_running_loop(), lambda: service.drain(drain_s), budget_s=drain_s + STOP_BUDGET_S
-    )
+        state.engine_client, asyncio.get_running_loop(), service.drain,
+        grace_s=config.drain_timeout_ms / 1000,  # running operations finish first (nnrp.drain_timeout_ms)
+        killed_at_timeout=count > 1,
+    )  # fmt: skip
     setattr(state, _UNDO_SHUTDOWN_HOOK, undo)
     logger.info(
         "NNRP listening on %s (vLLM %s, binding %s, attach path %s, API server %d of %d, models: %s)",
