@@ -26,6 +26,7 @@ line (DEBUG when completed, INFO otherwise), the Prometheus collectors (:mod:`.m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -165,6 +166,9 @@ class NNRPService:
                 self._idle = asyncio.get_running_loop().create_future()
                 self._drain_until = time.monotonic() + grace_s
                 await self._drained()
+                if self._tasks:
+                    logger.info("NNRP drain: %d operations still running at the end of the grace time",
+                                len(self._tasks))  # fmt: skip
         await self.stop()
 
     async def _drained(self) -> None:
@@ -172,10 +176,8 @@ class NNRPService:
         remaining = self._drain_until - time.monotonic()
         if self._idle is None or self._idle.done() or remaining <= 0:
             return
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._idle), remaining)
-        except TimeoutError:
-            logger.info("NNRP drain: %d operations still running at the end of the grace time", len(self._tasks))
 
     async def stop(self) -> None:
         """Graceful stop, in this order: stop accepting sessions; give every in-flight operation its one
