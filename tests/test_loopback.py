@@ -22,12 +22,14 @@ from tests.support import ROOT, RecordedBackend, envelope, free_port, recorded_c
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.service import NNRPService
+from vllm_nnrp_plugin.vllm_binding.fault_injection import with_fault_injection
 
 MAX_ENVELOPE = 4096
 
 
 class Served:
-    """An NNRPService on its own event loop thread (standing in for vLLM's loop)."""
+    """An NNRPService on its own event loop thread (standing in for vLLM's loop); ``fault_model`` wraps the
+    backend as the vLLM binding's start-up does (:attr:`backend` stays the recording one)."""
 
     def __init__(self, tmp_path, *, fault_model: str | None = None, metrics_listen=None, **service_kwargs) -> None:
         self.backend = RecordedBackend()
@@ -40,7 +42,7 @@ class Served:
             enabled=True, listen=(self.tcp, self.ipc), max_envelope_bytes=MAX_ENVELOPE,
             fault_injection_backend_error_model=fault_model, metrics_listen=metrics_listen,
         )  # fmt: skip
-        self.service = NNRPService(config, self.backend, self.loop, **service_kwargs)
+        self.service = NNRPService(config, with_fault_injection(self.backend, fault_model), self.loop, **service_kwargs)
         self.bound = asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(30)
 
     def stop(self) -> None:
