@@ -181,6 +181,27 @@ def wait_until(predicate, timeout_s: float = 5.0) -> bool:
     return bool(predicate())
 
 
+async def until(predicate, timeout_s: float = 5.0) -> bool:
+    """On an event loop: :func:`wait_until` for what another thread or task does (a server's own loop, a
+    background task), where nothing signals it; polls every 10 ms, returns ``predicate``'s last value."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.01)
+    return bool(predicate())
+
+
+def metric(name: str, **labels: str) -> float:
+    """A sample of the NNRP metrics as a scrape of vLLM's ``/metrics`` reads it: ``name`` (with its ``_total``
+    suffix for a counter) for ``labels`` in ``prometheus_client.REGISTRY``, where a :class:`ServedNNRP`
+    registers them (the process's: every service in it counts there); 0 before the first count."""
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def self_signed(tmp_path, name="localhost"):
     """A PEM certificate + key for ``name`` and 127.0.0.1; returns (cert path, key path, cert DER)."""
     from cryptography import x509

@@ -18,7 +18,7 @@ from nnrp.client import SubmitIdentity, SubmitPolicy, SubmitRequest, TypedPayloa
 from nnrp.core import PayloadKind
 from nnrp.schema import StreamSemantics
 
-from tests.support import ROOT, RecordedBackend, envelope, free_port, recorded_chunks
+from tests.support import ROOT, RecordedBackend, envelope, free_port, recorded_chunks, wait_until
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.service import NNRPService
@@ -67,15 +67,6 @@ def client(request, served):
 
 def collect(client, env, timeout_s=10.0):
     return list(client.events(client.submit(env), timeout_s=timeout_s))
-
-
-def wait_until(predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def test_binds_every_configured_address(served):
@@ -192,9 +183,12 @@ def test_cancel_stops_events_at_once_and_aborts_the_backend_request(served, clie
     assert again.event["type"] == "response.completed"
 
 
-def test_stale_cancel_of_a_finished_operation_does_not_kill_the_session(client):
+def test_stale_cancel_of_a_finished_operation_does_not_kill_the_session(served, client):
+    started = len(served.backend.started)
     op = client.submit(envelope({"model": "c-nonstream-text", "messages": []}))
-    time.sleep(0.2)  # the server answers at once; the client has not read the answer yet
+    # the server answered (its in-flight slot is given back once the terminal went out); the client has not
+    # read the answer yet
+    assert wait_until(lambda: len(served.backend.started) > started and served.service.in_flight.used == 0)
     client.connection.cancel_runtime_operation(client.session, operation_id=op.operation_id, control_sequence=1)
     for _ in range(5):
         (again,) = collect(client, envelope({"model": "c-nonstream-text", "messages": []}))

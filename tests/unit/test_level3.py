@@ -109,10 +109,12 @@ class ScriptedServingEmbedding:
     def __init__(self, answer=None, raises=None, block: bool = False) -> None:
         self.model_config = types.SimpleNamespace(is_matryoshka=False, matryoshka_dimensions=None)
         self.answer, self.raises, self.block, self.calls = answer, raises, block, []
+        self.blocked = asyncio.Event()  # set once a ``block`` call waits (vLLM runs the request)
 
     async def __call__(self, request, raw_request=None):
         self.calls.append((request, raw_request))
         if self.block:
+            self.blocked.set()
             await asyncio.Event().wait()
         if self.raises is not None:
             raise self.raises
@@ -149,11 +151,12 @@ def test_embeddings_answer_with_vllms_body_under_the_embd_engine_id(vllm_embed, 
 
 
 def test_an_unfinished_embedding_aborts_every_inputs_engine_request(vllm_embed):
-    backend = VLLMBackend(pooling_state(ScriptedServingEmbedding(block=True)), vllm_version="0.26.0", binding=binding_for((0, 26)))
+    serving = ScriptedServingEmbedding(block=True)
+    backend = VLLMBackend(pooling_state(serving), vllm_version="0.26.0", binding=binding_for((0, 26)))
 
     async def cancelled():
         task = asyncio.ensure_future(backend.create("embeddings.create", request_of("embeddings-a-float"), "nnrp-9"))
-        await asyncio.sleep(0.01)
+        await serving.blocked.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
