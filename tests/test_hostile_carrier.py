@@ -68,6 +68,10 @@ def served_promptly(served: ServedNNRP) -> float:
     return asyncio.run(asyncio.wait_for(main(), 10))
 
 
+def refused(reason: str) -> float:
+    return metric("nnrp_connections_refused_total", transport="tcp", reason=reason)
+
+
 def test_connections_over_max_connections_are_closed_at_once_and_counted():
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_connections=3)
     try:
@@ -75,7 +79,7 @@ def test_connections_over_max_connections_are_closed_at_once_and_counted():
         assert wait_until(lambda: len(served.service._listener._connections) == 3)
         extra = socket.create_connection(address(served))
         assert closed_by_server(extra)
-        assert wait_until(lambda: metric("nnrp_connections_refused_total", transport="tcp", reason="max_connections") >= 1)
+        assert wait_until(lambda: refused("max_connections") >= 1)
         for sock in held:
             sock.close()
         assert wait_until(lambda: not served.service._listener._connections)
@@ -167,7 +171,7 @@ def test_out_of_descriptors_the_listener_pauses_instead_of_spinning(monkeypatch)
     monkeypatch.setattr(listener_module, "ACCEPT_PAUSE_S", 0.3)
     try:
         attempt = socket.create_connection(address(served))
-        assert wait_until(lambda: metric("nnrp_connections_refused_total", transport="tcp", reason="no_descriptor") >= 1)
+        assert wait_until(lambda: refused("no_descriptor") >= 1)
         assert wait_until(lambda: not listener._paused_accepts, timeout_s=5)  # resumed
         attempt.close()
         assert served_promptly(served) < 5

@@ -37,7 +37,7 @@ def shut_down_like_vllm(stop, budget_s):
 def test_the_nnrp_stop_finishes_before_the_engine_shuts_down():
     async def stop(order):
         order.append("nnrp stop begins")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a stop that takes a while, well within the budget
         order.append("nnrp stop ends")
 
     assert shut_down_like_vllm(stop, budget_s=5) == [
@@ -48,7 +48,7 @@ def test_the_nnrp_stop_finishes_before_the_engine_shuts_down():
 def test_a_stop_that_hangs_does_not_hold_the_engine_shutdown_past_the_budget():
     async def stop(order):
         order.append("nnrp stop begins")
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # a stop that hangs
 
     assert shut_down_like_vllm(stop, budget_s=0.2) == [
         "nnrp stop begins", "engine shutdown timeout=0", "engine shutdown timeout=1",

@@ -107,7 +107,7 @@ class NativeEcho:
                             with contextlib.suppress(NativeRuntimeError):  # the client already went away
                                 session.close()
                             self.closed_sessions += 1
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # the native sessions are polled (no wake-up on this loop)
             with contextlib.suppress(NativeWouldBlockError):
                 await accept  # not cancelled: the thread would still hold the native accept
 
