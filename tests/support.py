@@ -140,7 +140,9 @@ def two_free_ports() -> int:
 class ServedNNRP:
     """An NNRPService with ``backend`` (default a :class:`RecordedBackend`) on its own event-loop thread
     (standing in for vLLM's loop); ``config`` keys are :class:`NNRPConfig` fields; ``api_keys``: vLLM's API keys
-    the service requires on network carriers (none: no key)."""
+    the service requires on network carriers (none: no key). As the vLLM binding's start-up does
+    (:func:`vllm_nnrp_plugin.vllm_binding.lifecycle.start_service`), ``fault_injection_backend_error_model``
+    wraps the backend the service is given; :attr:`backend` stays the one passed in."""
 
     def __init__(self, listen: tuple[str, ...], backend: Any = None, *, api_keys: tuple[str, ...] = (),
                  **config: Any) -> None:  # fmt: skip
@@ -149,13 +151,16 @@ class ServedNNRP:
         from vllm_nnrp_plugin.config import NNRPConfig
         from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys
         from vllm_nnrp_plugin.service import NNRPService
+        from vllm_nnrp_plugin.vllm_binding.fault_injection import with_fault_injection
 
         self.backend = backend if backend is not None else RecordedBackend()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         keys = APIKeys(api_keys) if api_keys else None
-        self.service = NNRPService(NNRPConfig(enabled=True, listen=listen, **config), self.backend, self.loop, keys=keys)
+        settings = NNRPConfig(enabled=True, listen=listen, **config)
+        served = with_fault_injection(self.backend, settings.fault_injection_backend_error_model)
+        self.service = NNRPService(settings, served, self.loop, keys=keys)
         self.bound = asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(30)
 
     def stop(self) -> None:
@@ -174,6 +179,27 @@ def wait_until(predicate, timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return bool(predicate())
+
+
+async def until(predicate, timeout_s: float = 5.0) -> bool:
+    """On an event loop: :func:`wait_until` for what another thread or task does (a server's own loop, a
+    background task), where nothing signals it; polls every 10 ms, returns ``predicate``'s last value."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.01)
+    return bool(predicate())
+
+
+def metric(name: str, **labels: str) -> float:
+    """A sample of the NNRP metrics as a scrape of vLLM's ``/metrics`` reads it: ``name`` (with its ``_total``
+    suffix for a counter) for ``labels`` in ``prometheus_client.REGISTRY``, where a :class:`ServedNNRP`
+    registers them (the process's: every service in it counts there); 0 before the first count."""
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def self_signed(tmp_path, name="localhost"):

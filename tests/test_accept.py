@@ -5,6 +5,7 @@ unix sockets, with raw sockets speaking the project's sans-IO client core."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -52,17 +53,20 @@ def opened(sock: socket.socket, core: ClientConnection) -> ev.SessionOpenAccepte
 
 
 def stall(served: ServedNNRP, seconds: float) -> None:
-    """Hold the service's loop for ``seconds`` (connections wait in the kernel's accept queue meanwhile)."""
-    served.loop.call_soon_threadsafe(time.sleep, seconds)
-    time.sleep(0.05)
+    """Hold the service's loop for ``seconds`` (connections wait in the kernel's accept queue meanwhile);
+    returns once the loop is held."""
+    held = threading.Event()
+
+    def hold() -> None:
+        held.set()
+        time.sleep(seconds)  # the busy loop itself: what the tests below are about
+
+    served.loop.call_soon_threadsafe(hold)
+    assert held.wait(5)
 
 
-@pytest.mark.parametrize("transport", [0, 1], ids=["tcp", "ipc"])
-def test_a_burst_that_sent_its_handshake_before_it_was_accepted_is_answered_from_what_accept_read(
-    served, transport, monkeypatch
-):
-    """32 clients connect and send CLIENT_HELLO + SESSION_OPEN while the loop is busy: once it runs, each of
-    their connections starts from the bytes the listener read as it accepted it, and every session opens."""
+def accepted_with(monkeypatch) -> list[bytes]:
+    """The bytes each connection accepted from now on starts from (the listener's read at accept), in order."""
     firsts: list[bytes] = []
     made = connection.ConnectionProtocol.__init__
 
@@ -71,6 +75,16 @@ def test_a_burst_that_sent_its_handshake_before_it_was_accepted_is_answered_from
         made(self, *args, **kwargs)
 
     monkeypatch.setattr(connection.ConnectionProtocol, "__init__", recording)
+    return firsts
+
+
+@pytest.mark.parametrize("transport", [0, 1], ids=["tcp", "ipc"])
+def test_a_burst_that_sent_its_handshake_before_it_was_accepted_is_answered_from_what_accept_read(
+    served, transport, monkeypatch
+):
+    """32 clients connect and send CLIENT_HELLO + SESSION_OPEN while the loop is busy: once it runs, each of
+    their connections starts from the bytes the listener read as it accepted it, and every session opens."""
+    firsts = accepted_with(monkeypatch)
     uri = served.bound[transport]
     stall(served, 0.5)
     clients = [raw_socket(uri) for _ in range(32)]
@@ -98,10 +112,12 @@ def test_a_client_gone_before_it_was_accepted_costs_only_its_socket(served, tran
 
 
 @pytest.mark.parametrize("transport", [0, 1], ids=["tcp", "ipc"])
-def test_a_client_that_sends_its_handshake_after_it_was_accepted_is_served(served, transport):
+def test_a_client_that_sends_its_handshake_after_it_was_accepted_is_served(served, transport, monkeypatch):
+    firsts = accepted_with(monkeypatch)
     uri = served.bound[transport]
     sock = raw_socket(uri)
-    time.sleep(0.2)  # accepted with nothing to read yet: the transport reads the handshake
+    assert wait_until(lambda: firsts)
+    assert firsts == [b""]  # accepted with nothing to read yet: the transport reads the handshake
     core = handshake(sock)
     assert opened(sock, core).session_id
     sock.close()

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support import ServedNNRP, envelope, free_port, self_signed, wait_until
+from tests.support import ServedNNRP, envelope, free_port, metric, self_signed, wait_until
 from vllm_nnrp_plugin.client import AuthenticationFailed, AsyncNNRPTransport, NNRPTransport, ProfileClient, connect
 from vllm_nnrp_plugin.client.errors import ClientTransportError
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
@@ -50,7 +50,7 @@ async def stream_text(uri: str, der: bytes, api_key: str | None) -> str:
 
 
 def refusals(served: ServedNNRP, transport: str, reason: str) -> float:
-    return served.service._metrics.auth_refusals.labels(transport, reason)._value.get()
+    return metric("nnrp_auth_refusals_total", transport=transport, reason=reason)
 
 
 @pytest.mark.parametrize("scheme", ["tcp", "nnrps"])
@@ -133,8 +133,7 @@ def test_a_connection_that_opens_no_session_in_time_is_closed(tmp_path):
             assert sock.recv(1) == b""  # closed by the server
             sock.close()
         assert 0.25 < time.monotonic() - started < 3
-        counter = served.service._metrics.handshake_timeouts.labels("tcp")
-        assert wait_until(lambda: counter._value.get() >= 2)
+        assert wait_until(lambda: metric("nnrp_handshake_timeouts_total", transport="tcp") >= 2)
 
         async def open_and_wait() -> None:
             conn = await connect(served.bound[0])

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.support import ServedNNRP, free_port, self_signed
+from tests.support import ServedNNRP, free_port, self_signed, until
 from tests.test_fleet import async_sdk, streamed
 from tests.test_openai_fanout import TEXT
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport
@@ -183,8 +183,7 @@ def test_a_replica_drains_behind_the_balancer_and_no_call_is_lost(case, tmp_path
                 first = next(r for r in replicas if r.backend.started)  # the one the balancer chose
                 running = [asyncio.ensure_future(streamed(sdk, extra_body={"pace_s": 0.02, "repeat": 3}))
                            for _ in range(4)]  # fmt: skip
-                while first.backend.open_streams < 4:
-                    await asyncio.sleep(0.01)
+                assert await until(lambda: first.backend.open_streams >= 4)
                 before = len(first.backend.started)
                 drained = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(first.service.drain(10.0), first.loop))
                 later = await asyncio.gather(*(streamed(sdk) for _ in range(6)))

@@ -16,7 +16,7 @@ import pytest
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, Ping, Pong, Request, TextMessage
 
-from tests.support import ROOT, ServedNNRP, envelope, free_port, recorded_chunks, self_signed, wait_until
+from tests.support import ROOT, ServedNNRP, envelope, free_port, recorded_chunks, self_signed, until, wait_until
 from vllm_nnrp_plugin.client import (
     AsyncNNRPTransport,
     AuthenticationFailed,
@@ -193,10 +193,7 @@ def test_a_server_that_stops_ends_the_connection(certs, scheme):
             terminal = await op.result()
         except ClientConnectionError as exc:
             terminal = exc
-        for _ in range(200):
-            if conn.lost:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: conn.lost, 2.0)  # the server's end reaches the client (asserted below)
         with pytest.raises(ClientConnectionError):
             await conn.open_session()
         await conn.close()
@@ -249,14 +246,20 @@ class _UdpRelay(asyncio.DatagramProtocol):
         self._client = None
         self._front: asyncio.DatagramTransport | None = None
         self._back: asyncio.DatagramTransport | None = None
+        self.closed: list[asyncio.Future] = []  # each socket's close (asyncio closes it after close() returns)
 
     async def start(self) -> int:
         loop = asyncio.get_running_loop()
         relay = self
 
+        self.closed = [loop.create_future(), loop.create_future()]
+
         class Back(asyncio.DatagramProtocol):
             def datagram_received(self, data, addr):
                 relay._front.sendto(data, relay._client)
+
+            def connection_lost(self, exc):
+                relay.closed[1].set_result(None)
 
         self._back, _ = await loop.create_datagram_endpoint(Back, remote_addr=self._target)
         self._front, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=("127.0.0.1", 0))
@@ -265,6 +268,9 @@ class _UdpRelay(asyncio.DatagramProtocol):
     def datagram_received(self, data, addr):
         self._client = addr
         self._back.sendto(data)
+
+    def connection_lost(self, exc):
+        self.closed[0].set_result(None)
 
     def kill(self) -> None:
         self._front.close()
@@ -288,7 +294,7 @@ def test_a_server_that_vanishes_fails_pending_operations(served, scheme):
         relay.kill()
         late = None
         if scheme == "quic":
-            await asyncio.sleep(0.05)
+            await asyncio.gather(*relay.closed)  # the relay's sockets are gone: nothing answers there
             with contextlib.suppress(ClientConnectionError):  # unless an ACK of the client's already met it
                 late = session.submit(STREAM)  # goes out, meets the ICMP error
         failures = []

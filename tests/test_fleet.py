@@ -13,7 +13,7 @@ import time
 import openai
 import pytest
 
-from tests.support import ServedNNRP, free_port
+from tests.support import ServedNNRP, free_port, until
 from tests.test_openai_fanout import NONSTREAM_TEXT, SDK_LIB, TEXT
 from vllm_nnrp_plugin import draining
 from vllm_nnrp_plugin.client import fleet as policy
@@ -166,8 +166,9 @@ def test_a_draining_replica_finishes_its_streams_and_new_calls_go_elsewhere(repl
     async def main():
         async with async_sdk(AsyncNNRPTransport([low.bound[0], high.bound[0]])) as sdk:
             running = [asyncio.ensure_future(streamed(sdk, extra_body={"pace_s": 0.05, "repeat": 3})) for _ in range(8)]
-            while len(low.backend.started) + len(high.backend.started) < 8 or low.backend.open_streams < 1:
-                await asyncio.sleep(0.01)  # every stream reached a replica
+            # every stream reached a replica
+            assert await until(lambda: len(low.backend.started) + len(high.backend.started) >= 8
+                               and low.backend.open_streams >= 1)
             started_on_low = len(low.backend.started)
             drained = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(low.service.drain(10.0), low.loop))
             later = await asyncio.gather(*(streamed(sdk) for _ in range(6)))
@@ -192,14 +193,14 @@ def test_the_drain_on_the_wire(replicas):
         conn = await connect(server.bound[0])
         session = await conn.open_session()
         pressures = []
-        session.on_pressure = pressures.append
+        pressed = asyncio.Event()
+        session.on_pressure = lambda pressure: (pressures.append(pressure), pressed.set())
         running = session.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
                                   "body": {"model": "a-stream-text", "stream": True, "messages": MESSAGES,
                                            "pace_s": 0.05}})  # fmt: skip
         first = await running.__anext__()
         drained = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(server.service.drain(10.0), server.loop))
-        while not pressures:
-            await asyncio.sleep(0.01)
+        await pressed.wait()
         started = len(server.backend.started)
         late = await session.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
                                      "body": {"model": "c-nonstream-text", "messages": MESSAGES}}).result()  # fmt: skip
@@ -253,6 +254,7 @@ def test_a_lost_replica_moves_unstarted_calls_and_fails_started_streams_at_once(
         async with async_sdk(transport) as sdk:
             # started streams on both replicas
             reading = []
+            all_reading = asyncio.Event()
 
             async def started_stream():
                 stream = await sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
@@ -263,18 +265,18 @@ def test_a_lost_replica_moves_unstarted_calls_and_fails_started_streams_at_once(
                         got += 1
                         if got == 1:
                             reading.append(1)
+                            if len(reading) == 4:
+                                all_reading.set()
                     return "completed", got, None
                 except openai.APIConnectionError:
                     return "connection_error", got, time.monotonic()
 
             streams = [asyncio.ensure_future(started_stream()) for _ in range(4)]
-            while len(reading) < 4:  # every stream produced events
-                await asyncio.sleep(0.01)
+            await all_reading.wait()  # every stream produced events
             assert low.backend.open_streams >= 1 and high.backend.open_streams >= 1
             # calls that will produce nothing for 1 s (the backend waits before the first chunk)
             unstarted = [asyncio.ensure_future(streamed(sdk, extra_body={"pace_s": 1.0})) for _ in range(6)]
-            while len(low.backend.started) + len(high.backend.started) < 10:
-                await asyncio.sleep(0.01)
+            assert await until(lambda: len(low.backend.started) + len(high.backend.started) >= 10)
             on_low = len(low.backend.started)
             killed_at = time.monotonic()
             low.loop.call_soon_threadsafe(_kill, low)
@@ -319,8 +321,7 @@ def test_a_host_name_resolves_into_replicas_and_is_resolved_again(replicas, monk
             answers[0] = ["127.0.0.3"]
             monkeypatch.setattr(policy, "RESOLVE_EVERY_S", 0.0)
             await pool.acquire(1.0)  # due: resolved again in the background
-            while pool.fleet.addresses == first:
-                await asyncio.sleep(0.01)
+            assert await until(lambda: pool.fleet.addresses != first)
             return first, pool.fleet.addresses
         finally:
             await pool.aclose()

@@ -19,7 +19,7 @@ from nnrp.core.enums import ErrorCode
 from nnrp.core.enums import MessageType as T
 from nnrp.runtime.types import RecoverableErrorMetadata
 
-from tests.support import ServedNNRP, envelope, free_port, wait_until
+from tests.support import ServedNNRP, envelope, free_port, metric, wait_until
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import connect
 from vllm_nnrp_plugin.nnrp_binding.bounds import VIOLATION_BURST, ViolationBudget
@@ -132,11 +132,11 @@ class Flooder:
 
 
 def _closed(sock: socket.socket) -> bool:
-    """The server ended ``sock`` (peeked: nothing of what it sent is read)."""
+    """The server ended ``sock`` (peeked: nothing of what it sent is read); the flooder asks every 10 ms."""
+    time.sleep(0.01)
     try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"" and not time.sleep(0.01)
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
-        time.sleep(0.01)
         return False
 
 
@@ -177,8 +177,10 @@ def _p95(values: list[float]) -> float:
 def test_a_client_flooding_beyond_its_credit_is_ended_and_others_keep_their_latency(caplog) -> None:
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_in_flight_per_session=IN_FLIGHT)
     caplog.set_level(logging.WARNING, logger="vllm_nnrp_plugin.service")
-    counter = served.service._metrics.connections_ended.labels("tcp", "credit_violations")  # the process's
-    before = counter._value.get()
+    def counter() -> float:  # the process's
+        return metric("nnrp_connections_ended_total", transport="tcp", reason="credit_violations")
+
+    before = counter()
     try:
         port = int(served.bound[0].rsplit(":", 1)[1])
         _latencies(served.bound[0], 10)  # warm up
@@ -191,7 +193,7 @@ def test_a_client_flooding_beyond_its_credit_is_ended_and_others_keep_their_late
         finally:
             flooder.stop.set()
             flooder.thread.join(10)
-        assert counter._value.get() - before >= flooder.ended >= 1
+        assert counter() - before >= flooder.ended >= 1
         # the protocol's error came on the session before the end: LIMIT_EXCEEDED, naming the credit
         errors = [p for p in PacketReader().feed(flooder.last) if p.msg_type == T.ERROR_RECOVERABLE]
         assert errors, "no ERROR_RECOVERABLE before the connection ended"
@@ -214,8 +216,10 @@ def test_refusals_within_the_budget_are_answered_and_the_connection_lives() -> N
     """A client that goes beyond its credit a few times (it had not read the BACKPRESSURE yet) gets
     ``too_many_requests`` for each, as before, and keeps its connection."""
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_in_flight_per_session=IN_FLIGHT)
-    counter = served.service._metrics.connections_ended.labels("tcp", "credit_violations")  # the process's
-    before = counter._value.get()
+    def counter() -> float:  # the process's
+        return metric("nnrp_connections_ended_total", transport="tcp", reason="credit_violations")
+
+    before = counter()
     try:
         sock, client, sid = _opened(int(served.bound[0].rsplit(":", 1)[1]))
         for _ in range(IN_FLIGHT):
@@ -228,7 +232,7 @@ def test_refusals_within_the_budget_are_answered_and_the_connection_lives() -> N
             for packet in reader.feed(sock.recv(65536)):
                 if packet.msg_type == T.RESULT_PUSH and b"too_many_requests" in packet.body:
                     refused += 1
-        assert counter._value.get() == before
+        assert counter() == before
         _submit(client, sid, QUICK)  # over the limit still: one more refusal, the connection goes on
         sock.sendall(client.data_to_send())
         assert any(p.msg_type == T.RESULT_PUSH for p in reader.feed(sock.recv(65536)))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.support import ServedNNRP, envelope, free_port, wait_until
+from tests.support import ServedNNRP, envelope, free_port, metric, wait_until
 from tests.wire import wirekit as w
 from vllm_nnrp_plugin.client import connect
 from vllm_nnrp_plugin.nnrp_binding.bounds import HANDSHAKE_CAP_FACTOR, handshake_recheck
@@ -55,7 +55,7 @@ def _on_loop(served: ServedNNRP, call) -> None:
 
 
 def _timeouts(served: ServedNNRP) -> float:
-    return served.service._metrics.handshake_timeouts.labels("tcp")._value.get()
+    return metric("nnrp_handshake_timeouts_total", transport="tcp")
 
 
 def test_a_hello_waiting_unread_while_the_loop_is_busy_is_served_not_closed(served) -> None:

@@ -12,7 +12,7 @@ import time
 
 from nnrp.core.enums import MessageType as T
 
-from tests.support import ServedNNRP, envelope, free_port, wait_until
+from tests.support import ServedNNRP, envelope, free_port, metric, wait_until
 from vllm_nnrp_plugin.client import connect
 from vllm_nnrp_plugin.nnrp_binding import listener as listener_module
 from vllm_nnrp_plugin.nnrp_wire import events as ev
@@ -68,6 +68,10 @@ def served_promptly(served: ServedNNRP) -> float:
     return asyncio.run(asyncio.wait_for(main(), 10))
 
 
+def refused(reason: str) -> float:
+    return metric("nnrp_connections_refused_total", transport="tcp", reason=reason)
+
+
 def test_connections_over_max_connections_are_closed_at_once_and_counted():
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_connections=3)
     try:
@@ -75,8 +79,7 @@ def test_connections_over_max_connections_are_closed_at_once_and_counted():
         assert wait_until(lambda: len(served.service._listener._connections) == 3)
         extra = socket.create_connection(address(served))
         assert closed_by_server(extra)
-        counter = served.service._metrics.connections_refused.labels("tcp", "max_connections")
-        assert wait_until(lambda: counter._value.get() >= 1)
+        assert wait_until(lambda: refused("max_connections") >= 1)
         for sock in held:
             sock.close()
         assert wait_until(lambda: not served.service._listener._connections)
@@ -90,14 +93,14 @@ def test_incomplete_packets_share_one_budget_and_release_it_when_they_go():
     ``max_buffered_bytes`` ends; the other stays; closing it gives its bytes back."""
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_envelope_bytes=1 << 20, max_buffered_bytes=1 << 20)
     try:
+        budget = served.service._listener._budget
         stalled = []
         for _ in range(2):
             sock, session_id = opened_socket(served)
             big = bytearray(encode(T.FRAME_SUBMIT, session_id, 1, b"\0" * 72, b"\0" * (1_500_000)))
             sock.sendall(bytes(big[:700_000]))  # most of a packet, then nothing
             stalled.append(sock)
-            time.sleep(0.3)
-        budget = served.service._listener._budget
+            assert wait_until(lambda: budget.used >= 700_000)  # the first's bytes are held before the second's come
         first, second = stalled
         assert closed_by_server(second)  # ended: the total would be 1.4 MB
         assert wait_until(lambda: budget.used < 800_000)
@@ -168,8 +171,7 @@ def test_out_of_descriptors_the_listener_pauses_instead_of_spinning(monkeypatch)
     monkeypatch.setattr(listener_module, "ACCEPT_PAUSE_S", 0.3)
     try:
         attempt = socket.create_connection(address(served))
-        counter = served.service._metrics.connections_refused.labels("tcp", "no_descriptor")
-        assert wait_until(lambda: counter._value.get() >= 1)
+        assert wait_until(lambda: refused("no_descriptor") >= 1)
         assert wait_until(lambda: not listener._paused_accepts, timeout_s=5)  # resumed
         attempt.close()
         assert served_promptly(served) < 5

@@ -18,16 +18,18 @@ from nnrp.client import SubmitIdentity, SubmitPolicy, SubmitRequest, TypedPayloa
 from nnrp.core import PayloadKind
 from nnrp.schema import StreamSemantics
 
-from tests.support import ROOT, RecordedBackend, envelope, free_port, recorded_chunks
+from tests.support import ROOT, RecordedBackend, envelope, free_port, recorded_chunks, wait_until
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.config import NNRPConfig
 from vllm_nnrp_plugin.service import NNRPService
+from vllm_nnrp_plugin.vllm_binding.fault_injection import with_fault_injection
 
 MAX_ENVELOPE = 4096
 
 
 class Served:
-    """An NNRPService on its own event loop thread (standing in for vLLM's loop)."""
+    """An NNRPService on its own event loop thread (standing in for vLLM's loop); ``fault_model`` wraps the
+    backend as the vLLM binding's start-up does (:attr:`backend` stays the recording one)."""
 
     def __init__(self, tmp_path, *, fault_model: str | None = None, metrics_listen=None, **service_kwargs) -> None:
         self.backend = RecordedBackend()
@@ -40,7 +42,7 @@ class Served:
             enabled=True, listen=(self.tcp, self.ipc), max_envelope_bytes=MAX_ENVELOPE,
             fault_injection_backend_error_model=fault_model, metrics_listen=metrics_listen,
         )  # fmt: skip
-        self.service = NNRPService(config, self.backend, self.loop, **service_kwargs)
+        self.service = NNRPService(config, with_fault_injection(self.backend, fault_model), self.loop, **service_kwargs)
         self.bound = asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(30)
 
     def stop(self) -> None:
@@ -65,15 +67,6 @@ def client(request, served):
 
 def collect(client, env, timeout_s=10.0):
     return list(client.events(client.submit(env), timeout_s=timeout_s))
-
-
-def wait_until(predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def test_binds_every_configured_address(served):
@@ -190,9 +183,12 @@ def test_cancel_stops_events_at_once_and_aborts_the_backend_request(served, clie
     assert again.event["type"] == "response.completed"
 
 
-def test_stale_cancel_of_a_finished_operation_does_not_kill_the_session(client):
+def test_stale_cancel_of_a_finished_operation_does_not_kill_the_session(served, client):
+    started = len(served.backend.started)
     op = client.submit(envelope({"model": "c-nonstream-text", "messages": []}))
-    time.sleep(0.2)  # the server answers at once; the client has not read the answer yet
+    # the server answered (its in-flight slot is given back once the terminal went out); the client has not
+    # read the answer yet
+    assert wait_until(lambda: len(served.backend.started) > started and served.service.in_flight.used == 0)
     client.connection.cancel_runtime_operation(client.session, operation_id=op.operation_id, control_sequence=1)
     for _ in range(5):
         (again,) = collect(client, envelope({"model": "c-nonstream-text", "messages": []}))

@@ -203,14 +203,16 @@ def test_async_tasks_share_one_transport_and_cancelling_a_task_cancels_its_opera
 
         texts = await asyncio.gather(*(one() for _ in range(16)))
 
+        streaming = asyncio.Event()
+
         async def slow():
             stream = await sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
                                                        extra_body={"pace_s": 0.2, "repeat": 20})
             async for _ in stream:
-                pass
+                streaming.set()
 
         task = asyncio.create_task(slow())
-        await asyncio.sleep(0.5)
+        await streaming.wait()  # its first chunk came: the stream runs on the server
         request_id = served.backend.started[-1]
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -18,7 +18,7 @@ from aioquic.quic import events as qe
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.packet import QuicErrorCode
 
-from tests.support import ServedNNRP, envelope, free_port, recorded_chunks, self_signed, wait_until
+from tests.support import ServedNNRP, envelope, free_port, metric, recorded_chunks, self_signed, wait_until
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
@@ -211,21 +211,19 @@ def test_a_client_that_dies_silently_is_taken_for_gone_and_its_operations_stop(s
 
 
 def test_a_connection_that_opens_no_session_in_time_is_closed_and_counted(served):
-    counter = served.service._metrics.handshake_timeouts.labels("quic")
-    before = counter._value.get()
+    before = metric("nnrp_handshake_timeouts_total", transport="quic")
 
     async def main():
         async with client_of(served) as client:
             return await asyncio.wait_for(client.terminated, 10)
 
     assert run(main()).error_code == QuicErrorCode.NO_ERROR
-    assert counter._value.get() == before + 1
+    assert metric("nnrp_handshake_timeouts_total", transport="quic") == before + 1
 
 
 def test_connections_over_max_connections_are_refused_and_counted(tmp_path):
     cert, key, _ = self_signed(tmp_path)
     served = ServedNNRP((f"quic://127.0.0.1:{free_port()}",), tls_cert_file=cert, tls_key_file=key, max_connections=1)
-    counter = served.service._metrics.connections_refused.labels("quic", "max_connections")
 
     async def main():
         async with client_of(served) as first:
@@ -243,7 +241,7 @@ def test_connections_over_max_connections_are_refused_and_counted(tmp_path):
 
     try:
         run(main())
-        assert counter._value.get() == 1
+        assert metric("nnrp_connections_refused_total", transport="quic", reason="max_connections") == 1
     finally:
         served.stop()
 

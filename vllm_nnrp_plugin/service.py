@@ -37,7 +37,6 @@ from prometheus_client import CollectorRegistry
 from vllm_nnrp_plugin import metrics, tracing
 from vllm_nnrp_plugin.adapter import AdapterLimits, Backend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
-from vllm_nnrp_plugin.fault_injection import with_fault_injection
 from vllm_nnrp_plugin.limits import SessionLimits, Slots
 from vllm_nnrp_plugin.log_safety import RefusalLogLimiter
 from vllm_nnrp_plugin.endpoints import Carrier, EndpointError, parse_endpoint
@@ -84,7 +83,7 @@ class NNRPService:
         self._keys = keys
         self._auth_log = RefusalLogLimiter()
         self._ended_log = RefusalLogLimiter()  # connections ended for flooding beyond their credit
-        self._backend = with_fault_injection(backend, config.fault_injection_backend_error_model)
+        self._backend = backend
         self._config = config
         self._registry = registry
         self._metrics = metrics.metrics_for(registry)

@@ -145,7 +145,7 @@ def test_a_timeout_aborts_the_vllm_request_with_one_request_timeout_terminal(vll
     assert all(e.frame == "partial_result" for e in partials)
     assert terminal.frame == "result_push" and terminal.event["error"]["code"] == "request_timeout"
     assert wait_idle(vllm_server), "vLLM still runs the timed-out request"
-    time.sleep(1)
+    time.sleep(1)  # a second more in which tokens of a request vLLM failed to abort would be counted
     assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < 300  # far from max_tokens=1000
     (again,) = run(plain_client, envelope({"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}],
                                            "max_tokens": 2}))

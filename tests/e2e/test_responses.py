@@ -196,7 +196,7 @@ def test_cancelling_a_streamed_response_aborts_vllms_request(vllm_server, client
     assert diagnostics["request_id"].startswith("resp_nnrp-") and diagnostics["request_id"].endswith("_0")
     assert diagnostics["cancel"] == {"source": "client", "reason": "client_cancelled"}
     assert wait_idle(vllm_server), "vLLM still runs the cancelled Responses request"
-    time.sleep(1)
+    time.sleep(1)  # a second more in which tokens of a request vLLM failed to abort would be counted
     assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < 200  # far from 1000
 
 
@@ -206,7 +206,7 @@ def test_a_timed_out_response_aborts_vllms_request(vllm_server, client):
     *_, last = client.events(client.submit(responses(LONG, nnrp={"timeout_ms": 1500})), timeout_s=120)
     assert last.frame == "result_push" and last.event["error"]["code"] == "request_timeout"
     assert wait_idle(vllm_server), "vLLM still runs the timed-out Responses request"
-    time.sleep(1)
+    time.sleep(1)  # a second more in which tokens of a request vLLM failed to abort would be counted
     assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < 300  # far from 1000
 
 

@@ -61,12 +61,22 @@ def engine_idle(server: VLLMServer) -> bool:
     return server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting") == 0
 
 
-async def wait_idle(server: VLLMServer) -> None:
+async def _until(check, failure: str) -> None:
+    """Poll ``check`` (it reads vLLM's ``/metrics``: in a thread) every 50 ms for up to 10 s."""
     for _ in range(200):
-        if await asyncio.to_thread(engine_idle, server):
+        if await asyncio.to_thread(check):
             return
         await asyncio.sleep(0.05)
-    raise AssertionError("vLLM still has requests")
+    raise AssertionError(failure)
+
+
+async def wait_idle(server: VLLMServer) -> None:
+    await _until(lambda: engine_idle(server), "vLLM still has requests")
+
+
+async def wait_queued(server: VLLMServer, count: int) -> None:
+    """Until vLLM's queue holds ``count`` requests (its ``vllm:num_requests_waiting`` gauge)."""
+    await _until(lambda: server.metric("vllm:num_requests_waiting") >= count, f"vLLM never queued {count} request(s)")
 
 
 def test_the_session_priority_class_orders_vllms_queue(priority_server):
@@ -77,7 +87,7 @@ def test_the_session_priority_class_orders_vllms_queue(priority_server):
         running = background.submit(chat(48))
         await first_delta(running)  # vLLM's one sequence is taken: the next two wait in its queue
         queued_background = background.submit(chat(4))
-        await asyncio.sleep(0.3)
+        await wait_queued(priority_server, 1)  # vLLM queued it before the interactive one comes
         queued_interactive = interactive.submit(chat(4))
         order: list[str] = []
 

@@ -139,7 +139,7 @@ def test_cancel_aborts_the_vllm_request(vllm_server, client):
     terminal = list(stream)[-1]
     assert terminal.frame == "result_drop" and terminal.event == {"type": "response.cancelled", "reason": "client_cancelled"}
     assert wait_idle(vllm_server), "vLLM still runs the cancelled request"
-    time.sleep(1)
+    time.sleep(1)  # a second more in which tokens of a request vLLM failed to abort would be counted
     assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < 200  # far from max_tokens=1000
 
 
@@ -176,11 +176,11 @@ def test_a_killed_client_leaves_no_request_running(vllm_server, transport):
         from vllm_nnrp_plugin.nnrp_binding.quic import PEER_SILENT_S
 
         assert wait_idle(vllm_server, PEER_SILENT_S + 15), "vLLM still runs the dead client's request"
-        time.sleep(1)
+        time.sleep(1)  # a second more in which tokens of a request vLLM failed to abort would be counted
         assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < LONG["max_tokens"]  # cut short
         return
     assert wait_idle(vllm_server), "vLLM still runs the dead client's request"
-    time.sleep(1)
+    time.sleep(1)  # a second more in which tokens of a request vLLM failed to abort would be counted
     assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < 200
 
 
@@ -292,7 +292,7 @@ def test_every_api_server_process_serves_nnrp_on_its_rank_address(tmp_path, vllm
         while len(lines := [l for l in server.output().splitlines() if "NNRP listening on" in l]) < 2:
             assert time.monotonic() < deadline and server.proc.poll() is None, server.tail()
             time.sleep(0.5)
-        time.sleep(2)
+        time.sleep(2)  # a negative check: no third listener attaches late
         lines = [l for l in server.output().splitlines() if "NNRP listening on" in l]
         assert len(lines) == 2, lines  # one listener per API-server process, none attached twice
         by_rank = {r: next(l for l in lines if f"API server {r} of 2" in l) for r in (0, 1)}
@@ -319,7 +319,7 @@ def test_every_api_server_process_serves_nnrp_on_its_rank_address(tmp_path, vllm
         finally:
             client.close()
         assert wait_idle(server), "vLLM still runs the request cancelled on rank 1"
-        time.sleep(1)
+        time.sleep(1)  # a second more in which tokens of a request vLLM failed to abort would be counted
         assert server.metric("vllm:generation_tokens_total") - tokens_before < 200
     finally:
         server.stop()

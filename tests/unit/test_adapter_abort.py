@@ -34,7 +34,7 @@ class FailingSlowToCloseBackend:
             for _ in range(3):
                 yield CHUNK
             yield {"error": {"message": "engine hiccup", "type": "InternalServerError", "code": 500}}
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # nothing more comes: the adapter closes the stream after the error
         finally:
             self.closing.set()
             await asyncio.sleep(self.close_s)

@@ -37,6 +37,7 @@ class Server:
         self.answer = answer
         self.events: list = []
         self.envelopes: list[dict] = []
+        self.received = asyncio.Condition()  # notified after each read's events were recorded
         self._server: asyncio.Server | None = None
 
     async def __aenter__(self) -> str:
@@ -67,6 +68,8 @@ class Server:
                 elif isinstance(event, ev.OperationCancelled):
                     core.send_result_drop_reason(event.session_id, event.frame_id, event.operation_id, 0, 3, b"x")
             writer.write(core.data_to_send())
+            async with self.received:
+                self.received.notify_all()
         writer.close()
 
     def of(self, kind: type) -> list:
@@ -74,11 +77,13 @@ class Server:
 
 
 async def settle(server: Server, kind: type, count: int = 1) -> list:
-    for _ in range(500):
-        if len(server.of(kind)) >= count:
-            return server.of(kind)
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"no {kind.__name__}: {server.events}")
+    """The server's events of ``kind`` once there are ``count``; AssertionError after 5 s."""
+    try:
+        async with server.received:
+            await asyncio.wait_for(server.received.wait_for(lambda: len(server.of(kind)) >= count), 5)
+    except TimeoutError:
+        raise AssertionError(f"no {kind.__name__}: {server.events}") from None
+    return server.of(kind)
 
 
 def run(coro):

@@ -80,7 +80,7 @@ def test_cancelling_the_rest_cancels_the_coroutine_where_it_waits(gate_done):
     async def waits(gate: asyncio.Future[None]) -> None:
         try:
             await gate
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # waits until cancelled
         except asyncio.CancelledError:
             seen.append("cancelled")
             raise

@@ -43,7 +43,7 @@ def shut_down_like_vllm(stop, grace_s=0.0, vllm_timeout=0, killed_at_timeout=Fal
 def test_the_nnrp_stop_finishes_before_the_engine_shuts_down():
     async def stop(order, grace):
         order.append(f"nnrp stop begins grace={grace}")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a stop that takes a while, well within the budget
         order.append("nnrp stop ends")
 
     assert shut_down_like_vllm(stop, grace_s=30.0) == [
@@ -78,7 +78,7 @@ def test_drain_grace(grace_s, vllm_timeout, killed, expected):
 def test_a_stop_that_hangs_does_not_hold_the_engine_shutdown_past_the_budget(monkeypatch):
     async def stop(order, grace):
         order.append("nnrp stop begins")
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # a stop that hangs
 
     monkeypatch.setattr(shutdown_module, "STOP_BUDGET_S", 0.2)
     assert shut_down_like_vllm(stop) == [

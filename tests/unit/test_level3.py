@@ -109,10 +109,12 @@ class ScriptedServingEmbedding:
     def __init__(self, answer=None, raises=None, block: bool = False) -> None:
         self.model_config = types.SimpleNamespace(is_matryoshka=False, matryoshka_dimensions=None)
         self.answer, self.raises, self.block, self.calls = answer, raises, block, []
+        self.blocked = asyncio.Event()  # set once a ``block`` call waits (vLLM runs the request)
 
     async def __call__(self, request, raw_request=None):
         self.calls.append((request, raw_request))
         if self.block:
+            self.blocked.set()
             await asyncio.Event().wait()
         if self.raises is not None:
             raise self.raises
@@ -135,7 +137,8 @@ def pooling_state(serving):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_embeddings_answer_with_vllms_body_under_the_embd_engine_id(vllm_embed, version, case):
     serving = ScriptedServingEmbedding(answer=recorded(case, version))
-    backend = VLLMBackend(pooling_state(serving), vllm_version="0.26.0", binding=binding_for((0, 26)))
+    state = pooling_state(serving)
+    backend = VLLMBackend(state, vllm_version="0.26.0", binding=binding_for((0, 26)))
     traceparent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
     call = run(backend.create("embeddings.create", request_of(case, version), "nnrp-7", traceparent))
     assert call.body == recorded(case, version) and len(call.body["data"]) == 2
@@ -145,22 +148,24 @@ def test_embeddings_answer_with_vllms_body_under_the_embd_engine_id(vllm_embed, 
     assert raw_request.headers["x-request-id"] == "nnrp-7" and raw_request.headers["traceparent"].startswith("00-aaaa")
     assert backend.engine_request_id("embeddings.create", "nnrp-7") == "embd-nnrp-7"
     run(backend.abort("embeddings.create", "nnrp-7"))  # finished: nothing left to abort
-    assert backend._engine.aborted == []
+    assert state.engine_client.aborted == []
 
 
 def test_an_unfinished_embedding_aborts_every_inputs_engine_request(vllm_embed):
-    backend = VLLMBackend(pooling_state(ScriptedServingEmbedding(block=True)), vllm_version="0.26.0", binding=binding_for((0, 26)))
+    serving = ScriptedServingEmbedding(block=True)
+    state = pooling_state(serving)
+    backend = VLLMBackend(state, vllm_version="0.26.0", binding=binding_for((0, 26)))
 
     async def cancelled():
         task = asyncio.ensure_future(backend.create("embeddings.create", request_of("embeddings-a-float"), "nnrp-9"))
-        await asyncio.sleep(0.01)
+        await serving.blocked.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await backend.abort("embeddings.create", "nnrp-9")
 
     run(cancelled())
-    assert backend._engine.aborted == [["embd-nnrp-9-0", "embd-nnrp-9-1"]]
+    assert state.engine_client.aborted == [["embd-nnrp-9-0", "embd-nnrp-9-1"]]
 
 
 def test_the_capability_document_of_a_pooling_server_claims_level_3(vllm_embed):
@@ -200,13 +205,14 @@ def test_vllms_errors_map_to_the_profiles_codes_with_vllms_message(vllm_embed, c
 )
 def test_bodies_vllm_cannot_answer_in_json_are_refused_before_vllm_is_called(vllm_embed, body, says):
     serving = ScriptedServingEmbedding(answer=recorded("embeddings-a-float"))
-    backend = VLLMBackend(pooling_state(serving), vllm_version="0.26.0", binding=binding_for((0, 26)))
+    state = pooling_state(serving)
+    backend = VLLMBackend(state, vllm_version="0.26.0", binding=binding_for((0, 26)))
     with pytest.raises(E.ProfileError) as info:
         run(backend.create("embeddings.create", body, "nnrp-4"))
     assert info.value.code == E.INVALID_REQUEST and says in info.value.message
     assert serving.calls == []
     run(backend.abort("embeddings.create", "nnrp-4"))
-    assert backend._engine.aborted == []  # no engine request was started
+    assert state.engine_client.aborted == []  # no engine request was started
 
 
 # -- the project's Level 3 recipes ---------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import pathlib
 import threading
-import time
 
 import orjson
 import pytest
@@ -25,7 +24,7 @@ from nnrp.server import (
 
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ClientConnectionError, connect
-from tests.support import self_signed
+from tests.support import self_signed, wait_until
 from tests.wire.native_accept import Acceptor
 
 DATA = pathlib.Path(__file__).parent / "data" / "captures"
@@ -108,7 +107,7 @@ class NativeEcho:
                             with contextlib.suppress(NativeRuntimeError):  # the client already went away
                                 session.close()
                             self.closed_sessions += 1
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # the native sessions are polled (no wake-up on this loop)
             with contextlib.suppress(NativeWouldBlockError):
                 await accept  # not cancelled: the thread would still hold the native accept
 
@@ -190,10 +189,7 @@ def test_open_submit_partials_push_close(native):
         {"type": "response.output_text.delta", "delta": "t1"}, {"type": "response.output_text.delta", "delta": "t2"},
         {"type": "response.output_text.delta", "delta": "t3"}, {"type": "response.completed", "n": 3},
     ]  # fmt: skip
-    deadline = time.monotonic() + 5
-    while native.closed_sessions <= closed_before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert native.closed_sessions > closed_before  # the native server saw SESSION_CLOSE
+    assert wait_until(lambda: native.closed_sessions > closed_before)  # the native server saw SESSION_CLOSE
     assert native.carriers_seen == {native._transport}  # over the carrier asked for, nothing else
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 
 import orjson
 from nnrp.core import MessageType as T
 
+from tests.support import wait_until
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ProfileClient
 from vllm_nnrp_plugin.nnrp_wire import events as ev
@@ -68,13 +68,13 @@ class CoreServer:
 
 
 def wait_for(server: CoreServer, kind: type, count: int = 1) -> list:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        found = [e for e in server.events if isinstance(e, kind)]
-        if len(found) >= count:
-            return found
-        time.sleep(0.01)
-    raise AssertionError(f"no {kind.__name__} in {server.events}")
+    """The server core's events of ``kind`` once there are ``count``; AssertionError after 10 s."""
+
+    def found() -> list:
+        return [e for e in server.events if isinstance(e, kind)]
+
+    assert wait_until(lambda: len(found()) >= count, 10), f"no {kind.__name__} in {server.events}"
+    return found()
 
 
 def test_native_client_controls_reach_the_server_core_and_their_drops_come_back() -> None:

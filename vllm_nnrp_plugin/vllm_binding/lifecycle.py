@@ -20,6 +20,7 @@ from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys
 from vllm_nnrp_plugin.service import NNRPService
 from vllm_nnrp_plugin.vllm_binding.backend import VLLMBackend
 from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE, api_keys
+from vllm_nnrp_plugin.vllm_binding.fault_injection import with_fault_injection
 from vllm_nnrp_plugin.vllm_binding.gate import decision_for, middleware_enables
 from vllm_nnrp_plugin.vllm_binding.ranks import rank_listen
 from vllm_nnrp_plugin.vllm_binding.shutdown import stop_before_engine_shutdown
@@ -46,7 +47,8 @@ async def start_service(state: Any, attach_path: str) -> None:
     Settings: ``state.vllm_config.additional_config["nnrp"]`` plus the environment (:func:`load_config`); the
     middleware path counts as enabling unless ``nnrp.enabled`` is explicitly false. The vLLM version and family
     binding are the start-up gate's decision (:func:`.gate.decision_for`: made at CLI-parse time in this process,
-    or here where the gate did not run).
+    or here where the gate did not run). With ``nnrp.fault_injection_backend_error_model`` (test only) the backend
+    is wrapped here (:mod:`.fault_injection`), the one place in the package that installs it.
     API-server rank ``r`` of ``N`` listens on the addresses of :func:`rank_listen`; only rank 0 serves the
     standalone ``/metrics`` of ``nnrp.metrics_listen``. vLLM's engine shutdown (SIGTERM/SIGINT) first stops
     this service gracefully (:mod:`.shutdown`).
@@ -73,7 +75,8 @@ async def start_service(state: Any, attach_path: str) -> None:
     backend = VLLMBackend(state, config.operations, vllm_version=decision.vllm_version, binding=decision.binding,
                           priorities=config.vllm_priorities())
     await backend.prove_lanes()
-    service = NNRPService(config, backend, asyncio.get_running_loop(), keys=keys)
+    served = with_fault_injection(backend, config.fault_injection_backend_error_model)  # test only, off by default
+    service = NNRPService(config, served, asyncio.get_running_loop(), keys=keys)
     bound = await service.start()
     setattr(state, _SERVICE, service)
     undo = stop_before_engine_shutdown(

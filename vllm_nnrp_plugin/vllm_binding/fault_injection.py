@@ -5,6 +5,10 @@ The conformance suite's only fault channel is ``model == "backend-error"`` (its 
 404 ``model_not_found``. Setting ``nnrp.fault_injection_backend_error_model``
 (off by default, never for production) makes this wrapper answer requests for that model with
 ``response.error`` ``backend_error`` (status 500) before they reach vLLM. Everything else passes through.
+
+Installed where the backend is built from the configuration, outside the service: the vLLM binding's start-up
+(:func:`vllm_nnrp_plugin.vllm_binding.lifecycle.start_service`) wraps the backend it hands to
+:class:`vllm_nnrp_plugin.service.NNRPService`, which never sees the setting.
 """
 
 from __future__ import annotations
