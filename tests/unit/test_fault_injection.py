@@ -45,6 +45,9 @@ def _served_backend(monkeypatch, nnrp: dict) -> object:
         async def start(self) -> list[str]:
             return ["tcp://127.0.0.1:9400"]
 
+        async def drain(self, grace_s: float) -> None:
+            pass
+
     decision = types.SimpleNamespace(vllm_version="0.0.0", binding=types.SimpleNamespace(name="test"), untested=False)
     monkeypatch.setattr(lifecycle, "VLLMBackend", _Backend)
     monkeypatch.setattr(lifecycle, "NNRPService", Service)
