@@ -36,6 +36,13 @@ _NETWORK_SCHEMES = {
     "wss": ("websocket", "wss", True),
     "quic": ("quic", "quic", True),
 }
+#: the ALPN protocol id of NNRP/1 (NagareWorks/nnrp-doc ``docs/en/design/v1-preview1.md`` §5.1; nnrp-rs
+#: ``crates/nnrp-core/src/header.rs``) on ``nnrps`` and ``quic``: the server selects it when a client offers it
+#: and serves a client that offers none (nnrp-py's native clients) without ALPN; the client offers it
+ALPN = "nnrp/1"
+#: the ALPN protocol id of ``wss``: WebSocket runs over HTTP/1.1 (RFC 6455 §4.1; nnrp-rs' rustls server selects none)
+ALPN_WEBSOCKET = "http/1.1"
+
 _FORMS = "tcp://HOST:PORT, nnrps://HOST:PORT, unix:///ABSOLUTE/PATH.sock, ws(s)://HOST:PORT/PATH or quic://HOST:PORT"
 
 

@@ -53,6 +53,7 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 
 from vllm_nnrp_plugin.client.errors import ClientConnectionError
+from vllm_nnrp_plugin.endpoints import ALPN
 
 if TYPE_CHECKING:
     from vllm_nnrp_plugin.client.connection import Connection
@@ -289,7 +290,7 @@ def _describe(close: qe.ConnectionTerminated) -> str:
 
 async def open_quic(
     nnrp: Connection, host: str, port: int, *, trusted_cert_der: bytes | None = None, tls_ca_file: str | None = None,
-    alpn: str | None = "nnrp/1",
+    alpn: str | None = ALPN,
 ) -> QuicCarrier:
     """Connect to ``host``:``port`` over QUIC on the running loop, complete the handshake and attach ``nnrp``
     (its ``connection_made`` gets the carrier); with ``alpn`` refused (``no_application_protocol``) once more

@@ -15,7 +15,7 @@ The mapping is the server's (:mod:`vllm_nnrp_plugin.nnrp_binding.websocket`) and
 * every NNRP packet travels as exactly one binary message (§5.6), in both directions: the wire core's output of
   one loop iteration (whole packets back to back) is cut at the packet boundaries of the 40-byte NNRP common
   header (``meta_len`` and ``body_len``, u32 little-endian at offset 12:
-  :data:`vllm_nnrp_plugin.nnrp_wire.framing.HEADER_LENGTH`) and each packet is sent as one masked (§5.3), final
+  :func:`vllm_nnrp_plugin.nnrp_wire.framing.split_packets`) and each packet is sent as one masked (§5.3), final
   binary frame; all of them joined into one ``transport.write``. A received message must end on a packet
   boundary (several whole packets are taken too, as the plugin's server takes them); one that ends inside a
   packet, or is empty, fails the connection with close code 1002, a text message with 1003 (§7.4.1), and
@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl as _ssl
-import struct
 from typing import TYPE_CHECKING, Any
 
 from wsproto import ConnectionType, WSConnection
@@ -57,89 +56,23 @@ from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from vllm_nnrp_plugin.client.errors import ClientConnectionError
-from vllm_nnrp_plugin.nnrp_wire.framing import HEADER_LENGTH
+from vllm_nnrp_plugin.nnrp_wire.framing import PacketBoundary, split_packets
 
 if TYPE_CHECKING:
     from vllm_nnrp_plugin.client.connection import Connection
 
-__all__ = ["CLOSE_TIMEOUT_S", "DEFAULT_PATH", "WebSocketCarrier", "open_websocket", "split_packets"]
+__all__ = ["CLOSE_TIMEOUT_S", "DEFAULT_PATH", "WebSocketCarrier", "open_websocket"]
 
 #: the path of the Upgrade when the address names none (:func:`vllm_nnrp_plugin.endpoints.parse_endpoint`)
 DEFAULT_PATH = "/nnrp"
 #: seconds the client waits for the server's close frame after sending its own before closing TCP anyway
 CLOSE_TIMEOUT_S = 2.0
-#: the ALPN protocol id a ``wss`` client offers: WebSocket runs over HTTP/1.1 (RFC 6455 §4.1; the plugin's server
-#: selects it for ``wss``, nnrp-rs' rustls server selects none)
-ALPN_HTTP11 = "http/1.1"
 
 #: close codes this client sends when it fails the connection (RFC 6455 §7.4.1)
 CLOSE_PROTOCOL_ERROR = int(CloseReason.PROTOCOL_ERROR)  # 1002
 CLOSE_UNSUPPORTED_DATA = int(CloseReason.UNSUPPORTED_DATA)  # 1003
 #: close codes that end the NNRP connection as a clean end of stream, not as a loss
 _CLEAN_CLOSES = (int(CloseReason.NORMAL_CLOSURE), int(CloseReason.NO_STATUS_RCVD))
-
-_lengths = struct.Struct("<II").unpack_from  # meta_len, body_len of an NNRP common header
-_LENGTHS_AT = 12
-
-
-def split_packets(data: bytes) -> list[bytes]:
-    """``data``, whole NNRP packets back to back (the wire core's ``data_to_send()``), as one ``bytes`` per
-    packet (sizes from each 40-byte common header: header + ``meta_len`` + ``body_len``). A trailing partial
-    packet — which the core never queues — is returned as it is, as the last item."""
-    end = len(data)
-    if end < HEADER_LENGTH:
-        return [data]
-    meta_len, body_len = _lengths(data, _LENGTHS_AT)
-    if HEADER_LENGTH + meta_len + body_len >= end:  # one packet: the usual write of a token-sized control
-        return [data]
-    packets = []
-    pos = 0
-    while pos < end:
-        if end - pos < HEADER_LENGTH:
-            packets.append(data[pos:])
-            break
-        meta_len, body_len = _lengths(data, pos + _LENGTHS_AT)
-        size = HEADER_LENGTH + meta_len + body_len
-        packets.append(data[pos : pos + size])
-        pos += size
-    return packets
-
-
-class _PacketBoundary:
-    """Where a received byte stream stands against NNRP packet boundaries: :attr:`at_boundary` is true between
-    packets (the end of every binary message must be there)."""
-
-    __slots__ = ("_head", "_rest")
-
-    def __init__(self) -> None:
-        self._head = bytearray()  # the header bytes of the packet being received, while fewer than 40
-        self._rest = 0  # metadata + body bytes of the packet being received still to come
-
-    @property
-    def at_boundary(self) -> bool:
-        return not self._rest and not self._head
-
-    def feed(self, data: bytes) -> None:
-        pos, end = 0, len(data)
-        while pos < end:
-            if self._rest:
-                step = min(self._rest, end - pos)
-                self._rest -= step
-                pos += step
-                continue
-            if not self._head and end - pos >= HEADER_LENGTH:  # a whole header at hand: no copy
-                meta_len, body_len = _lengths(data, pos + _LENGTHS_AT)
-                pos += HEADER_LENGTH
-            else:
-                take = min(HEADER_LENGTH - len(self._head), end - pos)
-                self._head += data[pos : pos + take]
-                pos += take
-                if len(self._head) < HEADER_LENGTH:
-                    return
-                meta_len, body_len = _lengths(self._head, _LENGTHS_AT)
-                self._head.clear()
-            self._rest = meta_len + body_len
-
 
 class WebSocketCarrier(asyncio.Protocol):
     """The ``asyncio.Protocol`` of one TCP (or TLS) connection carrying NNRP over WebSocket, and the transport
@@ -161,7 +94,7 @@ class WebSocketCarrier(asyncio.Protocol):
         self._lost_told = False  # ``nnrp`` was told connection_lost
         self._closing = False  # close() or abort() ran, or the connection ended: nothing more is sent
         self._reason: Exception | None = None  # why the NNRP connection ended, when it was not a clean end
-        self._boundary = _PacketBoundary()
+        self._boundary = PacketBoundary()
         self._message_bytes = 0  # bytes of the binary message being received
         self._close_timer: asyncio.TimerHandle | None = None
 

@@ -46,7 +46,7 @@ import attrs
 
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import exposure
-from vllm_nnrp_plugin.endpoints import Carrier
+from vllm_nnrp_plugin.endpoints import ALPN_WEBSOCKET, Carrier
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys, authenticator_for
 from vllm_nnrp_plugin.nnrp_binding.bounds import ACCEPT_PAUSE_S, BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
@@ -135,7 +135,7 @@ class Listener:
         exposure.before_bind(carrier)
         tls = exposure.server_ssl_context(self._exposure) if carrier.tls else None
         if tls is not None and carrier.transport == "websocket":
-            tls.set_alpn_protocols(["http/1.1"])  # WebSocket runs over HTTP/1.1 (RFC 6455 §4.1)
+            tls.set_alpn_protocols([ALPN_WEBSOCKET])
         if carrier.transport == "quic":
             await self._bind_quic(carrier)
         elif carrier.transport == "ipc":

@@ -55,7 +55,8 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 
-from vllm_nnrp_plugin.nnrp_binding.exposure import ALPN, Exposure, ListenError
+from vllm_nnrp_plugin.endpoints import ALPN
+from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol
 
 logger = logging.getLogger(__name__)

@@ -59,7 +59,7 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from vllm_nnrp_plugin.log_safety import loggable
 from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol
-from vllm_nnrp_plugin.nnrp_wire.framing import HEADER_LENGTH
+from vllm_nnrp_plugin.nnrp_wire.framing import packet_length
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +73,6 @@ CLOSE_MESSAGE_TOO_BIG = int(CloseReason.MESSAGE_TOO_BIG)  # 1009
 
 #: the end of an HTTP/1.1 request head: an empty line, with CRLF or bare LF line ends (RFC 9112 §2.2, as h11 reads it)
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
-_lengths = struct.Struct("<II").unpack_from  # meta_len, body_len of an NNRP common header, at offset 12
-_LENGTHS_AT = 12
 _pack_u16 = struct.Struct("!H").pack
 _pack_u64 = struct.Struct("!Q").pack
 
@@ -83,8 +81,7 @@ def binary_frames(data: bytes) -> bytes:
     """``data``, whole NNRP packets back to back (the wire core's output), as one unmasked, final binary
     WebSocket frame per packet (RFC 6455 §5.2; what ``wsproto``'s server ``send(BytesMessage(...))`` makes)."""
     end = len(data)
-    meta_len, body_len = _lengths(data, _LENGTHS_AT)
-    size = HEADER_LENGTH + meta_len + body_len
+    size = packet_length(data)
     if size == end:  # one packet: the usual flush of a streamed token
         return _frame_header(size) + data
     parts: list[bytes] = []
@@ -97,8 +94,7 @@ def binary_frames(data: bytes) -> bytes:
         pos += size
         if pos >= end:
             return b"".join(parts)
-        meta_len, body_len = _lengths(data, pos + _LENGTHS_AT)
-        size = HEADER_LENGTH + meta_len + body_len
+        size = packet_length(data, pos)
 
 
 #: an ``allowed_origins`` entry that accepts every ``Origin``
