@@ -40,7 +40,8 @@ from vllm_nnrp_plugin.auth_block import bearer_block
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, SessionGate
-from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection, binary_frames
+from vllm_nnrp_plugin.carriers.websocket import binary_frames
+from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED

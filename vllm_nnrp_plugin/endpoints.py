@@ -40,6 +40,8 @@ _NETWORK_SCHEMES = {
 #: ``crates/nnrp-core/src/header.rs``) on ``nnrps`` and ``quic``: the server selects it when a client offers it
 #: and serves a client that offers none (nnrp-py's native clients) without ALPN; the client offers it
 ALPN = "nnrp/1"
+#: the path of a WebSocket address that names none: the Upgrade's target (nnrp-rs' and nnrp-py's route)
+WEBSOCKET_PATH = "/nnrp"
 #: the ALPN protocol id of ``wss``: WebSocket runs over HTTP/1.1 (RFC 6455 §4.1; nnrp-rs' rustls server selects none)
 ALPN_WEBSOCKET = "http/1.1"
 
@@ -102,7 +104,7 @@ def parse_endpoint(uri: str) -> Carrier:
     netloc = f"{authority}:{port}"
     path = ""
     if transport == "websocket":
-        path = parts.path or "/nnrp"
+        path = parts.path or WEBSOCKET_PATH
     elif parts.path not in ("", "/"):
         raise EndpointError(f"{uri!r}: only WebSocket addresses take a path")
     endpoint = f"{'nnrps' if tls and transport != 'quic' else 'nnrp'}://{authority}"

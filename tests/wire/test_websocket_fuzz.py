@@ -358,14 +358,14 @@ def _check_bounded(protocol: WebSocketConnection, budget: BufferBudget, transpor
     assert budget.used <= MAX_PACKET, budget.used
     if transport.is_closing():
         return
-    connection = protocol._ws.connection
+    connection = protocol._ws._ws.connection  # the carrier mapping's wsproto connection
     if connection is not None:  # wsproto internals: checked while they are where 1.3 keeps them
         buffer = getattr(getattr(getattr(getattr(connection, "_proto", None), "_frame_decoder", None), "buffer", None),
                          "buffer", None)  # fmt: skip
         if buffer is not None:
             assert len(buffer) <= 14 + 125, len(buffer)
-    elif protocol._head is not None:
-        assert len(protocol._head) <= H11_MAX_HEAD + 2, len(protocol._head)
+    elif protocol._ws._head is not None:
+        assert len(protocol._ws._head) <= H11_MAX_HEAD + 2, len(protocol._ws._head)
 
 
 def drive(client: WSConnection, data: bytes, cuts: list[int], **kwargs) -> Run:

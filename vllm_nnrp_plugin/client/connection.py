@@ -130,7 +130,7 @@ async def connect(
             from vllm_nnrp_plugin.client import websocket
 
             tls = _tls_context(trusted_cert_der, tls_ca_file, alpn=ALPN_WEBSOCKET) if carrier.tls else None
-            path = urllib.parse.urlsplit(carrier.provider_uri).path or websocket.DEFAULT_PATH
+            path = urllib.parse.urlsplit(carrier.provider_uri).path  # parse_endpoint: WEBSOCKET_PATH when none was named
             await websocket.open_websocket(conn, host, port, path, ssl=tls)
         else:
             from vllm_nnrp_plugin.client import quic

@@ -3,8 +3,9 @@ recovery, flow control; its timers armed on the loop by :class:`aioquic.asyncio.
 between a UDP socket and the same connection as every other carrier's
 (:class:`.connection.ConnectionProtocol`, the project's wire core).
 
-The mapping is nnrp-rs' (``crates/nnrp-transport-quic/src/lib.rs``: quinn, ``QuicTransport``), checked against
-nnrp-py 1.0.0rc4.post20's native QUIC client (``tests/test_quic.py``):
+The mapping (the NNRP stream, what each QUIC event means for it) is :mod:`vllm_nnrp_plugin.carriers.quic`'s,
+shared with the client; nnrp-rs' (``crates/nnrp-transport-quic/src/lib.rs``: quinn, ``QuicTransport``), checked
+against nnrp-py 1.0.0rc4.post20's native QUIC client (``tests/test_quic.py``):
 
 * one connection carries one NNRP byte stream: the client's first bidirectional stream (stream id 0, RFC 9000
   §2.1), NNRP packets back to back in both directions exactly as on TCP; the server opens no stream and
@@ -26,9 +27,8 @@ nnrp-py 1.0.0rc4.post20's native QUIC client (``tests/test_quic.py``):
   timeout. A client that merely does not read is not silent: its acknowledgements keep coming, and its flow
   control holds the rest back (then nothing waits for an acknowledgement).
 
-aioquic 1.x internals read here (no public call gives them): a stream's unacknowledged send buffer and
-whether its FIN was acknowledged (``QuicConnection._streams``, ``QuicStreamSender._buffer`` / ``is_finished``),
-the bytes in flight (``QuicConnection._loss.bytes_in_flight``), and the TLS context made at the first datagram
+aioquic 1.x internals read here (no public call gives them): beside the NNRP stream's send buffer
+(:mod:`vllm_nnrp_plugin.carriers.quic`), the bytes in flight (``QuicConnection._loss.bytes_in_flight``), and the TLS context made at the first datagram
 (``QuicConnection._initialize``, :class:`_AlpnWhenOffered`); ``tests/test_quic.py`` exercises each.
 
 Bounds: over ``max_connections`` a new connection is closed with CONNECTION_REFUSED (0x2) right after its first
@@ -55,18 +55,15 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 
+from vllm_nnrp_plugin.carriers.quic import IDLE_TIMEOUT_S, NNRPStream, StreamBroken, StreamData
 from vllm_nnrp_plugin.endpoints import ALPN
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol
 
 logger = logging.getLogger(__name__)
 
-#: the only stream of an NNRP connection: the client's first bidirectional one (RFC 9000 §2.1)
-NNRP_STREAM_ID = 0
 #: seconds a cleanly ended connection waits for the client to acknowledge the last packets and the FIN
 CLOSE_GRACE_S = 2.0
-#: seconds of silence after which a QUIC connection ends (RFC 9000 §10.1; aioquic's default)
-IDLE_TIMEOUT_S = 60.0
 #: seconds without a single packet from the client while packets sent to it wait for its acknowledgement, after
 #: which it is taken for gone (a killed client sends no CONNECTION_CLOSE, and UDP has no reset); long enough for a
 #: live client whose process stalls under load (``docs/benchmarks/README.md``, Carriers)
@@ -129,7 +126,7 @@ class QuicStreamTransport(asyncio.Transport):
         if self._closing:
             return
         owner = self._owner
-        owner._quic.send_stream_data(NNRP_STREAM_ID, bytes(data))
+        owner.nnrp_stream.send(bytes(data))
         owner.transmit()
         owner.watch_silence()
         self.check_buffer()
@@ -202,6 +199,7 @@ class NNRPQuicConnection(QuicConnectionProtocol):
         #: told once the QUIC connection terminated (the server forgets it)
         self.on_terminated: Callable[[NNRPQuicConnection], None] = lambda connection: None
         self._silence_check: asyncio.TimerHandle | None = None
+        self.nnrp_stream = NNRPStream(quic, "client")
         self.stream = QuicStreamTransport(self)
         self.nnrp = attach(self.stream)
         self._refused = self.nnrp is None
@@ -220,28 +218,21 @@ class NNRPQuicConnection(QuicConnectionProtocol):
             self.transmit()
             return
         if self._finishing is not None:  # a clean end waits for the acknowledgement of its last packets
-            if self._sent_everything():
+            if self.nnrp_stream.sent_everything():
                 self._close_now()
         elif self.nnrp is not None and not self._ended:
             self.stream.check_buffer()  # acknowledgements may have drained the write buffer
 
     def quic_event_received(self, event: qe.QuicEvent) -> None:
-        kind = type(event)
-        if kind is qe.StreamDataReceived:
-            if event.stream_id != NNRP_STREAM_ID:  # type: ignore[attr-defined]
-                self.fail(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream, the client's first "
-                          "bidirectional one", frame_type=QuicFrameType.STREAM_BASE)  # fmt: skip
-                return
-            self._on_stream_data(event.data, event.end_stream)  # type: ignore[attr-defined]
+        meant = self.nnrp_stream.event(event)
+        kind = type(meant)
+        if kind is StreamData:
+            self._on_stream_data(meant.data, meant.end)  # type: ignore[union-attr]
+        elif kind is StreamBroken:
+            self.fail(meant.code, meant.reason, frame_type=meant.frame_type)  # type: ignore[union-attr]
         elif kind is qe.ConnectionTerminated:
             self._lose()
             self.on_terminated(self)
-        elif kind in (qe.StreamReset, qe.StopSendingReceived):
-            if event.stream_id == NNRP_STREAM_ID:  # type: ignore[attr-defined]
-                self.fail(QuicErrorCode.NO_ERROR, "the client reset the NNRP stream")
-            else:
-                self.fail(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream",
-                          frame_type=QuicFrameType.STREAM_BASE)  # fmt: skip
 
     # -- the NNRP stream --------------------------------------------------------------------------------------
 
@@ -276,8 +267,7 @@ class NNRPQuicConnection(QuicConnectionProtocol):
 
     def unacknowledged(self) -> int:
         """Bytes of the NNRP stream sent or queued and not yet acknowledged by the client."""
-        stream = self._quic._streams.get(NNRP_STREAM_ID)
-        return 0 if stream is None else len(stream.sender._buffer)
+        return self.nnrp_stream.unacknowledged()
 
     def watch_silence(self) -> None:
         """After a send: make sure the client's silence is checked :data:`PEER_SILENT_S` from now."""
@@ -295,10 +285,6 @@ class NNRPQuicConnection(QuicConnectionProtocol):
         else:
             self._silence_check = self._loop.call_later(PEER_SILENT_S - silent_s, self._check_silence)
 
-    def _sent_everything(self) -> bool:
-        stream = self._quic._streams.get(NNRP_STREAM_ID)
-        return stream is None or stream.sender.is_finished
-
     # -- ending -----------------------------------------------------------------------------------------------
 
     @property
@@ -308,8 +294,7 @@ class NNRPQuicConnection(QuicConnectionProtocol):
 
     def finish(self) -> None:
         """A clean end: FIN on the NNRP stream; the connection closes when it was acknowledged."""
-        if NNRP_STREAM_ID in self._quic._streams:
-            self._quic.send_stream_data(NNRP_STREAM_ID, b"", end_stream=True)
+        self.nnrp_stream.finish()
         self.transmit()
         self._finishing = self._loop.call_later(CLOSE_GRACE_S, self._close_now)
         self._lose_soon()
