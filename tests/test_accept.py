@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.support import ServedNNRP, free_port, wait_until
-from vllm_nnrp_plugin.nnrp_binding import connection
+from vllm_nnrp_plugin.nnrp_binding import stream
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 
@@ -64,13 +64,13 @@ def test_a_burst_that_sent_its_handshake_before_it_was_accepted_is_answered_from
     """32 clients connect and send CLIENT_HELLO + SESSION_OPEN while the loop is busy: once it runs, each of
     their connections starts from the bytes the listener read as it accepted it, and every session opens."""
     firsts: list[bytes] = []
-    made = connection.ConnectionProtocol.__init__
+    made = stream.StreamConnection.__init__
 
     def recording(self, *args, **kwargs):
         firsts.append(kwargs.get("first", b""))
         made(self, *args, **kwargs)
 
-    monkeypatch.setattr(connection.ConnectionProtocol, "__init__", recording)
+    monkeypatch.setattr(stream.StreamConnection, "__init__", recording)
     uri = served.bound[transport]
     stall(served, 0.5)
     clients = [raw_socket(uri) for _ in range(32)]

@@ -1,6 +1,6 @@
 """NNRP over WebSocket (``ws://HOST:PORT/PATH``, ``wss://`` with TLS) on vLLM's event loop: the byte-stream
-carrier's connection (:class:`.connection.ConnectionProtocol`) with RFC 6455 between the transport and the
-project's wire core, through :class:`vllm_nnrp_plugin.carriers.websocket.NNRPWebSocket` (the mapping of NNRP
+carrier's shell (:class:`WebSocketConnection`) of an :class:`.connection.NNRPConnection`, with RFC 6455
+between the transport and the project's wire core through :class:`vllm_nnrp_plugin.carriers.websocket.NNRPWebSocket` (the mapping of NNRP
 onto RFC 6455, sans-IO, shared with the client: one binary message per packet, the close codes of a text
 message, of a message over the packet limit or not ending on a packet boundary, pings, the close handshake).
 
@@ -30,6 +30,7 @@ listener's budget as on TCP.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from wsproto import ConnectionType
@@ -38,7 +39,8 @@ from wsproto.utilities import RemoteProtocolError
 
 from vllm_nnrp_plugin.carriers import websocket as mapping
 from vllm_nnrp_plugin.log_safety import loggable
-from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol
+from vllm_nnrp_plugin.nnrp_binding.connection import NNRPConnection
+from vllm_nnrp_plugin.nnrp_binding.stream import prepare, unread_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -66,28 +68,42 @@ def _origin_refused(request: Request, origins: frozenset[str]) -> str | None:
     return None
 
 
-class WebSocketConnection(ConnectionProtocol):
-    """One accepted ``ws`` / ``wss`` connection (``transport_name`` ``websocket``); ``path``: the path the
-    Upgrade must request (the listen address's, ``/nnrp`` by default); ``origins``: the ``Origin`` values it
-    accepts (:func:`allowed_origins`; default none). Everything else as :class:`.connection.ConnectionProtocol`."""
+class WebSocketConnection(asyncio.Protocol):
+    """The ``asyncio.Protocol`` of one accepted ``ws`` / ``wss`` connection, and its NNRP connection's
+    :class:`.connection.Carrier`. ``nnrp``: the NNRP connection (``transport_name`` ``websocket``); ``path``: the
+    path the Upgrade must request (the listen address's, ``/nnrp`` by default); ``origins``: the ``Origin``
+    values it accepts (:func:`allowed_origins`; default none); ``first``: bytes the listener read from the socket
+    as it accepted it, taken as the first read; ``tcp_nodelay``: set TCP_NODELAY."""
 
-    def __init__(self, *args, path: str, origins: frozenset[str] = frozenset(), **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, nnrp: NNRPConnection, *, path: str, origins: frozenset[str] = frozenset(), first: bytes = b"",
+                 tcp_nodelay: bool = True) -> None:  # fmt: skip
+        self.nnrp = nnrp
         self._path = path
         self._origins = origins
-        self._ws = mapping.NNRPWebSocket(ConnectionType.SERVER, max_message_bytes=self.max_packet_bytes)
+        self._first = first
+        self._tcp_nodelay = tcp_nodelay
+        self._ws = mapping.NNRPWebSocket(ConnectionType.SERVER, max_message_bytes=nnrp.max_packet_bytes)
+        self._transport: asyncio.Transport | None = None
         self._open = False  # the Upgrade was accepted and no close frame went out yet
 
-    # -- input ------------------------------------------------------------------------------------------------
+    # -- asyncio.Protocol ---------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        prepare(transport, self._tcp_nodelay)
+        self.nnrp.attach(self)
+        first, self._first = self._first, b""
+        if first and not transport.is_closing():
+            self.data_received(first)
 
     def data_received(self, data: bytes) -> None:
-        if self._handshake_timer is not None:
-            self._heard_at = self._loop.time()  # type: ignore[union-attr]  # the client's silence: connection.py
+        nnrp = self.nnrp
+        nnrp.heard()
         try:
             for event in self._ws.receive_data(data):
                 kind = type(event)
                 if kind is mapping.Payload:
-                    if not self._on_payload(event.data):  # type: ignore[union-attr]
+                    if not nnrp.feed(event.data) or not self._open:  # type: ignore[union-attr]
                         return
                 elif kind is mapping.UpgradeRequested:
                     self._on_request(event.request)  # type: ignore[union-attr]
@@ -106,75 +122,69 @@ class WebSocketConnection(ConnectionProtocol):
             self._reject(exc)
             return
         except Exception:  # a bug while handling this client's input: only this connection ends, logged once
-            logger.exception("NNRP connection %d on %s: handling its input failed; the connection is closed",
-                             self.connection_id, self.transport_name)  # fmt: skip
-            self.abort()
+            nnrp.failed_input()
             return
-        if self._open and self._account():
-            self.flush()
+        if self._open:
+            nnrp.read_done()
+
+    def eof_received(self) -> bool:
+        if self._open:
+            self._open = False
+            self.nnrp.end_of_stream()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self.nnrp.lost()
+
+    def pause_writing(self) -> None:
+        self.nnrp.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.nnrp.resume_writing()
+
+    # -- the WebSocket ----------------------------------------------------------------------------------------
 
     def _on_request(self, request: Request) -> None:
+        nnrp = self.nnrp
         if request.target.split("?", 1)[0] != self._path:
-            logger.debug("NNRP connection %d on %s: Upgrade for %s refused (not %s)", self.connection_id,
-                         self.transport_name, loggable(request.target), self._path)  # fmt: skip
+            logger.debug("NNRP connection %d on %s: Upgrade for %s refused (not %s)", nnrp.connection_id,
+                         nnrp.transport_name, loggable(request.target), self._path)  # fmt: skip
             self._write_raw(self._ws.reject(404))
             self._end_transport(None)
             return
         origin = _origin_refused(request, self._origins)
         if origin is not None:
             logger.info("NNRP connection %d on %s: WebSocket Upgrade from origin %s refused (403; "
-                        "nnrp.ws_allowed_origins)", self.connection_id, self.transport_name, loggable(origin))  # fmt: skip
-            self._handler.on_connection_refused(self.transport_name, "origin")
+                        "nnrp.ws_allowed_origins)", nnrp.connection_id, nnrp.transport_name, loggable(origin))  # fmt: skip
+            nnrp.refused("origin")
             self._write_raw(self._ws.reject(403))
             self._end_transport(None)
             return
         self._open = True
         self._write_raw(self._ws.accept())
 
-    def _on_payload(self, data: bytes) -> bool:
-        """Feed a piece of a binary message to the wire core; False when the connection ended."""
-        for event in self._core.receive_data(data):
-            if self._ending:  # ended for flooding beyond its credit (connection.py)
-                return False
-            self._handle(event)
-        return self._open
-
     def _on_close(self, close: mapping.PeerClosed) -> None:
         """The client's close frame: answered, and the connection ends."""
-        self.flush()  # the answers to the messages that came before the close frame go first
+        self.nnrp.flush()  # the answers to the messages that came before the close frame go first
         self._write_raw(close.answer)
         self._open = False
-        for event in self._core.receive_data(b""):  # as an end of stream: every operation stops
-            self._handle(event)
+        self.nnrp.end_of_stream()  # every operation stops
         self._end_transport(None)
 
     def _fail(self, code: int, reason: str) -> None:
         """Fail the WebSocket connection (RFC 6455 §7.1.7): a close frame with ``code``, every operation stops,
         the transport closes."""
-        logger.info("NNRP connection %d on %s closed (WebSocket %d): %s", self.connection_id, self.transport_name,
-                    code, loggable(reason))  # fmt: skip
+        logger.info("NNRP connection %d on %s closed (WebSocket %d): %s", self.nnrp.connection_id,
+                    self.nnrp.transport_name, code, loggable(reason))  # fmt: skip
         self._end_transport(code, reason)
-        self._lose_all("client_disconnected")
+        self.nnrp.lose()
 
     def _reject(self, exc: RemoteProtocolError) -> None:
-        logger.debug("NNRP connection %d on %s: bad WebSocket Upgrade: %s", self.connection_id, self.transport_name,
-                     loggable(str(exc)))  # fmt: skip
+        logger.debug("NNRP connection %d on %s: bad WebSocket Upgrade: %s", self.nnrp.connection_id,
+                     self.nnrp.transport_name, loggable(str(exc)))  # fmt: skip
         self._write_raw(self._ws.reject_malformed(exc))
         self._end_transport(None)
-
-    def eof_received(self) -> bool:
-        if self._open:
-            self._open = False
-            for event in self._core.receive_data(b""):
-                self._handle(event)
-        return False  # close the transport
-
-    # -- output -----------------------------------------------------------------------------------------------
-
-    def _write(self) -> None:
-        data = self._core.data_to_send()
-        if data and self._open:
-            self._write_raw(self._ws.send_packets(data))
 
     def _write_raw(self, data: bytes) -> None:
         if data and self._transport is not None and not self._transport.is_closing():
@@ -184,18 +194,42 @@ class WebSocketConnection(ConnectionProtocol):
         """What was queued goes out as binary messages, then a close frame with ``code`` (none when the
         Upgrade did not happen, or when the close handshake already ran), then the transport closes."""
         if self._open:
-            self._write()
+            self.send(self.nnrp.data_to_send())
             self._open = False
             if code is not None:
                 self._write_raw(self._ws.close_frame(code, reason))
         if self._transport is not None:
             self._transport.close()
 
-    def _close_transport(self, cause: str) -> None:
-        """The base connection ends the transport (:meth:`.ConnectionProtocol._close_transport`): with 1008 when
-        no session opened in time or the client flooded beyond its credit, 1001 when the server stops, 1002
-        after bad input, 1000 otherwise."""
+    # -- the NNRP connection's carrier ------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Whole NNRP packets: one binary message each, in one write (nothing before the Upgrade or after the
+        close frame)."""
+        if data and self._open:
+            self._write_raw(self._ws.send_packets(data))
+
+    def end(self, cause: str) -> None:
+        """With 1008 when no session opened in time or the client flooded beyond its credit, 1001 when the
+        server stops, 1002 after bad input, 1000 otherwise."""
         self._end_transport(_CLOSE_CODES.get(cause, mapping.CLOSE_NORMAL))
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    def hold_input(self, held: bool) -> None:
+        if self._transport is not None:
+            if held:
+                self._transport.pause_reading()
+            else:
+                self._transport.resume_reading()
+
+    def is_closing(self) -> bool:
+        return self._transport is None or self._transport.is_closing()
+
+    def unread_bytes(self) -> int:
+        return unread_bytes(self._transport)
 
 
 _CLOSE_CODES = {"handshake_timeout": mapping.CLOSE_POLICY_VIOLATION, "violation": mapping.CLOSE_POLICY_VIOLATION,
