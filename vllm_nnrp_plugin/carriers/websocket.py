@@ -48,9 +48,9 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketBoundary, split_packets
 
 __all__ = [
-    "CLOSE_GOING_AWAY", "CLOSE_MESSAGE_TOO_BIG", "CLOSE_NO_STATUS", "CLOSE_NORMAL", "CLOSE_POLICY_VIOLATION", "CLOSE_PROTOCOL_ERROR",
-    "CLOSE_UNSUPPORTED_DATA", "CloseAnswered", "Failed", "Malformed", "NNRPWebSocket", "Payload",
-    "PeerClosed", "PingAnswered", "Upgraded", "UpgradeRefused", "UpgradeRequested", "binary_frames",
+    "CLOSE_GOING_AWAY", "CLOSE_MESSAGE_TOO_BIG", "CLOSE_NO_STATUS", "CLOSE_NORMAL", "CLOSE_POLICY_VIOLATION",
+    "CLOSE_PROTOCOL_ERROR", "CLOSE_UNSUPPORTED_DATA", "CloseAnswered", "Failed", "Malformed", "NNRPWebSocket",
+    "Payload", "PeerClosed", "PingAnswered", "UpgradeRefused", "UpgradeRequested", "Upgraded", "binary_frames",
 ]  # fmt: skip
 
 #: close codes (RFC 6455 §7.4.1)
@@ -171,7 +171,11 @@ class Malformed:
         self.error = error
 
 
-Event = Payload | UpgradeRequested | Upgraded | UpgradeRefused | PingAnswered | PeerClosed | CloseAnswered | Failed | Malformed
+#: what :meth:`NNRPWebSocket.receive_data` yields
+Event = (
+    Payload | UpgradeRequested | Upgraded | UpgradeRefused | PingAnswered | PeerClosed | CloseAnswered | Failed
+    | Malformed
+)
 
 
 # -- one side of a connection ------------------------------------------------------------------------------------

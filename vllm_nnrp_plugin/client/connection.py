@@ -73,7 +73,15 @@ from vllm_nnrp_plugin.client.errors import (
 )
 from vllm_nnrp_plugin.client.priority import with_priority_class
 from vllm_nnrp_plugin.controls import priority_class_of
-from vllm_nnrp_plugin.endpoints import ALPN, ALPN_WEBSOCKET, QUIC_INSTALL, Carrier, EndpointError, parse_endpoint, quic_available
+from vllm_nnrp_plugin.endpoints import (
+    ALPN,
+    ALPN_WEBSOCKET,
+    QUIC_INSTALL,
+    Carrier,
+    EndpointError,
+    parse_endpoint,
+    quic_available,
+)
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
@@ -130,7 +138,7 @@ async def connect(
             from vllm_nnrp_plugin.client import websocket
 
             tls = _tls_context(trusted_cert_der, tls_ca_file, alpn=ALPN_WEBSOCKET) if carrier.tls else None
-            path = urllib.parse.urlsplit(carrier.provider_uri).path  # parse_endpoint: WEBSOCKET_PATH when none was named
+            path = urllib.parse.urlsplit(carrier.provider_uri).path  # parse_endpoint: WEBSOCKET_PATH if none named
             await websocket.open_websocket(conn, host, port, path, ssl=tls)
         else:
             from vllm_nnrp_plugin.client import quic

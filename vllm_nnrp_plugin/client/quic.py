@@ -112,9 +112,9 @@ class _ConnectedDatagrams:
 
 class QuicCarrier(QuicConnectionProtocol):
     """One QUIC connection carrying NNRP: aioquic's datagram protocol, and the transport its
-    :class:`~vllm_nnrp_plugin.client.connection.Connection` (an ``asyncio.Protocol``) writes to (``write``, ``close``, ``abort``,
-    ``is_closing``, ``get_extra_info`` — ``peername``, ``sockname``, ``alpn_protocol``). Made by
-    :func:`open_quic`; ``nnrp``: the connection to attach once the handshake completed."""
+    :class:`~vllm_nnrp_plugin.client.connection.Connection` (an ``asyncio.Protocol``) writes to (``write``,
+    ``close``, ``abort``, ``is_closing``, ``get_extra_info`` — ``peername``, ``sockname``, ``alpn_protocol``).
+    Made by :func:`open_quic`; ``nnrp``: the connection to attach once the handshake completed."""
 
     def __init__(self, quic: QuicConnection, nnrp: asyncio.Protocol) -> None:
         super().__init__(quic)
@@ -276,8 +276,8 @@ def _describe(close: qe.ConnectionTerminated) -> str:
 
 
 async def open_quic(
-    nnrp: asyncio.Protocol, host: str, port: int, *, trusted_cert_der: bytes | None = None, tls_ca_file: str | None = None,
-    alpn: str | None = ALPN,
+    nnrp: asyncio.Protocol, host: str, port: int, *, trusted_cert_der: bytes | None = None,
+    tls_ca_file: str | None = None, alpn: str | None = ALPN,
 ) -> QuicCarrier:
     """Connect to ``host``:``port`` over QUIC on the running loop, complete the handshake and attach ``nnrp``
     (its ``connection_made`` gets the carrier); with ``alpn`` refused (``no_application_protocol``) once more
@@ -293,7 +293,8 @@ async def open_quic(
 
 
 async def _open_quic(
-    nnrp: asyncio.Protocol, host: str, port: int, trusted_cert_der: bytes | None, tls_ca_file: str | None, alpn: str | None
+    nnrp: asyncio.Protocol, host: str, port: int, trusted_cert_der: bytes | None, tls_ca_file: str | None,
+    alpn: str | None,
 ) -> QuicCarrier:
     loop = asyncio.get_running_loop()
     configuration = quic_configuration(host, trusted_cert_der=trusted_cert_der, tls_ca_file=tls_ca_file, alpn=alpn)

@@ -138,7 +138,8 @@ class WebSocketCarrier(asyncio.Protocol):
                 return
             elif kind is mapping.Malformed:
                 if not self._attached:
-                    self._refused(f"the server's answer to the WebSocket Upgrade is not RFC 6455's: {event.error}")  # type: ignore[union-attr]
+                    self._refused(f"the server's answer to the WebSocket Upgrade is not RFC 6455's: "
+                                  f"{event.error}")  # type: ignore[union-attr]  # fmt: skip
                 else:
                     self._fail(mapping.CLOSE_PROTOCOL_ERROR, f"malformed WebSocket data from the server: "
                                f"{event.error}")  # type: ignore[union-attr]  # fmt: skip

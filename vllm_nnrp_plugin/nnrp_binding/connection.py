@@ -7,8 +7,9 @@ what the client sent (:meth:`NNRPConnection.feed`, :meth:`~NNRPConnection.end_of
 
 Everything here runs on the loop, so every piece of state has one owner and nothing is locked:
 
-* reads are event-driven: the shell's ``data_received`` feeds the core (:meth:`NNRPConnection.feed`) and handles each event at once (a FRAME_CANCEL
-  reaches its operation, and the operation's task is cancelled, in the same loop iteration its bytes arrived);
+* reads are event-driven: the shell's ``data_received`` feeds the core (:meth:`NNRPConnection.feed`) and
+  handles each event at once (a FRAME_CANCEL reaches its operation, and the operation's task is cancelled, in
+  the same loop iteration its bytes arrived);
 * sends are batched: a partial result decided while nothing of its session waits is framed into the wire
   core's send buffer at once (the link's ``send_now``); everything else goes to the session's outbox
   (:class:`.server_operation.SessionLink`). The first packet of an iteration puts the connection on the

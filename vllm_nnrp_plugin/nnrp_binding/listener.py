@@ -2,11 +2,11 @@
 ``nnrps://HOST:PORT`` (TLS over TCP), ``unix:///ABS/PATH``, ``ws://`` / ``wss://HOST:PORT/PATH`` (WebSocket,
 :mod:`.websocket`) and ``quic://HOST:PORT`` (:mod:`.quic`). Every connection is a
 :class:`.connection.NNRPConnection` speaking the project's own wire core, attached to its carrier's asyncio shell
-(:class:`.stream.StreamConnection`, :class:`.websocket.WebSocketConnection`, :class:`.quic.NNRPQuicConnection`): over the transport ``loop.connect_accepted_socket`` makes of an
-accepted socket (with asyncio's TLS for ``nnrps`` and ``wss``: the certificate and key of
-``nnrp.tls_cert_file`` / ``tls_key_file``, :func:`.exposure.server_ssl_context`), or over the NNRP stream of a
-QUIC connection (aioquic on a UDP socket of the loop). No thread, no poll: an idle connection costs nothing
-but its socket (or its QUIC state).
+(:class:`.stream.StreamConnection`, :class:`.websocket.WebSocketConnection`, :class:`.quic.NNRPQuicConnection`):
+over the transport ``loop.connect_accepted_socket`` makes of an accepted socket (with asyncio's TLS for ``nnrps``
+and ``wss``: the certificate and key of ``nnrp.tls_cert_file`` / ``tls_key_file``,
+:func:`.exposure.server_ssl_context`), or over the NNRP stream of a QUIC connection (aioquic on a UDP socket of the
+loop). No thread, no poll: an idle connection costs nothing but its socket (or its QUIC state).
 
 What a client can make the listener hold is bounded (:mod:`.bounds`, ``bounds``): a TLS handshake that has not
 completed within the handshake timeout is abandoned by asyncio (``ssl_handshake_timeout``), and a connection

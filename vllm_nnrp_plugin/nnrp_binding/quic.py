@@ -28,8 +28,9 @@ against nnrp-py 1.0.0rc4.post20's native QUIC client (``tests/test_quic.py``):
   control holds the rest back (then nothing waits for an acknowledgement).
 
 aioquic 1.x internals read here (no public call gives them): beside the NNRP stream's send buffer
-(:mod:`vllm_nnrp_plugin.carriers.quic`), the bytes in flight (``QuicConnection._loss.bytes_in_flight``), and the TLS context made at the first datagram
-(``QuicConnection._initialize``, :class:`_AlpnWhenOffered`); ``tests/test_quic.py`` exercises each.
+(:mod:`vllm_nnrp_plugin.carriers.quic`), the bytes in flight (``QuicConnection._loss.bytes_in_flight``), and the TLS
+context made at the first datagram (``QuicConnection._initialize``, :class:`_AlpnWhenOffered`);
+``tests/test_quic.py`` exercises each.
 
 Bounds: over ``max_connections`` a new connection is closed with CONNECTION_REFUSED (0x2) right after its first
 packet (aioquic has answered the client's Initial by then, so the client may see its handshake complete first;

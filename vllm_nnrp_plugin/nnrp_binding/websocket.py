@@ -1,8 +1,9 @@
 """NNRP over WebSocket (``ws://HOST:PORT/PATH``, ``wss://`` with TLS) on vLLM's event loop: the byte-stream
 carrier's shell (:class:`WebSocketConnection`) of an :class:`.connection.NNRPConnection`, with RFC 6455
-between the transport and the project's wire core through :class:`vllm_nnrp_plugin.carriers.websocket.NNRPWebSocket` (the mapping of NNRP
-onto RFC 6455, sans-IO, shared with the client: one binary message per packet, the close codes of a text
-message, of a message over the packet limit or not ending on a packet boundary, pings, the close handshake).
+between the transport and the project's wire core through :class:`vllm_nnrp_plugin.carriers.websocket.NNRPWebSocket`
+(the mapping of NNRP onto RFC 6455, sans-IO, shared with the client: one binary message per packet, the close
+codes of a text message, of a message over the packet limit or not ending on a packet boundary, pings, the
+close handshake).
 
 What the server side adds to the mapping:
 
@@ -156,7 +157,8 @@ class WebSocketConnection(asyncio.Protocol):
         origin = _origin_refused(request, self._origins)
         if origin is not None:
             logger.info("NNRP connection %d on %s: WebSocket Upgrade from origin %s refused (403; "
-                        "nnrp.ws_allowed_origins)", nnrp.connection_id, nnrp.transport_name, loggable(origin))  # fmt: skip
+                        "nnrp.ws_allowed_origins)", nnrp.connection_id, nnrp.transport_name,
+                        loggable(origin))  # fmt: skip
             nnrp.refused("origin")
             self._write_raw(self._ws.reject(403))
             self._end_transport(None)
