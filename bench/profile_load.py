@@ -30,7 +30,7 @@ from compat.launcher import free_port, serve_with_nnrp
 
 #: innermost frames that are a socket write (NNRP's connection; uvicorn's, for vLLM's HTTP/SSE; aioquic's datagram
 #: sends, for QUIC): the kernel's loopback TCP or UDP (the receiving client's side included) runs inside them
-SOCKET_WRITES = ("ConnectionProtocol._write (", "RequestResponseCycle.send (uvicorn/",
+SOCKET_WRITES = ("StreamConnection.send (", "WebSocketConnection._write_raw (", "RequestResponseCycle.send (uvicorn/",
                  "QuicConnectionProtocol.transmit (aioquic/")
 SOCKET_PLACE = "socket writes (the kernel's loopback TCP or UDP)"
 #: (place, markers): any other busy sample belongs to the first place any of whose markers is in any frame below

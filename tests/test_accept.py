@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.support import ServedNNRP, free_port, wait_until
-from vllm_nnrp_plugin.nnrp_binding import connection
+from vllm_nnrp_plugin.nnrp_binding import stream
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 
@@ -68,13 +68,13 @@ def stall(served: ServedNNRP, seconds: float) -> None:
 def accepted_with(monkeypatch) -> list[bytes]:
     """The bytes each connection accepted from now on starts from (the listener's read at accept), in order."""
     firsts: list[bytes] = []
-    made = connection.ConnectionProtocol.__init__
+    made = stream.StreamConnection.__init__
 
     def recording(self, *args, **kwargs):
         firsts.append(kwargs.get("first", b""))
         made(self, *args, **kwargs)
 
-    monkeypatch.setattr(connection.ConnectionProtocol, "__init__", recording)
+    monkeypatch.setattr(stream.StreamConnection, "__init__", recording)
     return firsts
 
 

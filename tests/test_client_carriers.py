@@ -25,10 +25,9 @@ from vllm_nnrp_plugin.client import (
     NNRPTransport,
     connect,
 )
-from vllm_nnrp_plugin.client.websocket import _PacketBoundary, split_packets
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
-from vllm_nnrp_plugin.nnrp_wire.framing import HEADER_LENGTH
+from vllm_nnrp_plugin.nnrp_wire.framing import HEADER_LENGTH, PacketBoundary, split_packets
 from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
 
 KEY = "sk-carrier-key-0123"
@@ -377,12 +376,12 @@ def test_packets_are_split_and_boundaries_tracked():
     assert split_packets(packets[1]) == [packets[1]]
     stream = b"".join(packets)
     for cut in (1, 7, 39, 40, 41, 48, 49, 388, 70001):
-        boundary = _PacketBoundary()
+        boundary = PacketBoundary()
         boundary.feed(stream[:cut])
         boundary.feed(stream[cut : cut + 11])
         boundary.feed(stream[cut + 11 :])
         assert boundary.at_boundary
-        partial = _PacketBoundary()
+        partial = PacketBoundary()
         partial.feed(stream[:cut])
         assert partial.at_boundary == (cut in (48, 388))
 

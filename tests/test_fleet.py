@@ -298,7 +298,7 @@ def _kill(served: ServedNNRP) -> None:
     listener = served.service._listener
     listener.stop_accepting()
     for connection in list(listener._connections):
-        connection._transport.abort()
+        connection.abort()
 
 
 def test_a_host_name_resolves_into_replicas_and_is_resolved_again(replicas, monkeypatch):

@@ -66,14 +66,14 @@ def test_a_hello_waiting_unread_while_the_loop_is_busy_is_served_not_closed(serv
     before = _timeouts(served)
     sock = socket.create_connection((host, int(port)))
     connection = _connection(served)
-    _on_loop(served, lambda: connection._transport.pause_reading())
+    _on_loop(served, lambda: connection.carrier.hold_input(True))
     sock.sendall(w.hello() + w.session_open(0))
     time.sleep((HANDSHAKE_CAP_FACTOR + 1) * TIMEOUT_MS / 1000)  # the bound passes, several times
     sock.settimeout(0.05)
     with pytest.raises(TimeoutError):  # nothing: neither an answer (unread) nor the end of the connection
         sock.recv(1)
     assert _timeouts(served) == before
-    _on_loop(served, lambda: connection._transport.resume_reading())
+    _on_loop(served, lambda: connection.carrier.hold_input(False))
     reader, packets = PacketReader(), []
     sock.settimeout(5)
     while len(packets) < 2:

@@ -224,7 +224,7 @@ def test_a_lost_connection_fails_the_calls_in_flight_with_api_connection_error()
                                                  extra_body={"pace_s": 0.1, "repeat": 20})  # fmt: skip
             next(iter(stream))
             for connection in list(served.service._listener._connections):
-                served.loop.call_soon_threadsafe(connection._transport.abort)
+                served.loop.call_soon_threadsafe(connection.abort)
             with pytest.raises(openai.APIConnectionError):
                 for _ in stream:
                     pass

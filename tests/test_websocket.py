@@ -39,8 +39,9 @@ from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.auth_block import bearer_block
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds
-from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, SessionGate
-from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection, binary_frames
+from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
+from vllm_nnrp_plugin.carriers.websocket import binary_frames
+from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
@@ -60,9 +61,10 @@ MAX_PACKET = 64 * 1024
 def silence_passes(protocol) -> None:
     """The handshake timer fires after the client has been silent for the whole bound (its clock marks moved
     back by the timeout, :func:`vllm_nnrp_plugin.nnrp_binding.bounds.handshake_recheck`)."""
-    protocol._started_at -= protocol._handshake_timeout_s
-    protocol._heard_at -= protocol._handshake_timeout_s
-    protocol._handshake_expired()
+    nnrp = protocol.nnrp
+    nnrp._started_at -= nnrp._handshake_timeout_s
+    nnrp._heard_at -= nnrp._handshake_timeout_s
+    nnrp._handshake_expired()
 
 
 
@@ -124,12 +126,11 @@ class Served:
     def __init__(self, path: str = "/nnrp", authenticate=None) -> None:
         self.handler, self.transport = Handler(), Transport()
         self.gate, self.budget = SessionGate(8), BufferBudget(1 << 20)
-        self.protocol = WebSocketConnection(
+        self.protocol = WebSocketConnection(NNRPConnection(
             self.handler, transport_name="websocket", limits=SessionLimits(max_in_flight=4, max_queued_events=64),
             gate=self.gate, flush_round=FlushRound(asyncio.get_running_loop()), on_lost=lambda c: None,
-            bounds=CarrierBounds(max_packet_bytes=MAX_PACKET), budget=self.budget, path=path,
-            authenticate=authenticate,
-        )  # fmt: skip
+            bounds=CarrierBounds(max_packet_bytes=MAX_PACKET), budget=self.budget, authenticate=authenticate,
+        ), path=path)  # fmt: skip
         self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
 
     def feed(self, data: bytes) -> None:
@@ -406,7 +407,7 @@ def test_the_server_says_goodbye_with_1001_when_it_stops_and_1008_when_no_sessio
     async def main():
         served, peer = Served(), Peer()
         opened(served, peer)
-        served.protocol.shut_down()
+        served.protocol.nnrp.shut_down()
         closed_with(served, peer, 1001)
         served.lose()
         served, peer = Served(), Peer()

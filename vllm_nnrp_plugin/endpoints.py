@@ -36,6 +36,15 @@ _NETWORK_SCHEMES = {
     "wss": ("websocket", "wss", True),
     "quic": ("quic", "quic", True),
 }
+#: the ALPN protocol id of NNRP/1 (NagareWorks/nnrp-doc ``docs/en/design/v1-preview1.md`` §5.1; nnrp-rs
+#: ``crates/nnrp-core/src/header.rs``) on ``nnrps`` and ``quic``: the server selects it when a client offers it
+#: and serves a client that offers none (nnrp-py's native clients) without ALPN; the client offers it
+ALPN = "nnrp/1"
+#: the path of a WebSocket address that names none: the Upgrade's target (nnrp-rs' and nnrp-py's route)
+WEBSOCKET_PATH = "/nnrp"
+#: the ALPN protocol id of ``wss``: WebSocket runs over HTTP/1.1 (RFC 6455 §4.1; nnrp-rs' rustls server selects none)
+ALPN_WEBSOCKET = "http/1.1"
+
 _FORMS = "tcp://HOST:PORT, nnrps://HOST:PORT, unix:///ABSOLUTE/PATH.sock, ws(s)://HOST:PORT/PATH or quic://HOST:PORT"
 
 
@@ -95,7 +104,7 @@ def parse_endpoint(uri: str) -> Carrier:
     netloc = f"{authority}:{port}"
     path = ""
     if transport == "websocket":
-        path = parts.path or "/nnrp"
+        path = parts.path or WEBSOCKET_PATH
     elif parts.path not in ("", "/"):
         raise EndpointError(f"{uri!r}: only WebSocket addresses take a path")
     endpoint = f"{'nnrps' if tls and transport != 'quic' else 'nnrp'}://{authority}"

@@ -12,7 +12,8 @@ import orjson
 
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol, FlushRound, SessionGate
+from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
+from vllm_nnrp_plugin.nnrp_binding.stream import StreamConnection
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.profile import events
@@ -71,10 +72,10 @@ ENVELOPE = orjson.dumps({"operation": "chat.completions.create", "body": {"model
 def connected(operations: int):
     """A connection on the running loop with one open session and ``operations`` submitted operations."""
     handler, transport, client = Handler(), Transport(), ClientConnection()
-    protocol = ConnectionProtocol(
+    protocol = StreamConnection(NNRPConnection(
         handler, transport_name="tcp", limits=SessionLimits(max_in_flight=16, max_queued_events=64),
         gate=SessionGate(8), flush_round=FlushRound(asyncio.get_running_loop()), on_lost=lambda c: None,
-    )  # fmt: skip
+    ))  # fmt: skip
     protocol.connection_made(transport)  # type: ignore[arg-type]
     client.open_session()
     protocol.data_received(client.data_to_send())

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import logging
 import os
 import struct
@@ -52,14 +51,12 @@ from wsproto.events import AcceptConnection, CloseConnection, Request
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds
+from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
 from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader, encode
 
 from . import wirekit as w
 from .fuzz_rounds import run_until
-
-# the carrier's connection module (FlushRound, SessionGate), wherever the restructuring puts it
-_carrier = importlib.import_module(WebSocketConnection.__mro__[1].__module__)
 
 SCALE = int(os.environ.get("NNRP_FUZZ_SCALE", "1"))
 FUZZ = settings(max_examples=150 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -80,9 +77,10 @@ CLOSE_INVALID_PAYLOAD, CLOSE_POLICY_VIOLATION, CLOSE_MESSAGE_TOO_BIG = 1007, 100
 def silence_passes(protocol) -> None:
     """The handshake timer fires after the client has been silent for the whole bound (its clock marks moved
     back by the timeout, :func:`vllm_nnrp_plugin.nnrp_binding.bounds.handshake_recheck`)."""
-    protocol._started_at -= protocol._handshake_timeout_s
-    protocol._heard_at -= protocol._handshake_timeout_s
-    protocol._handshake_expired()
+    nnrp = protocol.nnrp
+    nnrp._started_at -= nnrp._handshake_timeout_s
+    nnrp._heard_at -= nnrp._handshake_timeout_s
+    nnrp._handshake_expired()
 
 
 
@@ -308,12 +306,12 @@ def chunks(data: bytes, cuts: list[int]) -> list[bytes]:
 async def _drive(client: WSConnection, data: bytes, cuts: list[int], *, eof: bool = False, expire: bool = False,
                  stop: bool = False, open_until_eof: bool = False) -> Run:  # fmt: skip
     handler, transport = Handler(), Transport()
-    gate, budget = _carrier.SessionGate(8), BufferBudget(1 << 30)
-    protocol = WebSocketConnection(
+    gate, budget = SessionGate(8), BufferBudget(1 << 30)
+    protocol = WebSocketConnection(NNRPConnection(
         handler, transport_name="websocket", limits=SessionLimits(max_in_flight=4, max_queued_events=64),
-        gate=gate, flush_round=_carrier.FlushRound(asyncio.get_running_loop()), on_lost=lambda c: None,
-        bounds=CarrierBounds(max_packet_bytes=MAX_PACKET), budget=budget, path=PATH,
-    )  # fmt: skip
+        gate=gate, flush_round=FlushRound(asyncio.get_running_loop()), on_lost=lambda c: None,
+        bounds=CarrierBounds(max_packet_bytes=MAX_PACKET), budget=budget,
+    ), path=PATH)  # fmt: skip
     errors = Errors()
     package_logger = logging.getLogger("vllm_nnrp_plugin")
     package_logger.addHandler(errors)
@@ -333,7 +331,7 @@ async def _drive(client: WSConnection, data: bytes, cuts: list[int], *, eof: boo
         if expire and not transport.is_closing():
             silence_passes(protocol)  # the handshake timer fires
         if stop and not transport.is_closing():
-            protocol.shut_down()
+            protocol.nnrp.shut_down()
         for _ in range(3):
             await asyncio.sleep(0)
         assert not transport.aborted, "aborted: handling the input failed (a bug)"
@@ -354,18 +352,18 @@ def _check_bounded(protocol: WebSocketConnection, budget: BufferBudget, transpor
     """Nothing grows with what a client sends: the core's incomplete packet and the budget's share stay within
     the packet limit; wsproto holds at most a frame header and a control frame; a request head at most h11's
     limit."""
-    assert protocol._core.buffered <= MAX_PACKET, protocol._core.buffered
+    assert protocol.nnrp._core.buffered <= MAX_PACKET, protocol.nnrp._core.buffered
     assert budget.used <= MAX_PACKET, budget.used
     if transport.is_closing():
         return
-    connection = protocol._ws.connection
+    connection = protocol._ws._ws.connection  # the carrier mapping's wsproto connection
     if connection is not None:  # wsproto internals: checked while they are where 1.3 keeps them
         buffer = getattr(getattr(getattr(getattr(connection, "_proto", None), "_frame_decoder", None), "buffer", None),
                          "buffer", None)  # fmt: skip
         if buffer is not None:
             assert len(buffer) <= 14 + 125, len(buffer)
-    elif protocol._head is not None:
-        assert len(protocol._head) <= H11_MAX_HEAD + 2, len(protocol._head)
+    elif protocol._ws._head is not None:
+        assert len(protocol._ws._head) <= H11_MAX_HEAD + 2, len(protocol._ws._head)
 
 
 def drive(client: WSConnection, data: bytes, cuts: list[int], **kwargs) -> Run:

@@ -73,7 +73,15 @@ from vllm_nnrp_plugin.client.errors import (
 )
 from vllm_nnrp_plugin.client.priority import with_priority_class
 from vllm_nnrp_plugin.controls import priority_class_of
-from vllm_nnrp_plugin.endpoints import QUIC_INSTALL, Carrier, EndpointError, parse_endpoint, quic_available
+from vllm_nnrp_plugin.endpoints import (
+    ALPN,
+    ALPN_WEBSOCKET,
+    QUIC_INSTALL,
+    Carrier,
+    EndpointError,
+    parse_endpoint,
+    quic_available,
+)
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
@@ -82,8 +90,6 @@ from vllm_nnrp_plugin.profile import errors as profile_errors
 
 __all__ = ["Connection", "Operation", "Session", "connect"]
 
-#: the ALPN protocol id of NNRP/1 (NagareWorks/nnrp-doc ``docs/en/design/v1-preview1.md`` §5.1)
-ALPN = "nnrp/1"
 #: the URI schemes :func:`connect` speaks, and how their addresses are written
 SCHEMES = ("tcp", "nnrps", "unix", "ws", "wss", "quic")
 FORMS = ("tcp://HOST:PORT, nnrps://HOST:PORT, unix:///ABSOLUTE/PATH, ws://HOST:PORT[/PATH], wss://HOST:PORT[/PATH] "
@@ -131,8 +137,8 @@ async def connect(
         elif carrier.transport == "websocket":  # the carriers' modules load when first used (aioquic is slow to)
             from vllm_nnrp_plugin.client import websocket
 
-            tls = _tls_context(trusted_cert_der, tls_ca_file, alpn=websocket.ALPN_HTTP11) if carrier.tls else None
-            path = urllib.parse.urlsplit(carrier.provider_uri).path or websocket.DEFAULT_PATH
+            tls = _tls_context(trusted_cert_der, tls_ca_file, alpn=ALPN_WEBSOCKET) if carrier.tls else None
+            path = urllib.parse.urlsplit(carrier.provider_uri).path  # parse_endpoint: WEBSOCKET_PATH if none named
             await websocket.open_websocket(conn, host, port, path, ssl=tls)
         else:
             from vllm_nnrp_plugin.client import quic

@@ -3,7 +3,8 @@ flow control; its timers armed on the caller's loop by :class:`aioquic.asyncio.Q
 UDP socket and a :class:`~vllm_nnrp_plugin.client.connection.Connection`, which sees :class:`QuicCarrier` as its
 transport. No threads.
 
-The mapping is the plugin server's (:mod:`vllm_nnrp_plugin.nnrp_binding.quic`) and nnrp-rs'
+The mapping (the NNRP stream, what each QUIC event means for it) is :mod:`vllm_nnrp_plugin.carriers.quic`'s,
+shared with the plugin server (:mod:`vllm_nnrp_plugin.nnrp_binding.quic`); nnrp-rs'
 (``crates/nnrp-transport-quic/src/lib.rs``: quinn, ``QuicTransport::connect`` / ``open_bi``):
 
 * one QUIC connection carries one NNRP byte stream: the client's first bidirectional stream (stream id 0,
@@ -43,7 +44,7 @@ import asyncio
 import os
 import socket
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aioquic.asyncio import QuicConnectionProtocol
 from cryptography import x509
@@ -52,17 +53,12 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 
+from vllm_nnrp_plugin.carriers.quic import IDLE_TIMEOUT_S, NNRPStream, StreamBroken, StreamData
 from vllm_nnrp_plugin.client.errors import ClientConnectionError
+from vllm_nnrp_plugin.endpoints import ALPN
 
-if TYPE_CHECKING:
-    from vllm_nnrp_plugin.client.connection import Connection
+__all__ = ["QuicCarrier", "open_quic", "quic_configuration"]
 
-__all__ = ["IDLE_TIMEOUT_S", "NNRP_STREAM_ID", "QuicCarrier", "open_quic", "quic_configuration"]
-
-#: the only stream of an NNRP connection: the client's first bidirectional one (RFC 9000 §2.1)
-NNRP_STREAM_ID = 0
-#: seconds of silence after which a QUIC connection ends (RFC 9000 §10.1; aioquic's default, the plugin server's)
-IDLE_TIMEOUT_S = 60.0
 #: CRYPTO_ERROR carrying TLS alert 120 ``no_application_protocol`` (RFC 9001 §4.8, §8.1)
 NO_APPLICATION_PROTOCOL = QuicErrorCode.CRYPTO_ERROR + 120
 
@@ -116,11 +112,11 @@ class _ConnectedDatagrams:
 
 class QuicCarrier(QuicConnectionProtocol):
     """One QUIC connection carrying NNRP: aioquic's datagram protocol, and the transport its
-    :class:`~vllm_nnrp_plugin.client.connection.Connection` writes to (``write``, ``close``, ``abort``,
-    ``is_closing``, ``get_extra_info`` — ``peername``, ``sockname``, ``alpn_protocol``). Made by
-    :func:`open_quic`; ``nnrp``: the connection to attach once the handshake completed."""
+    :class:`~vllm_nnrp_plugin.client.connection.Connection` (an ``asyncio.Protocol``) writes to (``write``,
+    ``close``, ``abort``, ``is_closing``, ``get_extra_info`` — ``peername``, ``sockname``, ``alpn_protocol``).
+    Made by :func:`open_quic`; ``nnrp``: the connection to attach once the handshake completed."""
 
-    def __init__(self, quic: QuicConnection, nnrp: Connection) -> None:
+    def __init__(self, quic: QuicConnection, nnrp: asyncio.Protocol) -> None:
         super().__init__(quic)
         self._nnrp = nnrp
         self._udp: asyncio.DatagramTransport | None = None
@@ -133,7 +129,7 @@ class QuicCarrier(QuicConnectionProtocol):
         self._lost_told = False
         self._closing = False  # close() / abort() ran or the connection ended: nothing more is sent
         self._ended = False  # the UDP socket is being released
-        self._stream_open = False  # bytes went out on stream 0
+        self._stream = NNRPStream(quic, "server")
         self._reason: Exception | None = None  # why the connection ended (None: a clean end)
 
     # -- the NNRP connection's transport -------------------------------------------------------------------
@@ -142,8 +138,7 @@ class QuicCarrier(QuicConnectionProtocol):
         """Queue ``data`` on stream 0 and send what QUIC allows now."""
         if self._closing or not data:
             return
-        self._quic.send_stream_data(NNRP_STREAM_ID, bytes(data))
-        self._stream_open = True
+        self._stream.send(bytes(data))
         self.transmit()
 
     def close(self, error_code: int = QuicErrorCode.NO_ERROR, reason_phrase: str = "") -> None:
@@ -152,8 +147,8 @@ class QuicCarrier(QuicConnectionProtocol):
         if self._closing:
             return
         self._closing = True
-        if self._stream_open and error_code == QuicErrorCode.NO_ERROR:
-            self._quic.send_stream_data(NNRP_STREAM_ID, b"", end_stream=True)
+        if error_code == QuicErrorCode.NO_ERROR:
+            self._stream.finish()
             self.transmit()
         self._quic.close(error_code=error_code, reason_phrase=reason_phrase)
         self.transmit()
@@ -186,30 +181,23 @@ class QuicCarrier(QuicConnectionProtocol):
         super().connection_made(_ConnectedDatagrams(transport))  # type: ignore[arg-type]
 
     def quic_event_received(self, event: qe.QuicEvent) -> None:
-        kind = type(event)
-        if kind is qe.StreamDataReceived:
-            if event.stream_id != NNRP_STREAM_ID:  # type: ignore[attr-defined]
-                self._fail(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream, the client's first "
-                           "bidirectional one", frame_type=QuicFrameType.STREAM_BASE)  # fmt: skip
-                return
+        meant = self._stream.event(event)
+        kind = type(meant)
+        if kind is StreamData:
             if self._lost_told:
                 return
-            if event.data:  # type: ignore[attr-defined]
-                self._nnrp.data_received(event.data)  # type: ignore[attr-defined]
-            if event.end_stream and not self._lost_told:  # type: ignore[attr-defined]
+            if meant.data:  # type: ignore[union-attr]
+                self._nnrp.data_received(meant.data)  # type: ignore[union-attr]
+            if meant.end and not self._lost_told:  # type: ignore[union-attr]
                 self._nnrp.eof_received()  # the Connection closes this carrier in turn
+        elif kind is StreamBroken:
+            self._fail(meant.code, meant.reason, frame_type=meant.frame_type)  # type: ignore[union-attr]
         elif kind is qe.HandshakeCompleted:
-            self.alpn_protocol = event.alpn_protocol  # type: ignore[attr-defined]
+            self.alpn_protocol = meant.alpn_protocol  # type: ignore[union-attr]
             self._attached = True
             self._nnrp.connection_made(self)  # type: ignore[arg-type]
             if not self.handshake.done():
                 self.handshake.set_result(None)
-        elif kind in (qe.StreamReset, qe.StopSendingReceived):
-            if event.stream_id == NNRP_STREAM_ID:  # type: ignore[attr-defined]
-                self._fail(QuicErrorCode.NO_ERROR, "the server reset the NNRP stream")
-            else:
-                self._fail(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream",
-                           frame_type=QuicFrameType.STREAM_BASE)  # fmt: skip
 
     def transmit(self) -> None:
         """aioquic's (datagrams out, timer re-armed), called after every datagram and timer: a connection that
@@ -288,8 +276,8 @@ def _describe(close: qe.ConnectionTerminated) -> str:
 
 
 async def open_quic(
-    nnrp: Connection, host: str, port: int, *, trusted_cert_der: bytes | None = None, tls_ca_file: str | None = None,
-    alpn: str | None = "nnrp/1",
+    nnrp: asyncio.Protocol, host: str, port: int, *, trusted_cert_der: bytes | None = None,
+    tls_ca_file: str | None = None, alpn: str | None = ALPN,
 ) -> QuicCarrier:
     """Connect to ``host``:``port`` over QUIC on the running loop, complete the handshake and attach ``nnrp``
     (its ``connection_made`` gets the carrier); with ``alpn`` refused (``no_application_protocol``) once more
@@ -305,7 +293,8 @@ async def open_quic(
 
 
 async def _open_quic(
-    nnrp: Connection, host: str, port: int, trusted_cert_der: bytes | None, tls_ca_file: str | None, alpn: str | None
+    nnrp: asyncio.Protocol, host: str, port: int, trusted_cert_der: bytes | None, tls_ca_file: str | None,
+    alpn: str | None,
 ) -> QuicCarrier:
     loop = asyncio.get_running_loop()
     configuration = quic_configuration(host, trusted_cert_der=trusted_cert_der, tls_ca_file=tls_ca_file, alpn=alpn)

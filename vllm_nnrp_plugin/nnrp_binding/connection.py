@@ -1,19 +1,22 @@
-"""One NNRP connection on vLLM's event loop, whatever its carrier: an ``asyncio.Protocol`` around the project's
-sans-IO wire core (:class:`vllm_nnrp_plugin.nnrp_wire.server.ServerConnection`) over a byte stream — a TCP, TLS
-or unix-socket transport, the byte stream inside WebSocket messages (:mod:`.websocket`) or the NNRP stream of a
-QUIC connection (:mod:`.quic`).
+"""One NNRP connection on vLLM's event loop, whatever its carrier: :class:`NNRPConnection` around the project's
+sans-IO wire core (:class:`vllm_nnrp_plugin.nnrp_wire.server.ServerConnection`), attached by composition to the
+asyncio shell of its carrier — a TCP, TLS or unix-socket transport (:mod:`.stream`), the byte stream inside
+WebSocket messages (:mod:`.websocket`) or the NNRP stream of a QUIC connection (:mod:`.quic`). The shell feeds it
+what the client sent (:meth:`NNRPConnection.feed`, :meth:`~NNRPConnection.end_of_stream`, …) and is its
+:class:`Carrier`: where its packets go and how it ends.
 
 Everything here runs on the loop, so every piece of state has one owner and nothing is locked:
 
-* reads are event-driven: ``data_received`` feeds the core and handles each event at once (a FRAME_CANCEL
-  reaches its operation, and the operation's task is cancelled, in the same loop iteration its bytes arrived);
+* reads are event-driven: the shell's ``data_received`` feeds the core (:meth:`NNRPConnection.feed`) and
+  handles each event at once (a FRAME_CANCEL reaches its operation, and the operation's task is cancelled, in
+  the same loop iteration its bytes arrived);
 * sends are batched: a partial result decided while nothing of its session waits is framed into the wire
   core's send buffer at once (the link's ``send_now``); everything else goes to the session's outbox
   (:class:`.server_operation.SessionLink`). The first packet of an iteration puts the connection on the
   listener's :class:`FlushRound`, whose one callback per loop iteration flushes every connection on it: each
-  encodes every waiting action of every one of its sessions and hands all its bytes to ``transport.write`` in
-  one call (TCP_NODELAY is set on accepted TCP sockets, :mod:`.listener`);
-* write back-pressure: while the transport's buffer is above its high-water mark (``pause_writing``) nothing
+  encodes every waiting action of every one of its sessions and hands all its bytes to its carrier in one
+  :meth:`Carrier.send` (one ``transport.write``; TCP_NODELAY is set on accepted TCP sockets, :mod:`.stream`);
+* write back-pressure: while the carrier's buffer is above its high-water mark (``pause_writing``) nothing
   is sent at once, nothing is taken from the outboxes and nothing is read from the client; deltas decided meanwhile join the one still waiting
   (:mod:`vllm_nnrp_plugin.operation`) and an outbox holding ``max_queued_events`` decided events ends the
   operation that overflows it with ``client_too_slow`` — the same bound as on every carrier;
@@ -40,18 +43,13 @@ closed (``on_session``) and refused keys (``on_auth_refused``) come from the con
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import functools
 import itertools
 import logging
-import socket
 import struct
-import termios
 import time
 from collections.abc import Callable
-from typing import Any
-
-
+from typing import Any, Protocol
 
 from vllm_nnrp_plugin import draining
 from vllm_nnrp_plugin.limits import SessionLimits
@@ -83,8 +81,8 @@ logger = logging.getLogger(__name__)
 
 _CONNECTION_IDS = itertools.count(1)
 
-#: transport write buffer (bytes) above which the connection stops taking from the outboxes, and below which
-#: it starts again (``transport.set_write_buffer_limits``)
+#: a carrier's write buffer (bytes) above which the connection stops taking from the outboxes, and below which
+#: it starts again (each shell's: ``transport.set_write_buffer_limits``, QUIC's unacknowledged bytes)
 WRITE_HIGH_WATER = 1 << 20
 WRITE_LOW_WATER = 1 << 18
 #: the most bytes of one read the wire core parses at a time (a read holding thousands of packets is handled
@@ -92,17 +90,30 @@ WRITE_LOW_WATER = 1 << 18
 FEED_BYTES = 1 << 14
 
 
-def _bytes_waiting(transport: asyncio.BaseTransport) -> int:
-    """Bytes received by the kernel on ``transport``'s socket and not read yet (``FIONREAD``, ioctl(2) /
-    tcp(7) / unix(7)); 0 when the transport has no socket (QUIC's NNRP stream) or the query fails."""
-    sock = transport.get_extra_info("socket")
-    try:
-        fd = sock.fileno() if sock is not None else -1
-        if fd < 0:
-            return 0
-        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-    except (OSError, ValueError, AttributeError):
-        return 0
+class Carrier(Protocol):
+    """What an :class:`NNRPConnection` needs of its carrier's shell (:mod:`.stream`, :mod:`.websocket`,
+    :mod:`.quic`)."""
+
+    def send(self, data: bytes) -> None:
+        """Send ``data``: whole NNRP packets back to back, the wire core's output of one flush."""
+
+    def end(self, cause: str) -> None:
+        """End the connection after what was sent; ``cause``: ``handshake_timeout``, ``ended`` (the wire core
+        ended it cleanly), ``failed`` (it ended it over bad input), ``violation`` (the client flooded beyond its
+        credit), ``shutdown`` (the server stops). The shell says goodbye in its carrier's terms first (a
+        WebSocket close code, a QUIC FIN) and reports the loss later (:meth:`NNRPConnection.lost`)."""
+
+    def abort(self) -> None:
+        """End the connection at once, dropping what was not sent (a bug in handling it)."""
+
+    def hold_input(self, held: bool) -> None:
+        """Stop (``True``) or resume (``False``) reading from the client."""
+
+    def is_closing(self) -> bool:
+        """The connection is ending: nothing more is sent."""
+
+    def unread_bytes(self) -> int:
+        """Bytes the client sent that wait unread on this side (the kernel's socket buffer; 0 when unknown)."""
 
 
 class SessionGate:
@@ -132,10 +143,10 @@ class FlushRound:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._pending: list[ConnectionProtocol] = []
+        self._pending: list[NNRPConnection] = []
         self._scheduled = False
 
-    def add(self, connection: ConnectionProtocol) -> None:
+    def add(self, connection: NNRPConnection) -> None:
         self._pending.append(connection)
         if not self._scheduled:
             self._scheduled = True
@@ -153,7 +164,7 @@ class FlushRound:
 
 
 class StreamSession:
-    """One NNRP session of a :class:`ConnectionProtocol`: its outbox and its :class:`.session_policy.SessionPolicy`
+    """One NNRP session of a :class:`NNRPConnection`: its outbox and its :class:`.session_policy.SessionPolicy`
     (operations, admission, controls)."""
 
     __slots__ = ("session_id", "priority_class", "link", "sender", "policy", "drain_timer")
@@ -175,23 +186,27 @@ class StreamSession:
         #: the session's NNRP priority class (SESSION_OPEN), its operations' unless they set their own
         self.priority_class = priority_class
         self.link = SessionLink(limits.max_queued_events, functools.partial(mark, self), probe)
-        self.sender = functools.partial(send_now, self)  # the link's ``send_now`` while the transport takes writes
+        self.sender = functools.partial(send_now, self)  # the link's ``send_now`` while the carrier takes writes
         self.link.send_now = None if paused else self.sender
         self.policy = SessionPolicy(handler, limits, self.link, send_credit=functools.partial(send_credit, session_id))
         #: the drain timeout of a drained SESSION_CLOSE, while it runs
         self.drain_timer: asyncio.TimerHandle | None = None
 
 
-class ConnectionProtocol(asyncio.Protocol):
+class NNRPConnection:
     """One accepted connection. ``transport_name`` is the carrier (``tcp``, ``tls``, ``ipc``, ``websocket``,
     ``quic``); ``gate`` the
     listener's session count; ``flush_round`` the listener's :class:`FlushRound`; ``on_lost`` is told when the
-    connection ended (the listener forgets it); ``first``: bytes the listener read from the socket as it
-    accepted it, taken as the connection's first read; ``authenticate``: the API-key check of the wire core
+    connection ended (the listener forgets it); ``authenticate``: the API-key check of the wire core
     (``None``: no key required); ``bounds``: the listener's :class:`.bounds.CarrierBounds` (the handshake
-    timeout runs from the transport's start, after TLS, to the first session's SESSION_OPEN_ACK; the packet
+    timeout runs from :meth:`attach`, after TLS, to the first session's SESSION_OPEN_ACK; the packet
     limit; the client's silence is what it bounds, :func:`.bounds.handshake_recheck`); ``budget``: the listener's
-    :class:`.bounds.BufferBudget` of incomplete packets."""
+    :class:`.bounds.BufferBudget` of incomplete packets.
+
+    Its carrier's shell drives it: :meth:`attach` once the carrier is up, :meth:`heard` and :meth:`feed` for each
+    piece of input and :meth:`read_done` after each read, :meth:`end_of_stream`, :meth:`lose` when the carrier
+    failed, :meth:`lost` when it is gone, :meth:`pause_writing` / :meth:`resume_writing` for its write buffer;
+    :meth:`data_to_send` for what the wire core queued when the shell ends the connection itself."""
 
     def __init__(
         self,
@@ -201,10 +216,8 @@ class ConnectionProtocol(asyncio.Protocol):
         limits: SessionLimits,
         gate: SessionGate,
         flush_round: FlushRound,
-        on_lost: Callable[[ConnectionProtocol], None],
+        on_lost: Callable[[NNRPConnection], None],
         probe: SendProbe | None = None,
-        tcp_nodelay: bool = True,
-        first: bytes = b"",
         authenticate: Callable[[bytes], bool] | None = None,
         bounds: CarrierBounds = CarrierBounds(),
         budget: BufferBudget | None = None,
@@ -215,18 +228,16 @@ class ConnectionProtocol(asyncio.Protocol):
         self.max_packet_bytes = bounds.max_packet_bytes
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._started_at = 0.0  # loop time the transport started (after TLS)
+        self._started_at = 0.0  # loop time the carrier was attached (after TLS)
         self._heard_at = 0.0  # loop time of the last read from the client, while no session is open
         self._budget = budget if budget is not None else BufferBudget(bounds.max_buffered_bytes)
         self._buffered = 0  # this connection's share of the budget
-        self._first = first
         self.transport_name = transport_name
         self._limits = limits
         self._gate = gate
         self._round = flush_round
         self._on_lost = on_lost
         self._probe = probe
-        self._tcp_nodelay = tcp_nodelay
         self.connection_id = next(_CONNECTION_IDS)
         self._core = ServerConnection(max_in_flight_per_session=limits.max_in_flight,
                                       max_packet_bytes=bounds.max_packet_bytes, authenticate=authenticate)  # fmt: skip
@@ -235,54 +246,63 @@ class ConnectionProtocol(asyncio.Protocol):
         self._violations = ViolationBudget()  # submits beyond the granted credit, over all its sessions
         self._ending = False  # ended for flooding: the rest of its input is not handled
         self._sessions: dict[int, StreamSession] = {}
-        self._transport: asyncio.Transport | None = None
+        self._carrier: Carrier | None = None
         self._flush_scheduled = False  # on the round's list
         self._dirty: dict[int, StreamSession] = {}  # sessions whose outbox has entries, in order
         self._paused = False
         self._stopping = False
 
-    # -- asyncio.Protocol ---------------------------------------------------------------------------------
+    # -- what the carrier's shell calls -----------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def attach(self, carrier: Carrier) -> None:
+        """The carrier is up (after TLS, a WebSocket's TCP connection, a QUIC connection's first packet): the
+        handshake timeout starts. Ended at once when the server stopped since the accept."""
         if self._stopping:  # the server stopped between the accept and this call
-            transport.close()
+            carrier.end("shutdown")
             return
-        self._transport = transport  # type: ignore[assignment]
+        self._carrier = carrier
         loop = self._loop = asyncio.get_running_loop()
         self._started_at = self._heard_at = loop.time()
         self._handshake_timer = loop.call_later(self._handshake_timeout_s, self._handshake_expired)
-        transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
-        sock = transport.get_extra_info("socket")
-        if self._tcp_nodelay and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        first, self._first = self._first, b""
-        if first:
-            self.data_received(first)
 
-    def data_received(self, data: bytes) -> None:
+    def heard(self) -> None:
+        """The client sent something (a read): its silence, which the handshake timeout bounds, ends now."""
         if self._handshake_timer is not None:
             self._heard_at = self._loop.time()  # type: ignore[union-attr]
+
+    def feed(self, data: bytes) -> bool:
+        """NNRP bytes from the client: every event they complete is handled at once. False when the rest of
+        the input is not to be read: the connection ended for flooding, or handling it failed (a bug: logged,
+        and the connection is aborted)."""
         try:
             if len(data) <= FEED_BYTES:
                 for event in self._core.receive_data(data):
                     if self._ending:
-                        return
+                        return False
                     self._handle(event)
             else:  # a large read goes to the core in slices: one that floods stops costing at the next slice
                 view = memoryview(data)
                 for start in range(0, len(data), FEED_BYTES):
                     for event in self._core.receive_data(view[start : start + FEED_BYTES]):  # type: ignore[arg-type]
                         if self._ending:
-                            return
+                            return False
                         self._handle(event)
         except Exception:  # a bug while handling this client's input: only this connection ends, logged once
-            logger.exception("NNRP connection %d on %s: handling its input failed; the connection is closed",
-                             self.connection_id, self.transport_name)  # fmt: skip
-            self.abort()
-            return
-        if not self._account():
-            return
-        self.flush()
+            self.failed_input()
+            return False
+        return True
+
+    def failed_input(self) -> None:
+        """Handling the client's input failed (a bug, in the wire core or the carrier's shell): only this
+        connection ends, logged once."""
+        logger.exception("NNRP connection %d on %s: handling its input failed; the connection is closed",
+                         self.connection_id, self.transport_name)  # fmt: skip
+        self.abort()
+
+    def read_done(self) -> None:
+        """A read was fed: its incomplete packet is accounted against the budget, and what it decided is sent."""
+        if self._account():
+            self.flush()
 
     def _account(self) -> bool:
         """Move this connection's incomplete-packet bytes into the budget; over it, the connection ends (as
@@ -298,12 +318,18 @@ class ConnectionProtocol(asyncio.Protocol):
         self.abort()
         return False
 
-    def eof_received(self) -> bool:
+    def end_of_stream(self) -> None:
+        """The client's end of stream (a FIN, a WebSocket close frame): the wire core ends the connection."""
         for event in self._core.receive_data(b""):
             self._handle(event)
-        return False  # close the transport
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def lose(self) -> None:
+        """The carrier failed the connection (a broken WebSocket message, …): nothing can be delivered any
+        more; every operation of every session stops."""
+        self._lose_all("client_disconnected")
+
+    def lost(self) -> None:
+        """The carrier is gone: every operation stops, the buffers go, the listener forgets the connection."""
         self._cancel_handshake_timer()
         left_out = self._refusals.take_suppressed()
         if left_out:
@@ -314,8 +340,17 @@ class ConnectionProtocol(asyncio.Protocol):
         self._budget.change(-self._buffered)
         self._buffered = 0
         self._core.release()  # its buffers go now, not at the next garbage collection
-        self._transport = None
+        self._carrier = None
         self._on_lost(self)
+
+    def refused(self, reason: str) -> None:
+        """The carrier refused the client before NNRP began (``reason``: ``origin``, a WebSocket Upgrade from an
+        origin not allowed): counted by the handler."""
+        self._handler.on_connection_refused(self.transport_name, reason)
+
+    def data_to_send(self) -> bytes:
+        """What the wire core queued and was not sent yet (whole packets back to back; ``b""``: nothing)."""
+        return self._core.data_to_send()
 
     def pause_writing(self) -> None:
         """The client does not read what it is sent: nothing more is sent at once, and nothing more is read
@@ -323,15 +358,15 @@ class ConnectionProtocol(asyncio.Protocol):
         self._paused = True
         for session in self._sessions.values():
             session.link.send_now = None
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.pause_reading()
+        if self._carrier is not None and not self._carrier.is_closing():
+            self._carrier.hold_input(True)
 
     def resume_writing(self) -> None:
         self._paused = False
         for session in self._sessions.values():
             session.link.send_now = session.sender
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.resume_reading()
+        if self._carrier is not None and not self._carrier.is_closing():
+            self._carrier.hold_input(False)
         self._schedule_flush()
 
     def _handshake_expired(self) -> None:
@@ -340,11 +375,11 @@ class ConnectionProtocol(asyncio.Protocol):
         too long (:func:`.bounds.handshake_recheck`); look again later when its bytes wait unread (vLLM's loop
         was busy) or it spoke recently."""
         self._handshake_timer = None
-        loop, transport = self._loop, self._transport
-        if loop is None or transport is None or transport.is_closing():
+        loop, carrier = self._loop, self._carrier
+        if loop is None or carrier is None or carrier.is_closing():
             return
         now = loop.time()
-        waiting = 0 if self._paused else _bytes_waiting(transport)  # paused: the client is the one not reading
+        waiting = 0 if self._paused else carrier.unread_bytes()  # paused: the client is the one not reading
         again = handshake_recheck(now - self._started_at, now - self._heard_at, waiting, self._handshake_timeout_s)
         if again is not None:
             if waiting:
@@ -355,15 +390,12 @@ class ConnectionProtocol(asyncio.Protocol):
         logger.debug("NNRP connection %d on %s: no session, client silent for %.1f s; closed", self.connection_id,
                      self.transport_name, now - self._heard_at)  # fmt: skip
         self._handler.on_handshake_timeout(self.transport_name)
-        self._close_transport("handshake_timeout")
+        self._end("handshake_timeout")
 
-    def _close_transport(self, cause: str) -> None:
-        """End the transport after what is queued (``cause``: ``handshake_timeout``, ``ended`` (the wire core
-        ended the connection cleanly), ``failed`` (it ended it over bad input), ``violation`` (it flooded
-        beyond its credit), ``shutdown``); a framing layer
-        (:mod:`.websocket`) says goodbye in its own terms first."""
-        if self._transport is not None:
-            self._transport.close()
+    def _end(self, cause: str) -> None:
+        """End the connection after what is queued (``cause``: :meth:`Carrier.end`)."""
+        if self._carrier is not None:
+            self._carrier.end(cause)
 
     def _cancel_handshake_timer(self) -> None:
         if self._handshake_timer is not None:
@@ -373,14 +405,19 @@ class ConnectionProtocol(asyncio.Protocol):
     # -- the listener ---------------------------------------------------------------------------------------
 
     @property
+    def carrier(self) -> Carrier | None:
+        """The carrier's shell this connection is attached to (``None`` before :meth:`attach` and once lost)."""
+        return self._carrier
+
+    @property
     def sessions(self) -> int:
         return len(self._sessions)
 
     def abort(self) -> None:
         """Its flush failed (a bug): what it had encoded cannot be trusted to go out, so the connection ends
         (its operations stop as for a lost client) rather than leave packets stranded."""
-        if self._transport is not None:
-            self._transport.abort()
+        if self._carrier is not None:
+            self._carrier.abort()
 
     def drain(self, retry_after_ms: int) -> None:
         """The server drains (:mod:`vllm_nnrp_plugin.draining`): no new session from now on, and every open
@@ -399,7 +436,7 @@ class ConnectionProtocol(asyncio.Protocol):
         for session in self._sessions.values():
             session.policy.shut_down()
         self.flush()
-        self._close_transport("shutdown")
+        self._end("shutdown")
 
     # -- what came off the wire -------------------------------------------------------------------------------
 
@@ -433,7 +470,7 @@ class ConnectionProtocol(asyncio.Protocol):
                                loggable(event.error))  # type: ignore[attr-defined]  # fmt: skip
             self._lose_all("client_disconnected")
             self._write()
-            self._close_transport("ended" if event.error is None else "failed")  # type: ignore[attr-defined]
+            self._end("ended" if event.error is None else "failed")  # type: ignore[attr-defined]
 
     def _log_refusal(self, event: ev.PacketRejected) -> None:
         """One INFO line per refused packet, at most ``RefusalLogLimiter``'s per window and connection; the
@@ -521,7 +558,7 @@ class ConnectionProtocol(asyncio.Protocol):
                                           f"submits beyond the granted credit: {detail}")  # fmt: skip
         self._handler.on_connection_ended(self.transport_name, "credit_violations", detail)
         self.flush()
-        self._close_transport("violation")
+        self._end("violation")
 
     def _on_cancel(self, cancelled: ev.OperationCancelled) -> None:
         session = self._sessions.get(cancelled.session_id)
@@ -579,12 +616,12 @@ class ConnectionProtocol(asyncio.Protocol):
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled and self._transport is not None:
+        if not self._flush_scheduled and self._carrier is not None:
             self._flush_scheduled = True
             self._round.add(self)
 
     def flush(self) -> None:
-        """Encode every waiting action of every session (unless the transport's buffer is full), then write."""
+        """Encode every waiting action of every session (unless the carrier's buffer is full), then write."""
         self._flush_scheduled = False
         if not self._paused:
             while self._dirty:
@@ -595,8 +632,8 @@ class ConnectionProtocol(asyncio.Protocol):
 
     def _write(self) -> None:
         data = self._core.data_to_send()
-        if data and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
+        if data and self._carrier is not None and not self._carrier.is_closing():
+            self._carrier.send(data)
 
     def _drain(self, session: StreamSession) -> None:
         outbox = session.link.items

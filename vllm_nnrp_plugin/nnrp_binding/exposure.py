@@ -24,7 +24,7 @@ import urllib.parse
 
 import attrs
 
-from vllm_nnrp_plugin.endpoints import Carrier, is_loopback
+from vllm_nnrp_plugin.endpoints import ALPN, Carrier, is_loopback
 from vllm_nnrp_plugin.errors import NNRPStartupError
 
 logger = logging.getLogger(__name__)
@@ -81,12 +81,6 @@ def _check_tcp_free(carrier: Carrier) -> None:
                 f"cannot listen for NNRP on {carrier.uri}: {exc.strerror}. Fix: stop whatever holds that "
                 "address, or choose another one with nnrp.listen / VLLM_NNRP_LISTEN."
             ) from None
-
-
-#: the ALPN protocol id of NNRP/1 (NagareWorks/nnrp-doc ``docs/en/design/v1-preview1.md`` §5.1; nnrp-rs
-#: ``crates/nnrp-core/src/header.rs``), offered to TLS clients that negotiate ALPN; a client that offers none
-#: (nnrp-py's native ``nnrps`` client) is served without it
-ALPN = "nnrp/1"
 
 
 def server_ssl_context(exposure: Exposure) -> ssl.SSLContext:

@@ -1,12 +1,12 @@
 """NNRP listeners on vLLM's own event loop, one runtime for every carrier: ``tcp://HOST:PORT``,
 ``nnrps://HOST:PORT`` (TLS over TCP), ``unix:///ABS/PATH``, ``ws://`` / ``wss://HOST:PORT/PATH`` (WebSocket,
 :mod:`.websocket`) and ``quic://HOST:PORT`` (:mod:`.quic`). Every connection is a
-:class:`.connection.ConnectionProtocol` (on a WebSocket address its :class:`.websocket.WebSocketConnection`)
-speaking the project's own wire core: over the transport ``loop.connect_accepted_socket`` makes of an
-accepted socket (with asyncio's TLS for ``nnrps`` and ``wss``: the certificate and key of
-``nnrp.tls_cert_file`` / ``tls_key_file``, :func:`.exposure.server_ssl_context`), or over the NNRP stream of a
-QUIC connection (aioquic on a UDP socket of the loop). No thread, no poll: an idle connection costs nothing
-but its socket (or its QUIC state).
+:class:`.connection.NNRPConnection` speaking the project's own wire core, attached to its carrier's asyncio shell
+(:class:`.stream.StreamConnection`, :class:`.websocket.WebSocketConnection`, :class:`.quic.NNRPQuicConnection`):
+over the transport ``loop.connect_accepted_socket`` makes of an accepted socket (with asyncio's TLS for ``nnrps``
+and ``wss``: the certificate and key of ``nnrp.tls_cert_file`` / ``tls_key_file``,
+:func:`.exposure.server_ssl_context`), or over the NNRP stream of a QUIC connection (aioquic on a UDP socket of the
+loop). No thread, no poll: an idle connection costs nothing but its socket (or its QUIC state).
 
 What a client can make the listener hold is bounded (:mod:`.bounds`, ``bounds``): a TLS handshake that has not
 completed within the handshake timeout is abandoned by asyncio (``ssl_handshake_timeout``), and a connection
@@ -46,13 +46,14 @@ import attrs
 
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import exposure
-from vllm_nnrp_plugin.endpoints import Carrier
+from vllm_nnrp_plugin.endpoints import ALPN_WEBSOCKET, Carrier
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys, authenticator_for
 from vllm_nnrp_plugin.nnrp_binding.bounds import ACCEPT_PAUSE_S, BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
-from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol, FlushRound, SessionGate
+from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
+from vllm_nnrp_plugin.nnrp_binding.stream import StreamConnection
 from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection, allowed_origins
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class Listener:
         self._adopting: set[asyncio.Task] = set()  # accepted sockets becoming transports (held: tasks are weak)
         self._closed = False
         self._refusing = False  # stop_accepting was called
-        self._connections: set[ConnectionProtocol] = set()
+        self._connections: set[NNRPConnection] = set()
         self._quic: list[NNRPQuicServer] = []  # bound QUIC addresses
         self._socket_files: list[str] = []
         #: the bound addresses, in the order of ``carriers`` (``:0`` replaced by the real port)
@@ -135,7 +136,7 @@ class Listener:
         exposure.before_bind(carrier)
         tls = exposure.server_ssl_context(self._exposure) if carrier.tls else None
         if tls is not None and carrier.transport == "websocket":
-            tls.set_alpn_protocols(["http/1.1"])  # WebSocket runs over HTTP/1.1 (RFC 6455 §4.1)
+            tls.set_alpn_protocols([ALPN_WEBSOCKET])
         if carrier.transport == "quic":
             await self._bind_quic(carrier)
         elif carrier.transport == "ipc":
@@ -164,7 +165,7 @@ class Listener:
         port = urllib.parse.urlsplit(carrier.provider_uri).port
         try:
             transport, server = await self._loop.create_datagram_endpoint(  # type: ignore[union-attr]
-                lambda: NNRPQuicServer(configuration, lambda stream: self._attach_quic(door, stream)),
+                lambda: NNRPQuicServer(configuration, lambda: self._attach_quic(door)),
                 local_addr=(host, port),
             )
         except OSError as exc:
@@ -175,14 +176,12 @@ class Listener:
         self._quic.append(server)
         self.bound.append(_with_port(carrier.uri, transport.get_extra_info("sockname")[1]))
 
-    def _attach_quic(self, door: _Door, stream: asyncio.Transport) -> ConnectionProtocol | None:
+    def _attach_quic(self, door: _Door) -> NNRPConnection | None:
         """The NNRP connection of a new QUIC connection (``None``: over ``max_connections`` or closing)."""
         if self._refusing or len(self._connections) + len(self._adopting) >= self._bounds.max_connections:
             self._handler.on_connection_refused(door.name, "max_connections")
             return None
-        connection = self._protocol(door, b"")
-        connection.connection_made(stream)
-        return connection
+        return self._connection(door)
 
     def _listen(self, sock: socket.socket, carrier: Carrier, tls: ssl.SSLContext | None) -> None:
         sock.listen(BACKLOG)
@@ -257,16 +256,21 @@ class Listener:
             logger.warning("NNRP connection on %s lost while being set up", door.name, exc_info=True)
             conn.close()
 
-    def _protocol(self, door: _Door, first: bytes) -> ConnectionProtocol:
-        kind, extra = (ConnectionProtocol, {}) if door.websocket_path is None else (WebSocketConnection, {
-            "path": door.websocket_path,
-            "origins": allowed_origins(self._exposure.ws_allowed_origins, door.keys is not None),
-        })  # fmt: skip
-        connection = kind(
+    def _protocol(self, door: _Door, first: bytes) -> asyncio.Protocol:
+        """The asyncio shell of an accepted socket's new NNRP connection: a byte stream's, or a WebSocket's."""
+        nnrp = self._connection(door)
+        if door.websocket_path is None:
+            return StreamConnection(nnrp, first=first, tcp_nodelay=self._tcp_nodelay)
+        origins = allowed_origins(self._exposure.ws_allowed_origins, door.keys is not None)
+        return WebSocketConnection(nnrp, path=door.websocket_path, origins=origins, first=first,
+                                   tcp_nodelay=self._tcp_nodelay)  # fmt: skip
+
+    def _connection(self, door: _Door) -> NNRPConnection:
+        """A new NNRP connection on ``door``, counted until it is lost."""
+        connection = NNRPConnection(
             self._handler, transport_name=door.name, limits=self._limits, gate=self._gate,
             flush_round=self._round, on_lost=self._connections.discard, probe=self._probe,
-            tcp_nodelay=self._tcp_nodelay, first=first, authenticate=door.keys, bounds=self._bounds,
-            budget=self._budget, **extra,
+            authenticate=door.keys, bounds=self._bounds, budget=self._budget,
         )  # fmt: skip
         self._connections.add(connection)
         return connection
@@ -285,7 +289,7 @@ class Listener:
 
     def drain(self, retry_after_ms: int) -> None:
         """Stop accepting; every open connection refuses new sessions and tells its sessions the server drains
-        (:meth:`.connection.ConnectionProtocol.drain`); running operations go on until :meth:`close`. QUIC
+        (:meth:`.connection.NNRPConnection.drain`); running operations go on until :meth:`close`. QUIC
         connections are only refused new ones."""
         self.stop_accepting()
         for connection in list(self._connections):

@@ -1,10 +1,11 @@
 """NNRP over QUIC (``quic://HOST:PORT``) on vLLM's event loop: ``aioquic``'s sans-IO QUIC (TLS 1.3, loss
 recovery, flow control; its timers armed on the loop by :class:`aioquic.asyncio.QuicConnectionProtocol`)
 between a UDP socket and the same connection as every other carrier's
-(:class:`.connection.ConnectionProtocol`, the project's wire core).
+(:class:`.connection.NNRPConnection`, the project's wire core), whose carrier :class:`NNRPQuicConnection` is.
 
-The mapping is nnrp-rs' (``crates/nnrp-transport-quic/src/lib.rs``: quinn, ``QuicTransport``), checked against
-nnrp-py 1.0.0rc4.post20's native QUIC client (``tests/test_quic.py``):
+The mapping (the NNRP stream, what each QUIC event means for it) is :mod:`vllm_nnrp_plugin.carriers.quic`'s,
+shared with the client; nnrp-rs' (``crates/nnrp-transport-quic/src/lib.rs``: quinn, ``QuicTransport``), checked
+against nnrp-py 1.0.0rc4.post20's native QUIC client (``tests/test_quic.py``):
 
 * one connection carries one NNRP byte stream: the client's first bidirectional stream (stream id 0, RFC 9000
   §2.1), NNRP packets back to back in both directions exactly as on TCP; the server opens no stream and
@@ -26,10 +27,10 @@ nnrp-py 1.0.0rc4.post20's native QUIC client (``tests/test_quic.py``):
   timeout. A client that merely does not read is not silent: its acknowledgements keep coming, and its flow
   control holds the rest back (then nothing waits for an acknowledgement).
 
-aioquic 1.x internals read here (no public call gives them): a stream's unacknowledged send buffer and
-whether its FIN was acknowledged (``QuicConnection._streams``, ``QuicStreamSender._buffer`` / ``is_finished``),
-the bytes in flight (``QuicConnection._loss.bytes_in_flight``), and the TLS context made at the first datagram
-(``QuicConnection._initialize``, :class:`_AlpnWhenOffered`); ``tests/test_quic.py`` exercises each.
+aioquic 1.x internals read here (no public call gives them): beside the NNRP stream's send buffer
+(:mod:`vllm_nnrp_plugin.carriers.quic`), the bytes in flight (``QuicConnection._loss.bytes_in_flight``), and the TLS
+context made at the first datagram (``QuicConnection._initialize``, :class:`_AlpnWhenOffered`);
+``tests/test_quic.py`` exercises each.
 
 Bounds: over ``max_connections`` a new connection is closed with CONNECTION_REFUSED (0x2) right after its first
 packet (aioquic has answered the client's Initial by then, so the client may see its handshake complete first;
@@ -55,17 +56,15 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 
-from vllm_nnrp_plugin.nnrp_binding.exposure import ALPN, Exposure, ListenError
-from vllm_nnrp_plugin.nnrp_binding.connection import ConnectionProtocol
+from vllm_nnrp_plugin.carriers.quic import IDLE_TIMEOUT_S, NNRPStream, StreamBroken, StreamData
+from vllm_nnrp_plugin.endpoints import ALPN
+from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
+from vllm_nnrp_plugin.nnrp_binding.connection import WRITE_HIGH_WATER, WRITE_LOW_WATER, NNRPConnection
 
 logger = logging.getLogger(__name__)
 
-#: the only stream of an NNRP connection: the client's first bidirectional one (RFC 9000 §2.1)
-NNRP_STREAM_ID = 0
 #: seconds a cleanly ended connection waits for the client to acknowledge the last packets and the FIN
 CLOSE_GRACE_S = 2.0
-#: seconds of silence after which a QUIC connection ends (RFC 9000 §10.1; aioquic's default)
-IDLE_TIMEOUT_S = 60.0
 #: seconds without a single packet from the client while packets sent to it wait for its acknowledgement, after
 #: which it is taken for gone (a killed client sends no CONNECTION_CLOSE, and UDP has no reset); long enough for a
 #: live client whose process stalls under load (``docs/benchmarks/README.md``, Carriers)
@@ -112,87 +111,20 @@ def _alpn_when_offered(quic: QuicConnection) -> None:
     quic._initialize = _initialize  # type: ignore[method-assign]
 
 
-class QuicStreamTransport(asyncio.Transport):
-    """The NNRP stream of one QUIC connection as the ``asyncio.Transport`` a :class:`.connection.ConnectionProtocol`
-    writes to: ``write`` queues stream data and transmits at once (the connection already writes once per
-    loop iteration); the write buffer is what the client has not acknowledged; ``pause_reading`` holds input."""
-
-    def __init__(self, owner: NNRPQuicConnection) -> None:
-        super().__init__()
-        self._owner = owner
-        self._closing = False
-        self._high = self._low = 0
-        self._paused_writing = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._closing:
-            return
-        owner = self._owner
-        owner._quic.send_stream_data(NNRP_STREAM_ID, bytes(data))
-        owner.transmit()
-        owner.watch_silence()
-        self.check_buffer()
-
-    def check_buffer(self) -> None:
-        """Tell the connection to pause above the high-water mark of unacknowledged bytes, to resume below
-        the low one."""
-        if self._closing or not self._high:
-            return
-        unacknowledged = self._owner.unacknowledged()
-        if not self._paused_writing and unacknowledged > self._high:
-            self._paused_writing = True
-            self._owner.nnrp.pause_writing()
-        elif self._paused_writing and unacknowledged <= self._low:
-            self._paused_writing = False
-            self._owner.nnrp.resume_writing()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._high = high or 0
-        self._low = low if low is not None else self._high // 4
-
-    def get_write_buffer_size(self) -> int:
-        return self._owner.unacknowledged()
-
-    def pause_reading(self) -> None:
-        self._owner.paused_reading = True
-
-    def resume_reading(self) -> None:
-        self._owner.resume_reading()
-
-    def is_reading(self) -> bool:
-        return not self._owner.paused_reading
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        if name == "peername":
-            return self._owner.peer
-        return default
-
-    def close(self) -> None:
-        """The NNRP connection ended cleanly: FIN after what was written; the QUIC connection closes once the
-        client acknowledged it (or after :data:`CLOSE_GRACE_S`)."""
-        if not self._closing:
-            self._closing = True
-            self._owner.finish()
-
-    def abort(self) -> None:
-        if not self._closing:
-            self._owner.fail(QuicErrorCode.INTERNAL_ERROR, "the NNRP connection was aborted")
-
-
 class NNRPQuicConnection(QuicConnectionProtocol):
     """One QUIC connection, made by aioquic's :class:`~aioquic.asyncio.server.QuicServer` for a client's first
-    Initial packet. ``attach(transport)``: the listener's factory of the NNRP connection over
-    ``transport`` (``None``: over ``max_connections``, refused). On the loop only."""
+    Initial packet, and its NNRP connection's :class:`.connection.Carrier`: ``send`` queues stream data and
+    transmits at once (the connection already writes once per loop iteration); the write buffer is what the
+    client has not acknowledged; ``hold_input`` holds input. ``attach()``: the listener's factory of the NNRP
+    connection (``None``: over ``max_connections``, refused). On the loop only."""
 
-    def __init__(self, quic: QuicConnection, *, attach: Callable[[asyncio.Transport], ConnectionProtocol | None],
+    def __init__(self, quic: QuicConnection, *, attach: Callable[[], NNRPConnection | None],
                  stream_handler: Any = None) -> None:  # fmt: skip
         super().__init__(quic, stream_handler=stream_handler)
         _alpn_when_offered(quic)
-        self.peer: Any = None
         self.paused_reading = False
+        self._closing = False  # the NNRP connection ended (cleanly or not): nothing more is sent
+        self._paused_writing = False  # the NNRP connection was told pause_writing
         self._held: list[bytes] = []  # input received while paused (at most the packet limit)
         self._held_bytes = 0
         self._ended = False  # the NNRP connection was told it was lost
@@ -201,15 +133,15 @@ class NNRPQuicConnection(QuicConnectionProtocol):
         #: told once the QUIC connection terminated (the server forgets it)
         self.on_terminated: Callable[[NNRPQuicConnection], None] = lambda connection: None
         self._silence_check: asyncio.TimerHandle | None = None
-        self.stream = QuicStreamTransport(self)
-        self.nnrp = attach(self.stream)
+        self.nnrp_stream = NNRPStream(quic, "client")
+        self.nnrp = attach()
         self._refused = self.nnrp is None
+        if self.nnrp is not None:
+            self.nnrp.attach(self)
 
     # -- aioquic ----------------------------------------------------------------------------------------------
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
-        if self.peer is None:
-            self.peer = addr
         self._heard_at = self._loop.time()
         super().datagram_received(data, addr)
         if self._refused:
@@ -219,34 +151,27 @@ class NNRPQuicConnection(QuicConnectionProtocol):
             self.transmit()
             return
         if self._finishing is not None:  # a clean end waits for the acknowledgement of its last packets
-            if self._sent_everything():
+            if self.nnrp_stream.sent_everything():
                 self._close_now()
         elif self.nnrp is not None and not self._ended:
-            self.stream.check_buffer()  # acknowledgements may have drained the write buffer
+            self._check_buffer()  # acknowledgements may have drained the write buffer
 
     def quic_event_received(self, event: qe.QuicEvent) -> None:
-        kind = type(event)
-        if kind is qe.StreamDataReceived:
-            if event.stream_id != NNRP_STREAM_ID:  # type: ignore[attr-defined]
-                self.fail(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream, the client's first "
-                          "bidirectional one", frame_type=QuicFrameType.STREAM_BASE)  # fmt: skip
-                return
-            self._on_stream_data(event.data, event.end_stream)  # type: ignore[attr-defined]
+        meant = self.nnrp_stream.event(event)
+        kind = type(meant)
+        if kind is StreamData:
+            self._on_stream_data(meant.data, meant.end)  # type: ignore[union-attr]
+        elif kind is StreamBroken:
+            self.fail(meant.code, meant.reason, frame_type=meant.frame_type)  # type: ignore[union-attr]
         elif kind is qe.ConnectionTerminated:
             self._lose()
             self.on_terminated(self)
-        elif kind in (qe.StreamReset, qe.StopSendingReceived):
-            if event.stream_id == NNRP_STREAM_ID:  # type: ignore[attr-defined]
-                self.fail(QuicErrorCode.NO_ERROR, "the client reset the NNRP stream")
-            else:
-                self.fail(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream",
-                          frame_type=QuicFrameType.STREAM_BASE)  # fmt: skip
 
     # -- the NNRP stream --------------------------------------------------------------------------------------
 
     def _on_stream_data(self, data: bytes, end: bool) -> None:
         nnrp = self.nnrp
-        if nnrp is None or self._ended or self.stream.is_closing():
+        if nnrp is None or self._ended or self._closing:
             return
         if self.paused_reading:
             self._held_bytes += len(data)
@@ -258,10 +183,58 @@ class NNRPQuicConnection(QuicConnectionProtocol):
                 self._held.append(b"")  # the end of the stream, in order
             return
         if data:
-            nnrp.data_received(data)
-        if end and not self.stream.is_closing():
-            nnrp.eof_received()
-            self.stream.close()
+            nnrp.heard()
+            if nnrp.feed(data):
+                nnrp.read_done()
+        if end and not self._closing:
+            nnrp.end_of_stream()
+            self.end("ended")
+
+    # -- the NNRP connection's carrier ------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self.nnrp_stream.send(bytes(data))
+        self.transmit()
+        self.watch_silence()
+        self._check_buffer()
+
+    def end(self, cause: str) -> None:
+        """The NNRP connection ended (``cause``: :meth:`.connection.Carrier.end`): FIN after what was sent; the
+        QUIC connection closes once the client acknowledged it (or after :data:`CLOSE_GRACE_S`)."""
+        if not self._closing:
+            self._closing = True
+            self.finish()
+
+    def abort(self) -> None:
+        if not self._closing:
+            self.fail(QuicErrorCode.INTERNAL_ERROR, "the NNRP connection was aborted")
+
+    def hold_input(self, held: bool) -> None:
+        if held:
+            self.paused_reading = True
+        else:
+            self.resume_reading()
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def unread_bytes(self) -> int:
+        return 0  # datagrams are read as they come; what waits is aioquic's
+
+    def _check_buffer(self) -> None:
+        """Tell the NNRP connection to pause above :data:`.connection.WRITE_HIGH_WATER` unacknowledged bytes, to
+        resume at or below :data:`.connection.WRITE_LOW_WATER`."""
+        if self._closing or self.nnrp is None:
+            return
+        unacknowledged = self.nnrp_stream.unacknowledged()
+        if not self._paused_writing and unacknowledged > WRITE_HIGH_WATER:
+            self._paused_writing = True
+            self.nnrp.pause_writing()
+        elif self._paused_writing and unacknowledged <= WRITE_LOW_WATER:
+            self._paused_writing = False
+            self.nnrp.resume_writing()
 
     def resume_reading(self) -> None:
         self.paused_reading = False
@@ -273,19 +246,14 @@ class NNRPQuicConnection(QuicConnectionProtocol):
                 return
             self._on_stream_data(data, not data)
 
-    def unacknowledged(self) -> int:
-        """Bytes of the NNRP stream sent or queued and not yet acknowledged by the client."""
-        stream = self._quic._streams.get(NNRP_STREAM_ID)
-        return 0 if stream is None else len(stream.sender._buffer)
-
     def watch_silence(self) -> None:
         """After a send: make sure the client's silence is checked :data:`PEER_SILENT_S` from now."""
-        if self._silence_check is None and not self.stream._closing:
+        if self._silence_check is None and not self._closing:
             self._silence_check = self._loop.call_later(PEER_SILENT_S, self._check_silence)
 
     def _check_silence(self) -> None:
         self._silence_check = None
-        if self.stream._closing or not self._quic._loss.bytes_in_flight:
+        if self._closing or not self._quic._loss.bytes_in_flight:
             return  # nothing waits for the client: an idle client is the idle timeout's
         silent_s = self._loop.time() - self._heard_at
         if silent_s >= PEER_SILENT_S:
@@ -293,10 +261,6 @@ class NNRPQuicConnection(QuicConnectionProtocol):
                       "its acknowledgement; taken for gone")  # fmt: skip
         else:
             self._silence_check = self._loop.call_later(PEER_SILENT_S - silent_s, self._check_silence)
-
-    def _sent_everything(self) -> bool:
-        stream = self._quic._streams.get(NNRP_STREAM_ID)
-        return stream is None or stream.sender.is_finished
 
     # -- ending -----------------------------------------------------------------------------------------------
 
@@ -307,8 +271,7 @@ class NNRPQuicConnection(QuicConnectionProtocol):
 
     def finish(self) -> None:
         """A clean end: FIN on the NNRP stream; the connection closes when it was acknowledged."""
-        if NNRP_STREAM_ID in self._quic._streams:
-            self._quic.send_stream_data(NNRP_STREAM_ID, b"", end_stream=True)
+        self.nnrp_stream.finish()
         self.transmit()
         self._finishing = self._loop.call_later(CLOSE_GRACE_S, self._close_now)
         self._lose_soon()
@@ -324,9 +287,9 @@ class NNRPQuicConnection(QuicConnectionProtocol):
     def fail(self, code: int, reason: str, frame_type: int | None = QuicFrameType.PADDING) -> None:
         """Close the QUIC connection with transport error ``code`` (RFC 9000 §20.1); the NNRP connection is
         lost (every operation stops) in the next callback, as an asyncio transport reports it."""
-        if self.stream._closing:
+        if self._closing:
             return
-        self.stream._closing = True
+        self._closing = True
         logger.info("NNRP connection on quic closed (QUIC error 0x%x): %s", code, reason)
         self._quic.close(error_code=code, frame_type=frame_type, reason_phrase=reason)
         self.transmit()
@@ -355,7 +318,7 @@ class NNRPQuicConnection(QuicConnectionProtocol):
             return
         self._ended = True
         self._held.clear()
-        self.nnrp.connection_lost(None)
+        self.nnrp.lost()
 
 
 class NNRPQuicServer(QuicServer):
@@ -363,8 +326,7 @@ class NNRPQuicServer(QuicServer):
     handshake timeout and ``max_connections`` bound what unvalidated addresses can hold). ``attach``: the
     listener's factory of each connection's NNRP connection (:class:`NNRPQuicConnection`)."""
 
-    def __init__(self, configuration: QuicConfiguration,
-                 attach: Callable[[asyncio.Transport], ConnectionProtocol | None]) -> None:  # fmt: skip
+    def __init__(self, configuration: QuicConfiguration, attach: Callable[[], NNRPConnection | None]) -> None:
         super().__init__(configuration=configuration, create_protocol=self._connection)
         self._attach = attach
         self._live: set[NNRPQuicConnection] = set()  # until their QUIC connection terminated

@@ -10,15 +10,25 @@ The reader rejects, in the order nnrp-rs' header parser does (``header.rs`` ``Nn
 (``crates/nnrp-core/src/enums.rs`` ``HeaderFlags``), an unknown ``msg_type``; and a packet over
 :data:`MAX_PACKET_BYTES` (header + metadata + body, ``crates/nnrp-runtime/src/transport.rs``), checked as soon
 as the header is read, before its metadata and body are buffered. Each of these ends the connection: the
-reader raises :class:`FramingError` and stays failed. Plain data: no sockets, threads or clocks.
+reader raises :class:`FramingError` and stays failed.
+
+A carrier that cuts the stream into messages (WebSocket: one binary message per packet) walks the same headers
+for the packets' lengths only: :func:`packet_length`, :func:`split_packets` (whole packets out of a run of them)
+and :class:`PacketBoundary` (whether a received run ends between packets). Plain data: no sockets, threads or
+clocks.
 """
 
 from __future__ import annotations
 
+import struct
+
 from nnrp.core.enums import MessageType
 from nnrp.core.header import HEADER_LENGTH, HEADER_MAGIC, HEADER_STRUCT
 
-__all__ = ["HEADER_LENGTH", "MAX_PACKET_BYTES", "FramingError", "Packet", "PacketReader", "encode"]
+__all__ = [
+    "HEADER_LENGTH", "MAX_PACKET_BYTES", "FramingError", "Packet", "PacketBoundary", "PacketReader", "encode",
+    "packet_length", "split_packets",
+]  # fmt: skip
 
 #: the largest packet (header + metadata + body, bytes) either native peer accepts; also what a server
 #: advertises in SERVER_HELLO_ACK ``max_body_bytes``
@@ -29,6 +39,9 @@ KNOWN_MESSAGE_TYPES = frozenset(int(kind) for kind in MessageType)
 
 _unpack_header = HEADER_STRUCT.unpack_from
 _pack_header = HEADER_STRUCT.pack
+#: ``meta_len``, ``body_len`` (u32 little-endian) of a common header, at :data:`_LENGTHS_AT` from its start
+_unpack_lengths = struct.Struct("<II").unpack_from
+_LENGTHS_AT = 12
 
 
 class FramingError(Exception):
@@ -172,3 +185,66 @@ def _header_error(
     if HEADER_LENGTH + meta_len + body_len > max_packet_bytes:
         return f"packet of {HEADER_LENGTH + meta_len + body_len} bytes exceeds {max_packet_bytes}"
     return None
+
+
+def packet_length(data: bytes | bytearray | memoryview, offset: int = 0) -> int:
+    """The length (bytes: header + ``meta_len`` + ``body_len``) of the packet whose common header starts at
+    ``offset`` of ``data``. Nothing of the header is checked (that is :class:`PacketReader`'s). Raises
+    ``struct.error`` when fewer than the 20 bytes up to ``body_len`` are there."""
+    meta_len, body_len = _unpack_lengths(data, offset + _LENGTHS_AT)
+    return HEADER_LENGTH + meta_len + body_len
+
+
+def split_packets(data: bytes) -> list[bytes]:
+    """``data``, whole packets back to back (a wire core's ``data_to_send()``), as one ``bytes`` per packet
+    (lengths from :func:`packet_length`). A trailing partial packet — which a core never queues — is returned as
+    it is, as the last item."""
+    end = len(data)
+    if end < HEADER_LENGTH or packet_length(data) >= end:  # one packet: the usual write of a streamed token
+        return [data]
+    packets = []
+    pos = 0
+    while pos < end:
+        if end - pos < HEADER_LENGTH:
+            packets.append(data[pos:])
+            break
+        size = packet_length(data, pos)
+        packets.append(data[pos : pos + size])
+        pos += size
+    return packets
+
+
+class PacketBoundary:
+    """Where a received run of bytes stands against packet boundaries, read from reads of any size:
+    :attr:`at_boundary` is true between packets (where every WebSocket message must end, RFC 6455 messages
+    carrying NNRP: :mod:`vllm_nnrp_plugin.carriers.websocket`)."""
+
+    __slots__ = ("_head", "_rest")
+
+    def __init__(self) -> None:
+        self._head = bytearray()  # the header bytes of the packet being received, while fewer than 40
+        self._rest = 0  # metadata + body bytes of the packet being received still to come
+
+    @property
+    def at_boundary(self) -> bool:
+        return not self._rest and not self._head
+
+    def feed(self, data: bytes) -> None:
+        pos, end = 0, len(data)
+        while pos < end:
+            if self._rest:
+                step = min(self._rest, end - pos)
+                self._rest -= step
+                pos += step
+                continue
+            if not self._head and end - pos >= HEADER_LENGTH:  # a whole header at hand: no copy
+                self._rest = packet_length(data, pos) - HEADER_LENGTH
+                pos += HEADER_LENGTH
+            else:
+                take = min(HEADER_LENGTH - len(self._head), end - pos)
+                self._head += data[pos : pos + take]
+                pos += take
+                if len(self._head) < HEADER_LENGTH:
+                    return
+                self._rest = packet_length(self._head) - HEADER_LENGTH
+                self._head.clear()
