@@ -94,9 +94,10 @@ from vllm_nnrp_plugin.nnrp_wire.codecs import (
     SessionCloseAckMetadata,
     SessionOpenAckMetadata,
 )
+from vllm_nnrp_plugin.nnrp_wire.errors import LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.framing import MAX_PACKET_BYTES, FramingError, Packet, PacketReader, encode
 
-__all__ = ["ClientConnection", "LocalProtocolError"]
+__all__ = ["ClientConnection"]
 
 _T = MessageType
 #: what CLIENT_HELLO offers, as the native client does (``client.rs`` ``client_hello``)
@@ -109,11 +110,6 @@ _STRUCTURED_EVENT = int(PayloadKind.STRUCTURED_EVENT)
 
 _PARTIAL = PartialResultMetadata.STRUCT
 _OPEN_ACK_SIZE = SessionOpenAckMetadata.STRUCT.size
-
-
-class LocalProtocolError(Exception):
-    """A call the protocol does not allow now (the connection ended, an unknown or closing session, an
-    operation that is not active, an id out of range); nothing was queued."""
 
 
 class _Fatal(Exception):

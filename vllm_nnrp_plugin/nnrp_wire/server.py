@@ -110,6 +110,7 @@ from .codecs import (
     SessionCloseAckMetadata,
     SessionOpenAckMetadata,
 )
+from .errors import LocalProtocolError
 from .events import (
     AuthenticationFailed,
     BudgetUpdated,
@@ -126,7 +127,7 @@ from .events import (
     TraceContextReceived,
 )
 
-__all__ = ["LEASE_TTL_MS", "LocalProtocolError", "ServerConnection"]
+__all__ = ["LEASE_TTL_MS", "ServerConnection"]
 
 #: ``lease_ttl_ms`` of every SESSION_OPEN_ACK: the native server echoes its configured 30000 and enforces nothing
 #: (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` session ack; cache/schema leases are not offered here)
@@ -164,13 +165,6 @@ _IN_FLIGHT_DRAIN = 0  # SESSION_CLOSE in_flight_policy drain (nnrp-rs crates/nnr
 _DROP_PEER_CANCELLED = 3  # drop_reason_code peer_cancelled (nnrp-doc runtime-control value-registries)
 _SCOPE_SESSION = 1
 _SCOPE_FRAME = 2
-
-
-class LocalProtocolError(ValueError):
-    """The application asked for something the protocol never allows, whatever the peer did (a sequence of 0,
-    an empty PARTIAL_RESULT body, a drop reason of 0, an unknown session-open request, a value that does not
-    fit its field...). A bug in the caller; the connection's state is unchanged. A ``ValueError``, so callers
-    that already treat unpackable values as ``ValueError`` catch it too."""
 
 
 class _Op:
