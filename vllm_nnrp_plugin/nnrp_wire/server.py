@@ -36,11 +36,8 @@ the shipped build where it differs, see each method):
 * After the handshake, session 0 carries only SESSION_OPEN and TRANSPORT_PROBE; any other session-0 packet, a
   second CLIENT_HELLO, a malformed SESSION_OPEN, or a packet for a session id that is not open ends the
   connection (``server.rs``; ``crates/nnrp-runtime/src/multiplex.rs``: unknown session ids are fatal).
-* Session-scoped runtime packets (``server.rs`` ``handle_runtime_packet`` arms): exact ``meta_len``, the
-  layout's parse rules (nnrp-rs ``crates/nnrp-core/src/control.rs``, ``data.rs``, ``flow.rs``; nnrp-doc
-  ``docs/en/profiles/runtime-control/value-registries.md``: "Receivers MUST reject fixed metadata that sets a
-  reserved flag bit, uses a reserved enum value, or sets a reserved field to a non-zero value"), ``body_len``
-  equal to the declared length, operation identity (``crates/nnrp-core/src/operation.rs``).
+* Session-scoped runtime packets (``server.rs`` ``handle_runtime_packet`` arms): the layout rules of
+  :mod:`.layouts` (shared with the client core), then operation identity (``crates/nnrp-core/src/operation.rs``).
 * Runtime controls a client sends for its operations, each reported as an event (the application decides what
   they change): FRAME_CANCEL / CANCEL / ABORT → :class:`~.events.OperationCancelled`; DEADLINE / EXPIRE_AT →
   :class:`~.events.DeadlineReceived`; PRIORITY_UPDATE → :class:`~.events.PriorityUpdated`; SUPERSEDE →
@@ -62,34 +59,24 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from nnrp.core.enums import ErrorCode, MessageType
+from nnrp.core.enums import MessageType
 from nnrp.core.header import HEADER_LENGTH, HEADER_MAGIC, HEADER_STRUCT
 from nnrp.core.messages.control import (
     ClientHelloMetadata,
-    FlowUpdateMetadata,
-    ResultHintMetadata,
     ServerHelloAckMetadata,
     SessionOpenMetadata,
     TransportProbeAckMetadata,
     TransportProbeMetadata,
 )
-from nnrp.core.messages.data import FrameSubmitMetadata
 from nnrp.runtime.types import (
-    BudgetMetadata,
-    ControlRequestMetadata,
     PartialResultMetadata,
     PressureMetadata,
     ProgressMetadata,
     RecoverableErrorMetadata,
     ResultDropReasonMetadata,
-    RetryAfterMetadata,
-    SchedulingMetadata,
-    SessionCloseMetadata,
-    SupersedeMetadata,
-    TraceContextMetadata,
 )
 
-from . import framing
+from . import framing, layouts
 from ..auth_block import (
     AUTH_STATUS_ACCEPTED,
     AUTH_STATUS_MISSING,
@@ -99,7 +86,6 @@ from ..auth_block import (
 )
 from .codecs import (
     CLOSE_STATUS_CLOSED,
-    PRIORITY_CLASSES,
     SESSION_ERROR_AUTH_FAILED,
     SESSION_ERROR_PROFILE_UNSUPPORTED,
     SESSION_ERROR_RESUME_REJECTED,
@@ -110,7 +96,7 @@ from .codecs import (
     SessionCloseAckMetadata,
     SessionOpenAckMetadata,
 )
-from .errors import LocalProtocolError
+from .errors import LocalProtocolError, PacketError
 from .events import (
     AuthenticationFailed,
     BudgetUpdated,
@@ -126,6 +112,7 @@ from .events import (
     SessionOpenRequested,
     TraceContextReceived,
 )
+from .layouts import ERR_LIMIT, ERR_STATE, message_name
 
 __all__ = ["LEASE_TTL_MS", "ServerConnection"]
 
@@ -147,19 +134,9 @@ _PROGRESS_STRUCT = ProgressMetadata.STRUCT
 _DROP_REASON_STRUCT = ResultDropReasonMetadata.STRUCT
 _PRESSURE_STRUCT = PressureMetadata.STRUCT
 _RESULT_PUSH_META_LEN = 64
-_FRAME_SUBMIT_META_LEN = FrameSubmitMetadata.STRUCT.size
-_RUNTIME_META_LEN = 32
-_FRAME_CLASSES = frozenset((0, 1, 2, 3))  # keyframe, delta, retransmit, discardable (nnrp-rs enums.rs FrameClass)
-# drop_reason_code 1 deadline_expired .. 9 conformance_injection (nnrp-py ResultDropReasonCode; nnrp-doc
-# runtime-control value-registries); SUPERSEDE may also carry 0 (none)
-_DROP_REASON_CODES = range(1, 10)
 
-# ERROR_RECOVERABLE error_code: the common error registry (nnrp-py ``nnrp.core.enums.ErrorCode``, nnrp-rs
-# ``crates/nnrp-core/src/enums.rs`` ErrorCode). nnrp-doc runtime-control ``control-frames.md`` "Recoverable Error
-# Metadata": error_code from "the active error registry", recovery_action from the reason_code registry.
-_ERR_MALFORMED = int(ErrorCode.MALFORMED_BODY)  # layout, length, reserved bits, enum values
-_ERR_STATE = int(ErrorCode.INVALID_STATE)  # unknown/duplicate operation or frame, a type a client must not send
-_ERR_LIMIT = int(ErrorCode.LIMIT_EXCEEDED)  # too many pre-submit DEADLINE reservations
+# ERROR_RECOVERABLE sent (nnrp-doc runtime-control ``control-frames.md`` "Recoverable Error Metadata"): error_code
+# from the common error registry (:class:`~.errors.PacketError`), recovery_action from the reason_code registry.
 _RECOVERY_UNSPECIFIED = 0  # reason_code "unspecified" (value-registries "Reason And Stage Codes")
 _IN_FLIGHT_DRAIN = 0  # SESSION_CLOSE in_flight_policy drain (nnrp-rs crates/nnrp-core/src/enums.rs InFlightPolicy)
 _DROP_PEER_CANCELLED = 3  # drop_reason_code peer_cancelled (nnrp-doc runtime-control value-registries)
@@ -268,34 +245,12 @@ class _PendingOpen:
         self.reserved_id = reserved_id
 
 
-class _Reject(Exception):
-    """Internal: the packet breaks a rule; ``code`` is the ERROR_RECOVERABLE error_code."""
-
-    def __init__(self, reason: str, code: int = _ERR_MALFORMED) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.code = code
-
-
 class _Fatal(Exception):
     """Internal: the packet ends the connection."""
 
 
 class _Ignore(Exception):
     """Internal: a late control for an operation this server already finished (a race, not an error)."""
-
-
-def _role_ok(role: int) -> bool:
-    # source_role: 0x00-0x07 standard, 0x08-0x7f reserved (rejected), 0x80-0xff private
-    # (nnrp-rs crates/nnrp-core/src/object.rs RuntimeRole; control.rs role checks)
-    return role <= 0x07 or role >= 0x80
-
-
-def _parse(cls, meta: bytes, name: str):
-    try:
-        return cls.unpack(meta)
-    except (ValueError, TypeError, struct.error) as exc:
-        raise _Reject(f"malformed {name} metadata: {exc}") from None
 
 
 class ServerConnection:
@@ -415,7 +370,7 @@ class ServerConnection:
             except _Fatal as exc:
                 self._end(events, str(exc))
             except Exception as exc:  # noqa: BLE001 - never raise on peer input; a bug ends only this connection
-                self._end(events, f"internal error ({type(exc).__name__}) handling {_name(packet.msg_type)} of session "
+                self._end(events, f"internal error ({type(exc).__name__}) handling {message_name(packet.msg_type)} of session "
                                   f"{packet.session_id} frame {packet.frame_id}")  # never the packet: it is the client's
             if self._ended:
                 break
@@ -446,7 +401,7 @@ class ServerConnection:
             elif msg_type == _T.CLIENT_HELLO:
                 self._on_hello(packet, events)
             else:
-                raise _Fatal(f"{_name(msg_type)} before CLIENT_HELLO")
+                raise _Fatal(f"{message_name(msg_type)} before CLIENT_HELLO")
             return
         session_id = packet.session_id
         if session_id == 0:
@@ -458,33 +413,33 @@ class ServerConnection:
             elif msg_type == _T.CLIENT_HELLO:
                 raise _Fatal("second CLIENT_HELLO on the connection")
             else:
-                raise _Fatal(f"{_name(msg_type)} on session 0 after the handshake")
+                raise _Fatal(f"{message_name(msg_type)} on session 0 after the handshake")
             return
         session = self._sessions.get(session_id)
         if session is None:
             # nnrp-rs crates/nnrp-runtime/src/multiplex.rs: a packet for an unregistered session id is fatal
             state = "closed" if session_id in self._used_ids else "unknown"
-            raise _Fatal(f"{_name(msg_type)} for {state} session {session_id}")
+            raise _Fatal(f"{message_name(msg_type)} for {state} session {session_id}")
         if msg_type == _T.CLIENT_HELLO:
             raise _Fatal("second CLIENT_HELLO on the connection")
         handler = _SESSION_HANDLERS.get(msg_type)
         try:
             if handler is None:
-                raise _Reject(f"{_name(msg_type)} is not accepted from a client on a session", _ERR_STATE)
+                raise PacketError(f"{message_name(msg_type)} is not accepted from a client on a session", ERR_STATE)
             handler(self, session, packet, events)
-        except _Reject as rejection:
+        except PacketError as rejection:
             self._reject(packet, rejection, events)
         except _Ignore:
             pass
 
-    def _reject(self, packet: framing.Packet, rejection: _Reject, events: list) -> None:
+    def _reject(self, packet: framing.Packet, rejection: PacketError, events: list) -> None:
         """PacketRejected + ERROR_RECOVERABLE (frame scope when the header names a frame, else session scope;
         header frame = ``related_frame_id`` as nnrp-rs ``server.rs`` ``send_recoverable_error``; source_role
         server, no retry, the reason as the diagnostic). The session goes on."""
         events.append(PacketRejected(packet.session_id, packet.frame_id, packet.msg_type, rejection.reason))
         diagnostic = rejection.reason.encode("utf-8", "replace")[:MAX_DIAGNOSTIC_BYTES]
         meta = RecoverableErrorMetadata(
-            rejection.code,
+            rejection.error_code,
             _SCOPE_FRAME if packet.frame_id else _SCOPE_SESSION,
             _RECOVERY_UNSPECIFIED,
             ROLE_SERVER,
@@ -749,10 +704,7 @@ class ServerConnection:
     # -- session scope: client packets ---------------------------------------------------------------------
 
     def _on_frame_submit(self, session: _Session, packet: framing.Packet, events: list) -> None:
-        """FRAME_SUBMIT: ``meta_len`` 72; nnrp-py ``FrameSubmitMetadata`` parse (known submit mode, budget
-        policy, loss tolerance, input profile, tile index mode; ``payload_kind_bitmap`` ⊆ 0x7f;
-        ``operation_id`` ≠ 0; no tile fields without TENSOR) plus what it does not check: reserved0-4 zero, a
-        known frame_class (nnrp-rs ``crates/nnrp-core/src/data.rs`` ``FrameSubmit::parse``). Header frame ≠ 0;
+        """FRAME_SUBMIT: the layout (:func:`.layouts.frame_submit`), then header frame ≠ 0;
         neither the frame nor the operation id active or used by a recently finished operation of the session
         (the last ``max(64, 4 × max_in_flight_per_session)`` terminals; the native server refuses every frame
         and operation id its session ever registered: ``crates/nnrp-runtime/src/server.rs`` "duplicate
@@ -762,34 +714,28 @@ class ServerConnection:
         reservation binds here: both ids must match it (shipped build; public nnrp-rs
         ``crates/nnrp-runtime/src/pre_submit.rs`` at 00074cf), and the DeadlineReceived(submitted=False) follows
         the OperationSubmitted."""
-        if len(packet.meta) != _FRAME_SUBMIT_META_LEN:
-            raise _Reject(f"FRAME_SUBMIT meta_len {len(packet.meta)} (must be {_FRAME_SUBMIT_META_LEN})")
-        metadata = _parse(FrameSubmitMetadata, packet.meta, "FRAME_SUBMIT")
-        if metadata.reserved0 or metadata.reserved1 or metadata.reserved2 or metadata.reserved3 or metadata.reserved4:
-            raise _Reject("FRAME_SUBMIT reserved fields must be zero")
-        if metadata.frame_class not in _FRAME_CLASSES:
-            raise _Reject(f"FRAME_SUBMIT unknown frame_class {metadata.frame_class}")
+        metadata = layouts.frame_submit(packet)
         frame_id = packet.frame_id
         operation_id = metadata.operation_id
         sid = session.session_id
         if not frame_id:
-            raise _Reject("FRAME_SUBMIT with frame id 0", _ERR_STATE)
+            raise PacketError("FRAME_SUBMIT with frame id 0", ERR_STATE)
         if (sid, frame_id) in self._ops:
-            raise _Reject(f"FRAME_SUBMIT frame {frame_id} is bound to an active operation", _ERR_STATE)
+            raise PacketError(f"FRAME_SUBMIT frame {frame_id} is bound to an active operation", ERR_STATE)
         if operation_id in session.ops:
-            raise _Reject(f"FRAME_SUBMIT operation {operation_id} is already active", _ERR_STATE)
+            raise PacketError(f"FRAME_SUBMIT operation {operation_id} is already active", ERR_STATE)
         if frame_id in session.finished_frames:
-            raise _Reject(f"FRAME_SUBMIT frame {frame_id} was used by a finished operation", _ERR_STATE)
+            raise PacketError(f"FRAME_SUBMIT frame {frame_id} was used by a finished operation", ERR_STATE)
         if operation_id in session.finished_ops:
-            raise _Reject(f"FRAME_SUBMIT operation {operation_id} already finished", _ERR_STATE)
+            raise PacketError(f"FRAME_SUBMIT operation {operation_id} already finished", ERR_STATE)
         if session.draining is not None:
-            raise _Reject("FRAME_SUBMIT on a session the client is closing", _ERR_STATE)
+            raise PacketError("FRAME_SUBMIT on a session the client is closing", ERR_STATE)
         reservation = session.reservations.get(operation_id)
         reserved_op = session.reserved_frames.get(frame_id)
         if reservation is not None and reservation[0] != frame_id:
-            raise _Reject("FRAME_SUBMIT does not match its pre-submit DEADLINE frame id", _ERR_STATE)
+            raise PacketError("FRAME_SUBMIT does not match its pre-submit DEADLINE frame id", ERR_STATE)
         if reserved_op is not None and reserved_op != operation_id:
-            raise _Reject("FRAME_SUBMIT frame is reserved by a pre-submit DEADLINE of another operation", _ERR_STATE)
+            raise PacketError("FRAME_SUBMIT frame is reserved by a pre-submit DEADLINE of another operation", ERR_STATE)
         op = _Op(sid, frame_id, operation_id)
         session.ops[operation_id] = op
         self._ops[(sid, frame_id)] = op
@@ -800,46 +746,36 @@ class ServerConnection:
             events.append(DeadlineReceived(sid, frame_id, operation_id, reservation[1], False))
 
     def _on_frame_cancel(self, session: _Session, packet: framing.Packet, events: list) -> None:
-        """FRAME_CANCEL: header-only, the header frame bound to an active operation (nnrp-rs
+        """FRAME_CANCEL: header-only (:func:`.layouts.header_only`), the header frame bound to an active operation (nnrp-rs
         ``crates/nnrp-runtime/src/server.rs`` FRAME_CANCEL arm). After it no PARTIAL_RESULT or PROGRESS is sent
         for the operation (the shipped native client rejects them "for a terminal operation"); a terminal is
         still expected. A second cancel of the same operation is rejected (shipped server: "server cancel did
         not transition an active operation")."""
-        if packet.meta or packet.body:
-            raise _Reject("FRAME_CANCEL must be header-only")
+        layouts.header_only(packet)
         op = self._ops.get((session.session_id, packet.frame_id))
         if op is None:
             self._unknown(session, packet.frame_id, None, "FRAME_CANCEL")
         op.streamable = False
         if op.cancelled:
-            raise _Reject(f"FRAME_CANCEL for operation {op.operation_id} already cancelled", _ERR_STATE)
+            raise PacketError(f"FRAME_CANCEL for operation {op.operation_id} already cancelled", ERR_STATE)
         op.cancelled = True
         events.append(OperationCancelled(session.session_id, op.frame_id, op.operation_id, int(_T.FRAME_CANCEL), b""))
 
     def _on_cancel(self, session: _Session, packet: framing.Packet, events: list) -> None:
-        """CANCEL / ABORT: control request metadata (``meta_len`` 32, reserved 0, flags ⊆ 0x3, a non-reserved
-        source_role; nnrp-rs ``crates/nnrp-core/src/control.rs`` ``ControlRequest``), ``body_len ==
-        diagnostic_bytes``, an active operation whose frame is the header frame (``server.rs`` CANCEL/ABORT
-        arms). The first cancel of an operation is reported; a repeated one is rejected."""
-        name = _name(packet.msg_type)
-        metadata = self._runtime_meta(packet, ControlRequestMetadata, name)
-        if metadata.flags & ~0x03:
-            raise _Reject(f"{name} flags have reserved bits {metadata.flags:#x}")
-        if not _role_ok(int(metadata.source_role)):
-            raise _Reject(f"{name} reserved source_role {int(metadata.source_role):#x}")
-        if len(packet.body) != metadata.diagnostic_bytes:
-            raise _Reject(f"{name} body_len {len(packet.body)} != diagnostic_bytes {metadata.diagnostic_bytes}")
+        """CANCEL / ABORT: the layout (:func:`.layouts.control_request`), an active operation whose frame is the
+        header frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` CANCEL/ABORT arms). The first cancel of an operation is reported; a repeated one is rejected."""
+        name = message_name(packet.msg_type)
+        metadata = layouts.control_request(packet)
         op = self._target(session, packet, metadata.operation_id, name)
         if op.cancelled:
-            raise _Reject(f"{name} for operation {op.operation_id} already cancelled", _ERR_STATE)
+            raise PacketError(f"{name} for operation {op.operation_id} already cancelled", ERR_STATE)
         op.cancelled = True
         events.append(OperationCancelled(session.session_id, op.frame_id, op.operation_id, packet.msg_type, packet.body))
 
     def _on_scheduling(self, session: _Session, packet: framing.Packet, events: list) -> None:
-        """DEADLINE / PRIORITY_UPDATE / EXPIRE_AT: scheduling metadata (``meta_len`` 32, flags ⊆ 0x3, body
-        empty; nnrp-rs ``crates/nnrp-core/src/control.rs`` ``Scheduling``), ``deadline_unix_ms`` ≠ 0 for
-        DEADLINE and EXPIRE_AT, a known priority class for PRIORITY_UPDATE. For an active operation the header
-        frame must be its frame (``server.rs`` scheduling arm); DEADLINE and EXPIRE_AT →
+        """DEADLINE / PRIORITY_UPDATE / EXPIRE_AT: the layout (:func:`.layouts.scheduling`). For an active
+        operation the header frame must be its frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` scheduling
+        arm); DEADLINE and EXPIRE_AT →
         :class:`~.events.DeadlineReceived` (submitted True; EXPIRE_AT bounds the operation as a deadline does),
         PRIORITY_UPDATE → :class:`~.events.PriorityUpdated`. A DEADLINE (only) for an operation not submitted yet
         is a pre-submit reservation (shipped build; nnrp-rs ``crates/nnrp-runtime/src/pre_submit.rs`` at
@@ -847,14 +783,8 @@ class ServerConnection:
         session; the event comes right after the matching FRAME_SUBMIT's OperationSubmitted, with submitted
         False. (No clock in the core: "deadline in the future" is the application's to judge.)"""
         msg_type = packet.msg_type
-        name = _name(msg_type)
-        metadata = self._runtime_meta(packet, SchedulingMetadata, name)
-        if packet.body:
-            raise _Reject(f"{name} must have an empty body")
-        if msg_type != _T.PRIORITY_UPDATE and not metadata.deadline_unix_ms:
-            raise _Reject(f"{name} deadline_unix_ms must be non-zero")
-        if msg_type == _T.PRIORITY_UPDATE and metadata.priority_class not in PRIORITY_CLASSES:
-            raise _Reject(f"PRIORITY_UPDATE unknown priority_class {metadata.priority_class}")
+        name = message_name(msg_type)
+        metadata = layouts.scheduling(packet)
         operation_id = metadata.operation_id
         sid = session.session_id
         if msg_type == _T.DEADLINE and operation_id and operation_id not in session.ops:
@@ -862,13 +792,13 @@ class ServerConnection:
             if (frame_id, operation_id) in session.finished:
                 raise _Ignore
             if not frame_id:
-                raise _Reject("pre-submit DEADLINE with frame id 0", _ERR_STATE)
+                raise PacketError("pre-submit DEADLINE with frame id 0", ERR_STATE)
             if (sid, frame_id) in self._ops:
-                raise _Reject(f"pre-submit DEADLINE frame {frame_id} is bound to another operation", _ERR_STATE)
+                raise PacketError(f"pre-submit DEADLINE frame {frame_id} is bound to another operation", ERR_STATE)
             if operation_id in session.reservations or frame_id in session.reserved_frames:
-                raise _Reject("duplicate pre-submit DEADLINE reservation", _ERR_STATE)
+                raise PacketError("duplicate pre-submit DEADLINE reservation", ERR_STATE)
             if len(session.reservations) >= self._max_in_flight:
-                raise _Reject("pre-submit DEADLINE reservations exceed the session's in-flight limit", _ERR_LIMIT)
+                raise PacketError("pre-submit DEADLINE reservations exceed the session's in-flight limit", ERR_LIMIT)
             session.reservations[operation_id] = (frame_id, metadata.deadline_unix_ms)
             session.reserved_frames[frame_id] = operation_id
             return
@@ -880,34 +810,23 @@ class ServerConnection:
             events.append(DeadlineReceived(sid, op.frame_id, op.operation_id, metadata.deadline_unix_ms, True))
 
     def _on_supersede(self, session: _Session, packet: framing.Packet, events: list) -> None:
-        """SUPERSEDE: supersede metadata (``meta_len`` 32, flags ⊆ 0x1; nnrp-rs ``crates/nnrp-core/src/control.rs``
-        ``SupersedeMetadata``, ``SUPERSEDE_FLAGS_KNOWN_MASK``), ``body_len == diagnostic_bytes``,
-        ``drop_reason_code`` 0 or a known drop reason (value-registries "Drop Reason Codes"), and
-        ``old_operation_id`` an active operation whose frame is the header frame (nnrp-rs
+        """SUPERSEDE: the layout (:func:`.layouts.supersede`), and ``old_operation_id`` an active operation whose frame is the header frame (nnrp-rs
         ``crates/nnrp-runtime/src/server.rs`` SUPERSEDE arm, ``require_operation_frame``). The operation is
         cancelled as by CANCEL (a repeated SUPERSEDE or cancel of it is rejected) →
         :class:`~.events.OperationSuperseded`."""
-        metadata = self._runtime_meta(packet, SupersedeMetadata, "SUPERSEDE")
-        if len(packet.body) != metadata.diagnostic_bytes:
-            raise _Reject(f"SUPERSEDE body_len {len(packet.body)} != diagnostic_bytes {metadata.diagnostic_bytes}")
-        code = metadata.drop_reason_code
-        if code and code not in _DROP_REASON_CODES:
-            raise _Reject(f"SUPERSEDE unknown drop_reason_code {code}")
+        metadata = layouts.supersede(packet)
         op = self._target(session, packet, metadata.old_operation_id, "SUPERSEDE")
         if op.cancelled:
-            raise _Reject(f"SUPERSEDE for operation {op.operation_id} already cancelled", _ERR_STATE)
+            raise PacketError(f"SUPERSEDE for operation {op.operation_id} already cancelled", ERR_STATE)
         op.cancelled = True
         events.append(OperationSuperseded(session.session_id, op.frame_id, op.operation_id,
-                                          metadata.new_operation_id, code, packet.body))  # fmt: skip
+                                          metadata.new_operation_id, metadata.drop_reason_code, packet.body))  # fmt: skip
 
     def _on_budget_update(self, session: _Session, packet: framing.Packet, events: list) -> None:
-        """BUDGET_UPDATE: budget metadata (``meta_len`` 40, flags ⊆ 0x3; nnrp-rs ``crates/nnrp-core/src/control.rs``
-        ``BudgetMetadata``, ``BUDGET_FLAGS_KNOWN_MASK``), body empty, an active operation whose frame is the
+        """BUDGET_UPDATE: the layout (:func:`.layouts.budget_update`), an active operation whose frame is the
         header frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` BUDGET_UPDATE arm) →
         :class:`~.events.BudgetUpdated`."""
-        metadata = self._runtime_meta(packet, BudgetMetadata, "BUDGET_UPDATE")
-        if packet.body:
-            raise _Reject("BUDGET_UPDATE must have an empty body")
+        metadata = layouts.budget_update(packet)
         op = self._target(session, packet, metadata.operation_id, "BUDGET_UPDATE")
         events.append(
             BudgetUpdated(
@@ -917,18 +836,10 @@ class ServerConnection:
         )
 
     def _on_trace_context(self, session: _Session, packet: framing.Packet, events: list) -> None:
-        """TRACE_CONTEXT: ``meta_len`` 32, flags ⊆ 0x3, ``trace_id`` and ``span_id`` non-zero, ``body_len ==
-        body_bytes`` (nnrp-rs ``crates/nnrp-core/src/control.rs`` ``TraceContext``); header ``trace_id`` 0 or
-        the metadata's (shipped build: "TRACE_CONTEXT header trace id does not match metadata"); header frame 0
+        """TRACE_CONTEXT: the layout (:func:`.layouts.trace_context`); header frame 0
         = session scope, else the frame of an active operation (shipped build: "TRACE_CONTEXT references an
         unknown operation frame")."""
-        metadata = self._runtime_meta(packet, TraceContextMetadata, "TRACE_CONTEXT")
-        if not metadata.trace_id or not metadata.span_id:
-            raise _Reject("TRACE_CONTEXT trace_id and span_id must be non-zero")
-        if len(packet.body) != metadata.body_bytes:
-            raise _Reject(f"TRACE_CONTEXT body_len {len(packet.body)} != body_bytes {metadata.body_bytes}")
-        if packet.trace_id and packet.trace_id != metadata.trace_id:
-            raise _Reject("TRACE_CONTEXT header trace id does not match metadata")
+        metadata = layouts.trace_context(packet)
         operation_id = None
         if packet.frame_id:
             op = self._ops.get((session.session_id, packet.frame_id))
@@ -946,60 +857,37 @@ class ServerConnection:
         """BACKPRESSURE / CREDIT_UPDATE from the client: pressure metadata (``meta_len`` 32, flags ⊆ 0x3,
         reserved 0, body empty; BACKPRESSURE ``pressure_level`` 1..3; nnrp-rs ``crates/nnrp-core/src/control.rs``
         ``Pressure``). Recorded by nobody (nnrp-rs ``crates/nnrp-runtime/src/pressure.rs``): ignored."""
-        name = _name(packet.msg_type)
-        metadata = self._runtime_meta(packet, PressureMetadata, name)
-        if packet.body:
-            raise _Reject(f"{name} must have an empty body")
-        if packet.msg_type == _T.BACKPRESSURE and not 1 <= metadata.pressure_level <= 3:
-            raise _Reject(f"BACKPRESSURE pressure_level {metadata.pressure_level} (must be 1..3)")
+        layouts.pressure(packet)
 
     def _on_flow_update(self, session: _Session, packet: framing.Packet, events: list) -> None:
         """FLOW_UPDATE: ``meta_len`` 32, body empty, nnrp-py ``FlowUpdateMetadata`` parse plus reserved0/1 zero;
         on a session the scope must be session or operation (nnrp-rs ``crates/nnrp-core/src/flow.rs`` routing
         rule). Advisory: ignored."""
-        metadata = self._runtime_meta(packet, FlowUpdateMetadata, "FLOW_UPDATE")
-        raw = FlowUpdateMetadata.STRUCT.unpack(packet.meta)
-        if raw[3] or raw[7]:
-            raise _Reject("FLOW_UPDATE reserved fields must be zero")
-        if packet.body:
-            raise _Reject("FLOW_UPDATE must have an empty body")
-        if int(metadata.scope_kind) == 0:
-            raise _Reject("connection-scope FLOW_UPDATE on a session")
+        layouts.flow_update(packet)
 
     def _on_result_hint(self, session: _Session, packet: framing.Packet, events: list) -> None:
         """RESULT_HINT: ``meta_len`` 16, known enum values (nnrp-rs ``crates/nnrp-core/src/control.rs``
         ``ResultHint``), body empty. Advisory: ignored."""
-        if len(packet.meta) != ResultHintMetadata.STRUCT.size:
-            raise _Reject(f"RESULT_HINT meta_len {len(packet.meta)} (must be 16)")
-        _parse(ResultHintMetadata, packet.meta, "RESULT_HINT")
-        if packet.body:
-            raise _Reject("RESULT_HINT must have an empty body")
+        layouts.result_hint(packet)
 
     def _on_client_error(self, session: _Session, packet: framing.Packet, events: list) -> None:
         """ERROR_RECOVERABLE / RETRY_AFTER from the client (a native client can send them): layout checks
         (flags, a non-reserved source_role, known error scope, ``body_len == diagnostic_bytes``; nnrp-rs
         ``crates/nnrp-core/src/control.rs``). Advisory: ignored."""
-        name = _name(packet.msg_type)
-        cls = RecoverableErrorMetadata if packet.msg_type == _T.ERROR_RECOVERABLE else RetryAfterMetadata
-        metadata = self._runtime_meta(packet, cls, name)
-        if not _role_ok(int(metadata.source_role)):
-            raise _Reject(f"{name} reserved source_role {int(metadata.source_role):#x}")
-        if cls is RecoverableErrorMetadata and metadata.error_scope > 2:
-            raise _Reject(f"ERROR_RECOVERABLE unknown error_scope {metadata.error_scope}")
-        if len(packet.body) != metadata.diagnostic_bytes:
-            raise _Reject(f"{name} body_len {len(packet.body)} != diagnostic_bytes {metadata.diagnostic_bytes}")
+        if packet.msg_type == _T.ERROR_RECOVERABLE:
+            layouts.recoverable_error(packet)
+        else:
+            layouts.retry_after(packet)
 
     def _on_ping(self, session: _Session, packet: framing.Packet, events: list) -> None:
         """PING → PONG on the same session and frame; PONG is taken and ignored. Both header-only (nnrp-rs
         ``crates/nnrp-runtime/src/server.rs`` ``receive_ping``/``send_ping``)."""
-        if packet.meta or packet.body:
-            raise _Reject(f"{_name(packet.msg_type)} must be header-only")
+        layouts.header_only(packet)
         if packet.msg_type == _T.PING:
             self._queue(_T.PONG, session.session_id, packet.frame_id, b"")
 
     def _on_session_close(self, session: _Session, packet: framing.Packet, events: list) -> None:
-        """SESSION_CLOSE (``meta_len`` 24, reserved0 0, known close_reason and in_flight_policy, body empty;
-        nnrp-rs ``crates/nnrp-core/src/session.rs`` ``SessionClose``). The one SESSION_CLOSE_ACK has header
+        """SESSION_CLOSE (the layout: :func:`.layouts.session_close`). The one SESSION_CLOSE_ACK has header
         session = the session, frame 0, close_status closed, ``last_operation_id`` echoed (nnrp-rs
         ``crates/nnrp-runtime/src/server.rs`` close ack).
 
@@ -1026,15 +914,11 @@ class ServerConnection:
 
         Once closed, the id is never used again on this connection (a later packet for it ends the connection,
         every later send for it returns False)."""
-        if len(packet.meta) != SessionCloseMetadata.STRUCT.size:
-            raise _Reject(f"SESSION_CLOSE meta_len {len(packet.meta)} (must be 24)")
-        metadata = _parse(SessionCloseMetadata, packet.meta, "SESSION_CLOSE")
-        if packet.body:
-            raise _Reject("SESSION_CLOSE must have an empty body")
+        metadata = layouts.session_close(packet)
         sid = session.session_id
         drain = int(metadata.in_flight_policy) == _IN_FLIGHT_DRAIN
         if session.draining is not None and drain:
-            raise _Reject("SESSION_CLOSE for a session that is already draining", _ERR_STATE)
+            raise PacketError("SESSION_CLOSE for a session that is already draining", ERR_STATE)
         if drain and session.ops and self.drain_sessions:
             session.draining = metadata.last_operation_id
             events.append(
@@ -1057,12 +941,6 @@ class ServerConnection:
 
     # -- helpers for the handlers --------------------------------------------------------------------------
 
-    @staticmethod
-    def _runtime_meta(packet: framing.Packet, cls, name: str):
-        if len(packet.meta) != cls.STRUCT.size:
-            raise _Reject(f"{name} meta_len {len(packet.meta)} (must be {cls.STRUCT.size})")
-        return _parse(cls, packet.meta, name)
-
     def _target(self, session: _Session, packet: framing.Packet, operation_id: int, name: str) -> _Op:
         """The active operation a control names by ``operation_id``; its frame must be the header frame
         (every later packet about an operation carries both ids: nnrp-rs ``crates/nnrp-runtime/src/server.rs``)."""
@@ -1070,7 +948,7 @@ class ServerConnection:
         if op is None:
             self._unknown(session, packet.frame_id, operation_id, name)
         if op.frame_id != packet.frame_id:
-            raise _Reject(f"{name} header frame {packet.frame_id} does not match operation {operation_id}", _ERR_STATE)
+            raise PacketError(f"{name} header frame {packet.frame_id} does not match operation {operation_id}", ERR_STATE)
         return op
 
     @staticmethod
@@ -1078,10 +956,10 @@ class ServerConnection:
         if operation_id is None:
             if frame_id in session.finished_frames:
                 raise _Ignore
-            raise _Reject(f"{name} references an unknown operation frame {frame_id}", _ERR_STATE)
+            raise PacketError(f"{name} references an unknown operation frame {frame_id}", ERR_STATE)
         if (frame_id, operation_id) in session.finished:
             raise _Ignore
-        raise _Reject(f"{name} references an unknown operation {operation_id}", _ERR_STATE)
+        raise PacketError(f"{name} references an unknown operation {operation_id}", ERR_STATE)
 
     def _finish(self, op: _Op) -> None:
         """``op``'s terminal was queued: forget it, remember its ids (bounded: :meth:`_on_frame_submit`), and
@@ -1224,18 +1102,11 @@ class ServerConnection:
         try:
             meta = _PRESSURE_STRUCT.pack(0, credit, level, reason, retry, 0, 0)
         except struct.error as exc:
-            raise LocalProtocolError(f"{_name(msg_type)} field out of range: {exc}") from None
+            raise LocalProtocolError(f"{message_name(msg_type)} field out of range: {exc}") from None
         if session_id not in self._sessions:
             return False
         self._queue(msg_type, session_id, 0, meta)
         return True
-
-
-def _name(msg_type: int) -> str:
-    try:
-        return MessageType(msg_type).name
-    except ValueError:
-        return f"msg_type {msg_type:#04x}"
 
 
 _SESSION_HANDLERS = {
