@@ -87,7 +87,7 @@ from vllm_nnrp_plugin.nnrp_wire.codecs import (
     SESSION_STATUS_RETRY_LATER,
     SessionOpenAckMetadata,
 )
-from vllm_nnrp_plugin.nnrp_wire.errors import LocalProtocolError, PacketError
+from vllm_nnrp_plugin.nnrp_wire.errors import FatalError, LocalProtocolError, PacketError
 from vllm_nnrp_plugin.nnrp_wire.framing import MAX_PACKET_BYTES, FramingError, Packet, PacketReader, encode
 
 __all__ = ["ClientConnection"]
@@ -102,10 +102,6 @@ _LEASE_TTL_HINT_MS = 30_000
 _STRUCTURED_EVENT = int(PayloadKind.STRUCTURED_EVENT)
 
 _OPEN_ACK_SIZE = SessionOpenAckMetadata.STRUCT.size
-
-
-class _Fatal(Exception):
-    """The server broke a connection-level rule: the connection ends."""
 
 
 class _Operation:
@@ -185,7 +181,7 @@ class ClientConnection:
         for packet in packets:
             try:
                 event = self._receive(packet)
-            except _Fatal as exc:
+            except FatalError as exc:
                 out.append(self._end(str(exc)))
                 break
             if event is not None:
@@ -385,7 +381,7 @@ class ClientConnection:
         kind = packet.msg_type
         if not self._hello_acked:
             if self._hello is None or kind != _T.SERVER_HELLO_ACK or packet.session_id:
-                raise _Fatal(f"expected SERVER_HELLO_ACK first, got {packet!r}")
+                raise FatalError(f"expected SERVER_HELLO_ACK first, got {packet!r}")
             self._check_hello_ack(packet)
             self._hello_acked = True
             return None
@@ -395,7 +391,7 @@ class ClientConnection:
             return _rejected(packet, "session 0 after the handshake carries only SESSION_OPEN_ACK")
         session = self._sessions.get(packet.session_id)
         if session is None:
-            raise _Fatal(f"packet for session {packet.session_id}, not open on this connection: {packet!r}")
+            raise FatalError(f"packet for session {packet.session_id}, not open on this connection: {packet!r}")
         handler = self._handlers.get(kind)
         if handler is None:
             return _rejected(packet, "not a packet a client takes")
@@ -406,9 +402,9 @@ class ClientConnection:
 
     def _check_hello_ack(self, packet: Packet) -> None:
         if packet.body:
-            raise _Fatal("SERVER_HELLO_ACK must have an empty body")
+            raise FatalError("SERVER_HELLO_ACK must have an empty body")
         if len(packet.meta) < SERVER_HELLO_ACK_STRUCT.size:
-            raise _Fatal(f"SERVER_HELLO_ACK metadata is {len(packet.meta)} bytes, under {SERVER_HELLO_ACK_STRUCT.size}")
+            raise FatalError(f"SERVER_HELLO_ACK metadata is {len(packet.meta)} bytes, under {SERVER_HELLO_ACK_STRUCT.size}")
         (version, wire_format, auth_status, reserved0, _sid, profiles, kinds, codecs, compression, dtypes, layouts,
          digests, objects, *_rest, server_flags) = SERVER_HELLO_ACK_STRUCT.unpack_from(packet.meta)  # fmt: skip
         hello = self._hello
@@ -423,14 +419,14 @@ class ClientConnection:
             ("cache_object_bitmap", objects, hello.cache_object_bitmap),
         )
         if reserved0 or server_flags & ~0x1:
-            raise _Fatal(f"SERVER_HELLO_ACK reserved0 {reserved0} / server_flags {server_flags:#x} (only 0x1 allowed)")
+            raise FatalError(f"SERVER_HELLO_ACK reserved0 {reserved0} / server_flags {server_flags:#x} (only 0x1 allowed)")
         if not hello.min_version_major <= version <= hello.max_version_major:
-            raise _Fatal(f"SERVER_HELLO_ACK selected version {version}, outside the offer")
+            raise FatalError(f"SERVER_HELLO_ACK selected version {version}, outside the offer")
         if wire_format > 15 or not hello.supported_wire_format_bitmap >> wire_format & 1:
-            raise _Fatal(f"SERVER_HELLO_ACK selected wire format {wire_format}, outside the offer")
+            raise FatalError(f"SERVER_HELLO_ACK selected wire format {wire_format}, outside the offer")
         for name, accepted, offer in offered:
             if accepted & ~offer:
-                raise _Fatal(f"SERVER_HELLO_ACK {name} {accepted:#x} is not a subset of the offer {offer:#x}")
+                raise FatalError(f"SERVER_HELLO_ACK {name} {accepted:#x} is not a subset of the offer {offer:#x}")
         self.auth_status = auth_status
 
     def _on_open_ack(self, packet: Packet) -> object:
@@ -467,7 +463,8 @@ class ClientConnection:
         :class:`~.errors.PacketError` when there is none or it is another operation."""
         op = session.operations.get(packet.frame_id)
         if op is None:
-            raise PacketError("a finished operation" if 0 < packet.frame_id < session.next_frame else "an unknown frame")
+            finished = 0 < packet.frame_id < session.next_frame
+            raise PacketError("a finished operation" if finished else "an unknown frame")
         if operation_id is not None and operation_id != op.operation_id:
             raise PacketError(f"operation {operation_id}, but the frame is operation {op.operation_id}'s")
         return op

@@ -1,12 +1,12 @@
 """The errors of both wire cores (:mod:`.server`, :mod:`.client`): :class:`LocalProtocolError`, raised at the
-application, and :class:`PacketError`, a peer's packet that breaks a rule, which each core turns into what it
-reports (never raised at the application)."""
+application; :class:`PacketError` and :class:`FatalError`, a peer's packet that breaks a rule, which each core turns
+into what it reports (never raised at the application)."""
 
 from __future__ import annotations
 
 from nnrp.core.enums import ErrorCode
 
-__all__ = ["LocalProtocolError", "PacketError"]
+__all__ = ["FatalError", "LocalProtocolError", "PacketError"]
 
 
 class LocalProtocolError(ValueError):
@@ -31,3 +31,9 @@ class PacketError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.error_code = error_code
+
+
+class FatalError(Exception):
+    """A packet the peer sent breaks a rule that ends the connection (a bad hello or handshake ack, a packet
+    for a session that is not open, a malformed SESSION_OPEN...): each core reports
+    :class:`~.events.ConnectionEnded` with the reason and takes nothing more."""
