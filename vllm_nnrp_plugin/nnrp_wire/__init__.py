@@ -3,7 +3,7 @@
 
 * :mod:`.framing` — packet reassembly and encoding (the common header rules);
 * :mod:`.layouts` — the layout rules of the session-scoped packets either side receives, written once;
-* :mod:`.server` — one server connection, a dispatcher: the connection start and session opens are
+* :mod:`.server` — one server connection, a dispatcher: the connection start and session opens and closes are
   :mod:`.handshake` (the ids used: :mod:`.session_ids`), the operations of its sessions :mod:`.operations`;
 * :mod:`.client` — one client connection, the same protocol from the other side;
 * :mod:`.errors` — what both cores raise: :class:`~.errors.LocalProtocolError` at the application, and the

@@ -1,10 +1,12 @@
-"""How one server connection starts and how its sessions open (:class:`Handshake`): TRANSPORT_PROBE,
+"""How one server connection starts and how its sessions open and close (:class:`Handshake`): TRANSPORT_PROBE,
 CLIENT_HELLO → SERVER_HELLO_ACK with the authentication verdict, SESSION_OPEN → the core's own rejections or
-:class:`~.events.SessionOpenRequested`, and the application's answer → SESSION_OPEN_ACK.
+:class:`~.events.SessionOpenRequested`, the application's answer → SESSION_OPEN_ACK, and SESSION_CLOSE → the
+session's operations ended or drained, then SESSION_CLOSE_ACK.
 
 Sources: nnrp-rs ``crates/nnrp-runtime/src/server.rs`` (``accept``, hello, probe and session-open handling, the
 acks' values), ``crates/nnrp-core/src/control.rs`` (``ClientHello::validate``, ``TransportProbe``),
-``crates/nnrp-core/src/session.rs`` (``SessionOpen::parse``), ``crates/nnrp-core/src/recovery.rs`` (resume);
+``crates/nnrp-core/src/session.rs`` (``SessionOpen::parse``, ``SessionClose``), ``crates/nnrp-core/src/recovery.rs``
+(resume);
 the authentication block: :mod:`vllm_nnrp_plugin.auth_block`. Byte for byte the native server of nnrp-py
 1.0.0rc4.post20 where a native client can tell, with these deliberate differences:
 
@@ -35,6 +37,7 @@ from nnrp.core.messages.control import (
     TransportProbeAckMetadata,
     TransportProbeMetadata,
 )
+from nnrp.runtime.types import ResultDropReasonMetadata
 
 from ..auth_block import (
     AUTH_STATUS_ACCEPTED,
@@ -43,7 +46,9 @@ from ..auth_block import (
     AUTH_STATUS_REJECTED,
     MAX_AUTH_BYTES,
 )
+from . import layouts
 from .codecs import (
+    CLOSE_STATUS_CLOSED,
     SESSION_ERROR_AUTH_FAILED,
     SESSION_ERROR_PROFILE_UNSUPPORTED,
     SESSION_ERROR_RESUME_REJECTED,
@@ -51,11 +56,14 @@ from .codecs import (
     SESSION_ERROR_SESSION_LIMIT_REACHED,
     SESSION_STATUS_OPENED,
     SESSION_STATUS_REJECTED,
+    SessionCloseAckMetadata,
     SessionOpenAckMetadata,
 )
-from .errors import FatalError, LocalProtocolError
-from .events import AuthenticationFailed, SessionOpenRequested
+from .errors import FatalError, LocalProtocolError, PacketError
+from .events import AuthenticationFailed, SessionClosed, SessionDraining, SessionOpenRequested
 from .framing import Packet
+from .layouts import ERR_STATE, ROLE_SERVER
+from .operations import OperationRegistry, Session
 from .session_ids import SessionIds
 
 __all__ = ["LEASE_TTL_MS", "Handshake", "PendingOpen", "Queue"]
@@ -65,6 +73,9 @@ __all__ = ["LEASE_TTL_MS", "Handshake", "PendingOpen", "Queue"]
 LEASE_TTL_MS = 30_000
 
 _T = MessageType
+_IN_FLIGHT_DRAIN = 0  # SESSION_CLOSE in_flight_policy drain (nnrp-rs crates/nnrp-core/src/enums.rs InFlightPolicy)
+_DROP_PEER_CANCELLED = 3  # drop_reason_code peer_cancelled (nnrp-doc runtime-control value-registries)
+_DROP_REASON_STRUCT = ResultDropReasonMetadata.STRUCT
 #: ``queue(msg_type, session_id, frame_id, meta, body=b"")``: append one packet to the connection's output
 Queue = Callable[..., None]
 
@@ -81,13 +92,15 @@ class PendingOpen:
 
 
 class Handshake:
-    """The connection start and the session opens of one server connection (the parameters are
-    :class:`~.server.ServerConnection`'s). ``done``: the SERVER_HELLO_ACK was queued; ``session_ids``: the ids
-    used on the connection (:class:`~.session_ids.SessionIds`)."""
+    """The connection start and the session opens and closes of one server connection: ``queue`` appends a
+    packet to its output, ``registry`` holds its open sessions (an accepted open registers one, a close removes
+    it); the other parameters are :class:`~.server.ServerConnection`'s. ``done``: the SERVER_HELLO_ACK was
+    queued; ``session_ids``: the ids used on the connection (:class:`~.session_ids.SessionIds`)."""
 
     def __init__(
         self,
         queue: Queue,
+        registry: OperationRegistry,
         *,
         credit: int,
         max_packet_bytes: int,
@@ -96,6 +109,7 @@ class Handshake:
         authenticate: Callable[[bytes], bool] | None,
     ) -> None:
         self._queue = queue
+        self._registry = registry
         self._credit = credit
         self._max_packet_bytes = max_packet_bytes
         self._profiles = frozenset(profiles)
@@ -341,6 +355,7 @@ class Handshake:
                 pending.metadata, SESSION_ERROR_SESSION_LIMIT_REACHED, "no session id is left on this connection"
             )
             return 0
+        self._registry.open(session_id)
         self._queue(
             _T.SESSION_OPEN_ACK, session_id, 0, self._ack(pending.metadata, session_id, SESSION_STATUS_OPENED, 0, 0)
         )
@@ -358,3 +373,58 @@ class Handshake:
             # never opened: the id may still be asked for later (unless ids handed out since passed it)
             self.session_ids.discard(pending.reserved_id)
         self._queue_rejection(pending.metadata, session_error_code, diagnostic)
+
+    # -- the client's SESSION_CLOSE ------------------------------------------------------------------------
+
+    def close(self, session: Session, packet: Packet, events: list, *, drain_sessions: bool) -> None:
+        """SESSION_CLOSE (the layout: :func:`.layouts.session_close`). The one SESSION_CLOSE_ACK has header
+        session = the session, frame 0, close_status closed, ``last_operation_id`` echoed (nnrp-rs
+        ``crates/nnrp-runtime/src/server.rs`` close ack).
+
+        The rule, whatever the application does and in whatever order its sends come: every operation of the
+        session gets its terminal **before** the ack, and nothing is ever queued for the session after it. The
+        native client unregisters the session at the ack, and a later packet for it ends the whole connection,
+        its other sessions included (nnrp-rs ``crates/nnrp-runtime/src/multiplex.rs`` unknown-session packets);
+        the native server also sends no ack before its application has finished with the session. So no ack
+        with close_status draining is ever sent (NagareWorks/nnrp-doc ``docs/en/design/v1-preview3.md`` §7.1C
+        allows it; a client that already counts the session as closed could not take the terminals behind it).
+
+        ``in_flight_policy`` says what happens to the operations still running (§7.1C):
+
+        * nothing in flight: :class:`~.events.SessionClosed` and the ack, at once;
+        * abort (1), or drain while ``drain_sessions`` is False: the core ends each operation itself, in
+          submit order, with a RESULT_DROP_REASON ``peer_cancelled`` (source_role server, ``result_sequence``
+          one past its last PARTIAL_RESULT, no diagnostic), then queues the ack; :class:`~.events.SessionClosed`
+          follows, and every later send of the application for those operations returns False;
+        * drain (0): :class:`~.events.SessionDraining`, nothing queued. The operations run on and each still
+          gets its terminal from the application (partial results and controls as before; a new FRAME_SUBMIT is
+          refused); right behind the last terminal the core queues the ack (the native client waits for it:
+          nnrp-rs ``crates/nnrp-runtime/src/client.rs`` close handling, 30 s). A second SESSION_CLOSE while
+          draining: with abort it ends the drain as above, with drain it is refused.
+
+        Once closed, the id is never used again on this connection (a later packet for it ends the connection,
+        every later send for it returns False)."""
+        metadata = layouts.session_close(packet)
+        sid = session.session_id
+        drain = int(metadata.in_flight_policy) == _IN_FLIGHT_DRAIN
+        if session.draining is not None and drain:
+            raise PacketError("SESSION_CLOSE for a session that is already draining", ERR_STATE)
+        if drain and session.ops and drain_sessions:
+            session.draining = metadata.last_operation_id
+            events.append(
+                SessionDraining(sid, int(metadata.close_reason), metadata.drain_timeout_ms, tuple(session.ops))
+            )
+            return
+        for op in self._registry.close(session):  # submit order
+            self._queue(_T.RESULT_DROP_REASON, sid, op.frame_id, _DROP_REASON_STRUCT.pack(
+                op.operation_id, op.sequence + 1, _DROP_PEER_CANCELLED, ROLE_SERVER, 0, 0, 0))  # fmt: skip
+        events.append(SessionClosed(sid, int(metadata.close_reason)))
+        ack = SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, metadata.last_operation_id).pack()
+        self._queue(_T.SESSION_CLOSE_ACK, sid, 0, ack)
+
+    def drained(self, session: Session) -> None:
+        """The last operation of ``session``, draining after the client's SESSION_CLOSE, got its terminal (the
+        registry closed the session): queue the closing ack right behind it, ``last_operation_id`` as the client's
+        SESSION_CLOSE said."""
+        self._queue(_T.SESSION_CLOSE_ACK, session.session_id, 0,
+                    SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, session.draining).pack())  # fmt: skip

@@ -41,6 +41,7 @@ from .framing import Packet
 __all__ = [
     "ERR_LIMIT",
     "ERR_STATE",
+    "ROLE_SERVER",
     "budget_update",
     "control_request",
     "flow_update",
@@ -69,6 +70,9 @@ _T = MessageType
 ERR_STATE = int(ErrorCode.INVALID_STATE)
 #: ERROR_RECOVERABLE error_code of a bound exceeded (nnrp-py ``ErrorCode.LIMIT_EXCEEDED``)
 ERR_LIMIT = int(ErrorCode.LIMIT_EXCEEDED)
+
+#: source_role of everything the server core sends (nnrp-doc runtime-control value-registries "Role Codes")
+ROLE_SERVER = 2
 
 _FRAME_CLASSES = frozenset((0, 1, 2, 3))  # keyframe, delta, retransmit, discardable (nnrp-rs enums.rs FrameClass)
 # drop_reason_code 1 deadline_expired .. 9 conformance_injection (nnrp-py ResultDropReasonCode; nnrp-doc

@@ -80,16 +80,17 @@ class Session:
 
 class OperationRegistry:
     """The open sessions of one connection (``sessions``: session_id → :class:`Session`) and their active
-    operations, also by ``(session_id, frame_id)`` (:meth:`get`, the send hot path's one lookup).
+    operations, also by ``(session_id, frame_id)`` (``by_frame``: the send hot path's one lookup; callers read
+    both mappings and change them only through these methods).
     ``max_reservations``: pre-submit DEADLINE reservations a session may hold; ``finished_memory``: finished
     pairs remembered per session (the native server remembers every id its session ever registered; here the
     last ``finished_memory``, so memory stays bounded)."""
 
-    __slots__ = ("sessions", "_by_frame", "_max_reservations", "_finished_memory")
+    __slots__ = ("sessions", "by_frame", "_max_reservations", "_finished_memory")
 
     def __init__(self, *, max_reservations: int, finished_memory: int) -> None:
         self.sessions: dict[int, Session] = {}
-        self._by_frame: dict[tuple[int, int], Operation] = {}
+        self.by_frame: dict[tuple[int, int], Operation] = {}
         self._max_reservations = max_reservations
         self._finished_memory = finished_memory
 
@@ -102,18 +103,14 @@ class OperationRegistry:
         the session id is never used again on the connection)."""
         ops = list(session.ops.values())
         for op in ops:
-            del self._by_frame[(session.session_id, op.frame_id)]
+            del self.by_frame[(session.session_id, op.frame_id)]
         del self.sessions[session.session_id]
         return ops
 
     def clear(self) -> None:
         """The connection ended: forget everything."""
         self.sessions.clear()
-        self._by_frame.clear()
-
-    def get(self, session_id: int, frame_id: int) -> Operation | None:
-        """The active operation bound to ``frame_id`` in ``session_id``, if any."""
-        return self._by_frame.get((session_id, frame_id))
+        self.by_frame.clear()
 
     # -- what the client's packets change --------------------------------------------------------------------
 
@@ -124,7 +121,7 @@ class OperationRegistry:
         sid = session.session_id
         if not frame_id:
             raise PacketError("FRAME_SUBMIT with frame id 0", ERR_STATE)
-        if (sid, frame_id) in self._by_frame:
+        if (sid, frame_id) in self.by_frame:
             raise PacketError(f"FRAME_SUBMIT frame {frame_id} is bound to an active operation", ERR_STATE)
         if operation_id in session.ops:
             raise PacketError(f"FRAME_SUBMIT operation {operation_id} is already active", ERR_STATE)
@@ -142,7 +139,7 @@ class OperationRegistry:
             raise PacketError("FRAME_SUBMIT frame is reserved by a pre-submit DEADLINE of another operation", ERR_STATE)
         op = Operation(sid, frame_id, operation_id)
         session.ops[operation_id] = op
-        self._by_frame[(sid, frame_id)] = op
+        self.by_frame[(sid, frame_id)] = op
         if reservation is None:
             return None
         del session.reservations[operation_id]
@@ -156,7 +153,7 @@ class OperationRegistry:
             raise LateControl
         if not frame_id:
             raise PacketError("pre-submit DEADLINE with frame id 0", ERR_STATE)
-        if (session.session_id, frame_id) in self._by_frame:
+        if (session.session_id, frame_id) in self.by_frame:
             raise PacketError(f"pre-submit DEADLINE frame {frame_id} is bound to another operation", ERR_STATE)
         if operation_id in session.reservations or frame_id in session.reserved_frames:
             raise PacketError("duplicate pre-submit DEADLINE reservation", ERR_STATE)
@@ -180,7 +177,7 @@ class OperationRegistry:
     def at_frame(self, session: Session, frame_id: int, name: str) -> Operation:
         """The active operation bound to the header's ``frame_id``, for a control ``name`` that names no
         operation (FRAME_CANCEL, TRACE_CONTEXT)."""
-        op = self._by_frame.get((session.session_id, frame_id))
+        op = self.by_frame.get((session.session_id, frame_id))
         if op is None:
             if frame_id in session.finished_frames:
                 raise LateControl
@@ -214,7 +211,7 @@ class OperationRegistry:
         session = self.sessions[op.session_id]
         frame_id, operation_id = op.frame_id, op.operation_id
         del session.ops[operation_id]
-        del self._by_frame[(op.session_id, frame_id)]
+        del self.by_frame[(op.session_id, frame_id)]
         finished = session.finished
         finished[(frame_id, operation_id)] = None
         session.finished_frames[frame_id] = operation_id

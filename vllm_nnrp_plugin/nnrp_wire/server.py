@@ -1,8 +1,9 @@
 """One NNRP/1 (preview4) server connection, sans-IO: bytes in → typed events out, calls in → bytes out.
 
 :class:`ServerConnection` owns everything the protocol decides on one connection and nothing else: the
-handshake, the sessions multiplexed on it, the operations of each session and the runtime control frames. It
-reads no socket, starts no thread and reads no clock; the asyncio shell feeds it what it read
+handshake and the sessions multiplexed on it (:mod:`.handshake`), the operations of each session
+(:mod:`.operations`) and the runtime control frames; it dispatches each packet and carries out the application's
+sends. It reads no socket, starts no thread and reads no clock; the asyncio shell feeds it what it read
 (:meth:`~ServerConnection.receive_data`, ``b""`` for end of stream), writes what it queued
 (:meth:`~ServerConnection.data_to_send`, once per loop iteration, so many packets go out in one write) and
 closes the transport after :class:`~.events.ConnectionEnded`.
@@ -10,7 +11,7 @@ closes the transport after :class:`~.events.ConnectionEnded`.
 The model is the native server of nnrp-py 1.0.0rc4.post20 (nnrp-rs ``crates/nnrp-runtime/src/server.rs``),
 byte for byte where a native client can tell, with these deliberate differences:
 
-* in the handshake and session opens — resume, the credit values, authentication, session ids: :mod:`.handshake`;
+* in the handshake and session opens (resume, the credit values, authentication, session ids): :mod:`.handshake`;
 * a known session's packet that breaks a rule is answered with ERROR_RECOVERABLE (the native server sends
   nothing and only its application sees a poll error);
 * a control (FRAME_CANCEL, CANCEL, ABORT, DEADLINE, PRIORITY_UPDATE, EXPIRE_AT, SUPERSEDE, BUDGET_UPDATE,
@@ -22,8 +23,9 @@ the shipped build where it differs, see each method):
 
 * Framing and header errors: :mod:`.framing` (nnrp-rs ``crates/nnrp-core/src/header.rs``,
   ``crates/nnrp-runtime/src/transport.rs``) — each ends the connection.
-* Connection start and session opens (:mod:`.handshake`): only TRANSPORT_PROBE or CLIENT_HELLO may come first
-  (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` ``accept``); a bad hello closes the connection without a reply.
+* Connection start, session opens and closes (:mod:`.handshake`): only TRANSPORT_PROBE or CLIENT_HELLO may come
+  first (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` ``accept``); a bad hello closes the connection without a
+  reply.
 * After the handshake, session 0 carries only SESSION_OPEN and TRANSPORT_PROBE; any other session-0 packet, a
   second CLIENT_HELLO, a malformed SESSION_OPEN, or a packet for a session id that is not open ends the
   connection (``server.rs``; ``crates/nnrp-runtime/src/multiplex.rs``: unknown session ids are fatal).
@@ -61,7 +63,6 @@ from nnrp.runtime.types import (
 )
 
 from . import framing, layouts
-from .codecs import CLOSE_STATUS_CLOSED, SessionCloseAckMetadata
 from .errors import FatalError, LocalProtocolError, PacketError
 from .events import (
     BudgetUpdated,
@@ -72,18 +73,14 @@ from .events import (
     OperationSuperseded,
     PacketRejected,
     PriorityUpdated,
-    SessionClosed,
-    SessionDraining,
     TraceContextReceived,
 )
 from .handshake import Handshake
-from .layouts import ERR_STATE, message_name
+from .layouts import ERR_STATE, ROLE_SERVER, message_name
 from .operations import LateControl, Operation, OperationRegistry, OperationState, Session
 
 __all__ = ["ServerConnection"]
 
-#: source_role of everything this server sends (nnrp-doc runtime-control value-registries "Role Codes")
-ROLE_SERVER = 2
 #: longest diagnostic body put into an ERROR_RECOVERABLE (bytes of UTF-8)
 MAX_DIAGNOSTIC_BYTES = 512
 
@@ -102,8 +99,6 @@ _RESULT_PUSH_META_LEN = 64
 # ERROR_RECOVERABLE sent (nnrp-doc runtime-control ``control-frames.md`` "Recoverable Error Metadata"): error_code
 # from the common error registry (:class:`~.errors.PacketError`), recovery_action from the reason_code registry.
 _RECOVERY_UNSPECIFIED = 0  # reason_code "unspecified" (value-registries "Reason And Stage Codes")
-_IN_FLIGHT_DRAIN = 0  # SESSION_CLOSE in_flight_policy drain (nnrp-rs crates/nnrp-core/src/enums.rs InFlightPolicy)
-_DROP_PEER_CANCELLED = 3  # drop_reason_code peer_cancelled (nnrp-doc runtime-control value-registries)
 _SCOPE_SESSION = 1
 _SCOPE_FRAME = 2
 
@@ -122,7 +117,7 @@ class ServerConnection:
     """
 
     #: SESSION_CLOSE with ``in_flight_policy`` drain while operations run: True → :class:`~.events.SessionDraining`,
-    #: each operation keeps its terminal and the closing ack follows the last one (:meth:`_on_session_close`);
+    #: each operation keeps its terminal and the closing ack follows the last one (:meth:`.handshake.Handshake.close`);
     #: False → the core ends them itself as for an abort (a ``peer_cancelled`` drop each, then the ack) and
     #: reports :class:`~.events.SessionClosed`. Set it (on the instance) once the application handles
     #: SessionDraining (:mod:`vllm_nnrp_plugin.nnrp_binding.connection` does).
@@ -144,13 +139,14 @@ class ServerConnection:
         self._reader = framing.PacketReader(max_packet_bytes)
         self._out = bytearray()
         self._ended = False
-        self._handshake = Handshake(
-            self._queue, credit=min(max_in_flight_per_session, 0xFFFF), max_packet_bytes=max_packet_bytes,
-            profiles=profiles, schemas=schemas, authenticate=authenticate,
-        )  # fmt: skip
         self._operations = OperationRegistry(
             max_reservations=max_in_flight_per_session, finished_memory=max(64, 4 * max_in_flight_per_session)
         )
+        self._handshake = Handshake(
+            self._queue, self._operations, credit=min(max_in_flight_per_session, 0xFFFF),
+            max_packet_bytes=max_packet_bytes, profiles=profiles, schemas=schemas, authenticate=authenticate,
+        )  # fmt: skip
+        self._active = self._operations.by_frame  # (session_id, frame_id) → active operation, read by the sends
 
     # -- state ---------------------------------------------------------------------------------------------
 
@@ -306,10 +302,7 @@ class ServerConnection:
         before the answer (nothing queued), and when no u32 session id is left on this connection (then a rejected
         ack ``session_limit_reached`` is queued instead); raises :class:`LocalProtocolError` for a request that
         was never issued or already answered."""
-        session_id = self._handshake.accept(request)
-        if session_id:
-            self._operations.open(session_id)
-        return session_id
+        return self._handshake.accept(request)
 
     def reject_session(self, request: int, session_error_code: int, diagnostic: str) -> None:
         """Queue a rejected SESSION_OPEN_ACK for ``request`` (header and metadata session 0,
@@ -408,9 +401,8 @@ class ServerConnection:
         )
 
     def _on_trace_context(self, session: Session, packet: framing.Packet, events: list) -> None:
-        """TRACE_CONTEXT: the layout (:func:`.layouts.trace_context`); header frame 0
-        = session scope, else the frame of an active operation (shipped build: "TRACE_CONTEXT references an
-        unknown operation frame")."""
+        """TRACE_CONTEXT: the layout (:func:`.layouts.trace_context`); header frame 0 = session scope, else the
+        frame of an active operation (shipped build: "TRACE_CONTEXT references an unknown operation frame")."""
         metadata = layouts.trace_context(packet)
         operation_id = None
         if packet.frame_id:
@@ -430,49 +422,8 @@ class ServerConnection:
             self._queue(_T.PONG, session.session_id, packet.frame_id, b"")
 
     def _on_session_close(self, session: Session, packet: framing.Packet, events: list) -> None:
-        """SESSION_CLOSE (the layout: :func:`.layouts.session_close`). The one SESSION_CLOSE_ACK has header
-        session = the session, frame 0, close_status closed, ``last_operation_id`` echoed (nnrp-rs
-        ``crates/nnrp-runtime/src/server.rs`` close ack).
-
-        The rule, whatever the application does and in whatever order its sends come: every operation of the
-        session gets its terminal **before** the ack, and nothing is ever queued for the session after it. The
-        native client unregisters the session at the ack, and a later packet for it ends the whole connection,
-        its other sessions included (nnrp-rs ``crates/nnrp-runtime/src/multiplex.rs`` unknown-session packets);
-        the native server also sends no ack before its application has finished with the session. So no ack
-        with close_status draining is ever sent (NagareWorks/nnrp-doc ``docs/en/design/v1-preview3.md`` §7.1C
-        allows it; a client that already counts the session as closed could not take the terminals behind it).
-
-        ``in_flight_policy`` says what happens to the operations still running (§7.1C):
-
-        * nothing in flight: :class:`~.events.SessionClosed` and the ack, at once;
-        * abort (1), or drain while :attr:`drain_sessions` is False: the core ends each operation itself, in
-          submit order, with a RESULT_DROP_REASON ``peer_cancelled`` (source_role server, ``result_sequence``
-          one past its last PARTIAL_RESULT, no diagnostic), then queues the ack; :class:`~.events.SessionClosed`
-          follows, and every later send of the application for those operations returns False;
-        * drain (0): :class:`~.events.SessionDraining`, nothing queued. The operations run on and each still
-          gets its terminal from the application (partial results and controls as before; a new FRAME_SUBMIT is
-          refused); right behind the last terminal the core queues the ack (the native client waits for it:
-          nnrp-rs ``crates/nnrp-runtime/src/client.rs`` close handling, 30 s). A second SESSION_CLOSE while
-          draining: with abort it ends the drain as above, with drain it is refused.
-
-        Once closed, the id is never used again on this connection (a later packet for it ends the connection,
-        every later send for it returns False)."""
-        metadata = layouts.session_close(packet)
-        sid = session.session_id
-        drain = int(metadata.in_flight_policy) == _IN_FLIGHT_DRAIN
-        if session.draining is not None and drain:
-            raise PacketError("SESSION_CLOSE for a session that is already draining", ERR_STATE)
-        if drain and session.ops and self.drain_sessions:
-            session.draining = metadata.last_operation_id
-            events.append(
-                SessionDraining(sid, int(metadata.close_reason), metadata.drain_timeout_ms, tuple(session.ops))
-            )
-            return
-        for op in self._operations.close(session):  # submit order
-            self._queue(_T.RESULT_DROP_REASON, sid, op.frame_id, _DROP_REASON_STRUCT.pack(
-                op.operation_id, op.sequence + 1, _DROP_PEER_CANCELLED, ROLE_SERVER, 0, 0, 0))  # fmt: skip
-        events.append(SessionClosed(sid, int(metadata.close_reason)))
-        self._queue(_T.SESSION_CLOSE_ACK, sid, 0, SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, metadata.last_operation_id).pack())
+        """SESSION_CLOSE: :meth:`.handshake.Handshake.close`, draining as :attr:`drain_sessions` says."""
+        self._handshake.close(session, packet, events, drain_sessions=self.drain_sessions)
 
     def session_open(self, session_id: int) -> bool:
         """``session_id`` is open on this connection: accepted, and its SESSION_CLOSE_ACK closed not queued yet
@@ -485,8 +436,7 @@ class ServerConnection:
         operation, the closing ack goes right behind it."""
         closed = self._operations.finish(op)
         if closed is not None:
-            self._queue(_T.SESSION_CLOSE_ACK, closed.session_id, 0,
-                        SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, closed.draining).pack())  # fmt: skip
+            self._handshake.drained(closed)
 
     # -- output: results and session-scope controls --------------------------------------------------------
 
@@ -496,7 +446,7 @@ class ServerConnection:
         empty). False when the operation is not active or the client FRAME_CANCELled it."""
         if sequence < 1 or not body:
             raise LocalProtocolError("PARTIAL_RESULT needs a sequence ≥ 1 and a non-empty body")
-        op = self._operations.get(session_id, frame_id)
+        op = self._active.get((session_id, frame_id))
         if op is None or op.operation_id != operation_id or op.state is _FRAME_CANCELLED:
             _check_u64("PARTIAL_RESULT", operation_id, sequence)  # misuse raises even when the operation is gone
             return False
@@ -522,7 +472,7 @@ class ServerConnection:
         the client FRAME_CANCELled it."""
         if sequence < 1 or not (0 <= percent_x100 <= 10_000 or percent_x100 == 0xFFFF):
             raise LocalProtocolError("PROGRESS needs a sequence ≥ 1 and percent_x100 in 0..10000 or 0xffff")
-        op = self._operations.get(session_id, frame_id)
+        op = self._active.get((session_id, frame_id))
         if op is None or op.operation_id != operation_id or op.state is _FRAME_CANCELLED:
             _check_u64("PROGRESS", operation_id, sequence)
             return False
@@ -539,7 +489,7 @@ class ServerConnection:
         after any cancel (the native client delivers it). Frees the operation; False when it is not active."""
         if len(metadata) != _RESULT_PUSH_META_LEN:
             raise LocalProtocolError(f"RESULT_PUSH metadata must be {_RESULT_PUSH_META_LEN} bytes, got {len(metadata)}")
-        op = self._operations.get(session_id, frame_id)
+        op = self._active.get((session_id, frame_id))
         if op is None:
             return False
         self._queue(_T.RESULT_PUSH, session_id, frame_id, metadata, body)
@@ -555,7 +505,7 @@ class ServerConnection:
         not active."""
         if not 0 < drop_reason_code <= 0xFFFF or sequence < 0:
             raise LocalProtocolError("RESULT_DROP_REASON needs a non-zero u16 drop_reason_code and a sequence ≥ 0")
-        op = self._operations.get(session_id, frame_id)
+        op = self._active.get((session_id, frame_id))
         if op is None or op.operation_id != operation_id:
             _check_u64("RESULT_DROP_REASON", operation_id, sequence)
             return False
