@@ -117,7 +117,11 @@ class OperationRegistry:
     def submit(self, session: Session, frame_id: int, operation_id: int) -> int | None:
         """Register the FRAME_SUBMIT of ``(frame_id, operation_id)`` in ``session``; return the
         ``deadline_unix_ms`` of the pre-submit DEADLINE it binds, or None. Refused: frame id 0; either id active
-        or used by a remembered finished operation; a draining session; ids that do not match a reservation."""
+        or used by a finished operation still remembered (the native server refuses every frame and operation id
+        its session ever registered: nnrp-rs ``crates/nnrp-runtime/src/server.rs`` "duplicate FRAME_SUBMIT frame
+        id", ``crates/nnrp-core/src/operation.rs`` ``register``); a session draining after the client's
+        SESSION_CLOSE; ids that do not both match a reservation (shipped build; public nnrp-rs
+        ``crates/nnrp-runtime/src/pre_submit.rs`` at 00074cf)."""
         sid = session.session_id
         if not frame_id:
             raise PacketError("FRAME_SUBMIT with frame id 0", ERR_STATE)

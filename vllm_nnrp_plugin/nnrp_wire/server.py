@@ -117,10 +117,11 @@ class ServerConnection:
     """
 
     #: SESSION_CLOSE with ``in_flight_policy`` drain while operations run: True → :class:`~.events.SessionDraining`,
-    #: each operation keeps its terminal and the closing ack follows the last one (:meth:`.handshake.Handshake.close`);
-    #: False → the core ends them itself as for an abort (a ``peer_cancelled`` drop each, then the ack) and
-    #: reports :class:`~.events.SessionClosed`. Set it (on the instance) once the application handles
-    #: SessionDraining (:mod:`vllm_nnrp_plugin.nnrp_binding.connection` does).
+    #: each operation keeps its terminal and the closing ack follows the last one
+    #: (:meth:`.handshake.Handshake.close`); False → the core ends them itself as for an abort (a
+    #: ``peer_cancelled`` drop each, then the ack) and reports :class:`~.events.SessionClosed`. Set it (on the
+    #: instance) once the application handles SessionDraining (:mod:`vllm_nnrp_plugin.nnrp_binding.connection`
+    #: does).
     drain_sessions: bool = False
 
     def __init__(
@@ -313,16 +314,10 @@ class ServerConnection:
     # -- session scope: client packets ---------------------------------------------------------------------
 
     def _on_frame_submit(self, session: Session, packet: framing.Packet, events: list) -> None:
-        """FRAME_SUBMIT: the layout (:func:`.layouts.frame_submit`), then header frame ≠ 0;
-        neither the frame nor the operation id active or used by a recently finished operation of the session
-        (the last ``max(64, 4 × max_in_flight_per_session)`` terminals; the native server refuses every frame
-        and operation id its session ever registered: ``crates/nnrp-runtime/src/server.rs`` "duplicate
-        FRAME_SUBMIT frame id", ``crates/nnrp-core/src/operation.rs`` ``register`` — its registry keeps them
-        all); not on a session that is draining after the client's SESSION_CLOSE. Each is refused like any
-        duplicate (ERROR_RECOVERABLE ``INVALID_STATE``; the session goes on). A pre-submit DEADLINE
-        reservation binds here: both ids must match it (shipped build; public nnrp-rs
-        ``crates/nnrp-runtime/src/pre_submit.rs`` at 00074cf), and the DeadlineReceived(submitted=False) follows
-        the OperationSubmitted."""
+        """FRAME_SUBMIT: the layout (:func:`.layouts.frame_submit`), then the identity rules of
+        :meth:`.operations.OperationRegistry.submit` (refused like any duplicate: ERROR_RECOVERABLE
+        ``INVALID_STATE``, the session goes on) → :class:`~.events.OperationSubmitted`; when it binds a pre-submit
+        DEADLINE, the :class:`~.events.DeadlineReceived` (submitted False) follows."""
         metadata = layouts.frame_submit(packet)
         frame_id = packet.frame_id
         operation_id = metadata.operation_id
