@@ -15,7 +15,8 @@ from nnrp.runtime import PartialResultMetadata, PressureMetadata, ResultDropReas
 
 from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
-from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
+from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
+from vllm_nnrp_plugin.nnrp_wire.errors import LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.framing import HEADER_LENGTH, encode
 
 DATA = pathlib.Path(__file__).parent / "data" / "captures"

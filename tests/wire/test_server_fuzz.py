@@ -21,8 +21,9 @@ from nnrp.runtime.types import RecoverableErrorMetadata
 
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.codecs import SessionCloseAckMetadata, SessionOpenAckMetadata
+from vllm_nnrp_plugin.nnrp_wire.errors import LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader, encode
-from vllm_nnrp_plugin.nnrp_wire.server import LocalProtocolError, ServerConnection
+from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
 
 from . import wirekit as w
 from .fuzz_rounds import run_until

@@ -13,7 +13,8 @@ from nnrp.runtime.types import RecoverableErrorMetadata, ResultDropReasonMetadat
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.codecs import SessionCloseAckMetadata, SessionOpenAckMetadata
 from vllm_nnrp_plugin.nnrp_wire.framing import encode
-from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection, _SessionIds
+from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
+from vllm_nnrp_plugin.nnrp_wire.session_ids import SessionIds
 
 from . import wirekit as w
 
@@ -75,7 +76,7 @@ def test_opens_after_150000_open_close_cycles_cost_what_they_cost_on_a_fresh_con
     assert ids == list(range(150_001, 150_257))  # never an id used before, in order
     # before the id counter: a scan of all 150,000 used ids per open (~2 s for 256 here, ~300 x fresh)
     assert after_s < 10 * fresh_s + 0.05, (after_s, fresh_s)
-    assert len(server._used_ids.above) == 0  # the bookkeeping did not grow with the cycles
+    assert len(server._handshake.session_ids.above) == 0  # the bookkeeping did not grow with the cycles
 
 
 def test_ids_picked_by_the_server_and_asked_for_by_the_client_never_collide() -> None:
@@ -99,11 +100,11 @@ def _refused_as_in_use(server: ServerConnection, requested: int) -> bool:
 
 def test_a_client_asking_for_ids_far_ahead_cannot_grow_the_bookkeeping() -> None:
     server = _connection()
-    for i in range(3 * _SessionIds.MAX_ABOVE):
+    for i in range(3 * SessionIds.MAX_ABOVE):
         (request,) = server.receive_data(w.session_open(1_000_000 + 2 * i))  # sparse: nothing is ever contiguous
         assert server.accept_session(request.request) == 1_000_000 + 2 * i
         server.receive_data(w.session_close(1_000_000 + 2 * i))
-        assert len(server._used_ids.above) <= _SessionIds.MAX_ABOVE
+        assert len(server._handshake.session_ids.above) <= SessionIds.MAX_ABOVE
     server.data_to_send()
     (request,) = server.receive_data(_OPEN)
     fresh = server.accept_session(request.request)
@@ -116,7 +117,7 @@ def test_when_no_session_id_is_left_the_open_is_refused_and_the_connection_goes_
     server = _connection()
     (request,) = server.receive_data(w.session_open(0xFFFFFFFF))
     assert server.accept_session(request.request) == 0xFFFFFFFF
-    for i in range(_SessionIds.MAX_ABOVE):  # enough far-ahead asks to move the counter past the last id
+    for i in range(SessionIds.MAX_ABOVE):  # enough far-ahead asks to move the counter past the last id
         (request,) = server.receive_data(w.session_open(0xFFFFF000 + i))
         server.accept_session(request.request)
     server.data_to_send()
@@ -160,7 +161,7 @@ def test_finished_ids_are_remembered_in_bounded_memory() -> None:
         server.receive_data(w.submit(sid, k, 10_000 + k))
         assert server.send_result_push(sid, k, bytes(64), b"")
     server.data_to_send()
-    session = server._sessions[sid]
+    session = server._operations.sessions[sid]
     memory = max(64, 4 * 4)
     assert len(session.finished) == len(session.finished_frames) == len(session.finished_ops) == memory
     assert "finished" in _refusal(server, w.submit(sid, 1000, 11_000))

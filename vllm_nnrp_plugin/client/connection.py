@@ -83,8 +83,9 @@ from vllm_nnrp_plugin.endpoints import (
     quic_available,
 )
 from vllm_nnrp_plugin.nnrp_wire import events as ev
-from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection, LocalProtocolError
+from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
+from vllm_nnrp_plugin.nnrp_wire.errors import LocalProtocolError
 from vllm_nnrp_plugin.nnrp_wire.framing import MAX_PACKET_BYTES
 from vllm_nnrp_plugin.profile import errors as profile_errors
 

@@ -29,7 +29,7 @@ which also keeps the protocol's "never reused"). Per-operation controls carry a 
 per operation from 1.
 
 Incoming packets are checked as the native client checks them (``client.rs`` ``decode_event_packet``,
-``crates/nnrp-runtime/src/multiplex.rs``):
+``crates/nnrp-runtime/src/multiplex.rs``; the layout rules are :mod:`.layouts`, shared with the server core):
 
 * a header error or an oversized packet (:mod:`.framing`), a SERVER_HELLO_ACK that breaks a rule (body not
   empty, reserved bits, a version or wire format outside the offer, an accepted bitmap not a subset of the
@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import struct
 
 from nnrp.core.enums import MessageType, PayloadKind
 from nnrp.core.messages.control import (
@@ -63,18 +62,12 @@ from nnrp.core.messages.control import (
     ClientHelloMetadata,
     SessionOpenMetadata,
 )
-from nnrp.core.messages.data import FrameSubmitMetadata, InputProfile, ResultPushMetadata, TileIndexMode
+from nnrp.core.messages.data import FrameSubmitMetadata, InputProfile, TileIndexMode
 from nnrp.runtime.types import (
     BudgetMetadata,
     ControlRequestMetadata,
     InFlightPolicy,
-    PartialResultMetadata,
-    PressureMetadata,
-    ProgressMetadata,
-    RecoverableErrorMetadata,
     ResultDropReasonCode,
-    ResultDropReasonMetadata,
-    RetryAfterMetadata,
     RuntimeRole,
     SchedulingMetadata,
     SessionCloseMetadata,
@@ -84,6 +77,7 @@ from nnrp.runtime.types import (
 )
 
 from vllm_nnrp_plugin.nnrp_wire import events as ev
+from vllm_nnrp_plugin.nnrp_wire import layouts
 from vllm_nnrp_plugin.nnrp_wire.codecs import (
     CLOSE_STATUS_CLOSED,
     CLOSE_STATUS_REJECTED,
@@ -91,12 +85,12 @@ from vllm_nnrp_plugin.nnrp_wire.codecs import (
     SESSION_STATUS_REJECTED,
     SESSION_STATUS_RESUMED,
     SESSION_STATUS_RETRY_LATER,
-    SessionCloseAckMetadata,
     SessionOpenAckMetadata,
 )
+from vllm_nnrp_plugin.nnrp_wire.errors import FatalError, LocalProtocolError, PacketError
 from vllm_nnrp_plugin.nnrp_wire.framing import MAX_PACKET_BYTES, FramingError, Packet, PacketReader, encode
 
-__all__ = ["ClientConnection", "LocalProtocolError"]
+__all__ = ["ClientConnection"]
 
 _T = MessageType
 #: what CLIENT_HELLO offers, as the native client does (``client.rs`` ``client_hello``)
@@ -107,17 +101,7 @@ _SUPERSEDED = int(ResultDropReasonCode.SUPERSEDED)
 _LEASE_TTL_HINT_MS = 30_000
 _STRUCTURED_EVENT = int(PayloadKind.STRUCTURED_EVENT)
 
-_PARTIAL = PartialResultMetadata.STRUCT
 _OPEN_ACK_SIZE = SessionOpenAckMetadata.STRUCT.size
-
-
-class LocalProtocolError(Exception):
-    """A call the protocol does not allow now (the connection ended, an unknown or closing session, an
-    operation that is not active, an id out of range); nothing was queued."""
-
-
-class _Fatal(Exception):
-    """The server broke a connection-level rule: the connection ends."""
 
 
 class _Operation:
@@ -197,7 +181,7 @@ class ClientConnection:
         for packet in packets:
             try:
                 event = self._receive(packet)
-            except _Fatal as exc:
+            except FatalError as exc:
                 out.append(self._end(str(exc)))
                 break
             if event is not None:
@@ -397,7 +381,7 @@ class ClientConnection:
         kind = packet.msg_type
         if not self._hello_acked:
             if self._hello is None or kind != _T.SERVER_HELLO_ACK or packet.session_id:
-                raise _Fatal(f"expected SERVER_HELLO_ACK first, got {packet!r}")
+                raise FatalError(f"expected SERVER_HELLO_ACK first, got {packet!r}")
             self._check_hello_ack(packet)
             self._hello_acked = True
             return None
@@ -407,17 +391,20 @@ class ClientConnection:
             return _rejected(packet, "session 0 after the handshake carries only SESSION_OPEN_ACK")
         session = self._sessions.get(packet.session_id)
         if session is None:
-            raise _Fatal(f"packet for session {packet.session_id}, not open on this connection: {packet!r}")
+            raise FatalError(f"packet for session {packet.session_id}, not open on this connection: {packet!r}")
         handler = self._handlers.get(kind)
         if handler is None:
             return _rejected(packet, "not a packet a client takes")
-        return handler(session, packet)
+        try:
+            return handler(session, packet)
+        except PacketError as exc:
+            return _rejected(packet, exc.reason)
 
     def _check_hello_ack(self, packet: Packet) -> None:
         if packet.body:
-            raise _Fatal("SERVER_HELLO_ACK must have an empty body")
+            raise FatalError("SERVER_HELLO_ACK must have an empty body")
         if len(packet.meta) < SERVER_HELLO_ACK_STRUCT.size:
-            raise _Fatal(f"SERVER_HELLO_ACK metadata is {len(packet.meta)} bytes, under {SERVER_HELLO_ACK_STRUCT.size}")
+            raise FatalError(f"SERVER_HELLO_ACK metadata is {len(packet.meta)} bytes, under {SERVER_HELLO_ACK_STRUCT.size}")
         (version, wire_format, auth_status, reserved0, _sid, profiles, kinds, codecs, compression, dtypes, layouts,
          digests, objects, *_rest, server_flags) = SERVER_HELLO_ACK_STRUCT.unpack_from(packet.meta)  # fmt: skip
         hello = self._hello
@@ -432,14 +419,14 @@ class ClientConnection:
             ("cache_object_bitmap", objects, hello.cache_object_bitmap),
         )
         if reserved0 or server_flags & ~0x1:
-            raise _Fatal(f"SERVER_HELLO_ACK reserved0 {reserved0} / server_flags {server_flags:#x} (only 0x1 allowed)")
+            raise FatalError(f"SERVER_HELLO_ACK reserved0 {reserved0} / server_flags {server_flags:#x} (only 0x1 allowed)")
         if not hello.min_version_major <= version <= hello.max_version_major:
-            raise _Fatal(f"SERVER_HELLO_ACK selected version {version}, outside the offer")
+            raise FatalError(f"SERVER_HELLO_ACK selected version {version}, outside the offer")
         if wire_format > 15 or not hello.supported_wire_format_bitmap >> wire_format & 1:
-            raise _Fatal(f"SERVER_HELLO_ACK selected wire format {wire_format}, outside the offer")
+            raise FatalError(f"SERVER_HELLO_ACK selected wire format {wire_format}, outside the offer")
         for name, accepted, offer in offered:
             if accepted & ~offer:
-                raise _Fatal(f"SERVER_HELLO_ACK {name} {accepted:#x} is not a subset of the offer {offer:#x}")
+                raise FatalError(f"SERVER_HELLO_ACK {name} {accepted:#x} is not a subset of the offer {offer:#x}")
         self.auth_status = auth_status
 
     def _on_open_ack(self, packet: Packet) -> object:
@@ -470,157 +457,93 @@ class ClientConnection:
         self._sessions[session_id] = _Session(session_id)
         return ev.SessionOpenAccepted(token, session_id, ack.max_in_flight_operations, ack.granted_operation_credit)
 
-    def _lookup(self, session: _Session, packet: Packet, operation_id: int | None) -> _Operation | str:
-        """The active operation of the packet's frame, or why there is none (``client.rs``
-        ``runtime_operation_for_event``)."""
+    @staticmethod
+    def _lookup(session: _Session, packet: Packet, operation_id: int | None) -> _Operation:
+        """The active operation of the packet's frame (``client.rs`` ``runtime_operation_for_event``); raises
+        :class:`~.errors.PacketError` when there is none or it is another operation."""
         op = session.operations.get(packet.frame_id)
         if op is None:
-            return "a finished operation" if 0 < packet.frame_id < session.next_frame else "an unknown frame"
+            finished = 0 < packet.frame_id < session.next_frame
+            raise PacketError("a finished operation" if finished else "an unknown frame")
         if operation_id is not None and operation_id != op.operation_id:
-            return f"operation {operation_id}, but the frame is operation {op.operation_id}'s"
+            raise PacketError(f"operation {operation_id}, but the frame is operation {op.operation_id}'s")
         return op
 
     def _on_partial(self, session: _Session, packet: Packet) -> object:
-        if len(packet.meta) != _PARTIAL.size:
-            return _rejected(packet, f"meta_len {len(packet.meta)}, not {_PARTIAL.size}")
-        operation_id, sequence, object_id, _delta, body_bytes, flags = _PARTIAL.unpack(packet.meta)
-        if not operation_id or flags & ~0x3 or (not object_id and (flags & 0x2 or not body_bytes)):
-            return _rejected(packet, "operation id 0, unknown flags, or no object id where one is needed")
-        if len(packet.body) != body_bytes:
-            return _rejected(packet, f"body is {len(packet.body)} bytes, body_bytes says {body_bytes}")
-        op = self._lookup(session, packet, operation_id)
-        if isinstance(op, str):
-            return _rejected(packet, op)
-        if op.frame_cancelled:
-            return _rejected(packet, "PARTIAL_RESULT after this client's FRAME_CANCEL")
+        operation_id, sequence = layouts.partial_result(packet)
+        if self._lookup(session, packet, operation_id).frame_cancelled:
+            raise PacketError("PARTIAL_RESULT after this client's FRAME_CANCEL")
         return ev.PartialResultReceived(session.session_id, packet.frame_id, operation_id, sequence, packet.body)
 
     def _on_progress(self, session: _Session, packet: Packet) -> object:
-        meta = _unpack(ProgressMetadata, packet)
-        if isinstance(meta, str):
-            return _rejected(packet, meta)
-        if not meta.operation_id or len(packet.body) != meta.body_bytes:
-            return _rejected(packet, "operation id 0, or the body is not body_bytes long")
-        op = self._lookup(session, packet, meta.operation_id)
-        if isinstance(op, str):
-            return _rejected(packet, op)
-        if op.frame_cancelled:
-            return _rejected(packet, "PROGRESS after this client's FRAME_CANCEL")
+        meta = layouts.progress(packet)
+        if self._lookup(session, packet, meta.operation_id).frame_cancelled:
+            raise PacketError("PROGRESS after this client's FRAME_CANCEL")
         return ev.ProgressReceived(
             session.session_id, packet.frame_id, meta.operation_id, meta.progress_sequence, meta.stage_code,
             meta.percent_x100, packet.body,
         )  # fmt: skip
 
     def _on_push(self, session: _Session, packet: Packet) -> object:
-        meta = _unpack(ResultPushMetadata, packet)
-        if isinstance(meta, str):
-            return _rejected(packet, meta)
+        meta = layouts.result_push(packet)
         op = self._lookup(session, packet, None)
-        if isinstance(op, str):
-            return _rejected(packet, op)
         del session.operations[packet.frame_id]
         return ev.ResultPushed(session.session_id, packet.frame_id, op.operation_id, meta, packet.body)
 
     def _on_drop_reason(self, session: _Session, packet: Packet) -> object:
-        meta = _unpack(ResultDropReasonMetadata, packet)
-        if isinstance(meta, str):
-            return _rejected(packet, meta)
-        role = int(meta.source_role)
-        if not meta.drop_reason_code or 0x08 <= role < 0x80 or len(packet.body) != meta.diagnostic_bytes:
-            return _rejected(packet, "drop reason 0, a reserved source role, or a diagnostic of the wrong length")
+        meta = layouts.result_drop_reason(packet)
         op = self._lookup(session, packet, meta.operation_id)
-        if isinstance(op, str):
-            return _rejected(packet, op)
         del session.operations[packet.frame_id]
         return ev.ResultDropReasonReceived(
             session.session_id, packet.frame_id, op.operation_id, meta.result_sequence, int(meta.drop_reason_code),
-            role, packet.body,
+            int(meta.source_role), packet.body,
         )  # fmt: skip
 
     def _on_drop(self, session: _Session, packet: Packet) -> object:
-        if packet.meta or packet.body:
-            return _rejected(packet, "RESULT_DROP is header-only")
+        layouts.header_only(packet)
         op = self._lookup(session, packet, None)
-        if isinstance(op, str):
-            return _rejected(packet, op)
         del session.operations[packet.frame_id]
         return ev.ResultDropped(session.session_id, packet.frame_id, op.operation_id)
 
     def _on_trace(self, session: _Session, packet: Packet) -> object:
-        meta = _unpack(TraceContextMetadata, packet)
-        if isinstance(meta, str):
-            return _rejected(packet, meta)
-        if not meta.trace_id or not meta.span_id or len(packet.body) != meta.body_bytes:
-            return _rejected(packet, "trace or span id 0, or the body is not body_bytes long")
-        if packet.trace_id not in (0, meta.trace_id):
-            return _rejected(packet, f"header trace id {packet.trace_id:#x} does not match {meta.trace_id:#x}")
-        operation_id = None
-        if packet.frame_id:
-            op = self._lookup(session, packet, None)
-            if isinstance(op, str):
-                return _rejected(packet, op)
-            operation_id = op.operation_id
+        meta = layouts.trace_context(packet)
+        operation_id = self._lookup(session, packet, None).operation_id if packet.frame_id else None
         return ev.TraceContextReceived(
             session.session_id, packet.frame_id, operation_id, meta.trace_id, meta.span_id, meta.parent_span_id,
             meta.stage_code, meta.flags, meta.body_bytes,
         )  # fmt: skip
 
     def _on_pressure(self, session: _Session, packet: Packet) -> object:
-        meta = _unpack(PressureMetadata, packet)
-        if isinstance(meta, str):
-            return _rejected(packet, meta)
-        if packet.body or (packet.msg_type == _T.BACKPRESSURE and not 1 <= meta.pressure_level <= 3):
-            return _rejected(packet, "a body, or a BACKPRESSURE level outside 1..3")
+        meta = layouts.pressure(packet)
         return ev.PressureReceived(
             session.session_id, packet.msg_type, meta.scope_id, meta.credit_window, meta.pressure_level,
             meta.pressure_reason, meta.retry_after_ms,
         )  # fmt: skip
 
     def _on_recoverable(self, session: _Session, packet: Packet) -> object:
-        meta = _unpack(RecoverableErrorMetadata, packet)
-        if isinstance(meta, str):
-            return _rejected(packet, meta)
-        if meta.error_scope > 2 or len(packet.body) != meta.diagnostic_bytes:
-            return _rejected(packet, "error scope outside 0..2, or a diagnostic of the wrong length")
+        meta = layouts.recoverable_error(packet)
         return ev.ErrorRecoverableReceived(
             session.session_id, packet.frame_id, meta.error_code, meta.error_scope, meta.recovery_action,
             meta.retry_after_ms, meta.related_frame_id, packet.body,
         )  # fmt: skip
 
     def _on_retry_after(self, session: _Session, packet: Packet) -> object:
-        meta = _unpack(RetryAfterMetadata, packet)
-        if isinstance(meta, str):
-            return _rejected(packet, meta)
-        if len(packet.body) != meta.diagnostic_bytes:
-            return _rejected(packet, "a diagnostic of the wrong length")
+        meta = layouts.retry_after(packet)
         return ev.RetryAfterReceived(
             session.session_id, meta.scope_id, meta.retry_after_ms, meta.jitter_ms, meta.reason_code, packet.body
         )
 
     def _on_close_ack(self, session: _Session, packet: Packet) -> object | None:
-        if packet.body:
-            return _rejected(packet, "SESSION_CLOSE_ACK has an empty body")
-        meta = _unpack(SessionCloseAckMetadata, packet)
-        if isinstance(meta, str):
-            return _rejected(packet, meta)
+        meta = layouts.session_close_ack(packet)
         if not session.closing:
-            return _rejected(packet, "SESSION_CLOSE_ACK for a session this client is not closing")
+            raise PacketError("SESSION_CLOSE_ACK for a session this client is not closing")
         if meta.close_status == CLOSE_STATUS_CLOSED:
             del self._sessions[session.session_id]
             return ev.SessionCloseAcked(session.session_id)
         if meta.close_status == CLOSE_STATUS_REJECTED:
             session.closing = False
-            return _rejected(packet, "the server rejected SESSION_CLOSE (close_status 3)")
+            raise PacketError("the server rejected SESSION_CLOSE (close_status 3)")
         return None  # acknowledged / draining: the closed ack follows
-
-
-def _unpack(codec: type, packet: Packet) -> object | str:
-    """nnrp-py's ``codec.unpack`` of the packet's metadata (exact size, reserved fields, flag masks), or why
-    it does not parse."""
-    try:
-        return codec.unpack(packet.meta)
-    except (ValueError, TypeError, struct.error) as exc:
-        return f"metadata does not parse: {exc}"
 
 
 def _rejected(packet: Packet, reason: str) -> ev.PacketRejected:

@@ -63,7 +63,7 @@ class SessionClosed:
 class SessionDraining:
     """The client closed ``session_id`` with ``in_flight_policy`` drain while ``operation_ids`` (the session's
     active operations, in submit order) ran; nothing is queued for the close yet (no ack with close_status
-    draining: the terminals come first, :meth:`~.server.ServerConnection._on_session_close`).
+    draining: the terminals come first, :meth:`~.handshake.Handshake.close`).
 
     The session stays open for them: each still needs its terminal (send it as for any operation; partial
     results and the client's controls go on as before, a new FRAME_SUBMIT is refused). The core queues the
