@@ -43,7 +43,7 @@ time is passed in by the caller: ``now_ns`` is ``time.monotonic_ns()``, ``*_unix
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import orjson
@@ -415,7 +415,8 @@ class Operation:
         stops (:attr:`Effect.STOP`, always)."""
         self.observation.cancelled(now_ns, source=obs.TRANSPORT, reason="server_error")
         self._step(Input.UNSENDABLE)
-        return self._seal(cancelled(DropReason.TRANSPORT_CLOSED, "server_error"), now_ns, diagnostics=False)
+        sealed = self._seal(cancelled(DropReason.TRANSPORT_CLOSED, "server_error"), now_ns, diagnostics=False)
+        return cast(ResultDrop, sealed)  # a cancelled terminal carries a drop reason: it seals as a ResultDrop
 
     def elapsed_ms(self, now_ns: int) -> int:
         """Submit -> ``now_ns`` in whole ms (the RESULT_PUSH ``server_total_ms``)."""

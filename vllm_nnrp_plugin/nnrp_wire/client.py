@@ -177,7 +177,7 @@ class ClientConnection:
             packets = self._reader.feed(data)
         except FramingError as exc:
             return [self._end(str(exc))]
-        out = []
+        out: list[object] = []
         for packet in packets:
             try:
                 event = self._receive(packet)
@@ -408,6 +408,7 @@ class ClientConnection:
         (version, wire_format, auth_status, reserved0, _sid, profiles, kinds, codecs, compression, dtypes, layouts,
          digests, objects, *_rest, server_flags) = SERVER_HELLO_ACK_STRUCT.unpack_from(packet.meta)  # fmt: skip
         hello = self._hello
+        assert hello is not None  # _receive takes a SERVER_HELLO_ACK only after CLIENT_HELLO was queued
         offered = (
             ("accepted_profile_bitmap", profiles, hello.supported_profile_bitmap),
             ("accepted_payload_kind_bitmap", kinds, hello.supported_payload_kind_bitmap),

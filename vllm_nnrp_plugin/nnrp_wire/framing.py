@@ -21,6 +21,7 @@ clocks.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from nnrp.core.enums import MessageType
 from nnrp.core.header import HEADER_LENGTH, HEADER_MAGIC, HEADER_STRUCT
@@ -38,7 +39,7 @@ HEADER_FLAG_MASK = 0x3F
 KNOWN_MESSAGE_TYPES = frozenset(int(kind) for kind in MessageType)
 
 _unpack_header = HEADER_STRUCT.unpack_from
-_pack_header = HEADER_STRUCT.pack
+_pack_header: Callable[..., bytes] = HEADER_STRUCT.pack
 #: ``meta_len``, ``body_len`` (u32 little-endian) of a common header, at :data:`_LENGTHS_AT` from its start
 _unpack_lengths = struct.Struct("<II").unpack_from
 _LENGTHS_AT = 12
@@ -126,7 +127,7 @@ class PacketReader:
         """Bytes received that are not part of a returned packet yet."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[Packet]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Add ``data``; return the packets it completed, in order. Raises :class:`FramingError` (again on
         every later call) once the stream broke a header rule; packets completed before the bad one in the
         same ``data`` are lost with the connection."""
@@ -192,7 +193,8 @@ def packet_length(data: bytes | bytearray | memoryview, offset: int = 0) -> int:
     ``offset`` of ``data``. Nothing of the header is checked (that is :class:`PacketReader`'s). Raises
     ``struct.error`` when fewer than the 20 bytes up to ``body_len`` are there."""
     meta_len, body_len = _unpack_lengths(data, offset + _LENGTHS_AT)
-    return HEADER_LENGTH + meta_len + body_len
+    length: int = HEADER_LENGTH + meta_len + body_len  # HEADER_LENGTH: nnrp-py's, untyped
+    return length
 
 
 def split_packets(data: bytes) -> list[bytes]:

@@ -214,7 +214,7 @@ class Handshake:
         self._queue(_T.SERVER_HELLO_ACK, 0, 0, ack.pack())
         self.done = True
 
-    def session_open(self, packet: Packet, events: list) -> None:
+    def session_open(self, packet: Packet, events: list[object]) -> None:
         """SESSION_OPEN (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` session open handling,
         ``crates/nnrp-core/src/session.rs`` ``SessionOpen::parse``, ``crates/nnrp-core/src/recovery.rs``).
         Malformed (``meta_len`` ≠ 48, reserved0, unknown ``session_flags`` bits or priority, ``body_len`` ≠
@@ -376,7 +376,7 @@ class Handshake:
 
     # -- the client's SESSION_CLOSE ------------------------------------------------------------------------
 
-    def close(self, session: Session, packet: Packet, events: list, *, drain_sessions: bool) -> None:
+    def close(self, session: Session, packet: Packet, events: list[object], *, drain_sessions: bool) -> None:
         """SESSION_CLOSE (the layout: :func:`.layouts.session_close`). The one SESSION_CLOSE_ACK has header
         session = the session, frame 0, close_status closed, ``last_operation_id`` echoed (nnrp-rs
         ``crates/nnrp-runtime/src/server.rs`` close ack).
@@ -426,5 +426,6 @@ class Handshake:
         """The last operation of ``session``, draining after the client's SESSION_CLOSE, got its terminal (the
         registry closed the session): queue the closing ack right behind it, ``last_operation_id`` as the client's
         SESSION_CLOSE said."""
+        assert session.draining is not None  # the registry closes only a draining session
         self._queue(_T.SESSION_CLOSE_ACK, session.session_id, 0,
                     SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, session.draining).pack())  # fmt: skip

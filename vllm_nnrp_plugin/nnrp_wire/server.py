@@ -185,13 +185,13 @@ class ServerConnection:
 
     # -- input ---------------------------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[object]:
         """Feed bytes read from the transport (``b""``: the peer's end of stream); return the events they
         completed, in order. Never raises: whatever the bytes are, the worst outcome is
         :class:`~.events.ConnectionEnded`, after which this returns ``[]``."""
         if self._ended:
             return []
-        events: list = []
+        events: list[object] = []
         if not data:
             buffered = self._reader.buffered
             self._end(events, None if not buffered else f"end of stream inside a packet ({buffered} bytes buffered)")
@@ -214,7 +214,7 @@ class ServerConnection:
                 break
         return events
 
-    def _end(self, events: list, error: str | None) -> None:
+    def _end(self, events: list[object], error: str | None) -> None:
         self._ended = True
         self._operations.clear()
         self._handshake.end()
@@ -229,7 +229,7 @@ class ServerConnection:
         if body:
             out += body
 
-    def _dispatch(self, packet: framing.Packet, events: list) -> None:
+    def _dispatch(self, packet: framing.Packet, events: list[object]) -> None:
         msg_type = packet.msg_type
         if not self._handshake.done:
             # nnrp-rs crates/nnrp-runtime/src/server.rs: the first non-probe packet must be CLIENT_HELLO
@@ -273,7 +273,7 @@ class ServerConnection:
         except LateControl:
             pass
 
-    def _reject(self, packet: framing.Packet, rejection: PacketError, events: list) -> None:
+    def _reject(self, packet: framing.Packet, rejection: PacketError, events: list[object]) -> None:
         """PacketRejected + ERROR_RECOVERABLE (frame scope when the header names a frame, else session scope;
         header frame = ``related_frame_id`` as nnrp-rs ``server.rs`` ``send_recoverable_error``; source_role
         server, no retry, the reason as the diagnostic). The session goes on."""
@@ -313,7 +313,7 @@ class ServerConnection:
 
     # -- session scope: client packets ---------------------------------------------------------------------
 
-    def _on_frame_submit(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_frame_submit(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """FRAME_SUBMIT: the layout (:func:`.layouts.frame_submit`), then the identity rules of
         :meth:`.operations.OperationRegistry.submit` (refused like any duplicate: ERROR_RECOVERABLE
         ``INVALID_STATE``, the session goes on) → :class:`~.events.OperationSubmitted`; when it binds a pre-submit
@@ -327,7 +327,7 @@ class ServerConnection:
         if deadline is not None:
             events.append(DeadlineReceived(sid, frame_id, operation_id, deadline, False))
 
-    def _on_frame_cancel(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_frame_cancel(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """FRAME_CANCEL: header-only (:func:`.layouts.header_only`), the header frame bound to an active
         operation (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` FRAME_CANCEL arm). After it no PARTIAL_RESULT or
         PROGRESS is sent for the operation; a terminal is still expected. A second cancel of the same operation is
@@ -337,7 +337,7 @@ class ServerConnection:
         self._operations.frame_cancel(op)
         events.append(OperationCancelled(session.session_id, op.frame_id, op.operation_id, int(_T.FRAME_CANCEL), b""))
 
-    def _on_cancel(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_cancel(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """CANCEL / ABORT: the layout (:func:`.layouts.control_request`), an active operation whose frame is the
         header frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` CANCEL/ABORT arms). The first cancel of an
         operation is reported; a repeated one is rejected (:meth:`.operations.OperationRegistry.cancel`)."""
@@ -347,7 +347,7 @@ class ServerConnection:
         self._operations.cancel(op, name)
         events.append(OperationCancelled(session.session_id, op.frame_id, op.operation_id, packet.msg_type, packet.body))
 
-    def _on_scheduling(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_scheduling(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """DEADLINE / PRIORITY_UPDATE / EXPIRE_AT: the layout (:func:`.layouts.scheduling`). For an active
         operation the header frame must be its frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` scheduling
         arm); DEADLINE and EXPIRE_AT → :class:`~.events.DeadlineReceived` (submitted True; EXPIRE_AT bounds the
@@ -371,7 +371,7 @@ class ServerConnection:
         else:
             events.append(DeadlineReceived(sid, op.frame_id, op.operation_id, metadata.deadline_unix_ms, True))
 
-    def _on_supersede(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_supersede(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """SUPERSEDE: the layout (:func:`.layouts.supersede`), and ``old_operation_id`` an active operation whose
         frame is the header frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` SUPERSEDE arm,
         ``require_operation_frame``). The operation is cancelled as by CANCEL (a repeated SUPERSEDE or cancel of
@@ -382,7 +382,7 @@ class ServerConnection:
         events.append(OperationSuperseded(session.session_id, op.frame_id, op.operation_id,
                                           metadata.new_operation_id, metadata.drop_reason_code, packet.body))  # fmt: skip
 
-    def _on_budget_update(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_budget_update(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """BUDGET_UPDATE: the layout (:func:`.layouts.budget_update`), an active operation whose frame is the
         header frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` BUDGET_UPDATE arm) →
         :class:`~.events.BudgetUpdated`."""
@@ -395,7 +395,7 @@ class ServerConnection:
             )  # fmt: skip
         )
 
-    def _on_trace_context(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_trace_context(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """TRACE_CONTEXT: the layout (:func:`.layouts.trace_context`); header frame 0 = session scope, else the
         frame of an active operation (shipped build: "TRACE_CONTEXT references an unknown operation frame")."""
         metadata = layouts.trace_context(packet)
@@ -409,14 +409,14 @@ class ServerConnection:
             )  # fmt: skip
         )
 
-    def _on_ping(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_ping(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """PING → PONG on the same session and frame; PONG is taken and ignored. Both header-only (nnrp-rs
         ``crates/nnrp-runtime/src/server.rs`` ``receive_ping``/``send_ping``)."""
         layouts.header_only(packet)
         if packet.msg_type == _T.PING:
             self._queue(_T.PONG, session.session_id, packet.frame_id, b"")
 
-    def _on_session_close(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_session_close(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """SESSION_CLOSE: :meth:`.handshake.Handshake.close`, draining as :attr:`drain_sessions` says."""
         self._handshake.close(session, packet, events, drain_sessions=self.drain_sessions)
 

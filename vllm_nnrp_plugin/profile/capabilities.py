@@ -90,7 +90,7 @@ def runtime_document(*, models: list[str], owned_by: str, operations: list[dict[
     }
 
 
-def with_limits(document: dict[str, Any], *, max_in_flight: int, max_in_flight_per_session: int,
+def with_limits(document: dict[str, Any], *, max_in_flight: int | None, max_in_flight_per_session: int,
                 max_sessions: int) -> dict[str, Any]:
     """``document`` with the server's admission limits as ``limits: {max_in_flight, max_in_flight_per_session,
     max_sessions}`` (operations per API-server process, per session, open sessions per process: the

@@ -51,7 +51,7 @@ the operation.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, final
 
 import attrs
 
@@ -72,6 +72,7 @@ def usage_asked(body: dict[str, Any]) -> bool:
     return flag is True or (type(flag) is int and flag == 1)
 
 
+@final  # no subclasses: feed tells it from a dict by its exact class
 @attrs.define(slots=True)
 class TextDelta:
     """A normal-form chunk whose only news is text: :meth:`chunk` — ``template`` (an earlier chunk of the same
@@ -112,11 +113,11 @@ class ChatStreamMapper:
         Raises :class:`ProfileError` ``backend_error`` for an error chunk (vLLM's mid-stream
         ``data: {"error": {...}}``).
         """
-        if chunk.__class__ is TextDelta:
-            state = self._choices.get(chunk.index)  # type: ignore[union-attr]
+        if type(chunk) is TextDelta:
+            state = self._choices.get(chunk.index)
             if state is None or self._head is None:  # not after its template: the general path
-                return self.feed(chunk.chunk())  # type: ignore[union-attr]
-            content = chunk.content  # type: ignore[union-attr]
+                return self.feed(chunk.chunk())
+            content = chunk.content
             state.content_seen = True
             state.text.append(content)
             return [events.output_text_delta(state.index, content)]

@@ -77,6 +77,7 @@ class ResponsesStreamMapper:
         Raises :class:`ProfileError` ``backend_error`` for vLLM's mid-stream error event.
         """
         kind = item.get("type")
+        call: _Call | None  # the function call the event names, None when none is known
         if _is_reasoning(item):
             return [events.output_text_delta(item["output_index"], "", item)]
         if kind == "response.output_text.delta":
@@ -194,7 +195,8 @@ def _is_reasoning(item: dict[str, Any]) -> bool:
 def _stream_error(item: dict[str, Any]) -> E.ProfileError:
     """vLLM's streamed error: ``{"type": "error", "code", "message"}`` (the Responses error event) or
     ``{"error": {"message", "code"}}`` (its generic streaming error body); always ``backend_error``."""
-    error = item.get("error") if isinstance(item.get("error"), dict) else item
+    nested = item.get("error")
+    error = nested if isinstance(nested, dict) else item
     status = error.get("code")
     return E.backend_error(str(error.get("message") or "backend error in Responses stream"),
                            status if isinstance(status, int) else 500)

@@ -51,7 +51,8 @@ def tools_without_required_arguments(tools: object) -> frozenset[str]:
     for tool in tools if isinstance(tools, list) else ():
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
             continue
-        declared = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        function = tool.get("function")
+        declared = function if isinstance(function, dict) else tool
         name = declared.get("name")
         if isinstance(name, str):
             verdicts[name] = verdicts.get(name, True) and _accepts_empty_object(declared.get("parameters"))
