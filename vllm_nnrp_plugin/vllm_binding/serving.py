@@ -75,7 +75,7 @@ def error_from_body(error: dict[str, Any]) -> E.ProfileError:
     404 on ``model`` -> ``model_not_found``; other 4xx -> ``invalid_request``; else ``backend_error``."""
     code = error.get("code")
     status = int(code) if isinstance(code, int) else 500
-    message = str(error.get("message")) or error.get("type")
+    message = str(error.get("message") or error.get("type"))
     if status == 404 and (error.get("param") == "model" or error.get("type") == "NotFoundError"):
         return E.ProfileError(E.MODEL_NOT_FOUND, message, E.INVALID_REQUEST_ERROR, 404)
     if 400 <= status < 500:
