@@ -114,7 +114,9 @@ STREAM_MAPPERS: dict[str, Callable[[dict[str, Any]], StreamMapper]] = {
 class OperationSink(Protocol):
     """Where events go (implemented by :class:`vllm_nnrp_plugin.nnrp_binding.server_operation.ServerOperation`)."""
 
-    observation: Observation
+    @property
+    def observation(self) -> Observation: ...
+
     controls: RuntimeControls
 
     def partial(self, event: dict[str, Any]) -> None: ...
@@ -259,6 +261,7 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
             finished = True
             sink.abort_with(None)
             record.backend_done(time.monotonic_ns())
+            assert call.body is not None  # a Call has a body or a stream
             _record_usage(record, call.body)
             sink.complete(call.body)
             return

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import threading
+from wsgiref.simple_server import WSGIServer
 
 import attrs
 import prometheus_client
@@ -157,7 +158,7 @@ def metrics_for(registry: CollectorRegistry | None = None) -> NNRPMetrics:
 class MetricsServer:
     """A standalone ``/metrics`` HTTP server (prometheus-client's); :meth:`close` stops it."""
 
-    server: object
+    server: WSGIServer
     thread: threading.Thread
     address: str  # ``HOST:PORT`` actually bound
 
@@ -191,4 +192,4 @@ def serve_metrics(listen: str, registry: CollectorRegistry | None = None) -> Met
             "free HOST:PORT, or drop nnrp.metrics_listen (the series are in vLLM's own /metrics too)."
         ) from exc
     bound_host, bound_port = server.server_address[:2]
-    return MetricsServer(server, thread, f"{bound_host}:{bound_port}")
+    return MetricsServer(server, thread, f"{bound_host}:{bound_port}")  # type: ignore[str-bytes-safe]  # TCP: a str

@@ -223,7 +223,7 @@ class NNRPService:
             run_operation(sop, sop.envelope, self._backend, self._limits, self.capabilities)
         )
         self._tasks[sop] = task
-        task.add_done_callback(lambda _t, sop=sop: self._done(sop))
+        task.add_done_callback(lambda _t, sop=sop: self._done(sop))  # type: ignore[misc]  # sop bound as a default
         sop.owner = self
         if sop.expires_unix_ms is not None:  # a DEADLINE that came before the submit
             self.rearm(sop)

@@ -42,6 +42,7 @@ from wsproto.events import (
     Request,
     TextMessage,
 )
+from wsproto.events import Event as WSEvent
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
@@ -216,7 +217,7 @@ class NNRPWebSocket:
             for event in self._ws.events():
                 kind = type(event)
                 if kind is BytesMessage:
-                    data = event.data  # type: ignore[attr-defined]
+                    data = event.data  # type: ignore[attr-defined]  # narrowed by `kind` above
                     self._message_bytes += len(data)
                     if self._max is not None and self._message_bytes > self._max:
                         yield Failed(CLOSE_MESSAGE_TOO_BIG, f"a message over {self._max} bytes")
@@ -224,17 +225,17 @@ class NNRPWebSocket:
                     if data:
                         self._boundary.feed(data)
                         yield Payload(data)
-                    if event.message_finished:  # type: ignore[attr-defined]
+                    if event.message_finished:  # type: ignore[attr-defined]  # narrowed by `kind` above
                         if not self._boundary.at_boundary or not self._message_bytes:
                             yield Failed(CLOSE_PROTOCOL_ERROR, self._reasons["not_whole"])
                             return
                         self._message_bytes = 0
                 elif kind is Request:
-                    yield UpgradeRequested(event)  # type: ignore[arg-type]
+                    yield UpgradeRequested(event)  # type: ignore[arg-type]  # narrowed by `kind` above
                 elif kind is Ping:
-                    yield PingAnswered(self.send(event.response()))  # type: ignore[attr-defined]
+                    yield PingAnswered(self.send(event.response()))  # type: ignore[attr-defined]  # narrowed by `kind` above
                 elif kind is CloseConnection:
-                    yield self._close_received(event)  # type: ignore[arg-type]
+                    yield self._close_received(event)  # type: ignore[arg-type]  # narrowed by `kind` above
                     return
                 elif kind is TextMessage:
                     yield Failed(CLOSE_UNSUPPORTED_DATA, self._reasons["text"])
@@ -242,7 +243,7 @@ class NNRPWebSocket:
                 elif kind is AcceptConnection:
                     yield Upgraded()
                 elif kind is RejectConnection:
-                    yield UpgradeRefused(event.status_code)  # type: ignore[attr-defined]
+                    yield UpgradeRefused(event.status_code)  # type: ignore[attr-defined]  # narrowed by `kind` above
                     return
                 # Pong, RejectData: nothing to do
         except RemoteProtocolError as exc:
@@ -268,11 +269,11 @@ class NNRPWebSocket:
         send = self._ws.send
         return b"".join([send(BytesMessage(data=packet)) for packet in split_packets(data)])
 
-    def send(self, event: object) -> bytes:
+    def send(self, event: WSEvent) -> bytes:
         """``wsproto``'s bytes of ``event``; ``b""`` when the state no longer allows it (a close frame already
         went out)."""
         try:
-            return self._ws.send(event)  # type: ignore[arg-type]
+            return self._ws.send(event)
         except LocalProtocolError:
             return b""
 

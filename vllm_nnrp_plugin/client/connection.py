@@ -264,7 +264,7 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = transport  # type: ignore[assignment]  # a stream protocol gets a Transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -278,7 +278,7 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         for event in self._core.receive_data(b""):
-            self._on_ended(event)
+            self._on_ended(event)  # type: ignore[arg-type]  # the end of stream completes only ConnectionEnded
         return None  # let the transport close
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -427,6 +427,7 @@ class Session:
         self.conn._check()
         if self._close is None:
             self._begin_close()
+        assert self._close is not None  # _begin_close made it
         await asyncio.shield(self._close)
 
     def _begin_close(self) -> None:
@@ -588,6 +589,7 @@ class Operation:
             self._done = True
             if self._error is not None:
                 raise self._error
+            assert self._terminal_event is not None  # _END follows a terminal event or an error
             return self._terminal_event
         try:
             return orjson.loads(item)
@@ -602,6 +604,7 @@ class Operation:
         self._done = True
         if self._error is not None:
             raise self._error
+        assert self._terminal_event is not None  # the wait ends with a terminal event or an error
         return self._terminal_event
 
     async def _wait(self) -> None:

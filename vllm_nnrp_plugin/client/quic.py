@@ -177,8 +177,8 @@ class QuicCarrier(QuicConnectionProtocol):
     # -- aioquic -------------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._udp = transport  # type: ignore[assignment]
-        super().connection_made(_ConnectedDatagrams(transport))  # type: ignore[arg-type]
+        self._udp = transport  # type: ignore[assignment]  # a datagram protocol gets a DatagramTransport
+        super().connection_made(_ConnectedDatagrams(transport))  # type: ignore[arg-type]  # sends like the transport aioquic wants
 
     def quic_event_received(self, event: qe.QuicEvent) -> None:
         meant = self._stream.event(event)
@@ -186,16 +186,16 @@ class QuicCarrier(QuicConnectionProtocol):
         if kind is StreamData:
             if self._lost_told:
                 return
-            if meant.data:  # type: ignore[union-attr]
-                self._nnrp.data_received(meant.data)  # type: ignore[union-attr]
-            if meant.end and not self._lost_told:  # type: ignore[union-attr]
+            if meant.data:  # type: ignore[union-attr]  # narrowed by `kind` above
+                self._nnrp.data_received(meant.data)  # type: ignore[union-attr]  # narrowed by `kind` above
+            if meant.end and not self._lost_told:  # type: ignore[union-attr]  # narrowed by `kind` above
                 self._nnrp.eof_received()  # the Connection closes this carrier in turn
         elif kind is StreamBroken:
-            self._fail(meant.code, meant.reason, frame_type=meant.frame_type)  # type: ignore[union-attr]
+            self._fail(meant.code, meant.reason, frame_type=meant.frame_type)  # type: ignore[union-attr]  # narrowed by `kind` above
         elif kind is qe.HandshakeCompleted:
-            self.alpn_protocol = meant.alpn_protocol  # type: ignore[union-attr]
+            self.alpn_protocol = meant.alpn_protocol  # type: ignore[union-attr]  # narrowed by `kind` above
             self._attached = True
-            self._nnrp.connection_made(self)  # type: ignore[arg-type]
+            self._nnrp.connection_made(self)  # type: ignore[arg-type]  # this carrier is the NNRP connection's transport
             if not self.handshake.done():
                 self.handshake.set_result(None)
 
@@ -302,7 +302,7 @@ async def _open_quic(
     family, _, _, _, address = infos[0]
     quic = QuicConnection(configuration=configuration)
     _, carrier = await loop.create_datagram_endpoint(
-        lambda: QuicCarrier(quic, nnrp), remote_addr=address, family=family
+        lambda: QuicCarrier(quic, nnrp), remote_addr=address, family=family  # type: ignore[arg-type]  # an IP address
     )
     try:
         carrier.connect(address)

@@ -106,43 +106,43 @@ class WebSocketCarrier(asyncio.Protocol):
     # -- asyncio.Protocol of the TCP connection ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._tcp = transport  # type: ignore[assignment]
+        self._tcp = transport  # type: ignore[assignment]  # a stream protocol gets a Transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._tcp.write(self._ws.request(self._host, self._path))
+        self._tcp.write(self._ws.request(self._host, self._path))  # type: ignore[union-attr]  # set just above
 
     def data_received(self, data: bytes) -> None:
         for event in self._ws.receive_data(data):
             kind = type(event)
             if kind is mapping.Payload:
-                self._nnrp.data_received(bytes(event.data))  # type: ignore[union-attr]
+                self._nnrp.data_received(bytes(event.data))  # type: ignore[union-attr]  # narrowed by `kind` above
                 if self._lost_told or self._tcp is None:
                     return
             elif kind is mapping.PingAnswered:
-                self._send(event.answer)  # type: ignore[union-attr]
+                self._send(event.answer)  # type: ignore[union-attr]  # narrowed by `kind` above
             elif kind is mapping.PeerClosed:
-                self._on_close(event)  # type: ignore[arg-type]
+                self._on_close(event)  # type: ignore[arg-type]  # narrowed by `kind` above
                 return
             elif kind is mapping.CloseAnswered:  # the answer to our close frame
                 self._close_tcp()
                 return
             elif kind is mapping.Failed:
-                self._fail(event.code, event.reason)  # type: ignore[union-attr]
+                self._fail(event.code, event.reason)  # type: ignore[union-attr]  # narrowed by `kind` above
                 return
             elif kind is mapping.Upgraded:
                 self._on_upgraded()
             elif kind is mapping.UpgradeRefused:
                 self._refused(f"the server refused the WebSocket Upgrade of {self._path}: HTTP "
-                              f"{event.status_code}")  # type: ignore[union-attr]  # fmt: skip
+                              f"{event.status_code}")  # type: ignore[union-attr]  # narrowed by `kind` above  # fmt: skip
                 return
             elif kind is mapping.Malformed:
                 if not self._attached:
                     self._refused(f"the server's answer to the WebSocket Upgrade is not RFC 6455's: "
-                                  f"{event.error}")  # type: ignore[union-attr]  # fmt: skip
+                                  f"{event.error}")  # type: ignore[union-attr]  # narrowed by `kind` above  # fmt: skip
                 else:
                     self._fail(mapping.CLOSE_PROTOCOL_ERROR, f"malformed WebSocket data from the server: "
-                               f"{event.error}")  # type: ignore[union-attr]  # fmt: skip
+                               f"{event.error}")  # type: ignore[union-attr]  # narrowed by `kind` above  # fmt: skip
                 return
 
     def eof_received(self) -> bool:
@@ -168,7 +168,7 @@ class WebSocketCarrier(asyncio.Protocol):
     def _on_upgraded(self) -> None:
         """The ``101``: attach the NNRP connection now, before the frames that came in the same read."""
         self._attached = True
-        self._nnrp.connection_made(self)  # type: ignore[arg-type]
+        self._nnrp.connection_made(self)  # type: ignore[arg-type]  # this carrier is the NNRP connection's transport
         if not self.upgraded.done():
             self.upgraded.set_result(None)
 

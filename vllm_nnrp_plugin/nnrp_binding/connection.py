@@ -176,7 +176,7 @@ class StreamSession:
         limits: SessionLimits,
         mark: Callable[[StreamSession], None],
         send_now: Callable[[StreamSession, ServerOperation, PartialResult], None],
-        send_credit: Callable[[int, int], None],
+        send_credit: Callable[[int, int], object],
         probe: SendProbe | None,
         *,
         paused: bool,
@@ -268,9 +268,9 @@ class NNRPConnection:
     def heard(self) -> None:
         """The client sent something (a read): its silence, which the handshake timeout bounds, ends now."""
         if self._handshake_timer is not None:
-            self._heard_at = self._loop.time()  # type: ignore[union-attr]
+            self._heard_at = self._loop.time()  # type: ignore[union-attr]  # the timer runs on the loop
 
-    def feed(self, data: bytes) -> bool:
+    def feed(self, data: bytes | bytearray) -> bool:
         """NNRP bytes from the client: every event they complete is handled at once. False when the rest of
         the input is not to be read: the connection ended for flooding, or handling it failed (a bug: logged,
         and the connection is aborted)."""
@@ -283,7 +283,7 @@ class NNRPConnection:
             else:  # a large read goes to the core in slices: one that floods stops costing at the next slice
                 view = memoryview(data)
                 for start in range(0, len(data), FEED_BYTES):
-                    for event in self._core.receive_data(view[start : start + FEED_BYTES]):  # type: ignore[arg-type]
+                    for event in self._core.receive_data(view[start : start + FEED_BYTES]):
                         if self._ending:
                             return False
                         self._handle(event)
@@ -443,34 +443,34 @@ class NNRPConnection:
     def _handle(self, event: object) -> None:
         kind = type(event)
         if kind is ev.OperationSubmitted:
-            self._on_submit(event)  # type: ignore[arg-type]
+            self._on_submit(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.OperationCancelled:
-            self._on_cancel(event)  # type: ignore[arg-type]
+            self._on_cancel(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.DeadlineReceived:
-            self._on_deadline(event)  # type: ignore[arg-type]
+            self._on_deadline(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.TraceContextReceived:
-            self._on_trace_context(event)  # type: ignore[arg-type]
+            self._on_trace_context(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.OperationSuperseded or kind is ev.PriorityUpdated or kind is ev.BudgetUpdated:
             self._on_control(event)
         elif kind is ev.SessionOpenRequested:
-            self._on_open(event)  # type: ignore[arg-type]
+            self._on_open(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.SessionClosed:
-            session = self._sessions.pop(event.session_id, None)  # type: ignore[attr-defined]
+            session = self._sessions.pop(event.session_id, None)  # type: ignore[attr-defined]  # narrowed by `kind` above
             if session is not None:
                 self._end_session(session, "client_closed_session")
         elif kind is ev.AuthenticationFailed:
-            self._handler.on_auth_refused(self.transport_name, event.presented)  # type: ignore[attr-defined]
+            self._handler.on_auth_refused(self.transport_name, event.presented)  # type: ignore[attr-defined]  # narrowed by `kind` above
         elif kind is ev.SessionDraining:
-            self._on_draining(event)  # type: ignore[arg-type]
+            self._on_draining(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.PacketRejected:
-            self._log_refusal(event)  # type: ignore[arg-type]
+            self._log_refusal(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.ConnectionEnded:
-            if event.error is not None:  # type: ignore[attr-defined]
+            if event.error is not None:  # type: ignore[attr-defined]  # narrowed by `kind` above
                 logger.warning("NNRP connection %d on %s closed: %s", self.connection_id, self.transport_name,
-                               loggable(event.error))  # type: ignore[attr-defined]  # fmt: skip
+                               loggable(event.error))  # type: ignore[attr-defined]  # narrowed by `kind` above  # fmt: skip
             self._lose_all("client_disconnected")
             self._write()
-            self._end("ended" if event.error is None else "failed")  # type: ignore[attr-defined]
+            self._end("ended" if event.error is None else "failed")  # type: ignore[attr-defined]  # narrowed by `kind` above
 
     def _log_refusal(self, event: ev.PacketRejected) -> None:
         """One INFO line per refused packet, at most ``RefusalLogLimiter``'s per window and connection; the
@@ -574,7 +574,7 @@ class NNRPConnection:
         """SUPERSEDE, PRIORITY_UPDATE, BUDGET_UPDATE for an active operation: the session's policy applies it."""
         session = self._sessions.get(event.session_id)
         sop = session.policy.ops.get(event.operation_id) if session is not None else None
-        if sop is None:
+        if sop is None or session is None:
             return
         kind = type(event)
         if kind is ev.OperationSuperseded:

@@ -88,6 +88,7 @@ def server_ssl_context(exposure: Exposure) -> ssl.SSLContext:
     ``nnrp/1``. Raises :class:`ListenError`."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    assert exposure.tls_cert_file is not None  # load_config refuses a TLS address without a certificate
     try:
         context.load_cert_chain(exposure.tls_cert_file, exposure.tls_key_file)
     except (OSError, ssl.SSLError, ValueError) as exc:

@@ -75,6 +75,7 @@ def server_configuration(exposure: Exposure) -> QuicConfiguration:
     """The server's QUIC configuration: ALPN ``nnrp/1`` (see the module docstring for clients offering none),
     the PEM certificate chain and key, no datagrams. Raises :class:`ListenError`."""
     configuration = QuicConfiguration(is_client=False, alpn_protocols=[ALPN], idle_timeout=IDLE_TIMEOUT_S)
+    assert exposure.tls_cert_file is not None  # load_config refuses a TLS address without a certificate
     try:
         configuration.load_cert_chain(exposure.tls_cert_file, exposure.tls_key_file)
     except (OSError, ValueError, TypeError) as exc:
@@ -91,7 +92,7 @@ class _AlpnWhenOffered(tls.Context):
     ALPN instead of refused (aioquic 1.x refuses it whenever the server lists protocols): nnrp-py's native
     QUIC client offers none. A client that offers ALPN still gets ``nnrp/1`` or ``no_application_protocol``."""
 
-    def _server_handle_hello(self, input_buf, initial_buf, handshake_buf, *rest):  # type: ignore[override]
+    def _server_handle_hello(self, input_buf, initial_buf, handshake_buf, *rest):
         start = input_buf.tell()
         offered = tls.pull_client_hello(input_buf).alpn_protocols
         input_buf.seek(start)
@@ -108,7 +109,7 @@ def _alpn_when_offered(quic: QuicConnection) -> None:
         initialize(peer_cid)
         quic.tls.__class__ = _AlpnWhenOffered
 
-    quic._initialize = _initialize  # type: ignore[method-assign]
+    quic._initialize = _initialize  # type: ignore[method-assign]  # aioquic's first-datagram hook
 
 
 class NNRPQuicConnection(QuicConnectionProtocol):
@@ -160,9 +161,9 @@ class NNRPQuicConnection(QuicConnectionProtocol):
         meant = self.nnrp_stream.event(event)
         kind = type(meant)
         if kind is StreamData:
-            self._on_stream_data(meant.data, meant.end)  # type: ignore[union-attr]
+            self._on_stream_data(meant.data, meant.end)  # type: ignore[union-attr]  # narrowed by `kind` above
         elif kind is StreamBroken:
-            self.fail(meant.code, meant.reason, frame_type=meant.frame_type)  # type: ignore[union-attr]
+            self.fail(meant.code, meant.reason, frame_type=meant.frame_type)  # type: ignore[union-attr]  # narrowed by `kind` above
         elif kind is qe.ConnectionTerminated:
             self._lose()
             self.on_terminated(self)

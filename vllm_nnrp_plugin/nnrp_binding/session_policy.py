@@ -57,7 +57,7 @@ class SessionPolicy:
         limits: SessionLimits,
         link: SessionLink,
         *,
-        send_credit: Callable[[int], None],
+        send_credit: Callable[[int], object],
     ) -> None:
         self._handler = handler
         self._limits = limits

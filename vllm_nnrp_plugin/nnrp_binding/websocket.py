@@ -90,7 +90,7 @@ class WebSocketConnection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = transport  # type: ignore[assignment]  # a stream protocol gets a Transport
         prepare(transport, self._tcp_nodelay)
         self.nnrp.attach(self)
         first, self._first = self._first, b""
@@ -104,20 +104,20 @@ class WebSocketConnection(asyncio.Protocol):
             for event in self._ws.receive_data(data):
                 kind = type(event)
                 if kind is mapping.Payload:
-                    if not nnrp.feed(event.data) or not self._open:  # type: ignore[union-attr]
+                    if not nnrp.feed(event.data) or not self._open:  # type: ignore[union-attr]  # narrowed by `kind` above
                         return
                 elif kind is mapping.UpgradeRequested:
-                    self._on_request(event.request)  # type: ignore[union-attr]
+                    self._on_request(event.request)  # type: ignore[union-attr]  # narrowed by `kind` above
                 elif kind is mapping.PingAnswered:
-                    self._write_raw(event.answer)  # type: ignore[union-attr]
+                    self._write_raw(event.answer)  # type: ignore[union-attr]  # narrowed by `kind` above
                 elif kind is mapping.PeerClosed:
-                    self._on_close(event)  # type: ignore[arg-type]
+                    self._on_close(event)  # type: ignore[arg-type]  # narrowed by `kind` above
                     return
                 elif kind is mapping.Failed:
-                    self._fail(event.code, event.reason)  # type: ignore[union-attr]
+                    self._fail(event.code, event.reason)  # type: ignore[union-attr]  # narrowed by `kind` above
                     return
                 elif kind is mapping.Malformed:  # a bad Upgrade request: the HTTP answer wsproto suggests, then close
-                    self._reject(event.error)  # type: ignore[union-attr]
+                    self._reject(event.error)  # type: ignore[union-attr]  # narrowed by `kind` above
                     return
         except RemoteProtocolError as exc:  # a bad Upgrade request read while answering one
             self._reject(exc)

@@ -115,7 +115,7 @@ class ChatBinding:
         if result.__class__ is EngineStream:
             return Call(stream=result.items(self._token_budget(request)))
         if inspect.isasyncgen(result):
-            return Call(stream=vllm_chunks(result, self._token_budget(request)))
+            return Call(stream=vllm_chunks(result, self._token_budget(request)))  # type: ignore[arg-type]  # of SSE str
         if hasattr(result, "choices"):
             return Call(body=normalise_body(result.model_dump(mode="json")))
         raise error_from_response(result)

@@ -155,7 +155,7 @@ class VLLMStream:
     def end(self) -> list[Item]:
         """The chunks still held back (the stream ended without the usage they waited for)."""
         held, self._held = self._held, []
-        return held
+        return held  # type: ignore[return-value]  # handed over, not shared: a list of chunks is one of items
 
     def _truthful(self, chunk: Chunk) -> list[Item]:
         choices = chunk.get("choices")
@@ -229,7 +229,7 @@ class _TextLane:
             return None
         delta = choice.get("delta")
         content = delta.get("content") if isinstance(delta, dict) else None
-        if not isinstance(content, str) or not content or len(delta) != 1:  # type: ignore[arg-type]
+        if not isinstance(content, str) or not content or len(delta) != 1:  # type: ignore[arg-type]  # a str content came from a dict delta
             return None
         start = data.find(cls._MARK)
         if start < 0:

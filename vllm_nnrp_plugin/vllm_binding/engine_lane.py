@@ -280,7 +280,7 @@ class EngineStream:
                         wrapper = middle.parser
                         try:
                             delta = wrapper.parser.parse_delta(
-                                completion.text, ids, turn.request,  # type: ignore[union-attr]
+                                completion.text, ids, turn.request,  # type: ignore[union-attr]  # a parser middle comes with its turn
                                 output.prompt_token_ids, finished=False)
                         except Exception as exc:  # vLLM's generator reports it, as when its own parse raises
                             wrapper.error = exc

@@ -44,7 +44,7 @@ def view_maker(serving: Any, namespace: dict[str, Any] | None = None) -> Callabl
     view_cls = type(base.__name__, (base,), body)
 
     def make(controls: RuntimeControls | None = None, engine: Any = None) -> Any:
-        view = object.__new__(view_cls)
+        view: Any = object.__new__(view_cls)  # a view of vLLM's serving object
         view.__dict__ = serving.__dict__
         if controls is None:
             view._nnrp_engine = engine

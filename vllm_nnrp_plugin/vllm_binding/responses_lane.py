@@ -126,7 +126,7 @@ async def _lane(events: AsyncGenerator[Any, None], contexts: AsyncIterator[Any],
                             delta = parse(output.text, ids if ids.__class__ is list else list(ids), request,
                                           last.prompt_token_ids, finished=False)  # fmt: skip
                         except Exception as exc:  # vLLM's processor raises it, as when its own parse raises
-                            parser.error = exc  # type: ignore[union-attr]
+                            parser.error = exc  # type: ignore[union-attr]  # parse is set with the parser
                             text = thought = None
                             other = True
                         else:
@@ -153,7 +153,7 @@ async def _lane(events: AsyncGenerator[Any, None], contexts: AsyncIterator[Any],
                                    "sequence_number": number(_Numbered()).sequence_number, "type": REASONING_DELTA}  # fmt: skip
                             continue
                     if delta is not None:
-                        parser.pending = delta  # type: ignore[union-attr]
+                        parser.pending = delta  # type: ignore[union-attr]  # a delta comes from the parser
             feed.output = ctx
             for event in await pump.yielded():
                 yield event
@@ -178,7 +178,7 @@ async def _lane(events: AsyncGenerator[Any, None], contexts: AsyncIterator[Any],
 def _processor_state(events: AsyncGenerator[Any, None]) -> Any:
     """The ``SimpleStreamingState`` of the ``processor`` vLLM's processor generator ``events`` made, or ``None``
     when its frame has no such local (the generator ended, or the line names it otherwise)."""
-    frame = events.ag_frame
+    frame = events.ag_frame  # type: ignore[attr-defined]  # vLLM's is a native async generator: it has a frame
     processor = None if frame is None else frame.f_locals.get("processor")
     state = getattr(processor, "state", None)
     return state if hasattr(state, "accumulated_text") else None

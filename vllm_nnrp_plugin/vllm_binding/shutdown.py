@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def drain_grace(grace_s: float, vllm_timeout_s: float | None, *, killed_at_timeo
 def stop_before_engine_shutdown(
     engine_client: Any,
     loop: asyncio.AbstractEventLoop,
-    drain: Callable[[float], Awaitable[None]],
+    drain: Callable[[float], Coroutine[Any, Any, None]],
     *,
     grace_s: float,
     killed_at_timeout: bool,

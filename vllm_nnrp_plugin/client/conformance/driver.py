@@ -27,7 +27,9 @@ from vllm_nnrp_plugin.client.profile_client import ProfileClient
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 
 HARNESS_KEYS = ("cancel_after_events", "raw_payload", "envelope_override")
-_TERMINALS = {"response.completed": "success", "response.error": "error", "response.cancelled": "cancelled"}
+_TERMINALS: dict[str | None, str] = {
+    "response.completed": "success", "response.error": "error", "response.cancelled": "cancelled",
+}
 
 
 def submission(case: dict[str, Any]) -> tuple[bytes | dict[str, Any], int | None]:
@@ -62,6 +64,7 @@ def run_case(client: ProfileClient, case: dict[str, Any], *, timeout_s: float) -
                 events.append(event.event or {"type": "response.cancelled", "reason": f"drop_reason_{event.drop_reason}"})
                 terminal = "cancelled"
                 break
+            assert event.event is not None  # only a drop may come without a profile event
             events.append(event.event)
             if event.terminal:
                 terminal = _TERMINALS.get(event.event.get("type"), "error")

@@ -99,7 +99,7 @@ class Call:
         self.request = request
         self.lib = library(request)
         self.operation: str | None = None
-        self.envelope: dict[str, Any] | None = None
+        self.envelope: dict[str, Any] = {}  # what to submit: set by plan()
         self.stream: sse.ChatChunkStream | ResponsesEventStream | None = None
         timeouts = request.extensions.get("timeout") or {}
         #: the longest silence between two events of the operation, the first one included (the request's read
@@ -231,6 +231,7 @@ class Call:
         starts with ``item``), or :data:`RESUBMIT` with the next :attr:`envelope`. Raises an ``httpx`` transport
         error."""
         event = self._event(item)
+        assert not isinstance(item, ClientError)  # _event raised it
         if not item.terminal:
             return None
         if event.get("type") == events.ERROR:
@@ -248,6 +249,7 @@ class Call:
         """The SSE bytes of one streamed item. Raises an ``httpx`` transport error for a failure or a drop."""
         assert self.stream is not None
         event = self._event(item)
+        assert not isinstance(item, ClientError)  # _event raised it
         if not item.terminal:
             return self.stream.feed(event)
         if event.get("type") == events.ERROR:

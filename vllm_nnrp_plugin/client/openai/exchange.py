@@ -149,6 +149,7 @@ class Exchange:
     async def _next(self) -> Item:
         if not self._ready:
             op, call = self.op, self.call
+            assert op is not None  # _submit ran first
             try:
                 async with asyncio.timeout(call.timeout_s):
                     events = await op.batch()

@@ -412,7 +412,7 @@ class Pool:
         if lane.in_flight or self._closed or self._is_first(lane) or lane not in link.lanes:
             return
         link.lanes.remove(lane)
-        if not link.lanes and link is not (self._links[:1] or [None])[0] and not link.opening:
+        if not link.lanes and link is not (self._links[0] if self._links else None) and not link.opening:
             with contextlib.suppress(ValueError):
                 self._links.remove(link)
             self._spawn(link.conn.close())

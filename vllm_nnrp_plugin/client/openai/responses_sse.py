@@ -47,7 +47,7 @@ from vllm_nnrp_plugin.profile import events
 #: the keys of a replayed vLLM event (``openai_chunk``) that :meth:`ResponsesEventStream._event` writes itself
 _RENUMBERED = frozenset({"type", "sequence_number"})
 #: request fields the in-progress Response repeats, with vLLM's default when the request has none
-_REQUEST_FIELDS = {
+_REQUEST_FIELDS: dict[str, Any] = {
     "instructions": None, "max_output_tokens": None, "metadata": None, "parallel_tool_calls": True,
     "previous_response_id": None, "temperature": None, "tool_choice": "auto", "tools": [], "top_p": None,
 }  # fmt: skip
@@ -63,7 +63,7 @@ class ResponsesEventStream:
 
     def __init__(self, *, response_id: str, created_at: int, request: dict[str, Any]) -> None:
         self._id = response_id
-        self._initial = {
+        self._initial: dict[str, Any] = {
             "id": response_id, "object": "response", "created_at": created_at, "model": request.get("model"),
             "status": "in_progress", "output": [], "error": None, "incomplete_details": None, "usage": None,
             **{key: request.get(key, default) for key, default in _REQUEST_FIELDS.items()},

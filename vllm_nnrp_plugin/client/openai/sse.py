@@ -44,7 +44,7 @@ EMBEDDINGS_PATH = "/embeddings"
 #: the paths of vLLM's that the transport maps to profile operations
 SERVED_PATHS = (CHAT_PATH, RESPONSES_PATH, EMBEDDINGS_PATH, MODELS_PATH)
 #: the status of a terminal ``response.error`` whose RESULT_PUSH status is not an HTTP error status
-_STATUS_BY_CODE = {
+_STATUS_BY_CODE: dict[str | None, int] = {
     E.MODEL_NOT_FOUND: 404, E.ENVELOPE_TOO_LARGE: 413, E.TOO_MANY_REQUESTS: 429, E.CLIENT_TOO_SLOW: 429,
     E.BACKEND_ERROR: 500, E.SERVER_SHUTDOWN: 503, E.REQUEST_TIMEOUT: 504,
 }  # fmt: skip

@@ -119,14 +119,15 @@ class _Transport:
         self._uri = uri
         #: the bound on every call's whole operation (s; None: only the read timeout's silence bound)
         self.operation_timeout_s = operation_timeout_s
-        self._pool_options = {"max_connections": max_connections,
+        self._pool_options: dict[str, Any] = {"max_connections": max_connections,
                               "max_sessions_per_connection": max_sessions_per_connection,
                               "trusted_cert_der": trusted_cert_der, "tls_ca_file": tls_ca_file,
                               "priority_class": priority_class}  # fmt: skip
 
-    def _new_pool(self, api_key: str | None) -> Pool | FleetPool:
+    def _new_pool(self, api_key: str | None) -> Pool:
         if is_fleet(self._uri):  # several addresses, or a list: one pool per replica, calls moved when unstarted
-            return FleetPool(self._uri, api_key=api_key, **self._pool_options)
+            # a FleetPool serves where a Pool does: the same acquire/release/aclose/abort/loop
+            return FleetPool(self._uri, api_key=api_key, **self._pool_options)  # type: ignore[return-value]  # duck-typed
         return Pool(self._uri, api_key=api_key, **self._pool_options)
 
 
