@@ -99,7 +99,7 @@ class Call:
         self.request = request
         self.lib = library(request)
         self.operation: str | None = None
-        self.envelope: dict[str, Any] = {}  # what to submit: set by plan()
+        self.envelope: dict[str, Any] | None = None
         self.stream: sse.ChatChunkStream | ResponsesEventStream | None = None
         timeouts = request.extensions.get("timeout") or {}
         #: the longest silence between two events of the operation, the first one included (the request's read
@@ -133,11 +133,13 @@ class Call:
             return _json(400, {"error": {"message": total_ms, "type": "BadRequestError", "param": None,
                                          "code": E.INVALID_REQUEST}}, self.request)  # fmt: skip
         answer = self._plan()
-        if answer is None and priority is not None:
+        if answer is not None or self.envelope is None:  # answered at once: nothing to submit
+            return answer
+        if priority is not None:
             self.envelope["nnrp"] = {**self.envelope.get("nnrp", {}), "priority_class": priority}
-        if answer is None and total_ms is not None:
+        if total_ms is not None:
             self.envelope["nnrp"] = {**self.envelope.get("nnrp", {}), "timeout_ms": total_ms}
-        return answer
+        return None
 
     def _operation_timeout_ms(self) -> int | str | None:
         """The whole operation's bound asked for (ms): the ``X-NNRP-Timeout-Ms`` header, else the transport's

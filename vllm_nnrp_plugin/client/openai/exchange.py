@@ -138,6 +138,7 @@ class Exchange:
         except ClientError as exc:
             call.ended = True
             raise call.lib.ConnectError(f"NNRP: {exc}", request=call.request) from exc
+        assert call.envelope is not None  # planned without an answer: there is an envelope to submit
         try:
             self.op = lane.session.submit(call.envelope, trace=self.trace)
         except ClientError as exc:  # the connection was lost just now
