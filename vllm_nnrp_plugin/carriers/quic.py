@@ -71,14 +71,13 @@ class NNRPStream:
         """What ``event`` means for the NNRP stream: :class:`StreamData`, :class:`StreamBroken`, ``None``
         (nothing), or the event itself when it is about the connection, not the stream (the shell's:
         ``HandshakeCompleted``, ``ConnectionTerminated``, …)."""
-        kind = type(event)
-        if kind is qe.StreamDataReceived:
-            if event.stream_id != NNRP_STREAM_ID:  # type: ignore[attr-defined]  # narrowed by `kind` above
+        if type(event) is qe.StreamDataReceived:
+            if event.stream_id != NNRP_STREAM_ID:
                 return StreamBroken(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream, the "
                                     "client's first bidirectional one", QuicFrameType.STREAM_BASE)  # fmt: skip
-            return StreamData(event.data, event.end_stream)  # type: ignore[attr-defined]  # narrowed by `kind` above
-        if kind is qe.StreamReset or kind is qe.StopSendingReceived:
-            if event.stream_id == NNRP_STREAM_ID:  # type: ignore[attr-defined]  # narrowed by `kind` above
+            return StreamData(event.data, event.end_stream)
+        if type(event) is qe.StreamReset or type(event) is qe.StopSendingReceived:
+            if event.stream_id == NNRP_STREAM_ID:
                 return StreamBroken(QuicErrorCode.NO_ERROR, f"the {self._peer} reset the NNRP stream")
             return StreamBroken(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream",
                                 QuicFrameType.STREAM_BASE)  # fmt: skip

@@ -215,35 +215,34 @@ class NNRPWebSocket:
         try:
             self._ws.receive_data(data)
             for event in self._ws.events():
-                kind = type(event)
-                if kind is BytesMessage:
-                    data = event.data  # type: ignore[attr-defined]  # narrowed by `kind` above
-                    self._message_bytes += len(data)
+                if type(event) is BytesMessage:
+                    payload = event.data
+                    self._message_bytes += len(payload)
                     if self._max is not None and self._message_bytes > self._max:
                         yield Failed(CLOSE_MESSAGE_TOO_BIG, f"a message over {self._max} bytes")
                         return
-                    if data:
-                        self._boundary.feed(data)
-                        yield Payload(data)
-                    if event.message_finished:  # type: ignore[attr-defined]  # narrowed by `kind` above
+                    if payload:
+                        self._boundary.feed(payload)
+                        yield Payload(payload)
+                    if event.message_finished:
                         if not self._boundary.at_boundary or not self._message_bytes:
                             yield Failed(CLOSE_PROTOCOL_ERROR, self._reasons["not_whole"])
                             return
                         self._message_bytes = 0
-                elif kind is Request:
-                    yield UpgradeRequested(event)  # type: ignore[arg-type]  # narrowed by `kind` above
-                elif kind is Ping:
-                    yield PingAnswered(self.send(event.response()))  # type: ignore[attr-defined]  # narrowed by `kind` above
-                elif kind is CloseConnection:
-                    yield self._close_received(event)  # type: ignore[arg-type]  # narrowed by `kind` above
+                elif type(event) is Request:
+                    yield UpgradeRequested(event)
+                elif type(event) is Ping:
+                    yield PingAnswered(self.send(event.response()))
+                elif type(event) is CloseConnection:
+                    yield self._close_received(event)
                     return
-                elif kind is TextMessage:
+                elif type(event) is TextMessage:
                     yield Failed(CLOSE_UNSUPPORTED_DATA, self._reasons["text"])
                     return
-                elif kind is AcceptConnection:
+                elif type(event) is AcceptConnection:
                     yield Upgraded()
-                elif kind is RejectConnection:
-                    yield UpgradeRefused(event.status_code)  # type: ignore[attr-defined]  # narrowed by `kind` above
+                elif type(event) is RejectConnection:
+                    yield UpgradeRefused(event.status_code)
                     return
                 # Pong, RejectData: nothing to do
         except RemoteProtocolError as exc:

@@ -182,18 +182,17 @@ class QuicCarrier(QuicConnectionProtocol):
 
     def quic_event_received(self, event: qe.QuicEvent) -> None:
         meant = self._stream.event(event)
-        kind = type(meant)
-        if kind is StreamData:
+        if type(meant) is StreamData:
             if self._lost_told:
                 return
-            if meant.data:  # type: ignore[union-attr]  # narrowed by `kind` above
-                self._nnrp.data_received(meant.data)  # type: ignore[union-attr]  # narrowed by `kind` above
-            if meant.end and not self._lost_told:  # type: ignore[union-attr]  # narrowed by `kind` above
+            if meant.data:
+                self._nnrp.data_received(meant.data)
+            if meant.end and not self._lost_told:
                 self._nnrp.eof_received()  # the Connection closes this carrier in turn
-        elif kind is StreamBroken:
-            self._fail(meant.code, meant.reason, frame_type=meant.frame_type)  # type: ignore[union-attr]  # narrowed by `kind` above
-        elif kind is qe.HandshakeCompleted:
-            self.alpn_protocol = meant.alpn_protocol  # type: ignore[union-attr]  # narrowed by `kind` above
+        elif type(meant) is StreamBroken:
+            self._fail(meant.code, meant.reason, frame_type=meant.frame_type)
+        elif type(meant) is qe.HandshakeCompleted:
+            self.alpn_protocol = meant.alpn_protocol
             self._attached = True
             self._nnrp.connection_made(self)  # type: ignore[arg-type]  # this carrier is the NNRP connection's transport
             if not self.handshake.done():

@@ -114,35 +114,34 @@ class WebSocketCarrier(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         for event in self._ws.receive_data(data):
-            kind = type(event)
-            if kind is mapping.Payload:
-                self._nnrp.data_received(bytes(event.data))  # type: ignore[union-attr]  # narrowed by `kind` above
+            if type(event) is mapping.Payload:
+                self._nnrp.data_received(bytes(event.data))
                 if self._lost_told or self._tcp is None:
                     return
-            elif kind is mapping.PingAnswered:
-                self._send(event.answer)  # type: ignore[union-attr]  # narrowed by `kind` above
-            elif kind is mapping.PeerClosed:
-                self._on_close(event)  # type: ignore[arg-type]  # narrowed by `kind` above
+            elif type(event) is mapping.PingAnswered:
+                self._send(event.answer)
+            elif type(event) is mapping.PeerClosed:
+                self._on_close(event)
                 return
-            elif kind is mapping.CloseAnswered:  # the answer to our close frame
+            elif type(event) is mapping.CloseAnswered:  # the answer to our close frame
                 self._close_tcp()
                 return
-            elif kind is mapping.Failed:
-                self._fail(event.code, event.reason)  # type: ignore[union-attr]  # narrowed by `kind` above
+            elif type(event) is mapping.Failed:
+                self._fail(event.code, event.reason)
                 return
-            elif kind is mapping.Upgraded:
+            elif type(event) is mapping.Upgraded:
                 self._on_upgraded()
-            elif kind is mapping.UpgradeRefused:
+            elif type(event) is mapping.UpgradeRefused:
                 self._refused(f"the server refused the WebSocket Upgrade of {self._path}: HTTP "
-                              f"{event.status_code}")  # type: ignore[union-attr]  # narrowed by `kind` above  # fmt: skip
+                              f"{event.status_code}")  # fmt: skip
                 return
-            elif kind is mapping.Malformed:
+            elif type(event) is mapping.Malformed:
                 if not self._attached:
                     self._refused(f"the server's answer to the WebSocket Upgrade is not RFC 6455's: "
-                                  f"{event.error}")  # type: ignore[union-attr]  # narrowed by `kind` above  # fmt: skip
+                                  f"{event.error}")  # fmt: skip
                 else:
                     self._fail(mapping.CLOSE_PROTOCOL_ERROR, f"malformed WebSocket data from the server: "
-                               f"{event.error}")  # type: ignore[union-attr]  # narrowed by `kind` above  # fmt: skip
+                               f"{event.error}")  # fmt: skip
                 return
 
     def eof_received(self) -> bool:

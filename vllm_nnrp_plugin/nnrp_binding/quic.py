@@ -159,12 +159,11 @@ class NNRPQuicConnection(QuicConnectionProtocol):
 
     def quic_event_received(self, event: qe.QuicEvent) -> None:
         meant = self.nnrp_stream.event(event)
-        kind = type(meant)
-        if kind is StreamData:
-            self._on_stream_data(meant.data, meant.end)  # type: ignore[union-attr]  # narrowed by `kind` above
-        elif kind is StreamBroken:
-            self.fail(meant.code, meant.reason, frame_type=meant.frame_type)  # type: ignore[union-attr]  # narrowed by `kind` above
-        elif kind is qe.ConnectionTerminated:
+        if type(meant) is StreamData:
+            self._on_stream_data(meant.data, meant.end)
+        elif type(meant) is StreamBroken:
+            self.fail(meant.code, meant.reason, frame_type=meant.frame_type)
+        elif type(meant) is qe.ConnectionTerminated:
             self._lose()
             self.on_terminated(self)
 

@@ -102,22 +102,21 @@ class WebSocketConnection(asyncio.Protocol):
         nnrp.heard()
         try:
             for event in self._ws.receive_data(data):
-                kind = type(event)
-                if kind is mapping.Payload:
-                    if not nnrp.feed(event.data) or not self._open:  # type: ignore[union-attr]  # narrowed by `kind` above
+                if type(event) is mapping.Payload:
+                    if not nnrp.feed(event.data) or not self._open:
                         return
-                elif kind is mapping.UpgradeRequested:
-                    self._on_request(event.request)  # type: ignore[union-attr]  # narrowed by `kind` above
-                elif kind is mapping.PingAnswered:
-                    self._write_raw(event.answer)  # type: ignore[union-attr]  # narrowed by `kind` above
-                elif kind is mapping.PeerClosed:
-                    self._on_close(event)  # type: ignore[arg-type]  # narrowed by `kind` above
+                elif type(event) is mapping.UpgradeRequested:
+                    self._on_request(event.request)
+                elif type(event) is mapping.PingAnswered:
+                    self._write_raw(event.answer)
+                elif type(event) is mapping.PeerClosed:
+                    self._on_close(event)
                     return
-                elif kind is mapping.Failed:
-                    self._fail(event.code, event.reason)  # type: ignore[union-attr]  # narrowed by `kind` above
+                elif type(event) is mapping.Failed:
+                    self._fail(event.code, event.reason)
                     return
-                elif kind is mapping.Malformed:  # a bad Upgrade request: the HTTP answer wsproto suggests, then close
-                    self._reject(event.error)  # type: ignore[union-attr]  # narrowed by `kind` above
+                elif type(event) is mapping.Malformed:  # a bad Upgrade request: wsproto's HTTP answer, then close
+                    self._reject(event.error)
                     return
         except RemoteProtocolError as exc:  # a bad Upgrade request read while answering one
             self._reject(exc)

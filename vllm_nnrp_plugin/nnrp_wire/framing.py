@@ -231,7 +231,7 @@ class PacketBoundary:
     def at_boundary(self) -> bool:
         return not self._rest and not self._head
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
         pos, end = 0, len(data)
         while pos < end:
             if self._rest:
