@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from compat.launcher import free_port
-from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
 from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
 from vllm_nnrp_plugin.profile.chat_stream import TextDelta

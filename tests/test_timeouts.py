@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.support import RecordedBackend, ServedNNRP, envelope, free_port, recorded_budget, sse_items, wait_until
-from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.client import connect
 from vllm_nnrp_plugin.client.errors import ClientTimeout
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport

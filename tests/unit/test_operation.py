@@ -4,8 +4,8 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import (
+from vllm_nnrp_plugin.observability.observation import Observation
+from vllm_nnrp_plugin.core.operation import (
     TRANSITIONS,
     DropReason,
     Effect,

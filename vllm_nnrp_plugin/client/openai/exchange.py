@@ -31,7 +31,7 @@ its private loop thread), as httpcore's sync and async pools are shells around o
   request) — each of the request's library (``httpx`` or ``httpx2``), which the SDK raises as
   ``APIConnectionError`` / ``APITimeoutError``.
 * **Cancelling** the task that awaits :meth:`respond` or :meth:`items` raises ``CancelledError`` in it and sends
-  FRAME_CANCEL (the wait is the operation's own, :meth:`vllm_nnrp_plugin.client.connection.Operation.batch`; the
+  FRAME_CANCEL (the wait is the operation's own, :meth:`vllm_nnrp_plugin.client.aio.connection.Operation.batch`; the
   timeout is ``asyncio.timeout``, which never swallows a cancel as 3.11's ``asyncio.wait_for`` can, CPython
   gh-86296).
 """
@@ -45,7 +45,7 @@ from typing import Any
 
 from opentelemetry import trace as otel_trace
 
-from vllm_nnrp_plugin.client.connection import Operation
+from vllm_nnrp_plugin.client.aio.connection import Operation
 from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
 from vllm_nnrp_plugin.client.openai.calls import RESUBMIT, Call, Item
 from vllm_nnrp_plugin.client.openai.pool import Pool

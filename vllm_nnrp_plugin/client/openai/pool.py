@@ -48,9 +48,9 @@ from typing import Any
 
 from nnrp.core.enums import MessageType
 
-from vllm_nnrp_plugin.client.connection import Connection, Session, connect
+from vllm_nnrp_plugin.client.aio.connection import Connection, Session, connect
 from vllm_nnrp_plugin.client.errors import ClientConnectionError, ClientError
-from vllm_nnrp_plugin.controls import priority_class_of
+from vllm_nnrp_plugin.core.controls import priority_class_of
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
@@ -115,7 +115,7 @@ class _Link:
 
 
 class Pool:
-    """Sessions to ``uri`` (any form of :func:`vllm_nnrp_plugin.client.connection.connect`: ``tcp://``,
+    """Sessions to ``uri`` (any form of :func:`vllm_nnrp_plugin.client.aio.connection.connect`: ``tcp://``,
     ``unix://``, ``ws://``, and the TLS ones ``nnrps://``, ``wss://``, ``quic://`` with ``trusted_cert_der`` (DER),
     ``tls_ca_file`` (PEM) or the system's trust store) for one client and one ``api_key`` (sent by
     every connection it makes), on the running loop it is made on (module docstring for the policy). Every
