@@ -6,7 +6,9 @@ no poll, one event loop. Its public names (:func:`connect`, :class:`Connection`,
   unix sockets directly;
 * :mod:`.websocket`, :mod:`.quic` — the asyncio shells of the :mod:`vllm_nnrp_plugin.carriers` mappings for
   ``ws(s)://`` and ``quic://``;
-* :mod:`.priority` — an operation's own priority class in its envelope.
+* :mod:`.priority` — an operation's own priority class in its envelope;
+* :mod:`.pool` — sessions on connections to one endpoint, sized by the server's credit (what the ``openai``
+  transports and each replica of a fleet run on).
 
 Named ``aio`` so that it never shadows the standard library's ``asyncio``.
 """

@@ -1,5 +1,5 @@
 """The asyncio shell of :mod:`vllm_nnrp_plugin.client.fleet.policy`: one pool of sessions
-(:class:`vllm_nnrp_plugin.client.openai.pool.Pool`) per replica, a call placed on the replica with the most free
+(:class:`vllm_nnrp_plugin.client.aio.pool.Pool`) per replica, a call placed on the replica with the most free
 capacity, and a call whose replica went away before it produced anything submitted once more elsewhere.
 
 ::
@@ -45,7 +45,7 @@ from vllm_nnrp_plugin.contract import draining
 from vllm_nnrp_plugin.client.fleet import policy
 from vllm_nnrp_plugin.client.aio.connection import address_of
 from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientConnectionError, ClientError
-from vllm_nnrp_plugin.client.openai.pool import Lane, Pool
+from vllm_nnrp_plugin.client.aio.pool import Lane, Pool
 
 __all__ = ["FailoverOperation", "FleetLane", "FleetPool", "check_spec", "is_fleet"]
 
@@ -117,7 +117,7 @@ class FleetLane:
 
 class FleetPool:
     """Sessions to a fleet of replicas (module docstring). ``spec``: a list of NNRP addresses or a string of
-    comma-separated ones; ``options``: every replica pool's (:class:`vllm_nnrp_plugin.client.openai.pool.Pool`:
+    comma-separated ones; ``options``: every replica pool's (:class:`vllm_nnrp_plugin.client.aio.pool.Pool`:
     ``api_key``, ``trusted_cert_der``, ``priority_class``, ``max_connections``,
     ``max_sessions_per_connection``); ``resolve``: ``await resolve(host, port)`` → addresses (default
     ``loop.getaddrinfo``). Made on the running loop that runs it. Raises ``ValueError`` for an unusable spec."""

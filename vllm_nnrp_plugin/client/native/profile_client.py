@@ -1,7 +1,7 @@
 """A small ``openai-compatible/1`` client over nnrp-py's native client (used by ``vllm-nnrp``, the conformance
 driver and the tests, as the oracle of nnrp-py's own client). One session, no fan-out: more operations at once
 than the session's ``max_in_flight_per_session`` get ``too_many_requests`` (the ``openai`` transports fan out,
-:mod:`vllm_nnrp_plugin.client.openai.pool`).
+:mod:`vllm_nnrp_plugin.client.aio.pool`).
 
 ::
 

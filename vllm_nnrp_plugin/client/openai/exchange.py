@@ -9,7 +9,7 @@ its private loop thread), as httpcore's sync and async pools are shells around o
     items = await exchange.items()                   # a stream's next events (at least one)
     exchange.abandon()                               # the caller stopped listening: FRAME_CANCEL
 
-* **Submit**: a slot of a pooled session (:meth:`vllm_nnrp_plugin.client.openai.pool.Pool.acquire`, waiting at most the
+* **Submit**: a slot of a pooled session (:meth:`vllm_nnrp_plugin.client.aio.pool.Pool.acquire`, waiting at most the
   request's pool timeout: ``PoolTimeout``), then FRAME_SUBMIT, and for a traced call its own TRACE_CONTEXT in the
   same write. The server reads both in one ``data_received`` and dispatches the operation to vLLM in a task that
   runs in a later loop iteration (:mod:`vllm_nnrp_plugin.nnrp_binding.connection`, ``_on_submit`` →
@@ -48,7 +48,7 @@ from opentelemetry import trace as otel_trace
 from vllm_nnrp_plugin.client.aio.connection import Operation
 from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
 from vllm_nnrp_plugin.client.openai.calls import RESUBMIT, Call, Item
-from vllm_nnrp_plugin.client.openai.pool import Pool
+from vllm_nnrp_plugin.client.aio.pool import Pool
 from vllm_nnrp_plugin.client.events import operation_event
 
 __all__ = ["REFUSAL_RETRIES", "Exchange", "trace_of_caller"]

@@ -25,12 +25,12 @@ asyncio client (:func:`vllm_nnrp_plugin.client.aio.connection.connect`): ``tcp:/
   document on a server without it). Anything else → FastAPI's 404/405. The routing and the answers are
   :mod:`vllm_nnrp_plugin.client.openai.calls`; the exchange (submit, refusals, timeouts, cancel) is
   :mod:`vllm_nnrp_plugin.client.openai.exchange`; the sessions it runs on are
-  :mod:`vllm_nnrp_plugin.client.openai.pool`.
+  :mod:`vllm_nnrp_plugin.client.aio.pool`.
 * ``response.error`` → its HTTP status and vLLM's error body (so the SDK raises ``NotFoundError``,
   ``BadRequestError``, ``RateLimitError``, ``InternalServerError``, …), except ``request_timeout``, which is
   ``ReadTimeout`` (the SDK's ``APITimeoutError``), as when the SDK's own timeout fires over HTTP.
 * Fan-out: concurrent calls share the transport's sessions and connections, which grow with the calls by the
-  server's credit (``max_connections``, ``max_sessions_per_connection``: :mod:`vllm_nnrp_plugin.client.openai.pool`),
+  server's credit (``max_connections``, ``max_sessions_per_connection``: :mod:`vllm_nnrp_plugin.client.aio.pool`),
   and calls beyond that wait their turn (the request's pool timeout) instead of being refused.
 * A fleet: several endpoints (a list, or one string of comma-separated ones; a list of one for a balancer's
   address or a host name with several addresses) run one pool per replica: each call goes to the replica with
@@ -81,7 +81,7 @@ from vllm_nnrp_plugin.contract.auth_block import AuthBlockError
 from vllm_nnrp_plugin.client.openai.calls import Call, Item
 from vllm_nnrp_plugin.client.openai.exchange import Exchange, trace_of_caller
 from vllm_nnrp_plugin.client.fleet.pool import FleetPool, check_spec, is_fleet
-from vllm_nnrp_plugin.client.openai.pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
+from vllm_nnrp_plugin.client.aio.pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
 from vllm_nnrp_plugin.core.controls import priority_class_of
 
 __all__ = ["AsyncNNRPTransport", "NNRPTransport"]
@@ -176,7 +176,7 @@ def _stop_at_exit() -> None:
 class NNRPTransport(_Transport):
     """A sync ``httpx.Client`` / ``httpx2.Client`` transport to an NNRP endpoint (module docstring). Thread-safe.
     ``max_connections`` / ``max_sessions_per_connection``: the pool's bounds
-    (:mod:`vllm_nnrp_plugin.client.openai.pool`). ``trusted_cert_der`` (DER bytes) or ``tls_ca_file`` (path of a
+    (:mod:`vllm_nnrp_plugin.client.aio.pool`). ``trusted_cert_der`` (DER bytes) or ``tls_ca_file`` (path of a
     PEM file of CA or server certificates, e.g. the ``nnrp.crt`` of docs/operating.md's TLS walk-through): what
     ``nnrps://``, ``wss://`` and ``quic://`` trust instead of the system's store, as for
     :func:`~vllm_nnrp_plugin.client.aio.connection.connect`. ``priority_class``: the NNRP priority class of every

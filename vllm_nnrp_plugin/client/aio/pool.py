@@ -1,5 +1,7 @@
-"""The openai transports' fan-out: NNRP sessions on connections to one endpoint, on one event loop, sized by the
-server's credit, so that N concurrent calls of one client all run, as over HTTP, instead of being refused.
+"""A fan-out of the asyncio client: NNRP sessions on connections to one endpoint, on one event loop, sized by the
+server's credit, so that N concurrent calls of one client all run, as over HTTP, instead of being refused. What the
+``openai`` transports (:mod:`vllm_nnrp_plugin.client.openai`) run on, one per replica under a fleet
+(:mod:`vllm_nnrp_plugin.client.fleet.pool`).
 
 ::
 
