@@ -20,8 +20,8 @@ import pathlib
 import time
 
 from bench.results import Result, Target
-from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.core.operation import Operation
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import VLLMStream, vllm_chunks
 

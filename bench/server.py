@@ -26,10 +26,10 @@ import attrs
 import orjson
 from prometheus_client import CollectorRegistry
 
-from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.config import NNRPConfig
-from vllm_nnrp_plugin.nnrp_binding.listener import ListenerHooks
+from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.core.operation import PartialResult
+from vllm_nnrp_plugin.nnrp_binding.listener import ListenerHooks
 from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
 from vllm_nnrp_plugin.service import NNRPService

@@ -15,8 +15,6 @@ import pytest
 
 from tests.support import ServedNNRP, free_port, until
 from tests.test_openai_fanout import NONSTREAM_TEXT, SDK_LIB, TEXT
-from vllm_nnrp_plugin.contract import draining
-from vllm_nnrp_plugin.client.fleet import policy
 from vllm_nnrp_plugin.client.aio.connection import connect
 from vllm_nnrp_plugin.client.errors import (
     ClientAddressError,
@@ -24,8 +22,10 @@ from vllm_nnrp_plugin.client.errors import (
     ClientTimeout,
     SessionOpenError,
 )
+from vllm_nnrp_plugin.client.fleet import policy
 from vllm_nnrp_plugin.client.fleet.pool import FleetPool
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.contract import draining
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 A, B = "tcp://127.0.0.2:1", "tcp://127.0.0.3:1"

@@ -35,12 +35,12 @@ from wsproto.events import (
 )
 
 from tests.support import ServedNNRP, envelope, free_port, self_signed
+from vllm_nnrp_plugin.carriers.websocket import binary_frames
 from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.contract.auth_block import bearer_block
 from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
-from vllm_nnrp_plugin.carriers.websocket import binary_frames
 from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection

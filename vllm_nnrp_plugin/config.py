@@ -57,7 +57,6 @@ from typing import Any
 import attrs
 import cattrs
 
-from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.contract.endpoints import (
     DEFAULT_LISTEN,
     QUIC_INSTALL,
@@ -67,6 +66,7 @@ from vllm_nnrp_plugin.contract.endpoints import (
     parse_endpoint,
     quic_available,
 )
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import LEVELS
 

@@ -34,20 +34,20 @@ from collections.abc import Callable, Sequence
 from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
-from vllm_nnrp_plugin.observability import metrics, tracing
-from vllm_nnrp_plugin.core.adapter import AdapterLimits, Backend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
-from vllm_nnrp_plugin.core.limits import SessionLimits, Slots
-from vllm_nnrp_plugin.observability.log_safety import RefusalLogLimiter
 from vllm_nnrp_plugin.contract.endpoints import Carrier, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.core.adapter import AdapterLimits, Backend, run_operation
+from vllm_nnrp_plugin.core.limits import SessionLimits, Slots
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys
 from vllm_nnrp_plugin.nnrp_binding.bounds import CarrierBounds, packet_limit
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.listener import Listener, ListenerHooks
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation
+from vllm_nnrp_plugin.observability import metrics, tracing
+from vllm_nnrp_plugin.observability.log_safety import RefusalLogLimiter
+from vllm_nnrp_plugin.observability.observation import COMPLETED, Observation, log_fields, log_line
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import with_limits
-from vllm_nnrp_plugin.observability.observation import COMPLETED, Observation, log_fields, log_line
 
 logger = logging.getLogger(__name__)
 

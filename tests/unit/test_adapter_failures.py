@@ -17,8 +17,8 @@ from tests.support import envelope
 from vllm_nnrp_plugin.core import adapter
 from vllm_nnrp_plugin.core.adapter import AdapterLimits, Call, run_operation
 from vllm_nnrp_plugin.core.controls import RuntimeControls
-from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.core.operation import Operation, ResultPush, Terminal
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
 

@@ -12,9 +12,9 @@ import pytest
 
 from nnrp.core import PayloadKind, ResultFlags, ResultPushMetadata
 
-from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.client import ClientError, connect
 from vllm_nnrp_plugin.client.aio.priority import with_priority_class
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
 

@@ -7,8 +7,8 @@ import pytest
 
 from tests.unit import fakes
 from vllm_nnrp_plugin.core import operation as operation_module
-from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.core.operation import EarlyDeadlines, Operation, Terminal
+from vllm_nnrp_plugin.observability.observation import Observation
 
 
 def rules() -> Operation:

@@ -17,11 +17,11 @@ from tests.unit.test_properties import CAPABILITIES, MAX_BYTES
 from vllm_nnrp_plugin.core.adapter import AdapterLimits, Call, run_operation
 from vllm_nnrp_plugin.core.controls import RuntimeControls, priority_class_of
 from vllm_nnrp_plugin.core.limits import SessionLimits
-from vllm_nnrp_plugin.observability.metrics import metrics_for
+from vllm_nnrp_plugin.core.operation import DropReason, Operation, ResultDrop
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation, SessionLink
 from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
+from vllm_nnrp_plugin.observability.metrics import metrics_for
 from vllm_nnrp_plugin.observability.observation import Observation
-from vllm_nnrp_plugin.core.operation import DropReason, Operation, ResultDrop
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.vllm_binding.serving import with_controls

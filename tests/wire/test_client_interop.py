@@ -22,8 +22,8 @@ from nnrp.server import (
     listen_native_server,
 )
 
-from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.client import ClientConnectionError, connect
+from vllm_nnrp_plugin.contract import wire_mapping
 from tests.support import self_signed, wait_until
 from tests.wire.native_accept import Acceptor
 

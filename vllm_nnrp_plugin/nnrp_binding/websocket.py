@@ -39,9 +39,9 @@ from wsproto.events import Request
 from wsproto.utilities import RemoteProtocolError
 
 from vllm_nnrp_plugin.carriers import websocket as mapping
-from vllm_nnrp_plugin.observability.log_safety import loggable
 from vllm_nnrp_plugin.nnrp_binding.connection import NNRPConnection
 from vllm_nnrp_plugin.nnrp_binding.stream import prepare, unread_bytes
+from vllm_nnrp_plugin.observability.log_safety import loggable
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import typing
 from typing import Any
 
 from vllm_nnrp_plugin.core.adapter import Call
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile.capabilities import chat_operation
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_body, vllm_chunks
-from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, has_parser, lane_serving, serving_fits
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 from vllm_nnrp_plugin.vllm_binding.families import Binding, has_tool_parser

@@ -56,8 +56,8 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.contract.endpoints import DEFAULT_LISTEN
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
 
 #: where the key comes from when ``--api-key`` is not given, in order (vLLM's server variable, the SDK's)
 API_KEY_ENVS = ("VLLM_API_KEY", "OPENAI_API_KEY")
@@ -257,9 +257,9 @@ def embed_envelope(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any) -> int:
     """Submit ``envelope`` and show its events with ``printer`` until the terminal; the exit status."""
+    from vllm_nnrp_plugin.client.cli.fleet import is_fleet_endpoint, run_on_fleet
     from vllm_nnrp_plugin.client.errors import ClientError
     from vllm_nnrp_plugin.client.events import operation_event
-    from vllm_nnrp_plugin.client.cli.fleet import is_fleet_endpoint, run_on_fleet
 
     if is_fleet_endpoint(args.endpoint):  # several addresses: the fleet's replicas (:mod:`.fleet`)
         return await run_on_fleet(args, envelope, printer, api_key_of(args))

@@ -41,11 +41,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from vllm_nnrp_plugin.contract import draining
-from vllm_nnrp_plugin.client.fleet import policy
 from vllm_nnrp_plugin.client.aio.connection import address_of
-from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientConnectionError, ClientError
 from vllm_nnrp_plugin.client.aio.pool import Lane, Pool
+from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientConnectionError, ClientError
+from vllm_nnrp_plugin.client.fleet import policy
+from vllm_nnrp_plugin.contract import draining
 
 __all__ = ["FailoverOperation", "FleetLane", "FleetPool", "check_spec", "is_fleet"]
 

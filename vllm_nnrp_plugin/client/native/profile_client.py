@@ -58,8 +58,6 @@ from nnrp.native import (
 from nnrp.runtime import TraceContextMetadata
 from nnrp.schema import StreamSemantics
 
-from vllm_nnrp_plugin.contract import wire_mapping
-from vllm_nnrp_plugin.client.events import ClientEvent
 from vllm_nnrp_plugin.client.errors import (
     ClientAddressError,
     ClientError,
@@ -67,8 +65,10 @@ from vllm_nnrp_plugin.client.errors import (
     ClientTimeout,
     ClientTransportError,
 )
-from vllm_nnrp_plugin.core.controls import priority_class_of
+from vllm_nnrp_plugin.client.events import ClientEvent
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.contract.endpoints import EndpointError, parse_endpoint
+from vllm_nnrp_plugin.core.controls import priority_class_of
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
 

@@ -49,11 +49,11 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin.contract.auth_block import bearer_key, block_of_authorization
 from vllm_nnrp_plugin.client.errors import ClientError
-from vllm_nnrp_plugin.client.openai import sse
 from vllm_nnrp_plugin.client.events import ClientEvent
+from vllm_nnrp_plugin.client.openai import sse
 from vllm_nnrp_plugin.client.openai.responses_sse import ResponsesEventStream
+from vllm_nnrp_plugin.contract.auth_block import bearer_key, block_of_authorization
 from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION, events

@@ -46,10 +46,10 @@ from typing import Any
 from opentelemetry import trace as otel_trace
 
 from vllm_nnrp_plugin.client.aio.connection import Operation
-from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
-from vllm_nnrp_plugin.client.openai.calls import RESUBMIT, Call, Item
 from vllm_nnrp_plugin.client.aio.pool import Pool
+from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
 from vllm_nnrp_plugin.client.events import operation_event
+from vllm_nnrp_plugin.client.openai.calls import RESUBMIT, Call, Item
 
 __all__ = ["REFUSAL_RETRIES", "Exchange", "trace_of_caller"]
 

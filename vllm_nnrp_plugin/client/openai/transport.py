@@ -77,11 +77,11 @@ from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
 
-from vllm_nnrp_plugin.contract.auth_block import AuthBlockError
+from vllm_nnrp_plugin.client.aio.pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
+from vllm_nnrp_plugin.client.fleet.pool import FleetPool, check_spec, is_fleet
 from vllm_nnrp_plugin.client.openai.calls import Call, Item
 from vllm_nnrp_plugin.client.openai.exchange import Exchange, trace_of_caller
-from vllm_nnrp_plugin.client.fleet.pool import FleetPool, check_spec, is_fleet
-from vllm_nnrp_plugin.client.aio.pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
+from vllm_nnrp_plugin.contract.auth_block import AuthBlockError
 from vllm_nnrp_plugin.core.controls import priority_class_of
 
 __all__ = ["AsyncNNRPTransport", "NNRPTransport"]
