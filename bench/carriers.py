@@ -4,7 +4,7 @@ The server is :mod:`bench.load`'s (the tiny model with ``--load-format dummy``, 
 listening on every carrier at once: ``tcp://``, ``nnrps://``, ``ws://``, ``wss://`` and ``quic://`` (one
 self-signed certificate for the TLS ones). Every carrier is served by the same wire core on vLLM's event loop;
 what differs is the framing around it (TLS records, WebSocket frames, QUIC packets and their encryption). The
-load generator is the same for all: :mod:`bench.load_client` on :mod:`vllm_nnrp_plugin.client.connection`, one
+load generator is the same for all: :mod:`bench.load_client` on :mod:`vllm_nnrp_plugin.client.aio.connection`, one
 session per stream, :data:`bench.load.CLIENT_PROCESSES` processes.
 
 Per level (default 32, 128, 256) the same streamed chat request as :mod:`bench.load`'s levels runs over each

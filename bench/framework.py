@@ -80,7 +80,7 @@ class _Backend:
 
     async def create(self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None,
                      controls: Any = None):
-        from vllm_nnrp_plugin.adapter import Call
+        from vllm_nnrp_plugin.core.adapter import Call
         from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, vllm_chunks
 
         tokens = int(body["max_tokens"])

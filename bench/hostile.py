@@ -37,7 +37,7 @@ import orjson
 from nnrp.core.enums import MessageType as T
 
 from compat.launcher import free_port
-from vllm_nnrp_plugin.client.connection import connect
+from vllm_nnrp_plugin.client.aio.connection import connect
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.framing import encode

@@ -7,7 +7,7 @@ server and OpenAI layer, detokenisation, the plugin's NNRP sessions) and the eng
 window) and NNRP on a TCP port and a unix socket (``transport`` picks which one the clients use;
 ``python -m bench load --load-transport ipc``), allowing 1536 NNRP sessions, 1024 in-flight operations and 64
 per session (:data:`NNRP_CONFIG`) so that sessions of one window still closing on the server never refuse the
-next window's. The NNRP load generator is :mod:`vllm_nnrp_plugin.client.connection` on one event loop per client
+next window's. The NNRP load generator is :mod:`vllm_nnrp_plugin.client.aio.connection` on one event loop per client
 process, one task per stream, as the HTTP one is aiohttp.
 
 Per concurrency level (default 32, 128, 256) the same streamed chat request (``max_tokens`` tokens,
@@ -46,8 +46,8 @@ of :data:`RUNNING_TOKENS` tokens, of which ``cancel_sample`` (default 32), sprea
 cancelled (FRAME_CANCEL) 5 ms + k × 20 ms after their first text delta (:mod:`bench.load_client`);
 ``client_cancel_to_terminal_ms`` (at the client: FRAME_CANCEL handed to the transport -> its terminal received),
 ``server_cancel_to_abort_ms`` (in the API server: the operation's cancel recorded -> vLLM abort issued, the
-``cancel_to_abort_ms`` of its log line, :func:`vllm_nnrp_plugin.observation.log_fields`), both ms with p99 in
-the note; ``no_terminal_within_10s`` (must be 0) and ``failed``.
+``cancel_to_abort_ms`` of its log line, :func:`vllm_nnrp_plugin.observability.observation.log_fields`), both ms with p99
+in the note; ``no_terminal_within_10s`` (must be 0) and ``failed``.
 
 Connect burst (``load.burst.*``): ``burst_clients`` clients from the client processes released at once, each
 connecting (NNRP: connect + open session) and sending one 8-token request; open and served times (ms) and
@@ -414,7 +414,7 @@ def levels_rows(server: Any, engine: Sequence[int], prefix: str, *, levels: Sequ
 
 def _server_cancel_to_abort_ms(log: pathlib.Path, offset: int) -> list[float]:
     """``cancel_to_abort_ms`` of the client-cancelled operations' log lines (the service logs every
-    operation that did not complete at INFO: :func:`vllm_nnrp_plugin.observation.log_line`) written to the
+    operation that did not complete at INFO: :func:`vllm_nnrp_plugin.observability.observation.log_line`) written to the
     API server's log after byte ``offset``."""
     with open(log, "rb") as f:
         f.seek(offset)

@@ -1,5 +1,5 @@
 """Client process of :mod:`bench.load`: drives one share of the load on one asyncio event loop, one task per
-stream, with the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.client.connection`).
+stream, with the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.client.aio.connection`).
 
     python -m bench.load_client stream http|nnrp TARGET STREAMS BODY_JSON [--per-session K] [--cancel M] [--ca-file PEM]
         [--api chat|responses] [--path PATH]
@@ -168,7 +168,7 @@ async def _http_main(mode: str, base: str, count: int, body: bytes, ca_file: str
     await asyncio.gather(*(s.close() for s in sessions))
 
 
-# -- NNRP: vllm_nnrp_plugin.client.connection, one task per stream -------------------------------------------------
+# -- NNRP: vllm_nnrp_plugin.client.aio.connection, one task per stream -------------------------------------------------
 
 
 #: the operation of the NNRP requests, per ``--api``

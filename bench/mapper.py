@@ -7,7 +7,7 @@ Rows (events/s, one sample per repetition, single thread = one core):
 * ``mapper.sse_to_partial``: what the server does per chunk before the transport — vLLM's ``data: …``
   strings through :func:`vllm_nnrp_plugin.vllm_binding.chunk_shapes.vllm_chunks` (parsing, normalising, the
   one seam production uses), ``feed``, and encode each event as a numbered partial result
-  (:class:`~vllm_nnrp_plugin.operation.Operation`, one per stream with its observation record).
+  (:class:`~vllm_nnrp_plugin.core.operation.Operation`, one per stream with its observation record).
 
 Input: every recorded ``.sse`` stream of compat/fixtures/vllm/0.26.0 (and shared fixtures of other vLLM lines
 when present), replayed round-robin.
@@ -20,8 +20,8 @@ import pathlib
 import time
 
 from bench.results import Result, Target
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import Operation
+from vllm_nnrp_plugin.core.operation import Operation
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import VLLMStream, vllm_chunks
 

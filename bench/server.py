@@ -26,18 +26,18 @@ import attrs
 import orjson
 from prometheus_client import CollectorRegistry
 
-from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.config import NNRPConfig
+from vllm_nnrp_plugin.core.adapter import Call
+from vllm_nnrp_plugin.core.operation import PartialResult
 from vllm_nnrp_plugin.nnrp_binding.listener import ListenerHooks
-from vllm_nnrp_plugin.operation import PartialResult
-from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
 from vllm_nnrp_plugin.service import NNRPService
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
 
 
 class PacedBackend:
-    """A :class:`~vllm_nnrp_plugin.adapter.Backend` producing ``n`` timestamped chunks at a fixed pace."""
+    """A :class:`~vllm_nnrp_plugin.core.adapter.Backend` producing ``n`` timestamped chunks at a fixed pace."""
 
     def capabilities(self) -> dict[str, Any]:
         return runtime_document(models=["paced"], owned_by="bench", operations=[chat_operation(tool_calls=False)])

@@ -1,5 +1,5 @@
 """Client process of :mod:`bench.value`: one role of a scenario on one asyncio event loop, one task per call, with
-the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.client.connection`), as
+the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.client.aio.connection`), as
 :mod:`bench.load_client` (whose envelope and clock it uses).
 
     python -m bench.value_client ROLE http|nnrp TARGET BODY_JSON --start-at UNIX_S [--stop-at UNIX_S] [options…]
@@ -124,7 +124,7 @@ class Http:
         return _record(clock, deltas, tokens, outcome, error, stale=stale, late=outcome == "completed" and call.late())
 
 
-# -- NNRP: vllm_nnrp_plugin.client.connection ------------------------------------------------------------
+# -- NNRP: vllm_nnrp_plugin.client.aio.connection ------------------------------------------------------------
 
 
 def _takes(fn: Any, name: str) -> bool:

@@ -82,6 +82,8 @@ def wheel_problems(wheel: pathlib.Path, modules: set[str], pyproject: dict) -> l
                 problems.append(f"{wheel.name}: entry point {name} in [{group}] is {found.strip()!r}, not {target!r}")
             module, _, attribute = found.strip().partition(":")
             path = module.replace(".", "/") + ".py"
+            if path not in names:  # a package: its __init__.py defines the attribute
+                path = module.replace(".", "/") + "/__init__.py"
             if path not in names:
                 problems.append(f"{wheel.name}: entry point {name} in [{group}] names {module}, not in the wheel")
             elif not defines(archive.read(path).decode(), attribute):

@@ -18,11 +18,11 @@ from typing import Any
 import orjson
 
 from compat.launcher import free_port
-from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
-from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
 from vllm_nnrp_plugin.profile.chat_stream import TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, VLLMStream, vllm_chunks
+from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "compat" / "fixtures" / "vllm" / "0.26.0"

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from tests.support import ROOT, RecordedBackend, ServedNNRP, free_port
-from vllm_nnrp_plugin.adapter import STREAM_MAPPERS, Call
+from vllm_nnrp_plugin.core.adapter import STREAM_MAPPERS, Call
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, operation, runtime_document
 

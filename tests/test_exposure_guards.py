@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 
 from tests.support import ServedNNRP, free_port
 from vllm_nnrp_plugin.config import ConfigError, load_config
-from vllm_nnrp_plugin.endpoints import QUIC_INSTALL, quic_available
+from vllm_nnrp_plugin.contract.endpoints import QUIC_INSTALL, quic_available
 from vllm_nnrp_plugin.nnrp_binding.websocket import ANY_ORIGIN, allowed_origins
 
 ENABLED = {"VLLM_PLUGINS": "nnrp"}
@@ -168,7 +168,7 @@ def test_a_quic_address_without_aioquic_stops_start_up_with_the_install_command(
 
 def test_a_client_asked_for_quic_without_aioquic_says_what_to_install(without_aioquic):
     from vllm_nnrp_plugin.client import ClientAddressError
-    from vllm_nnrp_plugin.client.connection import address_of
+    from vllm_nnrp_plugin.client.aio.connection import address_of
     from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport
 
     for attempt in (lambda: address_of("quic://127.0.0.1:9443"), lambda: AsyncNNRPTransport("quic://127.0.0.1:9443")):
@@ -192,6 +192,6 @@ def test_the_server_modules_import_without_aioquic(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['aioquic'] = None\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     code = ("import vllm_nnrp_plugin.service, vllm_nnrp_plugin.nnrp_binding.listener, vllm_nnrp_plugin.client.cli, "
-            "vllm_nnrp_plugin.client.connection, vllm_nnrp_plugin.client.openai.transport; import aioquic")  # fmt: skip
+            "vllm_nnrp_plugin.client.aio.connection, vllm_nnrp_plugin.client.openai.transport; import aioquic")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert "ModuleNotFoundError: import of aioquic halted" in done.stderr, done.stderr  # only the last import

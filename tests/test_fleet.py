@@ -1,5 +1,5 @@
-"""A fleet of replicas for the NNRP clients: the sans-IO policy (:mod:`vllm_nnrp_plugin.client.fleet`) with plain
-data, and its asyncio shell (:mod:`vllm_nnrp_plugin.client.fleet_pool`) through the ``openai`` SDK against two real
+"""A fleet of replicas for the NNRP clients: the sans-IO policy (:mod:`vllm_nnrp_plugin.client.fleet.policy`) with plain
+data, and its asyncio shell (:mod:`vllm_nnrp_plugin.client.fleet.pool`) through the ``openai`` SDK against two real
 plugin servers on two loopback addresses (127.0.0.2 and 127.0.0.3, the same port) with vLLM 0.26.0's recorded
 streams: placement by granted credit, the server's drain (:meth:`vllm_nnrp_plugin.service.NNRPService.drain`) as
 the client sees it, a lost replica (its connections aborted: what ``kill -9`` leaves) with unstarted calls moved and
@@ -15,17 +15,17 @@ import pytest
 
 from tests.support import ServedNNRP, free_port, until
 from tests.test_openai_fanout import NONSTREAM_TEXT, SDK_LIB, TEXT
-from vllm_nnrp_plugin import draining
-from vllm_nnrp_plugin.client import fleet as policy
-from vllm_nnrp_plugin.client.connection import connect
+from vllm_nnrp_plugin.client.aio.connection import connect
 from vllm_nnrp_plugin.client.errors import (
     ClientAddressError,
     ClientConnectionError,
     ClientTimeout,
     SessionOpenError,
 )
-from vllm_nnrp_plugin.client.fleet_pool import FleetPool
+from vllm_nnrp_plugin.client.fleet import policy
+from vllm_nnrp_plugin.client.fleet.pool import FleetPool
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.contract import draining
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 A, B = "tcp://127.0.0.2:1", "tcp://127.0.0.3:1"

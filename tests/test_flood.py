@@ -20,8 +20,8 @@ from nnrp.core.enums import MessageType as T
 from nnrp.runtime.types import RecoverableErrorMetadata
 
 from tests.support import ServedNNRP, envelope, free_port, metric, wait_until
-from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import connect
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_binding.bounds import VIOLATION_BURST, ViolationBudget
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from tests.support import ServedNNRP, free_port, wait_until
-from vllm_nnrp_plugin.client.connection import connect
+from vllm_nnrp_plugin.client.aio.connection import connect
 
 DEPTH = 1000  # ~2 KB envelopes, under orjson's own limit of 1024 levels
 

@@ -13,8 +13,8 @@ from nnrp.core import MessageType
 from nnrp.native import NativeRuntimeError
 
 from tests.support import RecordedBackend, ServedNNRP, envelope, free_port, wait_until
-from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ProfileClient
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 
@@ -192,8 +192,8 @@ class _SlowClose:
 def test_a_sent_terminal_frees_its_slot_for_the_clients_next_submit():
     """``nnrp.max_in_flight`` 1 and a stream that takes 0.5 s to close after its terminal: a client that submits
     as soon as it read each terminal is served every time, never refused ``too_many_requests``."""
-    from vllm_nnrp_plugin.adapter import Call
     from vllm_nnrp_plugin.client import connect
+    from vllm_nnrp_plugin.core.adapter import Call
 
     class Lingering(RecordedBackend):
         async def create(self, operation, body, request_id, traceparent=None, controls=None):

@@ -26,7 +26,7 @@ from nnrp.runtime.types import ResultDropReasonMetadata
 
 from tests.support import ServedNNRP, envelope, free_port, self_signed, wait_until
 from vllm_nnrp_plugin.client import ProfileClient
-from vllm_nnrp_plugin.endpoints import parse_endpoint
+from vllm_nnrp_plugin.contract.endpoints import parse_endpoint
 from vllm_nnrp_plugin.nnrp_wire.codecs import CLOSE_STATUS_CLOSED, SessionCloseAckMetadata
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader
 

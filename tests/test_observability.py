@@ -209,8 +209,8 @@ MULTIPROCESS = textwrap.dedent(
     """
     import os, sys
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
-    from vllm_nnrp_plugin.metrics import NNRPMetrics
-    from vllm_nnrp_plugin.observation import Observation
+    from vllm_nnrp_plugin.observability.metrics import NNRPMetrics
+    from vllm_nnrp_plugin.observability.observation import Observation
     metrics = NNRPMetrics(CollectorRegistry())   # what each API-server process does
     record = Observation(connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp",
                          submitted_ns=0, submitted_unix_ns=0, operation="chat.completions.create")
@@ -221,7 +221,7 @@ MULTIPROCESS = textwrap.dedent(
     multiprocess.MultiProcessCollector(served)
     sys.stdout.write(generate_latest(served).decode())
     import urllib.request
-    from vllm_nnrp_plugin.metrics import serve_metrics
+    from vllm_nnrp_plugin.observability.metrics import serve_metrics
     standalone = serve_metrics("127.0.0.1:0")     # nnrp.metrics_listen serves the same aggregated view
     with urllib.request.urlopen(f"http://{standalone.address}/metrics", timeout=5) as response:
         sys.stdout.write("STANDALONE\\n" + response.read().decode())

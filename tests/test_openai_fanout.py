@@ -1,4 +1,4 @@
-"""Many concurrent openai SDK calls on one client over NNRP (the fan-out of :mod:`vllm_nnrp_plugin.client.openai.pool`)
+"""Many concurrent openai SDK calls on one client over NNRP (the fan-out of :mod:`vllm_nnrp_plugin.client.aio.pool`)
 against the real server path on loopback (the plugin's own wire core, :class:`tests.support.ServedNNRP`) with
 vLLM 0.26.0's recorded streams: every call completes as over HTTP, within the server's per-session and
 per-process limits (no refusal is provoked), a refusal caused by another client is resubmitted, closing leaves

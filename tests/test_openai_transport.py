@@ -21,8 +21,8 @@ from tests.support import FIXTURES, RecordedBackend, ServedNNRP, error_response,
 from tests.test_cli_loopback import ScriptedBackend
 from tests.unit.test_openai_sse import accumulate, items
 from tests.unit.test_responses_stream import recorded_events
-from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, MODELS_LIST
 from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
 

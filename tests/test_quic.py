@@ -19,7 +19,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.packet import QuicErrorCode
 
 from tests.support import ServedNNRP, envelope, free_port, metric, recorded_chunks, self_signed, wait_until
-from vllm_nnrp_plugin import wire_mapping
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 

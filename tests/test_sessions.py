@@ -112,7 +112,7 @@ def test_stop_ends_every_in_flight_operation_once_and_aborts_it(tmp_path):
 
 
 def test_a_frame_that_cannot_be_built_costs_its_operation_not_the_session(served, monkeypatch):
-    from vllm_nnrp_plugin import wire_mapping
+    from vllm_nnrp_plugin.contract import wire_mapping
 
     real, calls = wire_mapping.result_push, []
 

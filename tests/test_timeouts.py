@@ -17,10 +17,10 @@ import openai
 import pytest
 
 from tests.support import RecordedBackend, ServedNNRP, envelope, free_port, recorded_budget, sse_items, wait_until
-from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.client import connect
 from vllm_nnrp_plugin.client.errors import ClientTimeout
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
 
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -1,5 +1,5 @@
 """Every carrier end to end through the real listener path: TCP, IPC, WebSocket (ws, wss), QUIC and TLS over
-TCP (``nnrps``), with a self-signed certificate made here (URI forms: vllm_nnrp_plugin/endpoints.py)."""
+TCP (``nnrps``), with a self-signed certificate made here (URI forms: vllm_nnrp_plugin/contract/endpoints.py)."""
 
 from __future__ import annotations
 

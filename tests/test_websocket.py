@@ -35,12 +35,12 @@ from wsproto.events import (
 )
 
 from tests.support import ServedNNRP, envelope, free_port, self_signed
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.auth_block import bearer_block
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.carriers.websocket import binary_frames
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.contract.auth_block import bearer_block
+from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
-from vllm_nnrp_plugin.carriers.websocket import binary_frames
 from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
@@ -560,7 +560,7 @@ def keyed(tmp_path_factory):
 def raw_session(uri: str, der: bytes | None, api_key: str | None) -> object:
     """Upgrade, hello with ``api_key``'s block and one SESSION_OPEN over a blocking socket; returns the
     wire core client's answer (SessionOpenAccepted / SessionOpenRejected) after also streaming one operation."""
-    from vllm_nnrp_plugin.endpoints import parse_endpoint
+    from vllm_nnrp_plugin.contract.endpoints import parse_endpoint
 
     carrier = parse_endpoint(uri)
     port = int(carrier.provider_uri.rsplit(":", 1)[1].split("/", 1)[0])

@@ -12,15 +12,15 @@ everything else an operation needs on this side is owned here, on the loop:
   ``too_many_requests``;
 * the timers of operation deadlines (envelope ``nnrp.timeout_ms``, NNRP DEADLINE and EXPIRE_AT; the earliest
   wins): on expiry the operation's terminal is decided (the ``deadline_expired`` drop or ``response.error``
-  ``request_timeout``: :meth:`vllm_nnrp_plugin.operation.Operation.time_out`) and its task is cancelled, which
+  ``request_timeout``: :meth:`vllm_nnrp_plugin.core.operation.Operation.time_out`) and its task is cancelled, which
   aborts the vLLM request;
 * finishing: once the terminal was sent and the task ended, the operation's record is reported.
 
 One service per API-server process: its limits and its shutdown are that process's.
 
-Every finished operation's :class:`~vllm_nnrp_plugin.observation.Observation` goes, on the loop, to: one log
-line (DEBUG when completed, INFO otherwise), the Prometheus collectors (:mod:`.metrics`), one span
-(:mod:`.tracing`), then any extra ``observers`` (benchmarks).
+Every finished operation's :class:`~vllm_nnrp_plugin.observability.observation.Observation` goes, on the loop, to: one
+log line (DEBUG when completed, INFO otherwise), the Prometheus collectors (:mod:`.observability.metrics`), one span
+(:mod:`.observability.tracing`), then any extra ``observers`` (benchmarks).
 """
 
 from __future__ import annotations
@@ -34,20 +34,20 @@ from collections.abc import Callable, Sequence
 from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
-from vllm_nnrp_plugin import metrics, tracing
-from vllm_nnrp_plugin.adapter import AdapterLimits, Backend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
-from vllm_nnrp_plugin.limits import SessionLimits, Slots
-from vllm_nnrp_plugin.log_safety import RefusalLogLimiter
-from vllm_nnrp_plugin.endpoints import Carrier, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.contract.endpoints import Carrier, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.core.adapter import AdapterLimits, Backend, run_operation
+from vllm_nnrp_plugin.core.limits import SessionLimits, Slots
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys
 from vllm_nnrp_plugin.nnrp_binding.bounds import CarrierBounds, packet_limit
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.listener import Listener, ListenerHooks
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation
+from vllm_nnrp_plugin.observability import metrics, tracing
+from vllm_nnrp_plugin.observability.log_safety import RefusalLogLimiter
+from vllm_nnrp_plugin.observability.observation import COMPLETED, Observation, log_fields, log_line
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import with_limits
-from vllm_nnrp_plugin.observation import COMPLETED, Observation, log_fields, log_line
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class NNRPService:
 
     async def drain(self, grace_s: float) -> None:
         """Drain, then :meth:`stop` (vLLM's shutdown on SIGTERM, ``nnrp.drain_timeout_ms``): at once, no new
-        connection, session or operation, said on the wire as :mod:`vllm_nnrp_plugin.draining` describes (new
+        connection, session or operation, said on the wire as :mod:`vllm_nnrp_plugin.contract.draining` describes (new
         submits get ``server_shutdown`` before reaching vLLM; every open session a BACKPRESSURE credit 0,
         level paused, reason draining); the running operations finish for at most ``grace_s`` (s; 0: not at
         all); then :meth:`stop` ends the rest with ``server_shutdown``. Idempotent with :meth:`stop`."""

@@ -9,8 +9,8 @@ import time
 import types
 from collections.abc import Callable
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation, SessionLink, envelope_of
 from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
 

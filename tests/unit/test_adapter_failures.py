@@ -1,7 +1,7 @@
 """Whatever fails while one operation is served — its envelope, the adapter itself, the backend — that operation
 ends with one typed ``response.error``, its task ends normally (so the service gives its slots back), the failure
 is logged once, and the client never gets the server's raw exception text
-(:func:`vllm_nnrp_plugin.adapter.run_operation`)."""
+(:func:`vllm_nnrp_plugin.core.adapter.run_operation`)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import orjson
 import pytest
 
 from tests.support import envelope
-from vllm_nnrp_plugin import adapter
-from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
-from vllm_nnrp_plugin.controls import RuntimeControls
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import Operation, ResultPush, Terminal
+from vllm_nnrp_plugin.core import adapter
+from vllm_nnrp_plugin.core.adapter import AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.core.controls import RuntimeControls
+from vllm_nnrp_plugin.core.operation import Operation, ResultPush, Terminal
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
 

@@ -70,7 +70,7 @@ def problems(whl: pathlib.Path, sd: pathlib.Path) -> list[str]:
 
 
 def test_the_checkout_has_the_modules_the_entry_points_name():
-    assert {"vllm_nnrp_plugin/vllm_binding/endpoint.py", "vllm_nnrp_plugin/client/cli.py"} <= MODULES
+    assert {"vllm_nnrp_plugin/vllm_binding/endpoint.py", "vllm_nnrp_plugin/client/cli/__init__.py"} <= MODULES
 
 
 def test_a_wheel_as_built_from_this_checkout_passes(tmp_path):

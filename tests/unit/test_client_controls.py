@@ -1,4 +1,4 @@
-"""The asyncio client's runtime controls (:mod:`vllm_nnrp_plugin.client.connection`) against the package's server
+"""The asyncio client's runtime controls (:mod:`vllm_nnrp_plugin.client.aio.connection`) against the package's server
 core on a local TCP socket: the session's priority class, the envelope's ``nnrp.priority_class``,
 PRIORITY_UPDATE / SUPERSEDE / BUDGET_UPDATE / DEADLINE / EXPIRE_AT of an operation, the drops that answer them
 decoded as ``response.cancelled`` events, and the errors of each call."""
@@ -12,9 +12,9 @@ import pytest
 
 from nnrp.core import PayloadKind, ResultFlags, ResultPushMetadata
 
-from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ClientError, connect
-from vllm_nnrp_plugin.client.priority import with_priority_class
+from vllm_nnrp_plugin.client.aio.priority import with_priority_class
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
 

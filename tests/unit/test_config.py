@@ -3,12 +3,12 @@ import types
 
 import pytest
 
-from vllm_nnrp_plugin.vllm_binding.families import binding_for
 from vllm_nnrp_plugin.config import ConfigError, load_config
+from vllm_nnrp_plugin.contract.endpoints import EndpointError, parse_endpoint
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import capabilities
 from vllm_nnrp_plugin.vllm_binding import backend as backend_module
-from vllm_nnrp_plugin.endpoints import EndpointError, parse_endpoint
+from vllm_nnrp_plugin.vllm_binding.families import binding_for
 
 
 def test_installed_but_not_enabled_by_default():

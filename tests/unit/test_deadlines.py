@@ -1,14 +1,14 @@
 """Operation bounds from envelope ``nnrp.timeout_ms`` and NNRP DEADLINE controls: the rules in the core
-(:class:`vllm_nnrp_plugin.operation.Operation`), and what a session's policy tells the service (plain data)."""
+(:class:`vllm_nnrp_plugin.core.operation.Operation`), and what a session's policy tells the service (plain data)."""
 
 import asyncio
 
 import pytest
 
 from tests.unit import fakes
-from vllm_nnrp_plugin import operation as operation_module
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import EarlyDeadlines, Operation, Terminal
+from vllm_nnrp_plugin.core import operation as operation_module
+from vllm_nnrp_plugin.core.operation import EarlyDeadlines, Operation, Terminal
+from vllm_nnrp_plugin.observability.observation import Observation
 
 
 def rules() -> Operation:

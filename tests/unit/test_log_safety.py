@@ -1,5 +1,5 @@
-"""Client-controlled values in log lines (:mod:`vllm_nnrp_plugin.log_safety`, the operation's log line), and the
-rate limit of refused-input log lines: plain data in, plain data out."""
+"""Client-controlled values in log lines (:mod:`vllm_nnrp_plugin.observability.log_safety`, the operation's log line),
+and the rate limit of refused-input log lines: plain data in, plain data out."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_nnrp_plugin import observation as obs
-from vllm_nnrp_plugin.log_safety import (
+from vllm_nnrp_plugin.observability import observation as obs
+from vllm_nnrp_plugin.observability.log_safety import (
     MAX_LOG_CHARS,
     RefusalLogLimiter,
     log_value,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import Operation
+from vllm_nnrp_plugin.core.operation import Operation
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import events as ev
 
 

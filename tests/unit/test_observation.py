@@ -1,4 +1,4 @@
-from vllm_nnrp_plugin import observation as obs
+from vllm_nnrp_plugin.observability import observation as obs
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
 

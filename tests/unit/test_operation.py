@@ -4,8 +4,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import (
+from vllm_nnrp_plugin.core.operation import (
     TRANSITIONS,
     DropReason,
     Effect,
@@ -17,6 +16,7 @@ from vllm_nnrp_plugin.operation import (
     State,
     Terminal,
 )
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile.errors import ProfileError
 
 A, R, D, X, S = State.ADMITTED, State.RUNNING, State.DECIDED, State.DROPPING, State.SENT

@@ -22,14 +22,14 @@ from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.support import envelope  # noqa: E402
-from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
-from vllm_nnrp_plugin.controls import RuntimeControls
-from vllm_nnrp_plugin.profile.capabilities import operation_names, chat_operation, runtime_document
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import DropReason, Operation, PartialResult, ResultDrop, ResultPush, Terminal
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.adapter import AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.core.controls import RuntimeControls
+from vllm_nnrp_plugin.core.operation import DropReason, Operation, PartialResult, ResultDrop, ResultPush, Terminal
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
+from vllm_nnrp_plugin.profile.capabilities import operation_names, chat_operation, runtime_document
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks

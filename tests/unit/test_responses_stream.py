@@ -10,9 +10,9 @@ import json
 import orjson
 import pytest
 
-from vllm_nnrp_plugin.adapter import STREAM_MAPPERS, AdapterLimits, Call, run_operation
-from vllm_nnrp_plugin.controls import RuntimeControls
-from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.core.adapter import STREAM_MAPPERS, AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.core.controls import RuntimeControls
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, operation, runtime_document

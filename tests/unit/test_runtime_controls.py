@@ -1,6 +1,6 @@
 """NNRP's runtime controls on the server side, as plain data and through the adapter: priority classes, SUPERSEDE,
-BUDGET_UPDATE, deadlines before dispatch and prefix-cache hits (:mod:`vllm_nnrp_plugin.controls`,
-:mod:`vllm_nnrp_plugin.operation`, :mod:`vllm_nnrp_plugin.vllm_binding.serving`, the engine tap). The same on
+BUDGET_UPDATE, deadlines before dispatch and prefix-cache hits (:mod:`vllm_nnrp_plugin.core.controls`,
+:mod:`vllm_nnrp_plugin.core.operation`, :mod:`vllm_nnrp_plugin.vllm_binding.serving`, the engine tap). The same on
 real vLLM: tests/e2e/test_runtime_controls_e2e.py."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.unit.test_properties import CAPABILITIES, MAX_BYTES
-from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
-from vllm_nnrp_plugin.controls import RuntimeControls, priority_class_of
-from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.metrics import metrics_for
+from vllm_nnrp_plugin.core.adapter import AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.core.controls import RuntimeControls, priority_class_of
+from vllm_nnrp_plugin.core.limits import SessionLimits
+from vllm_nnrp_plugin.core.operation import DropReason, Operation, ResultDrop
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation, SessionLink
 from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import DropReason, Operation, ResultDrop
+from vllm_nnrp_plugin.observability.metrics import metrics_for
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.vllm_binding.serving import with_controls

@@ -10,8 +10,8 @@ import asyncio
 
 import orjson
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
 from vllm_nnrp_plugin.nnrp_binding.stream import StreamConnection
 from vllm_nnrp_plugin.nnrp_wire import events as ev

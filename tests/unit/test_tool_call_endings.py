@@ -23,7 +23,7 @@ import pytest
 
 from tests.support import FIXTURES, recorded_chunks
 from tests.unit.test_responses_stream import recorded_events
-from vllm_nnrp_plugin.adapter import STREAM_MAPPERS
+from vllm_nnrp_plugin.core.adapter import STREAM_MAPPERS
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile.tool_calls import tools_without_required_arguments
 

@@ -50,7 +50,7 @@ REFUSALS = refusals()
 def test_the_source_has_the_refusals_this_test_checks():
     where = {w.split(":")[0] for w, _ in REFUSALS}
     assert {"vllm_nnrp_plugin/config.py", "vllm_nnrp_plugin/vllm_binding/gate.py",
-            "vllm_nnrp_plugin/nnrp_binding/exposure.py", "vllm_nnrp_plugin/metrics.py"} <= where, where
+            "vllm_nnrp_plugin/nnrp_binding/exposure.py", "vllm_nnrp_plugin/observability/metrics.py"} <= where, where
     assert len(REFUSALS) >= 30
 
 

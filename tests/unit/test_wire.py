@@ -3,8 +3,8 @@ from nnrp.core import MessageType, PayloadKind, build_typed_payload_frame, pack_
 from nnrp.runtime import PartialResultMetadata, decode_runtime_control_metadata
 from nnrp.schema import StreamSemantics
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.operation import DropReason, PartialResult, ResultDrop, ResultPush
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.operation import DropReason, PartialResult, ResultDrop, ResultPush
 from vllm_nnrp_plugin.profile.errors import ProfileError
 
 

@@ -7,7 +7,7 @@ import pytest
 from nnrp.core.enums import MessageType as T
 from nnrp.core.messages.control import ClientHelloMetadata, ServerHelloAckMetadata, SessionOpenMetadata
 
-from vllm_nnrp_plugin import auth_block
+from vllm_nnrp_plugin.contract import auth_block
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys, authenticator_for
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection

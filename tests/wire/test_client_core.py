@@ -13,7 +13,7 @@ import pytest
 from nnrp.core import MessageType as T
 from nnrp.runtime import PartialResultMetadata, PressureMetadata, ResultDropReasonMetadata, TraceContextMetadata
 
-from vllm_nnrp_plugin import wire_mapping
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.errors import LocalProtocolError

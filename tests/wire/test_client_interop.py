@@ -1,4 +1,4 @@
-"""Our asyncio client (``vllm_nnrp_plugin.client.connection``) against nnrp-py's NATIVE server, over TCP, a unix
+"""Our asyncio client (``vllm_nnrp_plugin.client.aio.connection``) against nnrp-py's NATIVE server, over TCP, a unix
 socket, WebSocket (``ws://…/nnrp``, ``wss://…/nnrp``) and QUIC (the TLS ones with a self-signed certificate the
 client trusts): hello, open, submit -> partial results -> RESULT_PUSH, FRAME_CANCEL -> RESULT_DROP_REASON (also
 by cancelling the task that iterates), two sessions on one connection, close; and connection loss."""
@@ -22,8 +22,8 @@ from nnrp.server import (
     listen_native_server,
 )
 
-from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ClientConnectionError, connect
+from vllm_nnrp_plugin.contract import wire_mapping
 from tests.support import self_signed, wait_until
 from tests.wire.native_accept import Acceptor
 

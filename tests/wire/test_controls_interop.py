@@ -14,8 +14,8 @@ import orjson
 from nnrp.core import MessageType as T
 
 from tests.support import wait_until
-from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ProfileClient
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
 

@@ -48,8 +48,8 @@ from nnrp.core.enums import MessageType as T
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Request
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
 from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection

@@ -1,7 +1,7 @@
 """NNRP over QUIC (``quic://``), sans-IO, for either side: the NNRP stream of an ``aioquic``
 :class:`~aioquic.quic.connection.QuicConnection` (TLS 1.3, loss recovery, flow control) and what its events mean
 for it. The asyncio shells (:mod:`vllm_nnrp_plugin.nnrp_binding.quic` for the server,
-:mod:`vllm_nnrp_plugin.client.quic` for the client) own the UDP socket, the timers and the NNRP connection.
+:mod:`vllm_nnrp_plugin.client.aio.quic` for the client) own the UDP socket, the timers and the NNRP connection.
 
 The mapping is nnrp-rs' (``crates/nnrp-transport-quic/src/lib.rs``: quinn, ``QuicTransport``), checked against
 nnrp-py 1.0.0rc4.post20's native client and server (``tests/test_quic.py``, ``tests/test_client_carriers.py``):
@@ -12,7 +12,7 @@ nnrp-py 1.0.0rc4.post20's native client and server (``tests/test_quic.py``, ``te
 * any other stream (a second bidirectional one, a unidirectional one, one the server opens) ends the connection
   with PROTOCOL_VIOLATION (RFC 9000 §20.1); a RESET_STREAM or STOP_SENDING on the NNRP stream ends it with
   NO_ERROR, as a lost peer;
-* ALPN is :data:`vllm_nnrp_plugin.endpoints.ALPN` (RFC 9001 §8.1); idle connections end after
+* ALPN is :data:`vllm_nnrp_plugin.contract.endpoints.ALPN` (RFC 9001 §8.1); idle connections end after
   :data:`IDLE_TIMEOUT_S` on both sides.
 
 aioquic 1.x internals read here (no public call gives them; ``tests/test_quic.py`` exercises each): a stream's

@@ -1,7 +1,7 @@
 """NNRP over WebSocket (``ws://``, ``wss://``), sans-IO, for either side: RFC 6455 through ``wsproto`` (the
 HTTP/1.1 Upgrade through h11, masking, frame parsing, the close handshake) and the NNRP mapping on top of it.
 Bytes in, events and bytes out; the asyncio shells (:mod:`vllm_nnrp_plugin.nnrp_binding.websocket` for the
-server, :mod:`vllm_nnrp_plugin.client.websocket` for the client) own the socket, the timers and the NNRP
+server, :mod:`vllm_nnrp_plugin.client.aio.websocket` for the client) own the socket, the timers and the NNRP
 connection the payload goes to.
 
 The mapping is nnrp-rs' (``crates/nnrp-transport-websocket/src/lib.rs``: tokio-tungstenite ``connect_async`` /

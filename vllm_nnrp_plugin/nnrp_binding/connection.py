@@ -51,10 +51,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from vllm_nnrp_plugin import draining
-from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.log_safety import RefusalLogLimiter, loggable
-from vllm_nnrp_plugin import wire_mapping
+from vllm_nnrp_plugin.contract import draining
+from vllm_nnrp_plugin.core.limits import SessionLimits
+from vllm_nnrp_plugin.observability.log_safety import RefusalLogLimiter, loggable
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_binding.server_operation import (
     PRESSURE,
     SendProbe,
@@ -75,7 +75,7 @@ from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_SESSION_LIMIT_REACHED
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
-from vllm_nnrp_plugin.operation import PartialResult, ResultDrop, ResultPush
+from vllm_nnrp_plugin.core.operation import PartialResult, ResultDrop, ResultPush
 
 logger = logging.getLogger(__name__)
 

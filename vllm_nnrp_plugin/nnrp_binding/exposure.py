@@ -24,7 +24,7 @@ import urllib.parse
 
 import attrs
 
-from vllm_nnrp_plugin.endpoints import ALPN, Carrier, is_loopback
+from vllm_nnrp_plugin.contract.endpoints import ALPN, Carrier, is_loopback
 from vllm_nnrp_plugin.errors import NNRPStartupError
 
 logger = logging.getLogger(__name__)

@@ -44,15 +44,15 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.contract.endpoints import ALPN_WEBSOCKET, Carrier
+from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import exposure
-from vllm_nnrp_plugin.endpoints import ALPN_WEBSOCKET, Carrier
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys, authenticator_for
 from vllm_nnrp_plugin.nnrp_binding.bounds import ACCEPT_PAUSE_S, BufferBudget, CarrierBounds
-from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
-from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
-from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
 from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
+from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
+from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
+from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.stream import StreamConnection
 from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection, allowed_origins
 
@@ -77,7 +77,8 @@ class ListenerHooks:
 
 
 class Listener:
-    """Serves ``carriers`` (:class:`~vllm_nnrp_plugin.endpoints.Carrier` s of every form) until :meth:`close`."""
+    """Serves ``carriers`` (:class:`~vllm_nnrp_plugin.contract.endpoints.Carrier` s of every form) until
+    :meth:`close`."""
 
     def __init__(
         self,

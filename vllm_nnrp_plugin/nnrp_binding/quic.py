@@ -57,9 +57,9 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 
 from vllm_nnrp_plugin.carriers.quic import IDLE_TIMEOUT_S, NNRPStream, StreamBroken, StreamData
-from vllm_nnrp_plugin.endpoints import ALPN
-from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
+from vllm_nnrp_plugin.contract.endpoints import ALPN
 from vllm_nnrp_plugin.nnrp_binding.connection import WRITE_HIGH_WATER, WRITE_LOW_WATER, NNRPConnection
+from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from vllm_nnrp_plugin import observation as obs
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.controls import BALANCED, RuntimeControls
-from vllm_nnrp_plugin.operation import (
+from vllm_nnrp_plugin.observability import observation as obs
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.controls import BALANCED, RuntimeControls
+from vllm_nnrp_plugin.core.operation import (
     Decision, DropReason, Effect, Operation, PartialResult, ResultDrop, ResultPush, Terminal,
 )  # fmt: skip
 from vllm_nnrp_plugin.profile import trace

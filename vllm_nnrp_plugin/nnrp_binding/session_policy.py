@@ -34,10 +34,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.handler import CANCEL_DETAIL, SessionHandler
 from vllm_nnrp_plugin.nnrp_binding.server_operation import PRESSURE, ServerOperation, SessionLink
-from vllm_nnrp_plugin.operation import DropReason, EarlyDeadlines
+from vllm_nnrp_plugin.core.operation import DropReason, EarlyDeadlines
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
 

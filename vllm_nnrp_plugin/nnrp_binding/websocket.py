@@ -8,7 +8,7 @@ close handshake).
 What the server side adds to the mapping:
 
 * the handshake is a plain RFC 6455 Upgrade, ``GET <path>`` of the client's route (``/nnrp`` unless the address
-  names another path, :func:`vllm_nnrp_plugin.endpoints.parse_endpoint`), no ``Sec-WebSocket-Protocol`` and no
+  names another path, :func:`vllm_nnrp_plugin.contract.endpoints.parse_endpoint`), no ``Sec-WebSocket-Protocol`` and no
   extension (no ``permessage-deflate``); this server answers a request for another path with 404 and selects no
   subprotocol or extension whatever the client offers; a bad request gets the HTTP answer ``wsproto`` suggests;
 * a message is taken up to the packet limit (``bounds.max_packet_bytes``, advertised in SERVER_HELLO_ACK);
@@ -39,9 +39,9 @@ from wsproto.events import Request
 from wsproto.utilities import RemoteProtocolError
 
 from vllm_nnrp_plugin.carriers import websocket as mapping
-from vllm_nnrp_plugin.log_safety import loggable
 from vllm_nnrp_plugin.nnrp_binding.connection import NNRPConnection
 from vllm_nnrp_plugin.nnrp_binding.stream import prepare, unread_bytes
+from vllm_nnrp_plugin.observability.log_safety import loggable
 
 logger = logging.getLogger(__name__)
 

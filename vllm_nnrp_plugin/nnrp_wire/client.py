@@ -128,7 +128,7 @@ class _Session:
 class ClientConnection:
     """The client side of one NNRP/1 connection (module docstring). ``max_packet_bytes``: the largest packet
     accepted from the server (header + metadata + body, bytes). ``auth_block``: the authentication block the
-    CLIENT_HELLO carries as its body (``auth_bytes`` long; :mod:`vllm_nnrp_plugin.auth_block`), ``b""`` for
+    CLIENT_HELLO carries as its body (``auth_bytes`` long; :mod:`vllm_nnrp_plugin.contract.auth_block`), ``b""`` for
     none; the server's verdict is :attr:`auth_status` once the SERVER_HELLO_ACK came."""
 
     def __init__(self, *, max_packet_bytes: int = MAX_PACKET_BYTES, auth_block: bytes = b"") -> None:

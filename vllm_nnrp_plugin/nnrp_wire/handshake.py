@@ -7,7 +7,7 @@ Sources: nnrp-rs ``crates/nnrp-runtime/src/server.rs`` (``accept``, hello, probe
 acks' values), ``crates/nnrp-core/src/control.rs`` (``ClientHello::validate``, ``TransportProbe``),
 ``crates/nnrp-core/src/session.rs`` (``SessionOpen::parse``, ``SessionClose``), ``crates/nnrp-core/src/recovery.rs``
 (resume);
-the authentication block: :mod:`vllm_nnrp_plugin.auth_block`. Byte for byte the native server of nnrp-py
+the authentication block: :mod:`vllm_nnrp_plugin.contract.auth_block`. Byte for byte the native server of nnrp-py
 1.0.0rc4.post20 where a native client can tell, with these deliberate differences:
 
 * resume is never granted and every resume attempt is rejected (``token_ttl_ms`` and ``resume_window_ms`` 0,
@@ -16,7 +16,7 @@ the authentication block: :mod:`vllm_nnrp_plugin.auth_block`. Byte for byte the 
 * ``max_concurrent_frames`` (hello), ``granted_operation_credit`` and ``max_in_flight_operations`` (open ack)
   are the connection's ``max_in_flight_per_session`` (the native server sends its 4 / 2 / 4);
 * authentication (the block's encoding and ``auth_status`` values are this deployment's,
-  :mod:`vllm_nnrp_plugin.auth_block`): the native server neither reads ``auth_bytes`` nor sets ``auth_status``;
+  :mod:`vllm_nnrp_plugin.contract.auth_block`): the native server neither reads ``auth_bytes`` nor sets ``auth_status``;
   here, with ``authenticate`` set, a session opens only with an accepted key (``auth_failed`` otherwise);
 * session ids are unique per connection (the native registry is server-wide), never reused on it.
 
@@ -39,7 +39,7 @@ from nnrp.core.messages.control import (
 )
 from nnrp.runtime.types import ResultDropReasonMetadata
 
-from ..auth_block import (
+from ..contract.auth_block import (
     AUTH_STATUS_ACCEPTED,
     AUTH_STATUS_MISSING,
     AUTH_STATUS_NOT_REQUIRED,
@@ -158,7 +158,8 @@ class Handshake:
         sent, as the native server.
 
         The body is the authentication block (NNRP/1-preview1 §6.2.1: ``auth_block`` belongs to the body,
-        after the control extension block; layout and ``auth_status`` values: :mod:`vllm_nnrp_plugin.auth_block`).
+        after the control extension block; layout and ``auth_status`` values:
+        :mod:`vllm_nnrp_plugin.contract.auth_block`).
         Without ``authenticate`` it is ignored and ``auth_status`` is 0; with it, the verdict is ``auth_status``
         (accepted, rejected, or missing), and after a failure the connection's sessions need a block of their
         own (:meth:`session_open`); a block over ``MAX_AUTH_BYTES`` or one ``authenticate`` calls malformed
@@ -221,7 +222,7 @@ class Handshake:
         token + auth + extension lengths, session extension bytes at all, auth bytes when the server requires
         none, a malformed or oversized auth block, a token without flag 0x01 or without a requested id) → the
         connection ends. Then, answered by the core: no accepted key when one is required (neither the hello's
-        nor the block after the resume token: :mod:`vllm_nnrp_plugin.auth_block`) → rejected ``auth_failed``
+        nor the block after the resume token: :mod:`vllm_nnrp_plugin.contract.auth_block`) → rejected ``auth_failed``
         with :class:`~.events.AuthenticationFailed`, before anything else about the session is decided; a
         resume → rejected ``resume_rejected``;
         a profile not offered → ``profile_unsupported``; a schema not offered → ``schema_unsupported``; a
@@ -290,7 +291,7 @@ class Handshake:
         )
 
     def _check_auth(self, block: bytes, where: str) -> int:
-        """The ``auth_status`` of ``block`` (:mod:`vllm_nnrp_plugin.auth_block`); raises
+        """The ``auth_status`` of ``block`` (:mod:`vllm_nnrp_plugin.contract.auth_block`); raises
         :class:`~.errors.FatalError` for a block that is oversized or that ``authenticate`` calls malformed."""
         if self._authenticate is None:
             return AUTH_STATUS_NOT_REQUIRED

@@ -112,7 +112,7 @@ class ServerConnection:
     ``profiles`` are the profile ids sessions may open (hello bitmap bit N-1 for profile N, nnrp-rs
     ``server.rs`` profile bitmap); ``schemas`` the accepted ``(schema_id, schema_version)`` pairs.
     ``authenticate``: ``None`` when the server requires no key; else a pure function that is given an
-    authentication block (:mod:`vllm_nnrp_plugin.auth_block`) and returns whether it holds an accepted key,
+    authentication block (:mod:`vllm_nnrp_plugin.contract.auth_block`) and returns whether it holds an accepted key,
     raising ``ValueError`` when the block is malformed (the connection then ends, as for any malformed hello).
     """
 

@@ -97,7 +97,7 @@ def with_limits(document: dict[str, Any], *, max_in_flight: int | None, max_in_f
     ``nnrp.*`` settings of the same names). The profile's document names no limits; this top-level key is
     the server's own addition, which clients that do not know it ignore and :func:`conformance_manifest`
     leaves out (the suite's manifest schema allows no other keys). Clients size their fan-out by it
-    (:mod:`vllm_nnrp_plugin.client.openai.pool`)."""
+    (:mod:`vllm_nnrp_plugin.client.aio.pool`)."""
     limits = {"max_in_flight": max_in_flight, "max_in_flight_per_session": max_in_flight_per_session,
               "max_sessions": max_sessions}  # fmt: skip
     return {**document, "limits": limits}

@@ -5,7 +5,7 @@ Shape: ``{"schema_version": "openai-compatible/1", "operation": str, "body": {..
 object carries NNRP-side hints and is never forwarded into ``body``. Read here: ``nnrp.timeout_ms``
 (positive integer, ms from the submit) bounds the operation; ``nnrp.priority_class`` (``interactive``,
 ``balanced`` or ``background``: NNRP/1's priority classes) is the operation's own priority class, over its
-session's (an extension of this adapter, :mod:`vllm_nnrp_plugin.controls`); the adapter reads
+session's (an extension of this adapter, :mod:`vllm_nnrp_plugin.core.controls`); the adapter reads
 ``nnrp.diagnostics`` (``true``: the terminal event carries the operation's diagnostics); others (the conformance harness's
 ``cancel_after_events`` …) are ignored.
 
@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import orjson
 
-from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
-from vllm_nnrp_plugin.log_safety import loggable
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
+from vllm_nnrp_plugin.observability.log_safety import loggable
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
 from vllm_nnrp_plugin.profile import errors as E
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_nnrp_plugin.adapter import Call
-from vllm_nnrp_plugin.controls import PRIORITY_CLASSES, RuntimeControls
+from vllm_nnrp_plugin.core.adapter import Call
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES, RuntimeControls
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
@@ -53,7 +53,7 @@ STREAM_PATHS = {
 
 
 class VLLMBackend:
-    """:class:`vllm_nnrp_plugin.adapter.Backend` over ``app.state`` (its serving objects, ``engine_client``,
+    """:class:`vllm_nnrp_plugin.core.adapter.Backend` over ``app.state`` (its serving objects, ``engine_client``,
     ``openai_serving_models``) of vLLM ``vllm_version`` served by the line ``binding`` (the start-up gate's decision,
     :mod:`.gate`), serving
     ``operations`` (profile operation names; None: every operation the serving objects offer). Raises

@@ -4,7 +4,7 @@
 ``app.state.openai_serving_chat.create_chat_completion(request, raw_request)`` — the object behind
 ``/v1/chat/completions`` — returns an ``ErrorResponse``, a ``ChatCompletionResponse``, or an async generator
 of ``"data: <json>\\n\\n"`` strings ending with ``data: [DONE]``; it may also raise. All four outcomes map to
-:class:`~vllm_nnrp_plugin.adapter.Call` or :class:`ProfileError`. The engine knows the request as
+:class:`~vllm_nnrp_plugin.core.adapter.Call` or :class:`ProfileError`. The engine knows the request as
 ``"chatcmpl-" + request_id``.
 
 A stream takes the engine lane (:mod:`.engine_lane`) where it can: vLLM formats its first, finish and usage
@@ -24,11 +24,11 @@ import inspect
 import typing
 from typing import Any
 
-from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.core.adapter import Call
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile.capabilities import chat_operation
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_body, vllm_chunks
-from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, has_parser, lane_serving, serving_fits
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 from vllm_nnrp_plugin.vllm_binding.families import Binding, has_tool_parser

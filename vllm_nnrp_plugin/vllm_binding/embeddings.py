@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin.adapter import Call
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.adapter import Call
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import EMBEDDINGS_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation

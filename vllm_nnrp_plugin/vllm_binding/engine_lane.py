@@ -57,7 +57,7 @@ import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile.chat_stream import TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import Chunk, Item, TokenBudget, VLLMStream
 from vllm_nnrp_plugin.vllm_binding.driven_generator import Feed, HandOverParser, Pump

@@ -27,7 +27,7 @@ import copy
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 
 
 def view_maker(serving: Any, namespace: dict[str, Any] | None = None) -> Callable[[RuntimeControls | None], Any]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vllm_nnrp_plugin.adapter import Backend, Call
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.adapter import Backend, Call
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import errors as E
 
 logger = logging.getLogger(__name__)

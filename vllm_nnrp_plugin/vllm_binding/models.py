@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.profile import MODELS_LIST
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation

@@ -30,8 +30,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from vllm_nnrp_plugin.adapter import Call
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.adapter import Call
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation

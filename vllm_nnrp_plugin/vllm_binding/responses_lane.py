@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.vllm_binding.driven_generator import Feed, HandOverParser, Pump
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 

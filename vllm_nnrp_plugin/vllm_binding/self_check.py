@@ -9,7 +9,7 @@ no engine or model work, on a few requests (:func:`chat_cases`, :func:`responses
 ``create_chat_completion`` / ``create_responses`` run on a view of the serving object whose engine client is a
 :class:`ScriptedEngine`, which answers ``generate`` with :data:`OUTPUT_TEXTS` split into the server's own tokens (and
 hands every other call to vLLM's engine client). Each request runs twice, on vLLM's path and on the lane, and the two
-event sequences are compared after the profile's stream mapper (:data:`vllm_nnrp_plugin.adapter.STREAM_MAPPERS`),
+event sequences are compared after the profile's stream mapper (:data:`vllm_nnrp_plugin.core.adapter.STREAM_MAPPERS`),
 ids and timestamps made canonical (:func:`canonical`). A difference, an exception, a run that outlasts
 :data:`CASE_TIMEOUT_S`, an engine generator left open, or a lane that took no output itself (it would only add
 work) switches the lane off with the reason (the start-up log names it); streams then take vLLM's own path: a
@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from vllm_nnrp_plugin.adapter import STREAM_MAPPERS
+from vllm_nnrp_plugin.core.adapter import STREAM_MAPPERS
 
 #: longest a self-check run may take (a lane whose feed leaks out of vLLM's frame would otherwise hang), seconds
 CASE_TIMEOUT_S = 10.0
@@ -233,7 +233,7 @@ CaseRunner = Callable[[dict[str, Any], str, bool, Any], Awaitable[Any]]
 async def prove(serving: Any, cases: Sequence[Case], run_case: CaseRunner, operation: str) -> str | None:
     """Why the lane of the profile ``operation`` on vLLM's serving object ``serving`` failed its self-check over
     ``cases`` (:func:`lane_difference`), else ``None``. ``run_case`` runs one case (the binding's call on either path,
-    an :class:`~vllm_nnrp_plugin.adapter.Call`); its events are the profile stream mapper's. Never raises."""
+    an :class:`~vllm_nnrp_plugin.core.adapter.Call`); its events are the profile stream mapper's. Never raises."""
     try:
         tokenizer = await tokenizer_of(serving)
     except Exception as exc:  # noqa: BLE001 - no way to script outputs: the check cannot pass

@@ -11,7 +11,7 @@ import asyncio
 import re
 from typing import Any
 
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import errors as E
 
 _FIELD = re.compile(r"\w+")  # a field name or a list index
@@ -31,7 +31,7 @@ def with_controls(
     body: dict[str, Any], controls: RuntimeControls | None, priorities: tuple[int, ...] | None,
     max_tokens_fields: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """``body`` as the operation's runtime controls (:mod:`vllm_nnrp_plugin.controls`) dispatch it (a new dict when
+    """``body`` as the operation's runtime controls (:mod:`vllm_nnrp_plugin.core.controls`) dispatch it (a new dict when
     something changes; ``body`` itself is never changed), recording the ``priority`` vLLM runs it with:
 
     * ``priorities`` (vLLM ``priority`` by NNRP class value; ``None`` when the server does not schedule by priority,

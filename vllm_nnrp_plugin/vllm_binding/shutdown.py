@@ -7,7 +7,7 @@ signal, default 0, possibly before their lifespan exit runs at all). Left alone,
 end against a dead engine. Hooking the signal itself does not work: vLLM runs on uvloop, whose signal handlers
 cannot be read and chained. So :func:`stop_before_engine_shutdown` wraps the engine client's ``shutdown`` on this
 instance: the wrapper runs the service's drain and graceful stop on the loop (no new connection, session or
-operation, said on the wire (:mod:`vllm_nnrp_plugin.draining`); running operations finish within
+operation, said on the wire (:mod:`vllm_nnrp_plugin.contract.draining`); running operations finish within
 ``nnrp.drain_timeout_ms``; then one ``server_shutdown`` terminal per operation left, vLLM requests aborted), waits
 at most the grace plus :data:`STOP_BUDGET_S`, then calls vLLM's ``shutdown`` unchanged (its own ``--shutdown-timeout``
 drain included). Per process: each API-server process has its own engine client, loop, lifespan and service.

@@ -23,7 +23,7 @@ import orjson
 
 from vllm_nnrp_plugin.client.conformance.rules import case_problems
 from vllm_nnrp_plugin.client.errors import ClientTimeout
-from vllm_nnrp_plugin.client.profile_client import ProfileClient
+from vllm_nnrp_plugin.client.native.profile_client import ProfileClient
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 
 HARNESS_KEYS = ("cancel_after_events", "raw_payload", "envelope_override")

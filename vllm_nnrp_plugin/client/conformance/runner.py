@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _capabilities(endpoint: str) -> dict:
-    from vllm_nnrp_plugin.client.profile_client import ProfileClient
+    from vllm_nnrp_plugin.client.native.profile_client import ProfileClient
 
     client = await ProfileClient.connect(endpoint)
     try:

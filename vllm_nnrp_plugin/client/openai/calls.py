@@ -49,12 +49,12 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin.auth_block import bearer_key, block_of_authorization
 from vllm_nnrp_plugin.client.errors import ClientError
-from vllm_nnrp_plugin.client.openai import sse
 from vllm_nnrp_plugin.client.events import ClientEvent
+from vllm_nnrp_plugin.client.openai import sse
 from vllm_nnrp_plugin.client.openai.responses_sse import ResponsesEventStream
-from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
+from vllm_nnrp_plugin.contract.auth_block import bearer_key, block_of_authorization
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION, events
 from vllm_nnrp_plugin.profile import errors as E
@@ -192,7 +192,8 @@ class Call:
 
     def api_key(self) -> str | None:
         """The key of the request's ``Authorization: Bearer <key>`` header (what the SDK's ``api_key`` set), or
-        None. Raises :class:`~vllm_nnrp_plugin.auth_block.AuthBlockError` for another scheme or an unusable key."""
+        None. Raises :class:`~vllm_nnrp_plugin.contract.auth_block.AuthBlockError` for another scheme or an unusable
+        key."""
         block = block_of_authorization(self.request.headers.get("authorization"))
         return bearer_key(block) if block else None
 

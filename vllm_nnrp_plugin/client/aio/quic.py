@@ -1,6 +1,6 @@
 """The asyncio client's QUIC carrier (``quic://HOST:PORT``): ``aioquic``'s sans-IO QUIC (TLS 1.3, loss recovery,
 flow control; its timers armed on the caller's loop by :class:`aioquic.asyncio.QuicConnectionProtocol`) between a
-UDP socket and a :class:`~vllm_nnrp_plugin.client.connection.Connection`, which sees :class:`QuicCarrier` as its
+UDP socket and a :class:`~vllm_nnrp_plugin.client.aio.connection.Connection`, which sees :class:`QuicCarrier` as its
 transport. No threads.
 
 The mapping (the NNRP stream, what each QUIC event means for it) is :mod:`vllm_nnrp_plugin.carriers.quic`'s,
@@ -55,7 +55,7 @@ from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 
 from vllm_nnrp_plugin.carriers.quic import IDLE_TIMEOUT_S, NNRPStream, StreamBroken, StreamData
 from vllm_nnrp_plugin.client.errors import ClientConnectionError
-from vllm_nnrp_plugin.endpoints import ALPN
+from vllm_nnrp_plugin.contract.endpoints import ALPN
 
 __all__ = ["QuicCarrier", "open_quic", "quic_configuration"]
 
@@ -112,7 +112,7 @@ class _ConnectedDatagrams:
 
 class QuicCarrier(QuicConnectionProtocol):
     """One QUIC connection carrying NNRP: aioquic's datagram protocol, and the transport its
-    :class:`~vllm_nnrp_plugin.client.connection.Connection` (an ``asyncio.Protocol``) writes to (``write``,
+    :class:`~vllm_nnrp_plugin.client.aio.connection.Connection` (an ``asyncio.Protocol``) writes to (``write``,
     ``close``, ``abort``, ``is_closing``, ``get_extra_info`` — ``peername``, ``sockname``, ``alpn_protocol``).
     Made by :func:`open_quic`; ``nnrp``: the connection to attach once the handshake completed."""
 

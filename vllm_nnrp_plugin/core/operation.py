@@ -48,7 +48,7 @@ from typing import Any, cast
 import attrs
 import orjson
 
-from vllm_nnrp_plugin import observation as obs
+from vllm_nnrp_plugin.observability import observation as obs
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events, trace
 from vllm_nnrp_plugin.profile.errors import ProfileError

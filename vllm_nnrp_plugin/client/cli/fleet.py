@@ -1,5 +1,5 @@
 """``vllm-nnrp`` over a fleet: ``--endpoint`` naming several addresses (comma-separated) runs the command's one
-operation through :class:`vllm_nnrp_plugin.client.fleet_pool.FleetPool` (the replica with the most free capacity;
+operation through :class:`vllm_nnrp_plugin.client.fleet.pool.FleetPool` (the replica with the most free capacity;
 once more on another replica when the first went away before any event), with the exit statuses of
 :mod:`vllm_nnrp_plugin.client.cli`: 0 success, 1 ``response.error``, 2 a drop or transport failure (no replica
 reachable included), 3 a timeout."""
@@ -35,7 +35,7 @@ async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], print
     """Submit ``envelope`` over the fleet of ``args.endpoint`` and show its events with ``printer`` (as the
     single-address path of :mod:`vllm_nnrp_plugin.client.cli` does); the exit status. ``args.timeout`` (s) bounds
     the wait for a replica's session and each wait for the next event."""
-    from vllm_nnrp_plugin.client.fleet_pool import FleetPool
+    from vllm_nnrp_plugin.client.fleet.pool import FleetPool
 
     try:
         pool = FleetPool(args.endpoint, api_key=api_key, trusted_cert_der=_trusted_der(args.tls_ca),

@@ -1,7 +1,7 @@
 """A small ``openai-compatible/1`` client over nnrp-py's native client (used by ``vllm-nnrp``, the conformance
 driver and the tests, as the oracle of nnrp-py's own client). One session, no fan-out: more operations at once
 than the session's ``max_in_flight_per_session`` get ``too_many_requests`` (the ``openai`` transports fan out,
-:mod:`vllm_nnrp_plugin.client.openai.pool`).
+:mod:`vllm_nnrp_plugin.client.aio.pool`).
 
 ::
 
@@ -58,8 +58,6 @@ from nnrp.native import (
 from nnrp.runtime import TraceContextMetadata
 from nnrp.schema import StreamSemantics
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.client.events import ClientEvent
 from vllm_nnrp_plugin.client.errors import (
     ClientAddressError,
     ClientError,
@@ -67,8 +65,10 @@ from vllm_nnrp_plugin.client.errors import (
     ClientTimeout,
     ClientTransportError,
 )
-from vllm_nnrp_plugin.controls import priority_class_of
-from vllm_nnrp_plugin.endpoints import EndpointError, parse_endpoint
+from vllm_nnrp_plugin.client.events import ClientEvent
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.contract.endpoints import EndpointError, parse_endpoint
+from vllm_nnrp_plugin.core.controls import priority_class_of
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
 
@@ -106,7 +106,7 @@ class ProfileClient:
     async def connect(
         cls, uri: str, *, trusted_cert_der: bytes | None = None, priority_class: str = "balanced"
     ) -> ProfileClient:
-        """Connect to any URI of :mod:`vllm_nnrp_plugin.endpoints` and open a session.
+        """Connect to any URI of :mod:`vllm_nnrp_plugin.contract.endpoints` and open a session.
         TLS URIs (``nnrps``, ``wss``, ``quic``) need ``trusted_cert_der``: the server certificate (or its CA), DER.
         ``priority_class``: the session's, ``"interactive"`` / ``"balanced"`` / ``"background"`` (SESSION_OPEN
         ``priority_class`` 0 / 1 / 2 through nnrp-py's ``NativeClientSessionOptions``; its other options are

@@ -1,7 +1,7 @@
 """One observation record per operation: the single source of the operation's log line, diagnostics,
 metrics and span (plain data, no I/O, no clock: every time is passed in by the caller).
 
-The operation's rules (:class:`vllm_nnrp_plugin.operation.Operation`), the NNRP binding and the adapter fill
+The operation's rules (:class:`vllm_nnrp_plugin.core.operation.Operation`), the NNRP binding and the adapter fill
 one :class:`Observation` as the operation lives:
 
 | step | who calls | fields |
@@ -31,8 +31,8 @@ from typing import Any
 
 import attrs
 
-from vllm_nnrp_plugin.controls import PRIORITY_CLASSES, RuntimeControls
-from vllm_nnrp_plugin.log_safety import loggable, quote_field
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES, RuntimeControls
+from vllm_nnrp_plugin.observability.log_safety import loggable, quote_field
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
 COMPLETED = "completed"
@@ -95,7 +95,7 @@ class Observation:
     cancel_ns: int | None = None
     abort_ns: int | None = None
     abort_accepted: bool | None = None  # None: no abort was needed (the backend request finished)
-    # runtime controls (vllm_nnrp_plugin.controls)
+    # runtime controls (vllm_nnrp_plugin.core.controls)
     priority_class: str | None = None  # the NNRP priority class it ran in
     vllm_priority: int | None = None  # the priority vLLM scheduled it with (None: no priority scheduling)
     late_priority_updates: int = 0  # PRIORITY_UPDATEs after dispatch, which vLLM cannot apply
@@ -249,8 +249,8 @@ _LOG_DURATIONS = (
 def log_fields(obs: Observation) -> dict[str, Any]:
     """The fields of the operation's log line (no prompt or output text), in a fixed order; ``None``
     values are left out. Every string (``model`` and ``request_id`` come from the client) is made safe for a
-    log line by :func:`vllm_nnrp_plugin.log_safety.loggable` (escaped, at most ``MAX_LOG_CHARS`` characters and
-    a length marker); numbers and booleans stay as they are."""
+    log line by :func:`vllm_nnrp_plugin.observability.log_safety.loggable` (escaped, at most ``MAX_LOG_CHARS``
+    characters and a length marker); numbers and booleans stay as they are."""
     fields = {name: getattr(obs, name) for name in _LOG_FIELDS + _LOG_DURATIONS}
     if obs.trace is not None:
         fields["traceparent"] = obs.trace.traceparent()
@@ -260,7 +260,7 @@ def log_fields(obs: Observation) -> dict[str, Any]:
 
 def log_line(obs: Observation) -> str:
     """``nnrp operation key=value …`` from :func:`log_fields`: one line whatever the client sent (a string value
-    with a space, ``=`` or ``"`` is double-quoted: :func:`vllm_nnrp_plugin.log_safety.quote_field`)."""
+    with a space, ``=`` or ``"`` is double-quoted: :func:`vllm_nnrp_plugin.observability.log_safety.quote_field`)."""
     return "nnrp operation " + " ".join(
         f"{k}={quote_field(v) if type(v) is str else v}" for k, v in log_fields(obs).items()
     )

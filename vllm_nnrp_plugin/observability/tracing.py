@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from vllm_nnrp_plugin import __version__
-from vllm_nnrp_plugin.observation import ERROR, Observation
+from vllm_nnrp_plugin.observability.observation import ERROR, Observation
 
 
 def tracer() -> trace.Tracer:

@@ -1,5 +1,5 @@
 """How a draining replica says so on the wire, shared by the server (:meth:`vllm_nnrp_plugin.service.NNRPService.drain`)
-and the fleet clients (:mod:`vllm_nnrp_plugin.client.fleet`). Plain data.
+and the fleet clients (:mod:`vllm_nnrp_plugin.client.fleet.policy`). Plain data.
 
 A replica that drains (vLLM's shutdown on SIGTERM, ``nnrp.drain_timeout_ms``):
 

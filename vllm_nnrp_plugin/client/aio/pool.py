@@ -1,5 +1,7 @@
-"""The openai transports' fan-out: NNRP sessions on connections to one endpoint, on one event loop, sized by the
-server's credit, so that N concurrent calls of one client all run, as over HTTP, instead of being refused.
+"""A fan-out of the asyncio client: NNRP sessions on connections to one endpoint, on one event loop, sized by the
+server's credit, so that N concurrent calls of one client all run, as over HTTP, instead of being refused. What the
+``openai`` transports (:mod:`vllm_nnrp_plugin.client.openai`) run on, one per replica under a fleet
+(:mod:`vllm_nnrp_plugin.client.fleet.pool`).
 
 ::
 
@@ -48,9 +50,9 @@ from typing import Any
 
 from nnrp.core.enums import MessageType
 
-from vllm_nnrp_plugin.client.connection import Connection, Session, connect
+from vllm_nnrp_plugin.client.aio.connection import Connection, Session, connect
 from vllm_nnrp_plugin.client.errors import ClientConnectionError, ClientError
-from vllm_nnrp_plugin.controls import priority_class_of
+from vllm_nnrp_plugin.core.controls import priority_class_of
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
@@ -115,7 +117,7 @@ class _Link:
 
 
 class Pool:
-    """Sessions to ``uri`` (any form of :func:`vllm_nnrp_plugin.client.connection.connect`: ``tcp://``,
+    """Sessions to ``uri`` (any form of :func:`vllm_nnrp_plugin.client.aio.connection.connect`: ``tcp://``,
     ``unix://``, ``ws://``, and the TLS ones ``nnrps://``, ``wss://``, ``quic://`` with ``trusted_cert_der`` (DER),
     ``tls_ca_file`` (PEM) or the system's trust store) for one client and one ``api_key`` (sent by
     every connection it makes), on the running loop it is made on (module docstring for the policy). Every

@@ -1,12 +1,12 @@
 """The asyncio client's WebSocket carrier (``ws://HOST:PORT/PATH``, ``wss://`` with TLS): the asyncio shell of
 :class:`vllm_nnrp_plugin.carriers.websocket.NNRPWebSocket` (the mapping of NNRP onto RFC 6455, sans-IO, shared
 with the plugin's server) between a TCP (or TLS) transport and a
-:class:`~vllm_nnrp_plugin.client.connection.Connection`, which sees :class:`WebSocketCarrier` as its transport.
+:class:`~vllm_nnrp_plugin.client.aio.connection.Connection`, which sees :class:`WebSocketCarrier` as its transport.
 
 What the client side adds to the mapping:
 
 * the handshake is a plain RFC 6455 Upgrade (§4.1): ``GET <path>`` (the address's path,
-  :data:`vllm_nnrp_plugin.endpoints.WEBSOCKET_PATH` when it names none), ``Host`` the address's authority, no
+  :data:`vllm_nnrp_plugin.contract.endpoints.WEBSOCKET_PATH` when it names none), ``Host`` the address's authority, no
   ``Sec-WebSocket-Protocol`` and no extension; an answer other than ``101`` (the plugin's server answers 404 for
   another path) or a ``101`` that breaks §4.2.2 (wrong ``Sec-WebSocket-Accept``, a subprotocol or extension that
   was not offered) fails the connect with :class:`~vllm_nnrp_plugin.client.errors.ClientConnectionError`;
@@ -47,7 +47,7 @@ _CLEAN_CLOSES = (mapping.CLOSE_NORMAL, mapping.CLOSE_NO_STATUS)
 class WebSocketCarrier(asyncio.Protocol):
     """The ``asyncio.Protocol`` of one TCP (or TLS) connection carrying NNRP over WebSocket, and the transport
     its NNRP connection (``nnrp``: an ``asyncio.Protocol``, the client's
-    :class:`~vllm_nnrp_plugin.client.connection.Connection`) writes to (``write``, ``close``, ``abort``,
+    :class:`~vllm_nnrp_plugin.client.aio.connection.Connection`) writes to (``write``, ``close``, ``abort``,
     ``is_closing``, ``get_extra_info`` — the TCP transport's extra info). Made by :func:`open_websocket`;
     ``nnrp`` is attached once the Upgrade was accepted; ``host``: the ``Host`` header; ``path``: the Upgrade's
     target."""

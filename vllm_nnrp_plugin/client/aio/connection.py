@@ -60,8 +60,8 @@ import orjson
 from nnrp.core.enums import MessageType
 from nnrp.runtime.types import ResultDropReasonCode
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.auth_block import bearer_block
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.contract.auth_block import bearer_block
 from vllm_nnrp_plugin.client.errors import (
     AuthenticationFailed,
     ClientConnectionError,
@@ -71,9 +71,9 @@ from vllm_nnrp_plugin.client.errors import (
     SessionOpenError,
     _ConnectAddressError,
 )
-from vllm_nnrp_plugin.client.priority import with_priority_class
-from vllm_nnrp_plugin.controls import priority_class_of
-from vllm_nnrp_plugin.endpoints import (
+from vllm_nnrp_plugin.client.aio.priority import with_priority_class
+from vllm_nnrp_plugin.core.controls import priority_class_of
+from vllm_nnrp_plugin.contract.endpoints import (
     ALPN,
     ALPN_WEBSOCKET,
     QUIC_INSTALL,
@@ -136,13 +136,13 @@ async def connect(
         elif carrier.transport == "ipc":
             await loop.create_unix_connection(lambda: conn, urllib.parse.urlsplit(carrier.provider_uri).path)
         elif carrier.transport == "websocket":  # the carriers' modules load when first used (aioquic is slow to)
-            from vllm_nnrp_plugin.client import websocket
+            from vllm_nnrp_plugin.client.aio import websocket
 
             tls = _tls_context(trusted_cert_der, tls_ca_file, alpn=ALPN_WEBSOCKET) if carrier.tls else None
             path = urllib.parse.urlsplit(carrier.provider_uri).path  # parse_endpoint: WEBSOCKET_PATH if none named
             await websocket.open_websocket(conn, host, port, path, ssl=tls)
         else:
-            from vllm_nnrp_plugin.client import quic
+            from vllm_nnrp_plugin.client.aio import quic
 
             await quic.open_quic(conn, host, port, trusted_cert_der=trusted_cert_der, tls_ca_file=tls_ca_file,
                                  alpn=ALPN)

@@ -36,7 +36,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
 from vllm_nnrp_plugin.errors import NNRPStartupError
-from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.observability.observation import Observation
 
 # seconds; from sub-millisecond adapter work up to long generations
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

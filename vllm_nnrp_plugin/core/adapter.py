@@ -35,10 +35,10 @@ from typing import Any, Protocol
 
 import attrs
 
-from vllm_nnrp_plugin.controls import RuntimeControls, priority_class_of
-from vllm_nnrp_plugin.eager import start_now
-from vllm_nnrp_plugin.log_safety import traceback_text
-from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.core.controls import RuntimeControls, priority_class_of
+from vllm_nnrp_plugin.core.eager import start_now
+from vllm_nnrp_plugin.observability.log_safety import traceback_text
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operation_names

@@ -22,7 +22,7 @@ curl's) bounds the whole operation instead: it is sent as the envelope's ``nnrp.
 the operation with ``request_timeout`` (exit 3).
 
 Every operation command and ``capabilities`` speak the project's asyncio client
-(:mod:`vllm_nnrp_plugin.client.connection`) to ``--endpoint`` (``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
+(:mod:`vllm_nnrp_plugin.client.aio.connection`) to ``--endpoint`` (``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
 ``unix:///PATH``, ``ws://HOST:PORT[/PATH]``, ``wss://HOST:PORT[/PATH]`` or ``quic://HOST:PORT``) with ``--api-key``
 (default: ``$VLLM_API_KEY``, else ``$OPENAI_API_KEY``; sent only when set: what a ``vllm serve --api-key``
 requires, on every carrier) and, for the TLS carriers ``nnrps://``, ``wss://`` and ``quic://``, ``--tls-ca FILE``
@@ -56,8 +56,8 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
-from vllm_nnrp_plugin.endpoints import DEFAULT_LISTEN
+from vllm_nnrp_plugin.contract.endpoints import DEFAULT_LISTEN
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
 
 #: where the key comes from when ``--api-key`` is not given, in order (vLLM's server variable, the SDK's)
 API_KEY_ENVS = ("VLLM_API_KEY", "OPENAI_API_KEY")
@@ -161,7 +161,7 @@ def _operation_parser(commands: Any, name: str, help_text: str, *, timeout: floa
 
 async def _session(args: argparse.Namespace) -> tuple[Any, Any] | None:
     """A connection and an open session to ``args.endpoint``, or None after saying why on stderr."""
-    from vllm_nnrp_plugin.client.connection import connect
+    from vllm_nnrp_plugin.client.aio.connection import connect
     from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
 
     try:
@@ -257,11 +257,11 @@ def embed_envelope(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any) -> int:
     """Submit ``envelope`` and show its events with ``printer`` until the terminal; the exit status."""
+    from vllm_nnrp_plugin.client.cli.fleet import is_fleet_endpoint, run_on_fleet
     from vllm_nnrp_plugin.client.errors import ClientError
     from vllm_nnrp_plugin.client.events import operation_event
-    from vllm_nnrp_plugin.client.fleet_cli import is_fleet_endpoint, run_on_fleet
 
-    if is_fleet_endpoint(args.endpoint):  # several addresses: the fleet's replicas (client/fleet_cli.py)
+    if is_fleet_endpoint(args.endpoint):  # several addresses: the fleet's replicas (:mod:`.fleet`)
         return await run_on_fleet(args, envelope, printer, api_key_of(args))
     opened = await _session(args)
     if opened is None:
@@ -448,7 +448,3 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], tuple[dict[str, Any], Any]]] 
 def _out(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
