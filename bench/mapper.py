@@ -33,8 +33,11 @@ TARGET = Target("p50", ">=", 300_000)
 def recorded_streams() -> list[list[str]]:
     """The strings vLLM's generator yielded for every recorded chat stream (``data: …\\n\\n`` each, ``[DONE]``
     last); the ``responses-*`` recordings are Responses streams, not this mapper's input."""
-    return [[block + "\n\n" for block in path.read_text().split("\n\n") if block.strip()]
-            for path in sorted(FIXTURES.glob("*.sse")) if not path.name.startswith("responses-")]
+    return [
+        [block + "\n\n" for block in path.read_text().split("\n\n") if block.strip()]
+        for path in sorted(FIXTURES.glob("*.sse"))
+        if not path.name.startswith("responses-")
+    ]
 
 
 def normal_form(stream: list[str]) -> list:
@@ -64,10 +67,17 @@ async def _sse_to_partial_async(streams: list[list[str]], rounds: int) -> int:
     for _ in range(rounds):
         for stream in streams:
             mapper = ChatStreamMapper()
-            operation = Operation(Observation(
-                connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp", submitted_ns=0,
-                submitted_unix_ns=0,
-            ))  # fmt: skip
+            operation = Operation(
+                Observation(
+                    connection_id=1,
+                    session_id=1,
+                    operation_id=1,
+                    frame_id=1,
+                    transport="tcp",
+                    submitted_ns=0,
+                    submitted_unix_ns=0,
+                )
+            )
             async for chunk in vllm_chunks(_replay(stream)):
                 for event in mapper.feed(chunk):
                     operation.take(operation.partial(event))  # queued, then taken and encoded for sending
@@ -95,8 +105,11 @@ def run(repetitions: int = 30, rounds: int = 200) -> list[Result]:
             rates.append(events / (time.perf_counter() - start))
         rows.append(
             Result.of(
-                name, "events/s", rates, targets=(TARGET,),
+                name,
+                "events/s",
+                rates,
+                targets=(TARGET,),
                 parameters={"streams": len(streams), "events_per_sample": events, "threads": 1},
-            )  # fmt: skip
+            )
         )
     return rows

@@ -42,8 +42,9 @@ NOT_REQUIRED = ("aioquic",)
 def checkout_modules(root: pathlib.Path = ROOT) -> set[str]:
     """The package's files in the checkout, relative to ``root`` (tracked ones when it is a git checkout)."""
     try:
-        listed = subprocess.run(["git", "-C", str(root), "ls-files", "vllm_nnrp_plugin"], capture_output=True,
-                                text=True, check=True).stdout.split()  # fmt: skip
+        listed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "vllm_nnrp_plugin"], capture_output=True, text=True, check=True
+        ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         listed = [str(p.relative_to(root)) for p in (root / "vllm_nnrp_plugin").rglob("*") if p.is_file()]
     return {name for name in listed if "__pycache__" not in name and (root / name).is_file()}

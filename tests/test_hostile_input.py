@@ -41,10 +41,23 @@ def run_all(served, payloads: list[bytes], timeout_s: float = 5.0) -> list[list[
     return asyncio.run(main())
 
 
-def chat(model: bytes = b'"c-nonstream-text"', schema: bytes = b'"openai-compatible/1"', timeout: bytes = b"60000",
-         tools: bytes = b"[]") -> bytes:  # fmt: skip
-    return (b'{"schema_version":' + schema + b',"operation":"chat.completions.create","nnrp":{"timeout_ms":' + timeout
-            + b'},"body":{"model":' + model + b',"messages":[],"tools":' + tools + b"}}")  # fmt: skip
+def chat(
+    model: bytes = b'"c-nonstream-text"',
+    schema: bytes = b'"openai-compatible/1"',
+    timeout: bytes = b"60000",
+    tools: bytes = b"[]",
+) -> bytes:
+    return (
+        b'{"schema_version":'
+        + schema
+        + b',"operation":"chat.completions.create","nnrp":{"timeout_ms":'
+        + timeout
+        + b'},"body":{"model":'
+        + model
+        + b',"messages":[],"tools":'
+        + tools
+        + b"}}"
+    )
 
 
 def test_deeply_nested_fields_get_invalid_envelope_at_once_and_free_their_slots(served, caplog):

@@ -136,7 +136,7 @@ def test_a_client_slower_than_the_stream_ends_with_client_too_slow_and_the_reque
     taking from the session outbox, and the operation ends with ``client_too_slow`` once 8 events wait; the
     terminal arrives when the client reads again, and the session keeps serving."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(limited.bound[1][len("unix://"):])
+    sock.connect(limited.bound[1][len("unix://") :])
     sock.settimeout(10)
     conn = ClientConnection()
     request = conn.open_session()
@@ -207,7 +207,9 @@ def test_a_sent_terminal_frees_its_slot_for_the_clients_next_submit():
         session = await conn.open_session()
         terminals = []
         for _ in range(3):
-            events = [e async for e in session.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True}))]
+            events = [
+                e async for e in session.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True}))
+            ]
             terminals.append(events[-1].get("error", {}).get("code") or events[-1]["type"])
         await conn.close()
         return terminals

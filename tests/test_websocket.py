@@ -67,7 +67,6 @@ def silence_passes(protocol) -> None:
     nnrp._handshake_expired()
 
 
-
 class Transport:
     def __init__(self) -> None:
         self.writes: list[bytes] = []
@@ -126,11 +125,20 @@ class Served:
     def __init__(self, path: str = "/nnrp", authenticate=None) -> None:
         self.handler, self.transport = Handler(), Transport()
         self.gate, self.budget = SessionGate(8), BufferBudget(1 << 20)
-        self.protocol = WebSocketConnection(NNRPConnection(
-            self.handler, transport_name="websocket", limits=SessionLimits(max_in_flight=4, max_queued_events=64),
-            gate=self.gate, flush_round=FlushRound(asyncio.get_running_loop()), on_lost=lambda c: None,
-            bounds=CarrierBounds(max_packet_bytes=MAX_PACKET), budget=self.budget, authenticate=authenticate,
-        ), path=path)  # fmt: skip
+        self.protocol = WebSocketConnection(
+            NNRPConnection(
+                self.handler,
+                transport_name="websocket",
+                limits=SessionLimits(max_in_flight=4, max_queued_events=64),
+                gate=self.gate,
+                flush_round=FlushRound(asyncio.get_running_loop()),
+                on_lost=lambda c: None,
+                bounds=CarrierBounds(max_packet_bytes=MAX_PACKET),
+                budget=self.budget,
+                authenticate=authenticate,
+            ),
+            path=path,
+        )
         self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
 
     def feed(self, data: bytes) -> None:
@@ -213,7 +221,9 @@ def frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bool = True, r
     """A client frame built by hand (RFC 6455 §5.2), for what wsproto would refuse to send."""
     head = bytes([(0x80 if fin else 0) | rsv << 4 | opcode])
     n = len(payload)
-    length = bytes([n]) if n < 126 else (b"\x7e" + struct.pack("!H", n) if n < 1 << 16 else b"\x7f" + struct.pack("!Q", n))
+    length = (
+        bytes([n]) if n < 126 else (b"\x7e" + struct.pack("!H", n) if n < 1 << 16 else b"\x7f" + struct.pack("!Q", n))
+    )
     if not mask:
         return head + bytes([length[0]]) + length[1:] + payload
     key = b"\x01\x02\x03\x04"
@@ -326,7 +336,6 @@ BAD_FRAMES = [
     ("message ending inside a packet", frame(0x2, b"NNRP\x01\x00\x01\x28"), 1002),
     ("empty binary message", frame(0x2, b""), 1002),
     ("message over the packet limit", frame(0x2, b"\x00" * (MAX_PACKET + 1)), 1009),
-
 ]
 
 
@@ -425,12 +434,24 @@ def test_the_server_says_goodbye_with_1001_when_it_stops_and_1008_when_no_sessio
     [
         ("another path", None, 404),
         ("not an upgrade", b"GET /nnrp HTTP/1.1\r\nHost: x\r\n\r\n", 400),
-        ("POST", b"POST /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-                 b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", 400),
-        ("wrong version", b"GET /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-                          b"Sec-WebSocket-Version: 8\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", 426),
-        ("no key", b"GET /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-                   b"Sec-WebSocket-Version: 13\r\n\r\n", 400),
+        (
+            "POST",
+            b"POST /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+            400,
+        ),
+        (
+            "wrong version",
+            b"GET /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 8\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+            426,
+        ),
+        (
+            "no key",
+            b"GET /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n",
+            400,
+        ),
         ("not HTTP", b"NNRP\x01\x00\x01\x28" + b"\x00" * 100 + b"\r\n\r\n", 400),
     ],
 )
@@ -494,8 +515,14 @@ def _valid_client_stream() -> list[bytes]:
 
 
 FRAME_PIECES = st.one_of(
-    st.builds(frame, st.sampled_from([0x0, 0x1, 0x2, 0x3, 0x8, 0x9, 0xA, 0xB, 0xF]), st.binary(max_size=200),
-              fin=st.booleans(), mask=st.booleans(), rsv=st.integers(0, 7)),  # fmt: skip
+    st.builds(
+        frame,
+        st.sampled_from([0x0, 0x1, 0x2, 0x3, 0x8, 0x9, 0xA, 0xB, 0xF]),
+        st.binary(max_size=200),
+        fin=st.booleans(),
+        mask=st.booleans(),
+        rsv=st.integers(0, 7),
+    ),
     st.binary(max_size=64),  # raw garbage
     st.builds(lambda n: frame(0x2, b"\x00" * 14)[:2] + n, st.binary(min_size=0, max_size=10)),  # a torn header
 )
@@ -550,8 +577,12 @@ def test_fuzzed_framing_never_crashes_hangs_or_leaks(pieces, prefix_valid, cuts,
 def keyed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wskeys")
     cert, key, der = self_signed(tmp)
-    served = ServedNNRP((f"ws://127.0.0.1:{free_port()}", f"wss://127.0.0.1:{free_port()}/deep/path"),
-                        api_keys=(KEY,), tls_cert_file=cert, tls_key_file=key)  # fmt: skip
+    served = ServedNNRP(
+        (f"ws://127.0.0.1:{free_port()}", f"wss://127.0.0.1:{free_port()}/deep/path"),
+        api_keys=(KEY,),
+        tls_cert_file=cert,
+        tls_key_file=key,
+    )
     served.der = der
     yield served
     served.stop()

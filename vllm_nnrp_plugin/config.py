@@ -39,7 +39,8 @@ Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. U
 listen URIs outside the forms of :mod:`vllm_nnrp_plugin.contract.endpoints` are errors
 (:class:`ConfigError`), never ignored; so are a non-loopback address without TLS, or a non-loopback
 ``metrics_listen``, unless ``allow_non_loopback`` is true, a ``quic://`` address without aioquic installed (the
-``[quic]`` extra), a ``ws_allowed_origins`` entry that is not an origin, a TLS address without ``tls_cert_file`` / ``tls_key_file``, unreadable certificate or key files, an
+``[quic]`` extra), a ``ws_allowed_origins`` entry that is not an origin, a TLS address without ``tls_cert_file`` /
+``tls_key_file``, unreadable certificate or key files, an
 unknown ``ipc_socket_group`` and an ``operations`` entry that is not an operation of the profile
 (:data:`vllm_nnrp_plugin.profile.LEVELS`). Whether the vLLM server serves the listed operations is known only
 once it runs: :class:`vllm_nnrp_plugin.vllm_binding.backend.VLLMBackend` refuses to start otherwise.
@@ -229,8 +230,11 @@ def load_config(additional_config: Mapping[str, Any] | None, environ: Mapping[st
     block = dict(block)
     for key in OBSOLETE_KEYS.keys() & block.keys():
         del block[key]
-        logger.warning("nnrp.%s has no effect and is ignored: %s. Fix: remove it from --additional-config.", key,
-                       OBSOLETE_KEYS[key])  # fmt: skip
+        logger.warning(
+            "nnrp.%s has no effect and is ignored: %s. Fix: remove it from --additional-config.",
+            key,
+            OBSOLETE_KEYS[key],
+        )
     try:
         config = _converter.structure(block, NNRPConfig)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
@@ -264,7 +268,7 @@ def _check_exposure(config: NNRPConfig) -> None:
         if not carrier.tls and not is_loopback(carrier) and not config.allow_non_loopback:
             raise ConfigError(
                 f"NNRP listen address {uri} is reachable from other hosts without TLS. Fix: listen on 127.0.0.1 "
-                'or a unix socket, use nnrps:// / wss:// / quic:// with nnrp.tls_cert_file and nnrp.tls_key_file, '
+                "or a unix socket, use nnrps:// / wss:// / quic:// with nnrp.tls_cert_file and nnrp.tls_key_file, "
                 'or set "allow_non_loopback": true if this network is trusted.'
             )
         if carrier.transport == "quic" and not quic_available():

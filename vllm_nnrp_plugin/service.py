@@ -58,8 +58,8 @@ DEFAULT_IN_FLIGHT_PER_SESSION = 256
 
 
 class NNRPService:
-    """Start with :meth:`start` (binds, raises ``ListenError``; with ``metrics_listen`` also ``MetricsListenError``; both are ``NNRPStartupError``),
-    stop with :meth:`stop`.
+    """Start with :meth:`start` (binds, raises ``ListenError``; with ``metrics_listen`` also ``MetricsListenError``;
+    both are ``NNRPStartupError``), stop with :meth:`stop`.
 
     ``registry``: where the NNRP metrics are registered (default ``prometheus_client.REGISTRY``, the one
     vLLM's ``/metrics`` serves); ``tracer``: where spans go (default: the package's tracer from the global
@@ -96,9 +96,11 @@ class NNRPService:
         #: the runtime capability document, read once from the backend (vLLM's configuration is fixed)
         per_session = config.max_in_flight_per_session or DEFAULT_IN_FLIGHT_PER_SESSION
         self.capabilities = with_limits(
-            self._backend.capabilities(), max_in_flight=config.max_in_flight,
-            max_in_flight_per_session=per_session, max_sessions=config.max_sessions,
-        )  # fmt: skip
+            self._backend.capabilities(),
+            max_in_flight=config.max_in_flight,
+            max_in_flight_per_session=per_session,
+            max_sessions=config.max_sessions,
+        )
         self._tasks: dict[ServerOperation, asyncio.Task] = {}
         self._timers: dict[ServerOperation, asyncio.TimerHandle] = {}
         self._stopping = False
@@ -114,8 +116,9 @@ class NNRPService:
         self._loop = loop
         self._hooks = hooks
         self._session_limits = SessionLimits(per_session, config.max_queued_events)
-        self._exposure = Exposure(config.tls_cert_file, config.tls_key_file, config.ipc_socket_group,
-                                  config.ws_allowed_origins)
+        self._exposure = Exposure(
+            config.tls_cert_file, config.tls_key_file, config.ipc_socket_group, config.ws_allowed_origins
+        )
         self._listener: Listener | None = None
 
     @property
@@ -129,14 +132,21 @@ class NNRPService:
         carriers = _carriers(self._config.listen)
         config = self._config
         self._listener = Listener(
-            carriers, self, max_sessions=config.max_sessions, session_limits=self._session_limits,
-            exposure=self._exposure, probe=self._hooks.send_probe, tcp_nodelay=self._hooks.tcp_nodelay,
-            keys=self._keys, bounds=CarrierBounds(
+            carriers,
+            self,
+            max_sessions=config.max_sessions,
+            session_limits=self._session_limits,
+            exposure=self._exposure,
+            probe=self._hooks.send_probe,
+            tcp_nodelay=self._hooks.tcp_nodelay,
+            keys=self._keys,
+            bounds=CarrierBounds(
                 handshake_timeout_s=config.handshake_timeout_ms / 1000,
                 max_packet_bytes=packet_limit(config.max_envelope_bytes),
-                max_buffered_bytes=config.max_buffered_bytes, max_connections=config.max_connections,
+                max_buffered_bytes=config.max_buffered_bytes,
+                max_connections=config.max_connections,
             ),
-        )  # fmt: skip
+        )
         bound = await self._listener.start()
         try:
             if config.metrics_listen is not None:
@@ -146,7 +156,6 @@ class NNRPService:
             await self._listener.close()
             raise
         return bound
-
 
     async def drain(self, grace_s: float) -> None:
         """Drain, then :meth:`stop` (vLLM's shutdown on SIGTERM, ``nnrp.drain_timeout_ms``): at once, no new
@@ -159,15 +168,17 @@ class NNRPService:
             if self._listener is not None:
                 self._listener.drain(int(grace_s * 1000))
             running = len(self._tasks)
-            logger.info("NNRP draining: no new sessions or operations; %d running get up to %.0f s to finish",
-                        running, grace_s)  # fmt: skip
+            logger.info(
+                "NNRP draining: no new sessions or operations; %d running get up to %.0f s to finish", running, grace_s
+            )
             if running and grace_s > 0:
                 self._idle = asyncio.get_running_loop().create_future()
                 self._drain_until = time.monotonic() + grace_s
                 await self._drained()
                 if self._tasks:
-                    logger.info("NNRP drain: %d operations still running at the end of the grace time",
-                                len(self._tasks))  # fmt: skip
+                    logger.info(
+                        "NNRP drain: %d operations still running at the end of the grace time", len(self._tasks)
+                    )
         await self.stop()
 
     async def _drained(self) -> None:
@@ -213,9 +224,11 @@ class NNRPService:
             self._settle(sop)  # no task will run
             return
         if not self.in_flight.try_take():
-            sop.refuse(E.too_many_requests(
-                f"this server already runs {self.in_flight.capacity} NNRP operations (nnrp.max_in_flight)"
-            ))  # fmt: skip
+            sop.refuse(
+                E.too_many_requests(
+                    f"this server already runs {self.in_flight.capacity} NNRP operations (nnrp.max_in_flight)"
+                )
+            )
             self._settle(sop)  # no task will run; it never reaches vLLM
             return
         self._holding.add(sop)

@@ -11,8 +11,13 @@ import orjson
 from tests.unit.test_properties import CAPABILITIES, MAX_BYTES, RecordingSink, envelope
 from vllm_nnrp_plugin.core.adapter import AdapterLimits, Call, run_operation
 
-CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-         "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}  # fmt: skip
+CHUNK = {
+    "id": "c",
+    "object": "chat.completion.chunk",
+    "created": 0,
+    "model": "m",
+    "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}],
+}
 
 
 class FailingSlowToCloseBackend:

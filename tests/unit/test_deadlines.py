@@ -12,8 +12,17 @@ from vllm_nnrp_plugin.observability.observation import Observation
 
 
 def rules() -> Operation:
-    return Operation(Observation(connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp",
-                                 submitted_ns=0, submitted_unix_ns=1_000_000_000_000))  # fmt: skip
+    return Operation(
+        Observation(
+            connection_id=1,
+            session_id=1,
+            operation_id=1,
+            frame_id=1,
+            transport="tcp",
+            submitted_ns=0,
+            submitted_unix_ns=1_000_000_000_000,
+        )
+    )
 
 
 @pytest.fixture
@@ -92,5 +101,8 @@ def test_time_out_is_a_request_timeout_error_and_nothing_after_it(pumped):
     assert terminal.event["error"]["code"] == "request_timeout" and "250 ms" in terminal.event["error"]["message"]
     record = sop.observation
     assert (record.outcome, record.error_code, record.cancel_source, record.cancel_reason) == (
-        "error", "request_timeout", "deadline", "request_timeout",
-    )  # fmt: skip
+        "error",
+        "request_timeout",
+        "deadline",
+        "request_timeout",
+    )

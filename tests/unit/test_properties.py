@@ -4,7 +4,8 @@ one typed error — never an exception escaping, never two terminals.
 Covered: frame unwrapping (``wire_mapping.unwrap_typed_body``) and envelope decoding (``decode_envelope``) on arbitrary
 bytes and on mutated envelopes; chunk -> event mapping (``ChatStreamMapper``) on realistic and on arbitrary
 chunk streams, end to end through ``run_operation`` with the real :class:`Operation`; the operation's rules
-(:class:`Operation`) on arbitrary sequences of decisions and wire events. Example counts are bounded so the default test run stays fast.
+(:class:`Operation`) on arbitrary sequences of decisions and wire events. Example counts are bounded so the default test
+run stays fast.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from vllm_nnrp_plugin.core.operation import DropReason, Operation, PartialResult
 from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
-from vllm_nnrp_plugin.profile.capabilities import operation_names, chat_operation, runtime_document
+from vllm_nnrp_plugin.profile.capabilities import chat_operation, operation_names, runtime_document
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
@@ -39,7 +40,9 @@ CODES = {v for k, v in vars(E).items() if k.isupper() and isinstance(v, str)} - 
 MAX_BYTES = 4096
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False) | st.text(max_size=20)
+json_scalars = (
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False) | st.text(max_size=20)
+)
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
@@ -111,21 +114,35 @@ realistic_chunk = st.fixed_dictionaries(
             ),
             max_size=2,
         ),
-        "usage": st.none() | st.fixed_dictionaries(
-            {"prompt_tokens": st.integers(0, 9), "completion_tokens": st.integers(0, 9), "total_tokens": st.integers(0, 18)}
+        "usage": st.none()
+        | st.fixed_dictionaries(
+            {
+                "prompt_tokens": st.integers(0, 9),
+                "completion_tokens": st.integers(0, 9),
+                "total_tokens": st.integers(0, 18),
+            }
         ),
     },
 )
-error_chunk = st.fixed_dictionaries({"error": st.fixed_dictionaries({"message": st.text(max_size=10), "code": st.integers(400, 599)})})
+error_chunk = st.fixed_dictionaries(
+    {"error": st.fixed_dictionaries({"message": st.text(max_size=10), "code": st.integers(400, 599)})}
+)
 any_chunk = st.dictionaries(st.sampled_from(["id", "choices", "usage", "error", "x"]), json_values, max_size=4)
 chunk_streams = st.lists(st.one_of(realistic_chunk, realistic_chunk, error_chunk, any_chunk), max_size=12)
 
 
 def new_operation() -> Operation:
-    return Operation(Observation(
-        connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp", submitted_ns=0,
-        submitted_unix_ns=0,
-    ))  # fmt: skip
+    return Operation(
+        Observation(
+            connection_id=1,
+            session_id=1,
+            operation_id=1,
+            frame_id=1,
+            transport="tcp",
+            submitted_ns=0,
+            submitted_unix_ns=0,
+        )
+    )
 
 
 class RecordingSink:
@@ -160,6 +177,7 @@ class RecordingSink:
     @functools.cached_property
     def controls(self):
         return RuntimeControls()
+
     def limit_time(self, timeout_ms):
         pass
 
@@ -218,7 +236,9 @@ def _check_one_terminal(sink: RecordingSink) -> dict[str, Any]:
 @FAST
 @given(chunk_streams)
 # a usage chunk whose usage is not an object once crashed the usage bookkeeping
-@example([{"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]}, {"choices": [], "usage": True}])
+@example(
+    [{"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]}, {"choices": [], "usage": True}]
+)
 def test_any_chunk_stream_gives_ordered_events_and_exactly_one_terminal(chunks):
     sink, payload = RecordingSink(), orjson.dumps(envelope({"messages": [], "stream": True}))
     backend = ScriptedBackend(chunks)
@@ -275,12 +295,25 @@ def test_the_mapper_never_raises_on_realistic_chunks(chunks):
 DELTA = {"type": "response.output_text.delta", "index": 0, "delta": "x"}
 # decisions (vLLM's loop), wire events (the pump) and sends, in any order
 steps = st.lists(
-    st.sampled_from(["partial", "complete", "fail", "time_out", "shut_down", "overflow", "peer_cancel", "lose",
-                     "send", "trace", "dispatch"])
+    st.sampled_from(
+        [
+            "partial",
+            "complete",
+            "fail",
+            "time_out",
+            "shut_down",
+            "overflow",
+            "peer_cancel",
+            "lose",
+            "send",
+            "trace",
+            "dispatch",
+        ]
+    )
     | st.tuples(st.just("deadline"), st.integers(0, 10_000))
     | st.tuples(st.just("timeout_ms"), st.integers(1, 10_000)),
     max_size=30,
-)  # fmt: skip
+)
 
 
 def flush(op: Operation, queue: list, sent: list) -> None:

@@ -52,11 +52,13 @@ class CoreServer:
                     if isinstance(event, ev.SessionOpenRequested):
                         server.accept_session(event.request)
                     elif isinstance(event, ev.OperationSuperseded):
-                        server.send_result_drop_reason(event.session_id, event.frame_id, event.operation_id, 0, 2,
-                                                       SUPERSEDED)  # fmt: skip
+                        server.send_result_drop_reason(
+                            event.session_id, event.frame_id, event.operation_id, 0, 2, SUPERSEDED
+                        )
                     elif isinstance(event, ev.DeadlineReceived):
-                        server.send_result_drop_reason(event.session_id, event.frame_id, event.operation_id, 0, 1,
-                                                       EXPIRED)  # fmt: skip
+                        server.send_result_drop_reason(
+                            event.session_id, event.frame_id, event.operation_id, 0, 1, EXPIRED
+                        )
                 out = server.data_to_send()
                 if out:
                     sock.sendall(out)

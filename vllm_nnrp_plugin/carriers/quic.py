@@ -73,14 +73,18 @@ class NNRPStream:
         ``HandshakeCompleted``, ``ConnectionTerminated``, …)."""
         if type(event) is qe.StreamDataReceived:
             if event.stream_id != NNRP_STREAM_ID:
-                return StreamBroken(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream, the "
-                                    "client's first bidirectional one", QuicFrameType.STREAM_BASE)  # fmt: skip
+                return StreamBroken(
+                    QuicErrorCode.PROTOCOL_VIOLATION,
+                    "NNRP/1 over QUIC uses one stream, the client's first bidirectional one",
+                    QuicFrameType.STREAM_BASE,
+                )
             return StreamData(event.data, event.end_stream)
         if type(event) is qe.StreamReset or type(event) is qe.StopSendingReceived:
             if event.stream_id == NNRP_STREAM_ID:
                 return StreamBroken(QuicErrorCode.NO_ERROR, f"the {self._peer} reset the NNRP stream")
-            return StreamBroken(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream",
-                                QuicFrameType.STREAM_BASE)  # fmt: skip
+            return StreamBroken(
+                QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream", QuicFrameType.STREAM_BASE
+            )
         return event
 
     def send(self, data: bytes) -> None:

@@ -49,10 +49,25 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketBoundary, split_packets
 
 __all__ = [
-    "CLOSE_GOING_AWAY", "CLOSE_MESSAGE_TOO_BIG", "CLOSE_NO_STATUS", "CLOSE_NORMAL", "CLOSE_POLICY_VIOLATION",
-    "CLOSE_PROTOCOL_ERROR", "CLOSE_UNSUPPORTED_DATA", "CloseAnswered", "Failed", "Malformed", "NNRPWebSocket",
-    "Payload", "PeerClosed", "PingAnswered", "UpgradeRefused", "UpgradeRequested", "Upgraded", "binary_frames",
-]  # fmt: skip
+    "CLOSE_GOING_AWAY",
+    "CLOSE_MESSAGE_TOO_BIG",
+    "CLOSE_NO_STATUS",
+    "CLOSE_NORMAL",
+    "CLOSE_POLICY_VIOLATION",
+    "CLOSE_PROTOCOL_ERROR",
+    "CLOSE_UNSUPPORTED_DATA",
+    "CloseAnswered",
+    "Failed",
+    "Malformed",
+    "NNRPWebSocket",
+    "Payload",
+    "PeerClosed",
+    "PingAnswered",
+    "UpgradeRefused",
+    "UpgradeRequested",
+    "Upgraded",
+    "binary_frames",
+]
 
 #: close codes (RFC 6455 §7.4.1)
 CLOSE_NORMAL = int(CloseReason.NORMAL_CLOSURE)  # 1000
@@ -174,7 +189,14 @@ class Malformed:
 
 #: what :meth:`NNRPWebSocket.receive_data` yields
 Event = (
-    Payload | UpgradeRequested | Upgraded | UpgradeRefused | PingAnswered | PeerClosed | CloseAnswered | Failed
+    Payload
+    | UpgradeRequested
+    | Upgraded
+    | UpgradeRefused
+    | PingAnswered
+    | PeerClosed
+    | CloseAnswered
+    | Failed
     | Malformed
 )
 

@@ -71,7 +71,11 @@ class Backend(Protocol):
         (:func:`vllm_nnrp_plugin.profile.capabilities.runtime_document`)."""
 
     async def create(
-        self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+        self,
+        operation: str,
+        body: dict[str, Any],
+        request_id: str,
+        traceparent: str | None = None,
         controls: RuntimeControls | None = None,
     ) -> Call:
         """Start ``operation`` (one the capability document lists) with ``body`` under ``request_id``, in the W3C
@@ -208,8 +212,13 @@ def _log_unexpected(sink: OperationSink, stage: str, exc: BaseException) -> None
     """Log ``exc``, once, with its traceback: the server's record of what failed (never sent to the client), its
     messages escaped and bounded (they may quote the request: :func:`~vllm_nnrp_plugin.log_safety.traceback_text`)."""
     record = sink.observation
-    logger.error("NNRP operation %d of session %d failed while %s\n%s", record.operation_id, record.session_id, stage,
-                 traceback_text(exc))  # fmt: skip
+    logger.error(
+        "NNRP operation %d of session %d failed while %s\n%s",
+        record.operation_id,
+        record.session_id,
+        stage,
+        traceback_text(exc),
+    )
 
 
 def _fail_safely(sink: OperationSink, err: E.ProfileError) -> None:
@@ -217,8 +226,11 @@ def _fail_safely(sink: OperationSink, err: E.ProfileError) -> None:
     try:
         sink.fail(err)
     except Exception as exc:  # noqa: BLE001 - the sink itself is broken: nothing more can be told to the client
-        logger.error("NNRP operation %d: its error terminal cannot be queued\n%s", sink.observation.operation_id,
-                     traceback_text(exc))  # fmt: skip
+        logger.error(
+            "NNRP operation %d: its error terminal cannot be queued\n%s",
+            sink.observation.operation_id,
+            traceback_text(exc),
+        )
 
 
 async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capabilities: dict[str, Any]) -> None:
@@ -254,7 +266,10 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
     try:
         trace = sink.dispatch()
         call = await backend.create(
-            envelope.operation, envelope.body, request_id, trace.traceparent() if trace is not None else None,
+            envelope.operation,
+            envelope.body,
+            request_id,
+            trace.traceparent() if trace is not None else None,
             controls,
         )
         if call.stream is None:

@@ -188,8 +188,13 @@ class Listener:
     def _listen(self, sock: socket.socket, carrier: Carrier, tls: ssl.SSLContext | None) -> None:
         sock.listen(BACKLOG)
         self._listening.append(sock)
-        door = _Door(sock, carrier.label, tls, authenticator_for(carrier.transport, self._keys),
-                     urllib.parse.urlsplit(carrier.provider_uri).path if carrier.transport == "websocket" else None)
+        door = _Door(
+            sock,
+            carrier.label,
+            tls,
+            authenticator_for(carrier.transport, self._keys),
+            urllib.parse.urlsplit(carrier.provider_uri).path if carrier.transport == "websocket" else None,
+        )
         self._loop.add_reader(sock.fileno(), self._accept, door)  # type: ignore[union-attr]  # start() set it
 
     def _accept(self, door: _Door) -> None:
@@ -225,8 +230,12 @@ class Listener:
         fd = door.sock.fileno()  # type: ignore[union-attr]  # a stream door: it has a socket
         if fd in self._paused_accepts:
             return
-        logger.warning("NNRP cannot accept connections on %s (%s); accepting pauses for %.1f s",
-                       door.name, exc.strerror or exc, ACCEPT_PAUSE_S)  # fmt: skip
+        logger.warning(
+            "NNRP cannot accept connections on %s (%s); accepting pauses for %.1f s",
+            door.name,
+            exc.strerror or exc,
+            ACCEPT_PAUSE_S,
+        )
         self._handler.on_connection_refused(door.name, "no_descriptor")
         self._loop.remove_reader(fd)  # type: ignore[union-attr]  # start() set it
 
@@ -266,16 +275,24 @@ class Listener:
         if door.websocket_path is None:
             return StreamConnection(nnrp, first=first, tcp_nodelay=self._tcp_nodelay)
         origins = allowed_origins(self._exposure.ws_allowed_origins, door.keys is not None)
-        return WebSocketConnection(nnrp, path=door.websocket_path, origins=origins, first=first,
-                                   tcp_nodelay=self._tcp_nodelay)  # fmt: skip
+        return WebSocketConnection(
+            nnrp, path=door.websocket_path, origins=origins, first=first, tcp_nodelay=self._tcp_nodelay
+        )
 
     def _connection(self, door: _Door) -> NNRPConnection:
         """A new NNRP connection on ``door``, counted until it is lost."""
         connection = NNRPConnection(
-            self._handler, transport_name=door.name, limits=self._limits, gate=self._gate,
-            flush_round=self._round, on_lost=self._connections.discard, probe=self._probe,  # type: ignore[arg-type]  # start() made it
-            authenticate=door.keys, bounds=self._bounds, budget=self._budget,
-        )  # fmt: skip
+            self._handler,
+            transport_name=door.name,
+            limits=self._limits,
+            gate=self._gate,
+            flush_round=self._round,  # type: ignore[arg-type]  # start() made it
+            on_lost=self._connections.discard,
+            probe=self._probe,
+            authenticate=door.keys,
+            bounds=self._bounds,
+            budget=self._budget,
+        )
         self._connections.add(connection)
         return connection
 

@@ -119,8 +119,9 @@ class NNRPQuicConnection(QuicConnectionProtocol):
     client has not acknowledged; ``hold_input`` holds input. ``attach()``: the listener's factory of the NNRP
     connection (``None``: over ``max_connections``, refused). On the loop only."""
 
-    def __init__(self, quic: QuicConnection, *, attach: Callable[[], NNRPConnection | None],
-                 stream_handler: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self, quic: QuicConnection, *, attach: Callable[[], NNRPConnection | None], stream_handler: Any = None
+    ) -> None:
         super().__init__(quic, stream_handler=stream_handler)
         _alpn_when_offered(quic)
         self.paused_reading = False
@@ -147,8 +148,11 @@ class NNRPQuicConnection(QuicConnectionProtocol):
         super().datagram_received(data, addr)
         if self._refused:
             self._refused = False
-            self._quic.close(error_code=QuicErrorCode.CONNECTION_REFUSED, frame_type=QuicFrameType.PADDING,
-                             reason_phrase="max_connections")  # fmt: skip
+            self._quic.close(
+                error_code=QuicErrorCode.CONNECTION_REFUSED,
+                frame_type=QuicFrameType.PADDING,
+                reason_phrase="max_connections",
+            )
             self.transmit()
             return
         if self._finishing is not None:  # a clean end waits for the acknowledgement of its last packets
@@ -176,7 +180,9 @@ class NNRPQuicConnection(QuicConnectionProtocol):
         if self.paused_reading:
             self._held_bytes += len(data)
             if self._held_bytes > nnrp.max_packet_bytes:
-                self.fail(QuicErrorCode.NO_ERROR, "input held while the client does not read went over the packet limit")
+                self.fail(
+                    QuicErrorCode.NO_ERROR, "input held while the client does not read went over the packet limit"
+                )
                 return
             self._held.append(data)
             if end:
@@ -257,8 +263,11 @@ class NNRPQuicConnection(QuicConnectionProtocol):
             return  # nothing waits for the client: an idle client is the idle timeout's
         silent_s = self._loop.time() - self._heard_at
         if silent_s >= PEER_SILENT_S:
-            self.fail(QuicErrorCode.NO_ERROR, f"the client sent nothing for {silent_s:.1f} s while packets waited for "
-                      "its acknowledgement; taken for gone")  # fmt: skip
+            self.fail(
+                QuicErrorCode.NO_ERROR,
+                f"the client sent nothing for {silent_s:.1f} s while packets waited for "
+                "its acknowledgement; taken for gone",
+            )
         else:
             self._silence_check = self._loop.call_later(PEER_SILENT_S - silent_s, self._check_silence)
 
@@ -338,7 +347,8 @@ class NNRPQuicServer(QuicServer):
         return connection
 
     async def shut_down(self, grace_s: float = CLOSE_GRACE_S) -> None:
-        """After the NNRP connections were shut down (their last packets and FIN queued, :meth:`NNRPQuicConnection.finish`):
+        """After the NNRP connections were shut down (their last packets and FIN queued,
+        :meth:`NNRPQuicConnection.finish`):
         close the connections with nothing to finish at once, give the others up to ``grace_s`` seconds to have
         everything acknowledged and close (aioquic paces its packets: the UDP socket must stay open until they
         went), then close every connection left and the UDP socket."""

@@ -35,9 +35,9 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_nnrp_plugin.core.limits import SessionLimits
+from vllm_nnrp_plugin.core.operation import DropReason, EarlyDeadlines
 from vllm_nnrp_plugin.nnrp_binding.handler import CANCEL_DETAIL, SessionHandler
 from vllm_nnrp_plugin.nnrp_binding.server_operation import PRESSURE, ServerOperation, SessionLink
-from vllm_nnrp_plugin.core.operation import DropReason, EarlyDeadlines
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
 
@@ -48,8 +48,17 @@ class SessionPolicy:
     ``link`` is the session's outbox; ``send_credit(window)`` sends a CREDIT_UPDATE. Set :attr:`closing` once
     the session or the server is going away: no CREDIT_UPDATE is sent after that."""
 
-    __slots__ = ("ops", "frames", "early_deadlines", "pressured", "closing", "_handler", "_limits", "_link",
-                 "_send_credit")  # fmt: skip
+    __slots__ = (
+        "ops",
+        "frames",
+        "early_deadlines",
+        "pressured",
+        "closing",
+        "_handler",
+        "_limits",
+        "_link",
+        "_send_credit",
+    )
 
     def __init__(
         self,
@@ -77,10 +86,12 @@ class SessionPolicy:
         BACKPRESSURE then its ``too_many_requests`` terminal are queued; it never reaches the handler)."""
         if len(self.ops) >= self._limits.max_in_flight:
             self._link.put(sop, PRESSURE)
-            sop.fail(E.too_many_requests(
-                f"this session already has {len(self.ops)} operations in flight; the limit is "
-                f"{self._limits.max_in_flight} (nnrp.max_in_flight_per_session)"
-            ))  # fmt: skip
+            sop.fail(
+                E.too_many_requests(
+                    f"this session already has {len(self.ops)} operations in flight; the limit is "
+                    f"{self._limits.max_in_flight} (nnrp.max_in_flight_per_session)"
+                )
+            )
             sop.settle()  # no task will run for it
             return False
         self.ops[sop.operation_id] = sop

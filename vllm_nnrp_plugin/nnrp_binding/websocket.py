@@ -76,8 +76,15 @@ class WebSocketConnection(asyncio.Protocol):
     values it accepts (:func:`allowed_origins`; default none); ``first``: bytes the listener read from the socket
     as it accepted it, taken as the first read; ``tcp_nodelay``: set TCP_NODELAY."""
 
-    def __init__(self, nnrp: NNRPConnection, *, path: str, origins: frozenset[str] = frozenset(), first: bytes = b"",
-                 tcp_nodelay: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        nnrp: NNRPConnection,
+        *,
+        path: str,
+        origins: frozenset[str] = frozenset(),
+        first: bytes = b"",
+        tcp_nodelay: bool = True,
+    ) -> None:
         self.nnrp = nnrp
         self._path = path
         self._origins = origins
@@ -148,16 +155,24 @@ class WebSocketConnection(asyncio.Protocol):
     def _on_request(self, request: Request) -> None:
         nnrp = self.nnrp
         if request.target.split("?", 1)[0] != self._path:
-            logger.debug("NNRP connection %d on %s: Upgrade for %s refused (not %s)", nnrp.connection_id,
-                         nnrp.transport_name, loggable(request.target), self._path)  # fmt: skip
+            logger.debug(
+                "NNRP connection %d on %s: Upgrade for %s refused (not %s)",
+                nnrp.connection_id,
+                nnrp.transport_name,
+                loggable(request.target),
+                self._path,
+            )
             self._write_raw(self._ws.reject(404))
             self._end_transport(None)
             return
         origin = _origin_refused(request, self._origins)
         if origin is not None:
-            logger.info("NNRP connection %d on %s: WebSocket Upgrade from origin %s refused (403; "
-                        "nnrp.ws_allowed_origins)", nnrp.connection_id, nnrp.transport_name,
-                        loggable(origin))  # fmt: skip
+            logger.info(
+                "NNRP connection %d on %s: WebSocket Upgrade from origin %s refused (403; nnrp.ws_allowed_origins)",
+                nnrp.connection_id,
+                nnrp.transport_name,
+                loggable(origin),
+            )
             nnrp.refused("origin")
             self._write_raw(self._ws.reject(403))
             self._end_transport(None)
@@ -176,14 +191,23 @@ class WebSocketConnection(asyncio.Protocol):
     def _fail(self, code: int, reason: str) -> None:
         """Fail the WebSocket connection (RFC 6455 §7.1.7): a close frame with ``code``, every operation stops,
         the transport closes."""
-        logger.info("NNRP connection %d on %s closed (WebSocket %d): %s", self.nnrp.connection_id,
-                    self.nnrp.transport_name, code, loggable(reason))  # fmt: skip
+        logger.info(
+            "NNRP connection %d on %s closed (WebSocket %d): %s",
+            self.nnrp.connection_id,
+            self.nnrp.transport_name,
+            code,
+            loggable(reason),
+        )
         self._end_transport(code, reason)
         self.nnrp.lose()
 
     def _reject(self, exc: RemoteProtocolError) -> None:
-        logger.debug("NNRP connection %d on %s: bad WebSocket Upgrade: %s", self.nnrp.connection_id,
-                     self.nnrp.transport_name, loggable(str(exc)))  # fmt: skip
+        logger.debug(
+            "NNRP connection %d on %s: bad WebSocket Upgrade: %s",
+            self.nnrp.connection_id,
+            self.nnrp.transport_name,
+            loggable(str(exc)),
+        )
         self._write_raw(self._ws.reject_malformed(exc))
         self._end_transport(None)
 
@@ -233,5 +257,9 @@ class WebSocketConnection(asyncio.Protocol):
         return unread_bytes(self._transport)
 
 
-_CLOSE_CODES = {"handshake_timeout": mapping.CLOSE_POLICY_VIOLATION, "violation": mapping.CLOSE_POLICY_VIOLATION,
-                "shutdown": mapping.CLOSE_GOING_AWAY, "failed": mapping.CLOSE_PROTOCOL_ERROR}  # fmt: skip
+_CLOSE_CODES = {
+    "handshake_timeout": mapping.CLOSE_POLICY_VIOLATION,
+    "violation": mapping.CLOSE_POLICY_VIOLATION,
+    "shutdown": mapping.CLOSE_GOING_AWAY,
+    "failed": mapping.CLOSE_PROTOCOL_ERROR,
+}

@@ -27,9 +27,16 @@ from nnrp.core.enums import MessageType
 from nnrp.core.header import HEADER_LENGTH, HEADER_MAGIC, HEADER_STRUCT
 
 __all__ = [
-    "HEADER_LENGTH", "MAX_PACKET_BYTES", "FramingError", "Packet", "PacketBoundary", "PacketReader", "encode",
-    "packet_length", "split_packets",
-]  # fmt: skip
+    "HEADER_LENGTH",
+    "MAX_PACKET_BYTES",
+    "FramingError",
+    "Packet",
+    "PacketBoundary",
+    "PacketReader",
+    "encode",
+    "packet_length",
+    "split_packets",
+]
 
 #: the largest packet (header + metadata + body, bytes) either native peer accepts; also what a server
 #: advertises in SERVER_HELLO_ACK ``max_body_bytes``
@@ -103,9 +110,20 @@ def encode(
     """The bytes of one packet. Raises ``struct.error`` when a field does not fit its width."""
     return (
         _pack_header(
-            HEADER_MAGIC, 1, 0, msg_type, HEADER_LENGTH, flags, len(meta), len(body),
-            session_id, frame_id, view_id, route_id, trace_id,
-        )  # fmt: skip
+            HEADER_MAGIC,
+            1,
+            0,
+            msg_type,
+            HEADER_LENGTH,
+            flags,
+            len(meta),
+            len(body),
+            session_id,
+            frame_id,
+            view_id,
+            route_id,
+            trace_id,
+        )
         + meta
         + body
     )
@@ -139,8 +157,21 @@ class PacketReader:
         offset = 0
         size = len(buffer)
         while size - offset >= HEADER_LENGTH:
-            (magic, major, wire_format, msg_type, header_len, flags, meta_len, body_len,
-             session_id, frame_id, view_id, route_id, trace_id) = _unpack_header(buffer, offset)  # fmt: skip
+            (
+                magic,
+                major,
+                wire_format,
+                msg_type,
+                header_len,
+                flags,
+                meta_len,
+                body_len,
+                session_id,
+                frame_id,
+                view_id,
+                route_id,
+                trace_id,
+            ) = _unpack_header(buffer, offset)
             error = _header_error(magic, major, wire_format, msg_type, header_len, flags, meta_len, body_len, self._max)
             if error is not None:
                 self._failed = FramingError(error)
@@ -150,10 +181,19 @@ class PacketReader:
             if end > size:
                 break
             meta_end = offset + HEADER_LENGTH + meta_len
-            packets.append(Packet(
-                msg_type, flags, session_id, frame_id, view_id, route_id, trace_id,
-                bytes(buffer[offset + HEADER_LENGTH:meta_end]), bytes(buffer[meta_end:end]),
-            ))  # fmt: skip
+            packets.append(
+                Packet(
+                    msg_type,
+                    flags,
+                    session_id,
+                    frame_id,
+                    view_id,
+                    route_id,
+                    trace_id,
+                    bytes(buffer[offset + HEADER_LENGTH : meta_end]),
+                    bytes(buffer[meta_end:end]),
+                )
+            )
             offset = end
         if offset:
             del buffer[:offset]

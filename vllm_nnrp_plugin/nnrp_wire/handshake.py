@@ -170,7 +170,9 @@ class Handshake:
             raise FatalError(f"CLIENT_HELLO meta_len {len(packet.meta)} (must be 64)")
         hello = ClientHelloMetadata.unpack(packet.meta)
         if not hello.min_version_major <= 1 <= hello.max_version_major:
-            raise FatalError(f"CLIENT_HELLO version window {hello.min_version_major}..{hello.max_version_major} excludes 1")
+            raise FatalError(
+                f"CLIENT_HELLO version window {hello.min_version_major}..{hello.max_version_major} excludes 1"
+            )
         if not hello.supported_wire_format_bitmap & 1:
             raise FatalError("CLIENT_HELLO does not offer wire format 0")
         if not hello.supported_profile_bitmap or not hello.supported_payload_kind_bitmap:
@@ -184,7 +186,9 @@ class Handshake:
         self._authenticated = auth_status in (AUTH_STATUS_NOT_REQUIRED, AUTH_STATUS_ACCEPTED)
         accepted_profiles = hello.supported_profile_bitmap & self._profile_bitmap
         if not accepted_profiles:
-            raise FatalError(f"CLIENT_HELLO profile bitmap {hello.supported_profile_bitmap:#x} has no profile in common")
+            raise FatalError(
+                f"CLIENT_HELLO profile bitmap {hello.supported_profile_bitmap:#x} has no profile in common"
+            )
         ack = ServerHelloAckMetadata(
             selected_version_major=1,
             selected_wire_format=0,
@@ -331,7 +335,9 @@ class Handshake:
         ``crates/nnrp-runtime/src/server.rs`` rejection ack; the native client turns it into an open error with
         that code and keeps the connection."""
         body = diagnostic.encode("utf-8")
-        self._queue(_T.SESSION_OPEN_ACK, 0, 0, self._ack(request, 0, SESSION_STATUS_REJECTED, error_code, len(body)), body)
+        self._queue(
+            _T.SESSION_OPEN_ACK, 0, 0, self._ack(request, 0, SESSION_STATUS_REJECTED, error_code, len(body)), body
+        )
 
     # -- the application's answers to SessionOpenRequested --------------------------------------------------
 
@@ -417,8 +423,12 @@ class Handshake:
             )
             return
         for op in self._registry.close(session):  # submit order
-            self._queue(_T.RESULT_DROP_REASON, sid, op.frame_id, _DROP_REASON_STRUCT.pack(
-                op.operation_id, op.sequence + 1, _DROP_PEER_CANCELLED, ROLE_SERVER, 0, 0, 0))  # fmt: skip
+            self._queue(
+                _T.RESULT_DROP_REASON,
+                sid,
+                op.frame_id,
+                _DROP_REASON_STRUCT.pack(op.operation_id, op.sequence + 1, _DROP_PEER_CANCELLED, ROLE_SERVER, 0, 0, 0),
+            )
         events.append(SessionClosed(sid, int(metadata.close_reason)))
         ack = SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, metadata.last_operation_id).pack()
         self._queue(_T.SESSION_CLOSE_ACK, sid, 0, ack)
@@ -428,5 +438,9 @@ class Handshake:
         registry closed the session): queue the closing ack right behind it, ``last_operation_id`` as the client's
         SESSION_CLOSE said."""
         assert session.draining is not None  # the registry closes only a draining session
-        self._queue(_T.SESSION_CLOSE_ACK, session.session_id, 0,
-                    SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, session.draining).pack())  # fmt: skip
+        self._queue(
+            _T.SESSION_CLOSE_ACK,
+            session.session_id,
+            0,
+            SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, session.draining).pack(),
+        )

@@ -87,7 +87,9 @@ MAX_DIAGNOSTIC_BYTES = 512
 _T = MessageType
 _pack_header = HEADER_STRUCT.pack
 # the hot path: header + PARTIAL_RESULT metadata in one pack (same bytes as HEADER_STRUCT + PartialResultMetadata)
-_PARTIAL_STRUCT = struct.Struct("<" + HEADER_STRUCT.format.lstrip("<") + PartialResultMetadata.STRUCT.format.lstrip("<"))
+_PARTIAL_STRUCT = struct.Struct(
+    "<" + HEADER_STRUCT.format.lstrip("<") + PartialResultMetadata.STRUCT.format.lstrip("<")
+)
 _pack_partial = _PARTIAL_STRUCT.pack
 _PARTIAL_META_LEN = PartialResultMetadata.STRUCT.size
 _PROGRESS_STRUCT = ProgressMetadata.STRUCT
@@ -144,9 +146,14 @@ class ServerConnection:
             max_reservations=max_in_flight_per_session, finished_memory=max(64, 4 * max_in_flight_per_session)
         )
         self._handshake = Handshake(
-            self._queue, self._operations, credit=min(max_in_flight_per_session, 0xFFFF),
-            max_packet_bytes=max_packet_bytes, profiles=profiles, schemas=schemas, authenticate=authenticate,
-        )  # fmt: skip
+            self._queue,
+            self._operations,
+            credit=min(max_in_flight_per_session, 0xFFFF),
+            max_packet_bytes=max_packet_bytes,
+            profiles=profiles,
+            schemas=schemas,
+            authenticate=authenticate,
+        )
         self._active = self._operations.by_frame  # (session_id, frame_id) → active operation, read by the sends
 
     # -- state ---------------------------------------------------------------------------------------------
@@ -208,8 +215,11 @@ class ServerConnection:
                 self._end(events, str(exc))
             except Exception as exc:  # noqa: BLE001 - never raise on peer input; a bug ends only this connection
                 kind = message_name(packet.msg_type)  # never the packet itself: it is the client's
-                self._end(events, f"internal error ({type(exc).__name__}) handling {kind} of session "
-                                  f"{packet.session_id} frame {packet.frame_id}")  # fmt: skip
+                self._end(
+                    events,
+                    f"internal error ({type(exc).__name__}) handling {kind} of session "
+                    f"{packet.session_id} frame {packet.frame_id}",
+                )
             if self._ended:
                 break
         return events
@@ -220,7 +230,9 @@ class ServerConnection:
         self._handshake.end()
         events.append(ConnectionEnded(error))
 
-    def _queue(self, msg_type: int, session_id: int, frame_id: int, meta: bytes, body: bytes = b"", trace_id: int = 0) -> None:
+    def _queue(
+        self, msg_type: int, session_id: int, frame_id: int, meta: bytes, body: bytes = b"", trace_id: int = 0
+    ) -> None:
         out = self._out
         out += _pack_header(
             HEADER_MAGIC, 1, 0, msg_type, HEADER_LENGTH, 0, len(meta), len(body), session_id, frame_id, 0, 0, trace_id
@@ -287,9 +299,17 @@ class ServerConnection:
         no retry; ``diagnostic`` as UTF-8, cut at :data:`MAX_DIAGNOSTIC_BYTES`."""
         body = diagnostic.encode("utf-8", "replace")[:MAX_DIAGNOSTIC_BYTES]
         meta = RecoverableErrorMetadata(
-            error_code, _SCOPE_FRAME if frame_id else _SCOPE_SESSION, _RECOVERY_UNSPECIFIED, ROLE_SERVER, 0, 0,
-            session_id, frame_id, 0, len(body),
-        ).pack()  # fmt: skip
+            error_code,
+            _SCOPE_FRAME if frame_id else _SCOPE_SESSION,
+            _RECOVERY_UNSPECIFIED,
+            ROLE_SERVER,
+            0,
+            0,
+            session_id,
+            frame_id,
+            0,
+            len(body),
+        ).pack()
         self._queue(_T.ERROR_RECOVERABLE, session_id, frame_id, meta, body)
 
     # -- the application's answers to SessionOpenRequested --------------------------------------------------
@@ -345,7 +365,9 @@ class ServerConnection:
         metadata = layouts.control_request(packet)
         op = self._operations.target(session, packet.frame_id, metadata.operation_id, name)
         self._operations.cancel(op, name)
-        events.append(OperationCancelled(session.session_id, op.frame_id, op.operation_id, packet.msg_type, packet.body))
+        events.append(
+            OperationCancelled(session.session_id, op.frame_id, op.operation_id, packet.msg_type, packet.body)
+        )
 
     def _on_scheduling(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """DEADLINE / PRIORITY_UPDATE / EXPIRE_AT: the layout (:func:`.layouts.scheduling`). For an active
@@ -366,8 +388,9 @@ class ServerConnection:
             return
         op = self._operations.target(session, packet.frame_id, operation_id, name)
         if msg_type == _T.PRIORITY_UPDATE:
-            events.append(PriorityUpdated(sid, op.frame_id, op.operation_id, metadata.priority_class,
-                                          metadata.priority_delta))  # fmt: skip
+            events.append(
+                PriorityUpdated(sid, op.frame_id, op.operation_id, metadata.priority_class, metadata.priority_delta)
+            )
         else:
             events.append(DeadlineReceived(sid, op.frame_id, op.operation_id, metadata.deadline_unix_ms, True))
 
@@ -379,8 +402,16 @@ class ServerConnection:
         metadata = layouts.supersede(packet)
         op = self._operations.target(session, packet.frame_id, metadata.old_operation_id, "SUPERSEDE")
         self._operations.cancel(op, "SUPERSEDE")
-        events.append(OperationSuperseded(session.session_id, op.frame_id, op.operation_id,
-                                          metadata.new_operation_id, metadata.drop_reason_code, packet.body))  # fmt: skip
+        events.append(
+            OperationSuperseded(
+                session.session_id,
+                op.frame_id,
+                op.operation_id,
+                metadata.new_operation_id,
+                metadata.drop_reason_code,
+                packet.body,
+            )
+        )
 
     def _on_budget_update(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """BUDGET_UPDATE: the layout (:func:`.layouts.budget_update`), an active operation whose frame is the
@@ -390,9 +421,14 @@ class ServerConnection:
         op = self._operations.target(session, packet.frame_id, metadata.operation_id, "BUDGET_UPDATE")
         events.append(
             BudgetUpdated(
-                session.session_id, op.frame_id, op.operation_id, metadata.token_budget,
-                metadata.compute_budget_units, metadata.memory_budget_bytes, metadata.bandwidth_budget_bytes,
-            )  # fmt: skip
+                session.session_id,
+                op.frame_id,
+                op.operation_id,
+                metadata.token_budget,
+                metadata.compute_budget_units,
+                metadata.memory_budget_bytes,
+                metadata.bandwidth_budget_bytes,
+            )
         )
 
     def _on_trace_context(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
@@ -404,9 +440,16 @@ class ServerConnection:
             operation_id = self._operations.at_frame(session, packet.frame_id, "TRACE_CONTEXT").operation_id
         events.append(
             TraceContextReceived(
-                session.session_id, packet.frame_id, operation_id, metadata.trace_id, metadata.span_id,
-                metadata.parent_span_id, metadata.stage_code, metadata.flags, metadata.body_bytes,
-            )  # fmt: skip
+                session.session_id,
+                packet.frame_id,
+                operation_id,
+                metadata.trace_id,
+                metadata.span_id,
+                metadata.parent_span_id,
+                metadata.stage_code,
+                metadata.flags,
+                metadata.body_bytes,
+            )
         )
 
     def _on_ping(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
@@ -435,7 +478,9 @@ class ServerConnection:
 
     # -- output: results and session-scope controls --------------------------------------------------------
 
-    def send_partial_result(self, session_id: int, frame_id: int, operation_id: int, sequence: int, body: bytes) -> bool:
+    def send_partial_result(
+        self, session_id: int, frame_id: int, operation_id: int, sequence: int, body: bytes
+    ) -> bool:
         """PARTIAL_RESULT (``result_sequence = delta_sequence = sequence``, object 0, flags 0, the inline body;
         nnrp-rs ``crates/nnrp-core/src/control.rs`` ``PartialResult``: with no object the body must not be
         empty). False when the operation is not active or the client FRAME_CANCELled it."""
@@ -448,9 +493,26 @@ class ServerConnection:
         size = len(body)
         try:
             header = _pack_partial(
-                HEADER_MAGIC, 1, 0, 0x38, 40, 0, _PARTIAL_META_LEN, size, session_id, frame_id, 0, 0, 0,
-                operation_id, sequence, 0, sequence, size, 0,
-            )  # fmt: skip
+                HEADER_MAGIC,
+                1,
+                0,
+                0x38,
+                40,
+                0,
+                _PARTIAL_META_LEN,
+                size,
+                session_id,
+                frame_id,
+                0,
+                0,
+                0,
+                operation_id,
+                sequence,
+                0,
+                sequence,
+                size,
+                0,
+            )
         except struct.error as exc:
             raise LocalProtocolError(f"PARTIAL_RESULT field out of range: {exc}") from None
         op.sequence = sequence
@@ -505,7 +567,9 @@ class ServerConnection:
             _check_u64("RESULT_DROP_REASON", operation_id, sequence)
             return False
         try:
-            meta = _DROP_REASON_STRUCT.pack(operation_id, sequence, drop_reason_code, ROLE_SERVER, 0, len(diagnostic), 0)
+            meta = _DROP_REASON_STRUCT.pack(
+                operation_id, sequence, drop_reason_code, ROLE_SERVER, 0, len(diagnostic), 0
+            )
         except struct.error as exc:
             raise LocalProtocolError(f"RESULT_DROP_REASON field out of range: {exc}") from None
         self._queue(_T.RESULT_DROP_REASON, session_id, frame_id, meta, diagnostic)
@@ -520,7 +584,9 @@ class ServerConnection:
         ``Pressure``). False when the session is not open."""
         if not 1 <= pressure_level <= 3:
             raise LocalProtocolError(f"BACKPRESSURE pressure_level {pressure_level!r} must be 1..3")
-        return self._send_pressure(_T.BACKPRESSURE, session_id, credit_window, pressure_level, pressure_reason, retry_after_ms)
+        return self._send_pressure(
+            _T.BACKPRESSURE, session_id, credit_window, pressure_level, pressure_reason, retry_after_ms
+        )
 
     def send_credit_update(self, session_id: int, credit_window: int) -> bool:
         """CREDIT_UPDATE for the session (header frame 0, ``scope_id`` 0, level/reason/retry 0, flags 0). False

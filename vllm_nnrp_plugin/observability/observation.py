@@ -167,7 +167,8 @@ class Observation:
 
     @property
     def queue_delay_ms(self) -> float | None:
-        """Submit received -> backend called (ms): time spent between the wire core and the adapter on the event loop."""
+        """Submit received -> backend called (ms): time spent between the wire core and the adapter on the event
+        loop."""
         return _ms(self.submitted_ns, self.started_ns)
 
     @property
@@ -227,8 +228,12 @@ def diagnostics(obs: Observation) -> dict[str, Any]:
         if obs.input_tokens is None
         else {"input_tokens": obs.input_tokens, "output_tokens": obs.output_tokens},
         "cancel": None if obs.cancel_source is None else {"source": obs.cancel_source, "reason": obs.cancel_reason},
-        "priority": None if obs.priority_class is None else {
-            "class": obs.priority_class, "vllm_priority": obs.vllm_priority, "late_updates": obs.late_priority_updates,
+        "priority": None
+        if obs.priority_class is None
+        else {
+            "class": obs.priority_class,
+            "vllm_priority": obs.vllm_priority,
+            "late_updates": obs.late_priority_updates,
         },
         "token_budget": obs.token_budget,
         "cached_tokens": obs.cached_tokens,
@@ -237,13 +242,36 @@ def diagnostics(obs: Observation) -> dict[str, Any]:
 
 
 _LOG_FIELDS = (
-    "operation", "model", "transport", "connection_id", "session_id", "operation_id", "frame_id", "request_id",
-    "outcome", "error_code", "error_family", "cancel_source", "cancel_reason", "abort_accepted", "events",
-    "input_tokens", "output_tokens", "cached_tokens", "priority_class", "vllm_priority", "token_budget",
-)  # fmt: skip
+    "operation",
+    "model",
+    "transport",
+    "connection_id",
+    "session_id",
+    "operation_id",
+    "frame_id",
+    "request_id",
+    "outcome",
+    "error_code",
+    "error_family",
+    "cancel_source",
+    "cancel_reason",
+    "abort_accepted",
+    "events",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "priority_class",
+    "vllm_priority",
+    "token_budget",
+)
 _LOG_DURATIONS = (
-    "queue_delay_ms", "backend_first_chunk_ms", "first_event_ms", "backend_ms", "total_ms", "cancel_to_abort_ms",
-)  # fmt: skip
+    "queue_delay_ms",
+    "backend_first_chunk_ms",
+    "first_event_ms",
+    "backend_ms",
+    "total_ms",
+    "cancel_to_abort_ms",
+)
 
 
 def log_fields(obs: Observation) -> dict[str, Any]:

@@ -237,8 +237,12 @@ class _ToolCall:
             return out
         problem = "has no function name" if not self.name else "has arguments that are not one complete JSON value"
         if cut:
-            err = E.ProfileError(E.TOOL_CALL_INCOMPLETE, f"generation stopped (token budget or stop condition) "
-                                 f"before tool call {self.call_id} was complete: it {problem}", E.SERVER_ERROR)
+            err = E.ProfileError(
+                E.TOOL_CALL_INCOMPLETE,
+                f"generation stopped (token budget or stop condition) "
+                f"before tool call {self.call_id} was complete: it {problem}",
+                E.SERVER_ERROR,
+            )
         else:
             err = E.ProfileError(E.TOOL_CALL_INVALID, f"tool call {self.call_id} {problem}", E.SERVER_ERROR)
         return self.end_with(err)
@@ -253,8 +257,18 @@ class _ToolCall:
 
 
 class _Choice:
-    __slots__ = ("index", "text", "content_seen", "reasoning", "logprobs", "finish_reason", "stop_reason", "calls",
-                 "latest", "no_argument_tools")
+    __slots__ = (
+        "index",
+        "text",
+        "content_seen",
+        "reasoning",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "calls",
+        "latest",
+        "no_argument_tools",
+    )
 
     def __init__(self, index: int, no_argument_tools: frozenset[str]) -> None:
         self.index = index
@@ -306,8 +320,13 @@ class _Choice:
             ]
         finish_reason = "stop" if self.finish_reason == "tool_calls" and not completed else self.finish_reason
         logprobs = {"content": self.logprobs} if self.logprobs else None
-        return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
-                "stop_reason": self.stop_reason}
+        return {
+            "index": self.index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+            "stop_reason": self.stop_reason,
+        }
 
 
 def _stream_error(error: object) -> E.ProfileError:
@@ -315,5 +334,6 @@ def _stream_error(error: object) -> E.ProfileError:
     if not isinstance(error, dict):
         return E.backend_error(str(error))
     status = error.get("code")
-    return E.backend_error(str(error.get("message") or "backend error in stream"),
-                           status if isinstance(status, int) else 500)
+    return E.backend_error(
+        str(error.get("message") or "backend error in stream"), status if isinstance(status, int) else 500
+    )

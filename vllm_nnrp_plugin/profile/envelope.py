@@ -6,8 +6,8 @@ object carries NNRP-side hints and is never forwarded into ``body``. Read here: 
 (positive integer, ms from the submit) bounds the operation; ``nnrp.priority_class`` (``interactive``,
 ``balanced`` or ``background``: NNRP/1's priority classes) is the operation's own priority class, over its
 session's (an extension of this adapter, :mod:`vllm_nnrp_plugin.core.controls`); the adapter reads
-``nnrp.diagnostics`` (``true``: the terminal event carries the operation's diagnostics); others (the conformance harness's
-``cancel_after_events`` …) are ignored.
+``nnrp.diagnostics`` (``true``: the terminal event carries the operation's diagnostics); others (the conformance
+harness's ``cancel_after_events`` …) are ignored.
 
 Codes (the profile freezes only ``missing_messages`` and ``unsupported_operation`` here; the others are this
 adapter's, docs/wire-mapping.md "Error codes"): bytes that are not UTF-8 JSON → ``invalid_json``; JSON that breaks
@@ -58,7 +58,8 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
     Raises :class:`ProfileError` with code ``envelope_too_large`` (413), ``invalid_json``,
     ``invalid_envelope``, ``unsupported_schema_version``, ``unsupported_operation`` or
     ``missing_messages`` (all 400); ``invalid_envelope`` also for an ``nnrp.timeout_ms`` that is not a
-    positive integer, an ``nnrp.priority_class`` that is not a class name, and for nesting deeper than :data:`MAX_NESTING` (also past orjson's own limit of 1024,
+    positive integer, an ``nnrp.priority_class`` that is not a class name, and for nesting deeper than
+    :data:`MAX_NESTING` (also past orjson's own limit of 1024,
     which it reports as a parse error). Raises nothing else for any ``payload``.
     """
     if len(payload) > max_bytes:
@@ -112,11 +113,18 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
     priority_class = hints.get("priority_class")
     if priority_class is not None and priority_class not in PRIORITY_CLASSES:
         raise E.ProfileError(
-            E.INVALID_ENVELOPE, f"envelope nnrp.priority_class must be one of {', '.join(PRIORITY_CLASSES)}, got "
-            f"{_preview(priority_class)}"
-        )  # fmt: skip
-    return Envelope(operation=operation, body=body, request_id=request_id, nnrp=hints, timeout_ms=timeout_ms,
-                    priority_class=priority_class)  # fmt: skip
+            E.INVALID_ENVELOPE,
+            f"envelope nnrp.priority_class must be one of {', '.join(PRIORITY_CLASSES)}, got "
+            f"{_preview(priority_class)}",
+        )
+    return Envelope(
+        operation=operation,
+        body=body,
+        request_id=request_id,
+        nnrp=hints,
+        timeout_ms=timeout_ms,
+        priority_class=priority_class,
+    )
 
 
 def _too_deep() -> E.ProfileError:

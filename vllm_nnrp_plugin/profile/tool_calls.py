@@ -20,8 +20,9 @@ from typing import Any
 
 #: JSON-schema keywords that do not constrain which members an object has (annotations and the ones the
 #: empty-object rule checks itself)
-_OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "title", "description",
-                              "$schema"})  # fmt: skip
+_OBJECT_KEYWORDS = frozenset(
+    {"type", "properties", "required", "additionalProperties", "title", "description", "$schema"}
+)
 
 
 def is_one_json_value(text: str) -> bool:

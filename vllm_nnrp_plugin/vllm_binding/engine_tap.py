@@ -12,8 +12,8 @@ nothing in vLLM is patched. The tapped ``generate`` hands every output on unchan
 * the first output marks the request started in the engine (``engine_started``) and gives its prefix-cache hits
   (``RequestOutput.num_cached_tokens``, reported whatever ``--enable-prompt-tokens-details`` says);
 * with a token budget (a BUDGET_UPDATE after dispatch), the first output that brings the request's output tokens
-  to the budget ends it: a copy of that output is handed on as the engine's last, ``finish_reason`` ``length`` — what the
-  engine itself reports when ``max_tokens`` ends a request (``vllm/v1/core/sched/utils.py`` ``check_stop``) — so
+  to the budget ends it: a copy of that output is handed on as the engine's last, ``finish_reason`` ``length`` — what
+  the engine itself reports when ``max_tokens`` ends a request (``vllm/v1/core/sched/utils.py`` ``check_stop``) — so
   vLLM's own generator writes the finish chunk and usage, and the engine request is aborted first
   (``AsyncLLM.abort``). Outputs count by request: a request of one choice streamed with ``DELTA`` or
   ``CUMULATIVE`` outputs; a non-streaming request (``FINAL_ONLY``: one output at the end) or one of ``n`` > 1
@@ -89,8 +89,9 @@ def _counting(sampling_params: Any) -> int:
     return {RequestOutputKind.DELTA: 1, RequestOutputKind.CUMULATIVE: 2}.get(kind, 0)
 
 
-async def _tapped(outputs: Any, engine: Any, request_id: str, counting: int,
-                  controls: RuntimeControls) -> AsyncIterator[Any]:
+async def _tapped(
+    outputs: Any, engine: Any, request_id: str, counting: int, controls: RuntimeControls
+) -> AsyncIterator[Any]:
     """``outputs`` handed on (module docstring); closing this generator closes ``outputs`` (vLLM's ``generate``
     aborts an unfinished request when closed)."""
     produced = 0

@@ -53,8 +53,13 @@ class Case:
 def chat_cases(model: str, tool_parser: bool) -> list[Case]:
     """The chat requests of the check: every output text with a plain streamed request (usage asked), and, on a server
     with a tool-call parser, the tool-call text with ``tool_choice`` ``auto`` and ``none``."""
-    base = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "stream": True,
-            "stream_options": {"include_usage": True}, "max_tokens": 256}  # fmt: skip
+    base = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 256,
+    }
     cases = [Case(f"chat {name}", base, text) for name, text in OUTPUT_TEXTS.items()]
     if tool_parser:
         tools = [{"type": "function", "function": {"name": "get_weather", "parameters": _WEATHER_PARAMETERS}}]
@@ -71,8 +76,11 @@ def responses_cases(model: str, tool_parser: bool) -> list[Case]:
     cases = [Case(f"Responses {name}", base, text) for name, text in OUTPUT_TEXTS.items()]
     if tool_parser:
         tools = [{"type": "function", "name": "get_weather", "parameters": _WEATHER_PARAMETERS}]
-        cases.append(Case("Responses tool_choice auto", {**base, "tools": tools, "tool_choice": "auto"},
-                          OUTPUT_TEXTS["tool-call"]))  # fmt: skip
+        cases.append(
+            Case(
+                "Responses tool_choice auto", {**base, "tools": tools, "tool_choice": "auto"}, OUTPUT_TEXTS["tool-call"]
+            )
+        )
     return cases
 
 
@@ -112,7 +120,7 @@ async def lane_difference(run: Runner, cases: Sequence[Case], timeout_s: float =
 
 def first_difference(expected: list[Any], got: list[Any]) -> str | None:
     """Where the lane's events ``got`` first differ from vLLM's ``expected``, or ``None``."""
-    for index, (want, have) in enumerate(zip(expected, got)):
+    for index, (want, have) in enumerate(zip(expected, got, strict=False)):
         if want != have:
             return f"event {index} is {_short(have)} on the lane, {_short(want)} on vLLM's path"
     if len(expected) != len(got):
@@ -181,12 +189,24 @@ class ScriptedEngine:
             last = len(self._pieces) - 1
             for n, (text, token_ids) in enumerate(self._pieces):
                 await asyncio.sleep(0)
-                completion = CompletionOutput(index=0, text=text, token_ids=list(token_ids), cumulative_logprob=None,
-                                              logprobs=None, finish_reason="stop" if n == last else None,
-                                              stop_reason=None)  # fmt: skip
-                yield RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=prompt_token_ids,
-                                    prompt_logprobs=None, outputs=[completion], finished=n == last,
-                                    num_cached_tokens=0)  # fmt: skip
+                completion = CompletionOutput(
+                    index=0,
+                    text=text,
+                    token_ids=list(token_ids),
+                    cumulative_logprob=None,
+                    logprobs=None,
+                    finish_reason="stop" if n == last else None,
+                    stop_reason=None,
+                )
+                yield RequestOutput(
+                    request_id=request_id,
+                    prompt=None,
+                    prompt_token_ids=prompt_token_ids,
+                    prompt_logprobs=None,
+                    outputs=[completion],
+                    finished=n == last,
+                    num_cached_tokens=0,
+                )
         finally:
             self._open -= 1
 

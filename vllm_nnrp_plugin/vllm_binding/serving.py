@@ -28,7 +28,9 @@ def validate(parse: Any, body: dict[str, Any], operation: str) -> Any:
 
 
 def with_controls(
-    body: dict[str, Any], controls: RuntimeControls | None, priorities: tuple[int, ...] | None,
+    body: dict[str, Any],
+    controls: RuntimeControls | None,
+    priorities: tuple[int, ...] | None,
     max_tokens_fields: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """``body`` as the operation's runtime controls (:mod:`vllm_nnrp_plugin.core.controls`) dispatch it (a new dict when

@@ -2,7 +2,8 @@
 
 vLLM's API server reacts to SIGTERM/SIGINT by calling ``engine_client.shutdown(timeout=...)`` in an executor thread
 (``serve_http`` in ``vllm/entrypoints/launcher.py``; ``vllm/entrypoints/launchers/launcher.py`` on 0.32) and only
-afterwards lets uvicorn, and so our router lifespan, exit (with several API-server processes, vLLM's process manager kills them ``--shutdown-timeout`` s after the
+afterwards lets uvicorn, and so our router lifespan, exit (with several API-server processes, vLLM's process manager
+kills them ``--shutdown-timeout`` s after the
 signal, default 0, possibly before their lifespan exit runs at all). Left alone, every in-flight NNRP stream would
 end against a dead engine. Hooking the signal itself does not work: vLLM runs on uvloop, whose signal handlers
 cannot be read and chained. So :func:`stop_before_engine_shutdown` wraps the engine client's ``shutdown`` on this
@@ -71,7 +72,9 @@ def stop_before_engine_shutdown(
             if grace < grace_s:
                 logger.info(
                     "NNRP drain shortened to %.0f s: vLLM stops this API-server process %s s after the signal "
-                    "(--shutdown-timeout)", grace, vllm_timeout,
+                    "(--shutdown-timeout)",
+                    grace,
+                    vllm_timeout,
                 )
             future = asyncio.run_coroutine_threadsafe(drain(grace), loop)
             budget = grace + STOP_BUDGET_S

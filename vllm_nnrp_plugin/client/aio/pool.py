@@ -125,10 +125,16 @@ class Pool:
     for another)."""
 
     def __init__(
-        self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
-        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
-        tls_ca_file: str | None = None, api_key: str | None = None, priority_class: str = "balanced",
-    ) -> None:  # fmt: skip
+        self,
+        uri: str,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION,
+        trusted_cert_der: bytes | None = None,
+        tls_ca_file: str | None = None,
+        api_key: str | None = None,
+        priority_class: str = "balanced",
+    ) -> None:
         priority_class_of(priority_class)
         self.priority_class = priority_class
         self.uri = uri
@@ -324,10 +330,15 @@ class Pool:
     async def _connect(self) -> None:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                conn = await connect(self.uri, api_key=self.api_key, trusted_cert_der=self.trusted_cert_der,
-                                     tls_ca_file=self.tls_ca_file)  # fmt: skip
+                conn = await connect(
+                    self.uri, api_key=self.api_key, trusted_cert_der=self.trusted_cert_der, tls_ca_file=self.tls_ca_file
+                )
         except (ClientError, TimeoutError) as exc:
-            exc = exc if isinstance(exc, ClientError) else ClientConnectionError(f"cannot connect to {self.uri}: timed out")
+            exc = (
+                exc
+                if isinstance(exc, ClientError)
+                else ClientConnectionError(f"cannot connect to {self.uri}: timed out")
+            )
             self._connecting -= 1
             self._fail_if_stranded(exc)
             return

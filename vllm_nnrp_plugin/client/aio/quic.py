@@ -47,11 +47,11 @@ import ssl
 from typing import Any
 
 from aioquic.asyncio import QuicConnectionProtocol
-from cryptography import x509
 from aioquic.quic import events as qe
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
+from cryptography import x509
 
 from vllm_nnrp_plugin.carriers.quic import IDLE_TIMEOUT_S, NNRPStream, StreamBroken, StreamData
 from vllm_nnrp_plugin.client.errors import ClientConnectionError
@@ -229,9 +229,13 @@ class QuicCarrier(QuicConnectionProtocol):
         reason = self._reason or exc
         if not self.handshake.done():
             refusal = _AlpnRefused if self.close_code == NO_APPLICATION_PROTOCOL else ClientConnectionError
-            self.handshake.set_exception(refusal(
-                f"the QUIC handshake failed: {reason}" if reason else "the QUIC connection closed during its handshake"
-            ))  # fmt: skip
+            self.handshake.set_exception(
+                refusal(
+                    f"the QUIC handshake failed: {reason}"
+                    if reason
+                    else "the QUIC connection closed during its handshake"
+                )
+            )
         if self._attached and not self._lost_told:
             self._lost_told = True
             self._nnrp.connection_lost(reason)
@@ -275,8 +279,13 @@ def _describe(close: qe.ConnectionTerminated) -> str:
 
 
 async def open_quic(
-    nnrp: asyncio.Protocol, host: str, port: int, *, trusted_cert_der: bytes | None = None,
-    tls_ca_file: str | None = None, alpn: str | None = ALPN,
+    nnrp: asyncio.Protocol,
+    host: str,
+    port: int,
+    *,
+    trusted_cert_der: bytes | None = None,
+    tls_ca_file: str | None = None,
+    alpn: str | None = ALPN,
 ) -> QuicCarrier:
     """Connect to ``host``:``port`` over QUIC on the running loop, complete the handshake and attach ``nnrp``
     (its ``connection_made`` gets the carrier); with ``alpn`` refused (``no_application_protocol``) once more
@@ -292,7 +301,11 @@ async def open_quic(
 
 
 async def _open_quic(
-    nnrp: asyncio.Protocol, host: str, port: int, trusted_cert_der: bytes | None, tls_ca_file: str | None,
+    nnrp: asyncio.Protocol,
+    host: str,
+    port: int,
+    trusted_cert_der: bytes | None,
+    tls_ca_file: str | None,
     alpn: str | None,
 ) -> QuicCarrier:
     loop = asyncio.get_running_loop()
@@ -301,7 +314,9 @@ async def _open_quic(
     family, _, _, _, address = infos[0]
     quic = QuicConnection(configuration=configuration)
     _, carrier = await loop.create_datagram_endpoint(
-        lambda: QuicCarrier(quic, nnrp), remote_addr=address, family=family  # type: ignore[arg-type]  # an IP address
+        lambda: QuicCarrier(quic, nnrp),
+        remote_addr=address,  # type: ignore[arg-type]  # an IP address
+        family=family,
     )
     try:
         carrier.connect(address)

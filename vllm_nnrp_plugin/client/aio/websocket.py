@@ -132,16 +132,13 @@ class WebSocketCarrier(asyncio.Protocol):
             elif type(event) is mapping.Upgraded:
                 self._on_upgraded()
             elif type(event) is mapping.UpgradeRefused:
-                self._refused(f"the server refused the WebSocket Upgrade of {self._path}: HTTP "
-                              f"{event.status_code}")  # fmt: skip
+                self._refused(f"the server refused the WebSocket Upgrade of {self._path}: HTTP {event.status_code}")
                 return
             elif type(event) is mapping.Malformed:
                 if not self._attached:
-                    self._refused(f"the server's answer to the WebSocket Upgrade is not RFC 6455's: "
-                                  f"{event.error}")  # fmt: skip
+                    self._refused(f"the server's answer to the WebSocket Upgrade is not RFC 6455's: {event.error}")
                 else:
-                    self._fail(mapping.CLOSE_PROTOCOL_ERROR, f"malformed WebSocket data from the server: "
-                               f"{event.error}")  # fmt: skip
+                    self._fail(mapping.CLOSE_PROTOCOL_ERROR, f"malformed WebSocket data from the server: {event.error}")
                 return
 
     def eof_received(self) -> bool:
@@ -158,8 +155,11 @@ class WebSocketCarrier(asyncio.Protocol):
             self._close_timer = None
         self._closing = True
         if not self._attached:
-            self._refused(f"the connection was lost during the WebSocket Upgrade: {exc}" if exc else
-                          "the server closed the connection before answering the WebSocket Upgrade")  # fmt: skip
+            self._refused(
+                f"the connection was lost during the WebSocket Upgrade: {exc}"
+                if exc
+                else "the server closed the connection before answering the WebSocket Upgrade"
+            )
         self._tell_lost(exc)
 
     # -- plumbing ------------------------------------------------------------------------------------------
@@ -181,8 +181,11 @@ class WebSocketCarrier(asyncio.Protocol):
                 self._nnrp.eof_received()
         else:
             reason = f": {close.reason}" if close.reason else ""
-            self._tell_lost(ConnectionError(f"the server closed the WebSocket with {close.code} "
-                                            f"({_close_name(close.code)}){reason}"))  # fmt: skip
+            self._tell_lost(
+                ConnectionError(
+                    f"the server closed the WebSocket with {close.code} ({_close_name(close.code)}){reason}"
+                )
+            )
         self._close_tcp()
 
     def _fail(self, code: int, reason: str) -> None:

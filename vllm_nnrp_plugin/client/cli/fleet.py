@@ -38,18 +38,25 @@ async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], print
     from vllm_nnrp_plugin.client.fleet.pool import FleetPool
 
     try:
-        pool = FleetPool(args.endpoint, api_key=api_key, trusted_cert_der=_trusted_der(args.tls_ca),
-                         priority_class=args.priority or "balanced")  # fmt: skip
+        pool = FleetPool(
+            args.endpoint,
+            api_key=api_key,
+            trusted_cert_der=_trusted_der(args.tls_ca),
+            priority_class=args.priority or "balanced",
+        )
     except (ValueError, OSError) as exc:
         print(f"vllm-nnrp: {args.endpoint}: {exc}", file=sys.stderr)
         return 2
     try:
         try:
-            op = await asyncio.wait_for(pool.submit(envelope, timeout_s=args.timeout, read_timeout_s=args.timeout),
-                                        args.timeout)  # fmt: skip
+            op = await asyncio.wait_for(
+                pool.submit(envelope, timeout_s=args.timeout, read_timeout_s=args.timeout), args.timeout
+            )
         except AuthenticationFailed:
-            print(f"vllm-nnrp: {args.endpoint} requires an API key and refused this one (or none was given)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"vllm-nnrp: {args.endpoint} requires an API key and refused this one (or none was given)",
+                file=sys.stderr,
+            )
             return 2
         except (ClientError, TimeoutError) as exc:
             print(f"vllm-nnrp: cannot reach the fleet {args.endpoint}: {exc or 'timed out'}", file=sys.stderr)

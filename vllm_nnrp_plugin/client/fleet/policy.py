@@ -49,9 +49,20 @@ import attrs
 from vllm_nnrp_plugin.client.errors import ClientAddressError, ClientError, ClientResponseError, ClientTimeout
 
 __all__ = [
-    "BACKOFF_FIRST_S", "BACKOFF_MAX_S", "DRAIN_RECHECK_S", "RESOLVE_EVERY_S", "UNKNOWN_FREE", "Fleet", "Load",
-    "Replica", "addresses_of", "max_attempts", "resolvable", "unstarted_failure", "with_host",
-]  # fmt: skip
+    "BACKOFF_FIRST_S",
+    "BACKOFF_MAX_S",
+    "DRAIN_RECHECK_S",
+    "RESOLVE_EVERY_S",
+    "UNKNOWN_FREE",
+    "Fleet",
+    "Load",
+    "Replica",
+    "addresses_of",
+    "max_attempts",
+    "resolvable",
+    "unstarted_failure",
+    "with_host",
+]
 
 #: first wait before a replica that failed is tried again, s
 BACKOFF_FIRST_S = 0.25
@@ -125,8 +136,9 @@ def max_attempts(replicas: int) -> int:
     return max(2, min(MAX_ATTEMPTS, replicas + 1))
 
 
-def unstarted_failure(first: dict[str, Any] | ClientError, *, drop_reason: int | None = None,
-                      terminal: bool = True) -> bool:  # fmt: skip
+def unstarted_failure(
+    first: dict[str, Any] | ClientError, *, drop_reason: int | None = None, terminal: bool = True
+) -> bool:
     """The first thing a call read, ``first`` (its first event, or the failure its first read raised), says the
     replica went away before the call produced anything (module docstring), so one more submit elsewhere is safe:
     a :class:`ClientError` other than a timeout (:class:`ClientTimeout`: the call was cancelled) or an undecodable
@@ -249,4 +261,6 @@ class Fleet:
 
     def summary(self) -> str:
         """One line naming every replica's state (and its last failure), for error messages."""
-        return "; ".join(f"{r.address} {r.state}" + (f" ({r.reason})" if r.reason else "") for r in self.replicas.values())
+        return "; ".join(
+            f"{r.address} {r.state}" + (f" ({r.reason})" if r.reason else "") for r in self.replicas.values()
+        )

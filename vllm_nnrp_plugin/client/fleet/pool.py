@@ -27,7 +27,8 @@ single-replica pool's, and the lane it hands out submits :class:`FailoverOperati
   transparently to the reader. Once an event was read, a failure is the reader's (``ClientConnectionError``; the
   SDK's ``APIConnectionError``): never retried.
 * **Names**: a ``tcp://`` / ``ws://`` address whose host is a name is resolved (``loop.getaddrinfo``) before the
-  first call and again every :data:`~vllm_nnrp_plugin.client.fleet.policy.RESOLVE_EVERY_S`; each address found is a replica. A failed
+  first call and again every :data:`~vllm_nnrp_plugin.client.fleet.policy.RESOLVE_EVERY_S`; each address found is a
+  replica. A failed
   resolution keeps the last addresses (the first one failing fails the call with ``ClientConnectionError``).
 
 Everything runs on the loop the pool is made on (no locks). Time: ``time.monotonic`` seconds.
@@ -85,8 +86,9 @@ class _ReplicaPool(Pool):
 
     def _pressure(self, lane: Lane, event: Any) -> None:
         super()._pressure(lane, event)
-        if draining.is_drain_signal(event.kind == _BACKPRESSURE_KIND, event.credit_window, event.pressure_level,
-                                    event.pressure_reason):  # fmt: skip
+        if draining.is_drain_signal(
+            event.kind == _BACKPRESSURE_KIND, event.credit_window, event.pressure_level, event.pressure_reason
+        ):
             self._on_drain(self)
 
     def load(self, now: float) -> policy.Load:
@@ -154,8 +156,9 @@ class FleetPool:
         now = time.monotonic()
         return {a: (self._pools[a].load(now) if a in self._pools else policy.Load()) for a in self.fleet.addresses}
 
-    async def submit(self, envelope: dict[str, Any] | bytes, *, timeout_s: float | None = None,
-                     **options: Any) -> FailoverOperation:  # fmt: skip
+    async def submit(
+        self, envelope: dict[str, Any] | bytes, *, timeout_s: float | None = None, **options: Any
+    ) -> FailoverOperation:
         """Submit ``envelope`` on the replica with the most free capacity (waiting at most ``timeout_s`` for a
         slot); ``options`` as :meth:`vllm_nnrp_plugin.client.aio.connection.Session.submit`. The operation gives
         its slot back when its terminal arrived. Raises as :meth:`acquire`."""
@@ -168,8 +171,9 @@ class FleetPool:
         op.when_done(lambda: self.release(lane))
         return op
 
-    async def acquire(self, timeout_s: float | None = None, *, exclude: Sequence[str] = (),
-                      **options: Any) -> FleetLane:  # fmt: skip
+    async def acquire(
+        self, timeout_s: float | None = None, *, exclude: Sequence[str] = (), **options: Any
+    ) -> FleetLane:
         """A slot on the replica :meth:`Fleet.choose` picks (not one of ``exclude``), trying the next one
         at once when a replica cannot give one (it is then out). ``timeout_s``: the longest wait for a slot
         on the replica chosen (s; None: unbounded); ``options``: passed to the replica pool's ``acquire``.
@@ -314,8 +318,9 @@ class FailoverOperation:
     ``status_code``, ``drop_reason_code``; the runtime controls act on the current submit) over one submit, or
     more when the replica of the first went away before it produced anything (module docstring)."""
 
-    def __init__(self, fleet_pool: FleetPool, lane: FleetLane, envelope: dict[str, Any] | bytes,
-                 options: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self, fleet_pool: FleetPool, lane: FleetLane, envelope: dict[str, Any] | bytes, options: dict[str, Any]
+    ) -> None:
         self._fleet_pool = fleet_pool
         self._envelope = envelope
         self._options = options
@@ -441,7 +446,11 @@ class FailoverOperation:
                     continue
                 self._done()
                 raise
-            if events and not self._started and await self._moved_after(events[0], self._op.finished and len(events) == 1):
+            if (
+                events
+                and not self._started
+                and await self._moved_after(events[0], self._op.finished and len(events) == 1)
+            ):
                 continue
             if events:
                 self._started = True
@@ -474,8 +483,13 @@ class FailoverOperation:
     async def _moved(self, exc: ClientError | None, first: dict[str, Any] | None = None) -> bool:
         """The current submit ended before producing anything (``exc`` its failure, or ``first`` its only
         event): submit once more on another replica and True, or False (the failure is the caller's)."""
-        if (self._started or self._cancelled or exc is not None and not policy.unstarted_failure(exc)
-                or self._attempts >= policy.max_attempts(len(self._fleet_pool.fleet.replicas))):
+        if (
+            self._started
+            or self._cancelled
+            or exc is not None
+            and not policy.unstarted_failure(exc)
+            or self._attempts >= policy.max_attempts(len(self._fleet_pool.fleet.replicas))
+        ):
             self._done()
             return False
         fleet_pool, pool = self._fleet_pool, self._pool

@@ -126,15 +126,19 @@ class ProfileClient:
             security = NativeTransportClientSecurity(server_name=carrier.host, trusted_certificate_der=trusted_cert_der)
         stack = contextlib.ExitStack()
         with _native(f"cannot connect to {uri}"):
-            connection = stack.enter_context(connect_native_client_connection(
-                NativeClientOptions(
-                    endpoint=carrier.endpoint,
-                    provider_routes={
-                        carrier.transport: NativeClientProviderRoute(provider_endpoint=carrier.provider_uri, security=security)
-                    },
-                    transport_policy=_POLICY[carrier.transport],
+            connection = stack.enter_context(
+                connect_native_client_connection(
+                    NativeClientOptions(
+                        endpoint=carrier.endpoint,
+                        provider_routes={
+                            carrier.transport: NativeClientProviderRoute(
+                                provider_endpoint=carrier.provider_uri, security=security
+                            )
+                        },
+                        transport_policy=_POLICY[carrier.transport],
+                    )
                 )
-            ))
+            )
         try:
             with _native(f"{uri} did not open a session"):
                 session = await connection.open_session(session_options)
@@ -170,9 +174,11 @@ class ProfileClient:
             operation = self.session.submit_operation(request)
             if deadline_unix_ms is not None:
                 self.connection.update_runtime_deadline(
-                    self.session, operation_id=operation_id, control_sequence=self._sequence(operation_id),
+                    self.session,
+                    operation_id=operation_id,
+                    control_sequence=self._sequence(operation_id),
                     deadline_unix_ms=deadline_unix_ms,
-                )  # fmt: skip
+                )
         return operation
 
     def update_priority(self, op: Any, priority_class: str) -> None:
@@ -181,9 +187,11 @@ class ProfileClient:
         code = priority_class_of(priority_class)
         with _native(f"PRIORITY_UPDATE of operation {op.operation_id} failed"):
             self.connection.update_runtime_priority(
-                self.session, operation_id=op.operation_id, control_sequence=self._sequence(op.operation_id),
+                self.session,
+                operation_id=op.operation_id,
+                control_sequence=self._sequence(op.operation_id),
                 priority_class=code,
-            )  # fmt: skip
+            )
 
     def supersede(self, op: Any, new: Any = None) -> None:
         """SUPERSEDE of ``op`` by ``new`` (another operation of this client, or None: new_operation_id 0), drop
@@ -191,9 +199,11 @@ class ProfileClient:
         :class:`ClientTransportError`."""
         with _native(f"SUPERSEDE of operation {op.operation_id} failed"):
             self.connection.supersede_runtime_operation(
-                self.session, old_operation_id=op.operation_id, new_operation_id=0 if new is None else new.operation_id,
+                self.session,
+                old_operation_id=op.operation_id,
+                new_operation_id=0 if new is None else new.operation_id,
                 control_sequence=self._sequence(op.operation_id),
-            )  # fmt: skip
+            )
 
     def update_budget(self, op: Any, tokens: int) -> None:
         """BUDGET_UPDATE for ``op``: ``token_budget`` = ``tokens`` (1..2**32-1), the other budgets 0. Raises
@@ -209,8 +219,15 @@ class ProfileClient:
         return sequence
 
     def trace_context(
-        self, trace_id: int, span_id: int, *, parent_span_id: int = 0, stage_code: int = 0, flags: int = 1,
-        attributes: bytes = b"", op: Any = None,
+        self,
+        trace_id: int,
+        span_id: int,
+        *,
+        parent_span_id: int = 0,
+        stage_code: int = 0,
+        flags: int = 1,
+        attributes: bytes = b"",
+        op: Any = None,
     ) -> None:
         """Send a TRACE_CONTEXT: session scope (default for operations dispatched later), or ``op``'s scope
         (only while ``op`` is active). ``flags`` bit 0 = sampled; ``attributes`` is the opaque body."""

@@ -103,11 +103,16 @@ class _Transport:
     """What both transports share: the endpoint and the pool's settings."""
 
     def __init__(
-        self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
-        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
-        tls_ca_file: str | os.PathLike[str] | None = None, priority_class: str = "balanced",
+        self,
+        uri: str,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION,
+        trusted_cert_der: bytes | None = None,
+        tls_ca_file: str | os.PathLike[str] | None = None,
+        priority_class: str = "balanced",
         operation_timeout_s: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         _check_uri(uri)
         priority_class_of(priority_class)
         if tls_ca_file is not None:
@@ -119,10 +124,13 @@ class _Transport:
         self._uri = uri
         #: the bound on every call's whole operation (s; None: only the read timeout's silence bound)
         self.operation_timeout_s = operation_timeout_s
-        self._pool_options: dict[str, Any] = {"max_connections": max_connections,
-                              "max_sessions_per_connection": max_sessions_per_connection,
-                              "trusted_cert_der": trusted_cert_der, "tls_ca_file": tls_ca_file,
-                              "priority_class": priority_class}  # fmt: skip
+        self._pool_options: dict[str, Any] = {
+            "max_connections": max_connections,
+            "max_sessions_per_connection": max_sessions_per_connection,
+            "trusted_cert_der": trusted_cert_der,
+            "tls_ca_file": tls_ca_file,
+            "priority_class": priority_class,
+        }
 
     def _new_pool(self, api_key: str | None) -> Pool:
         if is_fleet(self._uri):  # several addresses, or a list: one pool per replica, calls moved when unstarted
