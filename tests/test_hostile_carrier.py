@@ -12,7 +12,7 @@ import time
 
 from nnrp.core.enums import MessageType as T
 
-from tests.support import ServedNNRP, envelope, free_port, metric, wait_until
+from tests.support import ServedNNRP, envelope, free_port, metric, self_signed, wait_until
 from vllm_nnrp_plugin.client import connect
 from vllm_nnrp_plugin.nnrp_binding import listener as listener_module
 from vllm_nnrp_plugin.nnrp_wire import events as ev
@@ -86,6 +86,35 @@ def test_connections_over_max_connections_are_closed_at_once_and_counted():
             sock.close()
         assert wait_until(lambda: not connections, timeout_s=30), len(connections)
         assert served_promptly(served) < 5  # room again
+    finally:
+        served.stop()
+
+
+def test_connections_in_their_tls_handshake_count_once_and_are_forgotten_when_it_times_out(tmp_path):
+    """Plain TCP clients that never start TLS on an ``nnrps`` address: each holds one of ``max_connections``
+    while its handshake runs (not two: accepted and being set up are one connection), the one over the limit is
+    refused, and when asyncio abandons the handshakes the listener forgets them (no carrier ever told them they
+    were lost) and a TLS client gets in."""
+    cert, key, _ = self_signed(tmp_path)
+    served = ServedNNRP(
+        (f"nnrps://127.0.0.1:{free_port()}",),
+        max_connections=3,
+        handshake_timeout_ms=1500,
+        tls_cert_file=cert,
+        tls_key_file=key,
+    )
+    try:
+        host, port = served.bound[0].removeprefix("nnrps://").rsplit(":", 1)
+        held = []
+        for _ in range(3):  # one at a time: each is being set up when the next is accepted
+            held.append(socket.create_connection((host, int(port))))
+            assert wait_until(lambda n=len(held): len(served.service._listener._connections) == n), len(held)
+        extra = socket.create_connection((host, int(port)))
+        assert closed_by_server(extra)
+        assert metric("nnrp_connections_refused_total", transport="tls", reason="max_connections") >= 1
+        assert wait_until(lambda: not served.service._listener._connections, timeout_s=10)
+        for sock in held:
+            sock.close()
     finally:
         served.stop()
 

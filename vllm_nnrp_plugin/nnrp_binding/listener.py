@@ -110,6 +110,8 @@ class Listener:
         self._adopting: set[asyncio.Task] = set()  # accepted sockets becoming transports (held: tasks are weak)
         self._closed = False
         self._refusing = False  # stop_accepting was called
+        #: every connection from its accept (or its QUIC connection's first packet) until it is lost: what
+        #: ``max_connections`` bounds
         self._connections: set[NNRPConnection] = set()
         self._quic: list[NNRPQuicServer] = []  # bound QUIC addresses
         self._socket_files: list[str] = []
@@ -180,7 +182,7 @@ class Listener:
 
     def _attach_quic(self, door: _Door) -> NNRPConnection | None:
         """The NNRP connection of a new QUIC connection (``None``: over ``max_connections`` or closing)."""
-        if self._refusing or len(self._connections) + len(self._adopting) >= self._bounds.max_connections:
+        if self._refusing or len(self._connections) >= self._bounds.max_connections:
             self._handler.on_connection_refused(door.name, "max_connections")
             return None
         return self._connection(door)
@@ -208,7 +210,7 @@ class Listener:
             except OSError as exc:  # out of file descriptors, ...: pause instead of spinning on a readable socket
                 self._pause_accepting(door, exc)
                 return
-            if len(self._connections) + len(self._adopting) >= self._bounds.max_connections:
+            if len(self._connections) >= self._bounds.max_connections:
                 conn.close()
                 self._handler.on_connection_refused(door.name, "max_connections")
                 continue
@@ -220,7 +222,8 @@ class Listener:
             else:
                 conn.setblocking(False)
                 first = b""
-            task = self._loop.create_task(self._adopt(conn, door, first))  # type: ignore[union-attr]  # start() set it
+            nnrp = self._connection(door)  # counted from its accept on: the limit sees it at once
+            task = self._loop.create_task(self._adopt(conn, door, nnrp, first))  # type: ignore[union-attr]  # start() set it
             self._adopting.add(task)
             task.add_done_callback(self._adopting.discard)
 
@@ -246,32 +249,37 @@ class Listener:
 
         self._paused_accepts[fd] = self._loop.call_later(ACCEPT_PAUSE_S, resume)  # type: ignore[union-attr]  # start() set it
 
-    async def _adopt(self, conn: socket.socket, door: _Door, first: bytes) -> None:
+    async def _adopt(self, conn: socket.socket, door: _Door, nnrp: NNRPConnection, first: bytes) -> None:
         """``conn`` becomes a transport of the loop (after its TLS handshake, bounded by the handshake timeout)
-        with a new connection protocol that reads ``first`` first (unless the listener closed meanwhile: then it
-        is closed). The protocol is made before the first wait; a close that comes after that shuts the
-        protocol down with the others."""
+        whose protocol is the asyncio shell of ``nnrp`` (made and counted at the accept) and reads ``first``
+        first. When the listener closed meanwhile, or the socket never became a transport (a failed or abandoned
+        TLS handshake: asyncio then never calls the shell), ``nnrp`` is forgotten here: it never had a carrier to
+        tell it it was lost."""
         if self._closed:
             conn.close()
+            nnrp.lost()
             return
         tls: dict[str, Any] = (
             {} if door.tls is None else {"ssl": door.tls, "ssl_handshake_timeout": self._bounds.handshake_timeout_s}
         )
         try:
             await self._loop.connect_accepted_socket(  # type: ignore[union-attr]  # start() set it
-                lambda: self._protocol(door, first), sock=conn, **tls
+                lambda: self._protocol(door, nnrp, first), sock=conn, **tls
             )
         except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
             # a failed or abandoned TLS handshake, or a client that left during it: only this connection
             logger.debug("NNRP connection on %s not established: %s", door.name, exc)
             conn.close()
+            if nnrp.carrier is None:
+                nnrp.lost()
         except Exception:  # the socket failed before it became a transport: only this connection is lost
             logger.warning("NNRP connection on %s lost while being set up", door.name, exc_info=True)
             conn.close()
+            if nnrp.carrier is None:
+                nnrp.lost()
 
-    def _protocol(self, door: _Door, first: bytes) -> asyncio.Protocol:
-        """The asyncio shell of an accepted socket's new NNRP connection: a byte stream's, or a WebSocket's."""
-        nnrp = self._connection(door)
+    def _protocol(self, door: _Door, nnrp: NNRPConnection, first: bytes) -> asyncio.Protocol:
+        """The asyncio shell of an accepted socket's NNRP connection: a byte stream's, or a WebSocket's."""
         if door.websocket_path is None:
             return StreamConnection(nnrp, first=first, tcp_nodelay=self._tcp_nodelay)
         origins = allowed_origins(self._exposure.ws_allowed_origins, door.keys is not None)
