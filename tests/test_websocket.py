@@ -46,6 +46,7 @@ from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader
+from vllm_nnrp_plugin.operation import State
 
 CAPTURES = pathlib.Path(__file__).parent / "wire" / "data" / "captures"
 SCALE = int(os.environ.get("NNRP_FUZZ_SCALE", "1"))
@@ -397,7 +398,7 @@ def test_a_clients_close_is_answered_and_its_operations_stop():
         (sop,) = served.handler.submitted
         served.feed(peer.ws.send(CloseConnection(code=1000, reason="bye")))
         closed_with(served, peer, 1000)
-        assert not sop.rules.admits_partials  # stopped as for a lost client
+        assert sop.rules.state is State.SENT  # stopped as for a lost client: nothing of it can be sent
         served.lose()
 
     run(main())

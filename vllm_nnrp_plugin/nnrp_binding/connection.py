@@ -646,9 +646,6 @@ class NNRPConnection:
                 )
                 continue
             if isinstance(action, PartialResult):
-                if not sop.rules.admits_partials:
-                    sop.discard(action)  # nothing after a terminal or a cancel
-                    continue
                 try:
                     self._send_partial(session, sop, action)
                 except (ValueError, TypeError, OverflowError, struct.error):
@@ -672,6 +669,8 @@ class NNRPConnection:
 
     def _send_partial(self, session: StreamSession, sop: ServerOperation, action: PartialResult) -> None:
         taken = sop.take(action)
+        if taken is None:
+            return  # discarded: a drop was decided, or the terminal went out
         probe = self._probe
         started = time.monotonic_ns() if probe is not None else 0  # one clock read per event unless measured
         if self._core.send_partial_result(session.session_id, sop.frame_id, sop.operation_id, taken.sequence, taken.body):

@@ -36,7 +36,7 @@ from typing import Any
 
 from vllm_nnrp_plugin.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.handler import CANCEL_DETAIL, SessionHandler
-from vllm_nnrp_plugin.nnrp_binding.server_operation import PRESSURE, ServerOperation, SessionLink
+from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation, SessionLink
 from vllm_nnrp_plugin.operation import DropReason, EarlyDeadlines
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
@@ -76,8 +76,7 @@ class SessionPolicy:
         """Admit ``sop`` (True: the handler gets it) or refuse it over the session's limit (False: a
         BACKPRESSURE then its ``too_many_requests`` terminal are queued; it never reaches the handler)."""
         if len(self.ops) >= self._limits.max_in_flight:
-            self._link.put(sop, PRESSURE)
-            sop.fail(E.too_many_requests(
+            sop.refuse(E.too_many_requests(
                 f"this session already has {len(self.ops)} operations in flight; the limit is "
                 f"{self._limits.max_in_flight} (nnrp.max_in_flight_per_session)"
             ))  # fmt: skip
