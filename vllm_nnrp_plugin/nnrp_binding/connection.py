@@ -491,7 +491,7 @@ class NNRPConnection:
         session = self._sessions.get(draining.session_id)
         if session is None:
             return
-        session.policy.closing = True
+        session.policy.close()
         if draining.drain_timeout_ms:
             loop = asyncio.get_running_loop()
             session.drain_timer = loop.call_later(draining.drain_timeout_ms / 1000, self._drain_expired, session)
@@ -706,7 +706,7 @@ class NNRPConnection:
     def _terminal_done(self, session: StreamSession, sop: ServerOperation) -> None:
         """``sop``'s terminal went out (or never can): the session's policy frees its window."""
         if self._stopping:
-            session.policy.closing = True
+            session.policy.close()
         session.policy.terminal_done(sop)
         sid = session.session_id
         if sid in self._sessions and not self._core.session_open(sid):  # the last terminal of a drained close
