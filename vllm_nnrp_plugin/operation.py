@@ -246,7 +246,7 @@ class Operation:
     ``observation`` has the submit times already set.
 
     Decisions (vLLM's event loop in production) return a :class:`Decision` (partial results: the
-    :class:`PartialResult` to queue, or ``None``); the sending side (the connection) hands each queued partial
+    :class:`PartialResult` the event went into, or ``None``: :meth:`partial`); the sending side (the connection) hands each queued partial
     result to :meth:`take` (``None``: discarded) and asks :meth:`seal` for the terminal.
     """
 
