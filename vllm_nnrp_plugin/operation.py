@@ -208,8 +208,9 @@ _MOVES: dict[Input, dict[State, tuple[Effect, State]]] = {event: {} for event in
 for (_state, _event), _move in TRANSITIONS.items():
     _MOVES[_event][_state] = _move
 del _state, _event, _move
-#: the rows looked up once per partial result (module globals: ``Input.PARTIAL`` itself is a slow class lookup);
-#: their moves never change the state (a test checks it), so being listed is the whole step
+#: the rows of the two inputs that come once per partial result: their moves never change the state (a test
+#: checks it), so being listed is the whole step; :meth:`Operation._step` keeps the current state's moves at
+#: hand, so a partial result costs one attribute read, not a lookup
 _ON_PARTIAL, _ON_TAKE = _MOVES[Input.PARTIAL], _MOVES[Input.TAKE]
 
 
@@ -252,7 +253,7 @@ class Operation:
 
     __slots__ = (
         "observation", "submitted_unix_ms", "expires_unix_ms", "state", "_sequence", "_tail", "_drop", "_trace",
-        "_unsettled", "_nnrp_deadline",
+        "_unsettled", "_nnrp_deadline", "_on_partial", "_on_take",
     )  # fmt: skip
 
     def __init__(self, observation: obs.Observation) -> None:
@@ -261,6 +262,8 @@ class Operation:
         #: wall-clock ms after which the operation ends with ``request_timeout`` (None: unbounded)
         self.expires_unix_ms: int | None = None
         self.state = State.ADMITTED
+        #: the table's PARTIAL and TAKE moves in :attr:`state` (``None``: not listed), set with every state
+        self._on_partial, self._on_take = _ON_PARTIAL.get(_A), _ON_TAKE.get(_A)
         self._sequence = 0  # partial results numbered so far
         self._tail: PartialResult | None = None  # the newest partial result decided and not taken yet
         self._drop: Terminal | None = None  # the drop kept by :attr:`Effect.DROP`: what goes out in DROPPING
@@ -274,12 +277,15 @@ class Operation:
         return self._sequence
 
     def _step(self, event: Input) -> Effect:
-        """Take ``event`` through :data:`TRANSITIONS`: the effects it asks for (the state moved). :meth:`partial`
-        and :meth:`take`, once per partial result, do the same with their input's row at hand."""
+        """Take ``event`` through :data:`TRANSITIONS`: the effects it asks for (the state moved, and with it the
+        PARTIAL and TAKE moves :meth:`partial` and :meth:`take` read once per partial result)."""
         move = _MOVES[event].get(self.state)
         if move is None:
             return _NONE
-        effect, self.state = move
+        effect, state = move
+        if state is not self.state:
+            self.state = state
+            self._on_partial, self._on_take = _ON_PARTIAL.get(state), _ON_TAKE.get(state)
         return effect
 
     def _decide(self, event: Input, terminal: Terminal) -> Decision:
@@ -292,7 +298,7 @@ class Operation:
         """One non-terminal event: the partial result it went into — a new one to queue (``events`` 1), or the
         delta still waiting to be sent that it joined (more) — or ``None`` when a terminal was decided (the
         table queues nothing)."""
-        if self.state not in _ON_PARTIAL:  # the step of Input.PARTIAL (one lookup; it never moves the state)
+        if self._on_partial is None:  # the step of Input.PARTIAL (it never moves the state)
             return None  # a terminal was decided: nothing is queued
         tail = self._tail
         if tail is not None:
@@ -310,7 +316,7 @@ class Operation:
         joins it any more."""
         if partial is self._tail:
             self._tail = None
-        if self.state not in _ON_TAKE:  # the step of Input.TAKE, as in :meth:`partial`
+        if self._on_take is None:  # the step of Input.TAKE, as in :meth:`partial`
             return None  # a drop was decided or the terminal went out: discarded
         self._sequence += 1
         partial.sequence, partial.body = self._sequence, events.encode(partial.event)
