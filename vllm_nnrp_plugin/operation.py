@@ -134,7 +134,7 @@ class State(enum.Enum):
 
 class Input(enum.Enum):
     """What can happen to an operation, and who says so: the adapter (``DISPATCH``, ``PARTIAL``, ``COMPLETE``,
-    ``FAIL``), the session outbox (``OVERFLOW``), the admission (``REFUSE``), the service (``TIME_OUT``,
+    ``FAIL``), the backend binding (``BUDGET``), the session outbox (``OVERFLOW``), the admission (``REFUSE``), the service (``TIME_OUT``,
     ``EXPIRE``, ``SHUT_DOWN``), the carrier (``CANCEL``: FRAME_CANCEL, CANCEL, ABORT, SUPERSEDE or a session's
     end; ``LOSE``; ``TAKE``; ``SEAL``; ``UNSENDABLE``)."""
 
@@ -142,6 +142,7 @@ class Input(enum.Enum):
     PARTIAL = "partial"  # a non-terminal event
     COMPLETE = "complete"  # response.completed
     FAIL = "fail"  # response.error
+    BUDGET = "budget"  # the token budget ended the backend stream (its end, finish "length", still comes: COMPLETE)
     OVERFLOW = "overflow"  # the session outbox is full: response.error client_too_slow
     REFUSE = "refuse"  # over an in-flight limit at admission: BACKPRESSURE, then response.error too_many_requests
     TIME_OUT = "time_out"  # a bound passed: response.error request_timeout
@@ -167,6 +168,7 @@ class Effect(enum.Flag):
     DROP = enum.auto()  # the operation ends with this input's drop (kept); sealing sends the kept drop, so a push
     # queued before it goes out as that drop
     PRESSURE = enum.auto()  # a BACKPRESSURE goes into the session outbox before what is queued
+    ABORT = enum.auto()  # the backend request is aborted at once; its stream is still read to its end
 
 
 _A, _R, _D, _X, _S = State.ADMITTED, State.RUNNING, State.DECIDED, State.DROPPING, State.SENT
@@ -184,6 +186,7 @@ TRANSITIONS: dict[tuple[State, Input], tuple[Effect, State]] = {
     (_A, Input.PARTIAL): (_Q, _A), (_R, Input.PARTIAL): (_Q, _R),
     (_A, Input.COMPLETE): (_Q, _D), (_R, Input.COMPLETE): (_Q, _D),
     (_A, Input.FAIL): (_Q, _D), (_R, Input.FAIL): (_Q, _D),
+    (_R, Input.BUDGET): (Effect.ABORT, _R),
     (_A, Input.OVERFLOW): (_Q | _STOP, _D), (_R, Input.OVERFLOW): (_Q | _STOP, _D),
     (_A, Input.REFUSE): (Effect.PRESSURE | _Q, _D),
     (_A, Input.TIME_OUT): (_Q | _STOP, _D), (_R, Input.TIME_OUT): (_Q | _STOP, _D),
@@ -226,6 +229,11 @@ class Decision:
     def stop(self) -> bool:
         """The backend work must stop."""
         return Effect.STOP in self.effect
+
+    @property
+    def abort(self) -> bool:
+        """The backend request is aborted at once, its stream read on to its end."""
+        return Effect.ABORT in self.effect
 
     @property
     def pressure(self) -> bool:
@@ -350,6 +358,13 @@ class Operation:
     def fail(self, err: ProfileError) -> Decision:
         """Terminal ``response.error``, status ``err.status``."""
         return self._fail(Input.FAIL, err)
+
+    def end_budget(self) -> Decision:
+        """The backend binding ended the request's stream at its token budget (after dispatch): while it runs,
+        :attr:`Effect.ABORT` (the engine request is aborted at once, the stream's end — finish ``length``, the
+        usage — still comes as :meth:`complete`); nothing otherwise."""
+        effect = self._step(Input.BUDGET)
+        return Decision(effect) if effect else NOTHING
 
     def _fail(self, event: Input, err: ProfileError) -> Decision:
         decision = self._decide(event, Terminal(err.status, events.error(err)))

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from vllm_nnrp_plugin.observation import Observation
 from vllm_nnrp_plugin.operation import (
     TRANSITIONS,
+    NOTHING,
     DropReason,
     Effect,
     Input,
@@ -92,6 +93,17 @@ def test_only_a_decided_terminal_is_sent_and_sending_ends_the_lifecycle():
     assert {state: new for (state, event), (_, new) in TRANSITIONS.items() if event is Input.PARTIAL} == {A: A, R: R}
 
 
+def test_a_budget_end_aborts_the_running_request_and_leaves_its_terminal_to_the_stream():
+    op = operation()
+    assert op.end_budget() is NOTHING  # not dispatched: no request runs
+    op.dispatch(None)
+    decision = op.end_budget()
+    assert decision.abort and not decision.stop and decision.terminal is None and op.state is R
+    assert op.partial({"type": "response.output_text.delta", "delta": "x"}) is not None  # the finish chunk
+    assert op.complete({"status": "incomplete"}).terminal is not None
+    assert op.end_budget() is NOTHING
+
+
 @given(st.lists(st.sampled_from(list(Input)), max_size=20))
 def test_any_sequence_of_inputs_moves_forward_and_decides_one_terminal(inputs):
     """Whatever the adapter, the service and the carrier say in whatever order: the state never moves back, at
@@ -119,6 +131,9 @@ def test_any_sequence_of_inputs_moves_forward_and_decides_one_terminal(inputs):
         elif event is Input.UNSENDABLE:
             decision, drop = op.unsendable(1)
             assert isinstance(drop, ResultDrop) and decision.stop and op.state is S
+        elif event is Input.BUDGET:
+            decision = op.end_budget()
+            assert decision.abort == (before is R) and decision.terminal is None and op.state is before
         elif event is Input.LOSE:
             assert op.lose("client_disconnected", 1).stop == (before is not S)
         else:

@@ -108,7 +108,7 @@ class ServerOperation:
         priority_class: int = BALANCED,
     ) -> None:
         #: the runtime controls (priority, token budget) of its backend request
-        self.controls = RuntimeControls(session_class=priority_class)
+        self.controls = RuntimeControls(session_class=priority_class, on_budget_end=self._end_budget)
         self.operation_id = operation_id
         self.frame_id = frame_id
         self.transport = transport
@@ -162,6 +162,11 @@ class ServerOperation:
     def fail(self, err: ProfileError) -> None:
         """Queue the terminal ``response.error``."""
         self._carry_out(self.rules.fail(err))
+
+    def _end_budget(self) -> bool:
+        """The backend binding ended the stream at the token budget: True when the table says to abort the
+        backend request now (:meth:`Operation.end_budget`)."""
+        return self.rules.end_budget().abort
 
     def limit_time(self, timeout_ms: int) -> None:
         """Bound the operation to ``timeout_ms`` (ms) after its submit (envelope ``nnrp.timeout_ms``)."""
