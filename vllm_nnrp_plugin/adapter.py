@@ -352,7 +352,7 @@ class _BackendAbort:
     def __init__(self, backend: Backend, operation: str, request_id: str, record: Observation) -> None:
         self._backend, self._operation, self._request_id, self._record = backend, operation, request_id, record
         self._request = BackendRequest()
-        self._early: asyncio.Future[bool] | None = None  # the abort :meth:`now` started
+        self._early: asyncio.Future[None] | None = None  # the abort :meth:`now` started
 
     @property
     def is_finished(self) -> bool:
@@ -377,7 +377,7 @@ class _BackendAbort:
         if self._request.step(BackendInput.RELEASE):
             await self._issue()
 
-    async def _issue(self) -> bool:
+    async def _issue(self) -> None:
         issued = time.monotonic_ns()
         try:
             await self._backend.abort(self._operation, self._request_id)
@@ -389,7 +389,6 @@ class _BackendAbort:
             accepted = True
         if self._record.abort_ns is None:
             self._record.aborted(issued, accepted=accepted)
-        return accepted
 
 
 async def _close(stream: AsyncIterator[dict[str, Any]]) -> None:
