@@ -46,8 +46,15 @@ def client_main(uri: str, operations: int, after: int, interval_us: int) -> list
             for event in stream:
                 received += 1
                 if event.terminal:
-                    out.append({"operation_id": op.operation_id, "cancel_ns": cancel_ns,
-                                "terminal_ns": time.monotonic_ns(), "events": received - 1, "frame": event.frame})  # fmt: skip
+                    out.append(
+                        {
+                            "operation_id": op.operation_id,
+                            "cancel_ns": cancel_ns,
+                            "terminal_ns": time.monotonic_ns(),
+                            "events": received - 1,
+                            "frame": event.frame,
+                        }
+                    )
     finally:
         client.close()
     return out
@@ -57,8 +64,16 @@ def run(*, operations: int = 200, after: int = 5, interval_us: int = 500) -> lis
     rows: list[Result] = []
     for transport in ("tcp", "ipc"):
         with tempfile.TemporaryDirectory() as tmp, BenchServer(endpoint(transport, tmp)) as server:
-            args = ["--client", server.uri, "--operations", str(operations), "--after", str(after),
-                    "--interval-us", str(interval_us)]  # fmt: skip
+            args = [
+                "--client",
+                server.uri,
+                "--operations",
+                str(operations),
+                "--after",
+                str(after),
+                "--interval-us",
+                str(interval_us),
+            ]
             (client,) = run_clients("bench.cancel_latency", [args])
             records = {r["operation_id"]: r for r in server.stop()}
         no_more, saw, abort, terminal = [], [], [], []
@@ -71,7 +86,9 @@ def run(*, operations: int = 200, after: int = 5, interval_us: int = 500) -> lis
             terminal.append((c["terminal_ns"] - c["cancel_ns"]) / 1000)
         params = {"operations": operations, "cancel_after_events": after, "interval_us": interval_us}
         rows += [
-            Result.of(f"cancel.no_more_events.{transport}", "us", no_more, targets=(NO_MORE_EVENTS,), parameters=params),
+            Result.of(
+                f"cancel.no_more_events.{transport}", "us", no_more, targets=(NO_MORE_EVENTS,), parameters=params
+            ),
             Result.of(f"cancel.server_saw_cancel.{transport}", "us", saw, parameters=params),
             Result.of(f"cancel.abort_issued.{transport}", "us", abort, parameters=params),
             Result.of(f"cancel.client_terminal.{transport}", "us", terminal, parameters=params),

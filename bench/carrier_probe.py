@@ -81,10 +81,14 @@ def probe(uri: str, der: bytes, backend, *, operations: int, after: int, pace_us
         client.close()
         backend.abort = real_abort
     return {
-        "cancel_to_abort_us": {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95),
-                               "p99": percentile(latencies, 0.99), "samples": len(latencies)},
+        "cancel_to_abort_us": {
+            "p50": percentile(latencies, 0.5),
+            "p95": percentile(latencies, 0.95),
+            "p99": percentile(latencies, 0.99),
+            "samples": len(latencies),
+        },
         "threads": {"one_session": one, f"{sessions}_sessions": many, "added": many - one},
-    }  # fmt: skip
+    }
 
 
 def parser() -> argparse.ArgumentParser:
@@ -103,14 +107,32 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cert, key, der = self_signed(pathlib.Path(tmp))
         carriers = args.carriers.split(",")
-        listen = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ws": f"ws://127.0.0.1:{free_port()}/nnrp",
-                  "wss": f"wss://127.0.0.1:{free_port()}/nnrp", "quic": f"quic://127.0.0.1:{free_port()}"}  # fmt: skip
-        served = ServedNNRP(tuple(listen[c] for c in carriers), tls_cert_file=cert, tls_key_file=key,
-                            max_sessions=args.sessions + 8, max_connections=4096)  # fmt: skip
+        listen = {
+            "tcp": f"tcp://127.0.0.1:{free_port()}",
+            "ws": f"ws://127.0.0.1:{free_port()}/nnrp",
+            "wss": f"wss://127.0.0.1:{free_port()}/nnrp",
+            "quic": f"quic://127.0.0.1:{free_port()}",
+        }
+        served = ServedNNRP(
+            tuple(listen[c] for c in carriers),
+            tls_cert_file=cert,
+            tls_key_file=key,
+            max_sessions=args.sessions + 8,
+            max_connections=4096,
+        )
         try:
-            out = {carrier: probe(uri, der, served.backend, operations=args.operations, after=args.after,
-                                  pace_us=args.pace_us, sessions=args.sessions)
-                   for carrier, uri in zip(carriers, served.bound, strict=True)}  # fmt: skip
+            out = {
+                carrier: probe(
+                    uri,
+                    der,
+                    served.backend,
+                    operations=args.operations,
+                    after=args.after,
+                    pace_us=args.pace_us,
+                    sessions=args.sessions,
+                )
+                for carrier, uri in zip(carriers, served.bound, strict=True)
+            }
         finally:
             served.stop()
     out["command"] = "python -m bench.carrier_probe " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -47,17 +47,26 @@ class DrainMiddleware:
             more = message.get("more_body", False)
         body = orjson.loads(raw)
         budget = body.get("max_tokens") or body.get("max_output_tokens") or 16  # a chat or a Responses body's
-        params = SamplingParams(max_tokens=int(budget), ignore_eos=True, temperature=0.0,
-                                output_kind=RequestOutputKind.DELTA)  # fmt: skip
+        params = SamplingParams(
+            max_tokens=int(budget), ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.DELTA
+        )
         tokens = 0
         async for output in scope["app"].state.engine_client.generate(
             {"prompt_token_ids": PROMPT_TOKEN_IDS}, params, f"drain-{uuid.uuid4().hex}"
         ):
             tokens += len(output.outputs[0].token_ids)
-        usage = {"prompt_tokens": len(PROMPT_TOKEN_IDS), "completion_tokens": tokens,
-                 "total_tokens": len(PROMPT_TOKEN_IDS) + tokens}  # fmt: skip
+        usage = {
+            "prompt_tokens": len(PROMPT_TOKEN_IDS),
+            "completion_tokens": tokens,
+            "total_tokens": len(PROMPT_TOKEN_IDS) + tokens,
+        }
         chunk = orjson.dumps({"object": "chat.completion.chunk", "choices": [], "usage": usage})
         payload = b"data: " + chunk + b"\n\ndata: [DONE]\n\n"
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream"), (b"content-length", str(len(payload)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"content-length", str(len(payload)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})

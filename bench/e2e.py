@@ -58,9 +58,14 @@ class Timing:
 
 def chat_body(prompt: str, max_tokens: int) -> dict[str, Any]:
     return {
-        "model": SERVED_NAME, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-        "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
+        "model": SERVED_NAME,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 class Clock:
@@ -114,9 +119,11 @@ def nnrp_worker(uri: str, body: dict[str, Any], count: int, ready: threading.Bar
     import asyncio
 
     envelope = {
-        "schema_version": SCHEMA_VERSION, "operation": CHAT_COMPLETIONS_CREATE, "body": body,
+        "schema_version": SCHEMA_VERSION,
+        "operation": CHAT_COMPLETIONS_CREATE,
+        "body": body,
         "nnrp": {"diagnostics": True},
-    }  # fmt: skip
+    }
     client = asyncio.run(ProfileClient.connect(uri))
     out = []
     try:
@@ -142,7 +149,9 @@ def nnrp_worker(uri: str, body: dict[str, Any], count: int, ready: threading.Bar
     return out
 
 
-def batch(worker: Callable[..., list[Timing]], target: str, body: dict[str, Any], concurrency: int, per_worker: int) -> tuple[list[Timing], float]:
+def batch(
+    worker: Callable[..., list[Timing]], target: str, body: dict[str, Any], concurrency: int, per_worker: int
+) -> tuple[list[Timing], float]:
     """Run ``concurrency`` workers at once (connections are opened first, then all start together); returns
     all timings and the batch's output tokens/s."""
     results: list[list[Timing]] = [[] for _ in range(concurrency)]
@@ -191,12 +200,19 @@ def compare(
                 got, rate = batch(worker, target, body, c, per_worker)
                 timings[mode] += got
                 rates[mode].append(rate)
-        params = {"concurrency": c, "requests": c * per_worker * rounds, "max_tokens": max_tokens, "nnrp_transport": transport}
+        params = {
+            "concurrency": c,
+            "requests": c * per_worker * rounds,
+            "max_tokens": max_tokens,
+            "nnrp_transport": transport,
+        }
         made: dict[tuple[str, str], Result] = {}
         for mode in ("http", "nnrp"):
             t = timings[mode]
             made["ttft", mode] = Result.of(f"e2e.c{c}.ttft.{mode}", "ms", [x.ttft_ms for x in t], parameters=params)
-            made["itl", mode] = Result.of(f"e2e.c{c}.itl.{mode}", "ms", [g for x in t for g in x.gaps_ms] or [0.0], parameters=params)
+            made["itl", mode] = Result.of(
+                f"e2e.c{c}.itl.{mode}", "ms", [g for x in t for g in x.gaps_ms] or [0.0], parameters=params
+            )
             made["total", mode] = Result.of(f"e2e.c{c}.total.{mode}", "ms", [x.total_ms for x in t], parameters=params)
             made["tps", mode] = Result.of(f"e2e.c{c}.tokens_per_s.{mode}", "tokens/s", rates[mode], parameters=params)
         for metric in ("ttft", "itl", "total", "tps"):
@@ -205,26 +221,39 @@ def compare(
         nnrp = timings["nnrp"]
         rows.append(
             Result.of(
-                f"e2e.c{c}.ttft_minus_vllm_first_chunk.nnrp", "ms",
+                f"e2e.c{c}.ttft_minus_vllm_first_chunk.nnrp",
+                "ms",
                 [x.ttft_ms - x.vllm_first_chunk_ms for x in nnrp if x.vllm_first_chunk_ms is not None] or [0.0],
                 parameters=params,
                 note="NNRP time to first token minus vLLM's own time to its first chunk (from the operation's "
                 "diagnostics): what the adapter, NNRP and the client add to TTFT",
-            )  # fmt: skip
+            )
         )
         ttft = made["ttft", "nnrp"].compare
         rows.append(
             Result(
-                id=f"e2e.c{c}.ttft_ratio.nnrp_over_http", unit="ratio", samples=len(timings["nnrp"]),
-                p50=ttft["p50_ratio"], p95=ttft["p95_ratio"], targets=(TTFT_RATIO,), parameters=params,
-            )  # fmt: skip
+                id=f"e2e.c{c}.ttft_ratio.nnrp_over_http",
+                unit="ratio",
+                samples=len(timings["nnrp"]),
+                p50=ttft["p50_ratio"],
+                p95=ttft["p95_ratio"],
+                targets=(TTFT_RATIO,),
+                parameters=params,
+            )
         )
     return rows
 
 
 def run(
-    *, model: str | None = None, levels: tuple[int, ...] = (1, 8, 32), per_worker: int = 2, rounds: int = 2,
-    max_tokens: int = 32, transport: str = "ipc", baseline: bool = True, server: Any = None,
+    *,
+    model: str | None = None,
+    levels: tuple[int, ...] = (1, 8, 32),
+    per_worker: int = 2,
+    rounds: int = 2,
+    max_tokens: int = 32,
+    transport: str = "ipc",
+    baseline: bool = True,
+    server: Any = None,
 ) -> list[Result]:
     """Start ``vllm serve`` with the plugin (or use ``server``: an object with ``http``, ``nnrp`` and
     ``pid``), compare, measure RSS; with ``baseline`` also start one without the plugin."""
@@ -241,7 +270,9 @@ def run(
             if own:
                 server.wait_ready(START_TIMEOUT_S)
             idle = rss_mb(server.pid)
-            rows = compare(server, levels=levels, per_worker=per_worker, rounds=rounds, max_tokens=max_tokens, transport=transport)
+            rows = compare(
+                server, levels=levels, per_worker=per_worker, rounds=rounds, max_tokens=max_tokens, transport=transport
+            )
             loaded = rss_mb(server.pid)
         finally:
             if own:
@@ -260,12 +291,25 @@ def run(
                 plain_loaded = rss_mb(plain.pid)
             finally:
                 plain.stop()
-            rows.append(Result.of("e2e.rss.api_server_without_nnrp", "MB", [plain_loaded], parameters={"idle_mb": round(plain_idle, 1)}))
             rows.append(
                 Result.of(
-                    "e2e.rss.plugin_cost", "MB", [loaded - plain_loaded], targets=(RSS_COST,),
+                    "e2e.rss.api_server_without_nnrp",
+                    "MB",
+                    [plain_loaded],
+                    parameters={"idle_mb": round(plain_idle, 1)},
+                )
+            )
+            rows.append(
+                Result.of(
+                    "e2e.rss.plugin_cost",
+                    "MB",
+                    [loaded - plain_loaded],
+                    targets=(RSS_COST,),
                     parameters={"idle_difference_mb": round(idle - plain_idle, 1)},
-                    note="API-server VmRSS with the plugin (after HTTP + NNRP load) minus without it (after the same HTTP load)",
-                )  # fmt: skip
+                    note=(
+                        "API-server VmRSS with the plugin (after HTTP + NNRP load) minus without it "
+                        "(after the same HTTP load)"
+                    ),
+                )
             )
     return rows

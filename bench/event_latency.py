@@ -90,7 +90,14 @@ def client_main(uri: str, sessions: int, streams: int, n: int, interval_us: int,
 
 
 def measure(
-    transport: str, *, streams: int, procs: int, sessions: int, n: int, interval_us: int, warmup: int,
+    transport: str,
+    *,
+    streams: int,
+    procs: int,
+    sessions: int,
+    n: int,
+    interval_us: int,
+    warmup: int,
     nodelay: bool = True,
 ) -> tuple[list[float], float, dict[str, float]]:
     """Latencies (µs), the achieved aggregate rate (events/s) and the server-side :func:`breakdown` of one
@@ -98,8 +105,20 @@ def measure(
     per_session = streams // (procs * sessions)
     assert per_session * procs * sessions == streams, "streams must divide evenly over processes and sessions"
     with tempfile.TemporaryDirectory() as tmp, BenchServer(endpoint(transport, tmp), nodelay=nodelay) as server:
-        args = ["--client", server.uri, "--sessions", str(sessions), "--streams", str(per_session), "--n", str(n),
-                "--interval-us", str(interval_us), "--warmup", str(warmup)]  # fmt: skip
+        args = [
+            "--client",
+            server.uri,
+            "--sessions",
+            str(sessions),
+            "--streams",
+            str(per_session),
+            "--n",
+            str(n),
+            "--interval-us",
+            str(interval_us),
+            "--warmup",
+            str(warmup),
+        ]
         outputs = run_clients("bench.event_latency", [args] * procs)
         server.stop()
     samples = [x / 1000 for out in outputs for x in out["latencies_ns"]]
@@ -124,9 +143,17 @@ def breakdown(server: BenchServer, chunks: int) -> dict[str, float]:
 
 
 def run(
-    *, light_events: int = 1500, interval_us: int = 2000, heavy_streams: int = 64, rate: int = 30_000,
-    heavy_seconds: float = 3.0, layouts: tuple[tuple[str, int, int, int | None], ...] = (
-        ("heavy", 2, 8, None), ("heavy_session_per_stream", 4, 16, None), ("heavy_8k", 2, 8, 8000)),
+    *,
+    light_events: int = 1500,
+    interval_us: int = 2000,
+    heavy_streams: int = 64,
+    rate: int = 30_000,
+    heavy_seconds: float = 3.0,
+    layouts: tuple[tuple[str, int, int, int | None], ...] = (
+        ("heavy", 2, 8, None),
+        ("heavy_session_per_stream", 4, 16, None),
+        ("heavy_8k", 2, 8, 8000),
+    ),
     warmup: int = 20,
 ) -> list[Result]:
     """Light rows (TCP, TCP without NODELAY, IPC) then heavy rows (TCP, IPC) for each ``(name, client
@@ -135,31 +162,54 @@ def run(
     light = {"streams": 1, "interval_us": interval_us, "events_per_stream": light_events}
     for transport, nodelay in (("tcp", True), ("tcp", False), ("ipc", True)):
         samples, achieved, parts = measure(
-            transport, streams=1, procs=1, sessions=1, n=light_events + warmup, interval_us=interval_us,
-            warmup=warmup, nodelay=nodelay,
-        )  # fmt: skip
+            transport,
+            streams=1,
+            procs=1,
+            sessions=1,
+            n=light_events + warmup,
+            interval_us=interval_us,
+            warmup=warmup,
+            nodelay=nodelay,
+        )
         name = f"event_latency.light.{transport}" + ("" if nodelay else "_without_nodelay")
         rows.append(
             Result.of(
-                name, "us", samples, targets=(LIGHT_P50, LIGHT_P95) if nodelay else (),
+                name,
+                "us",
+                samples,
+                targets=(LIGHT_P50, LIGHT_P95) if nodelay else (),
                 parameters={**light, "achieved_events_per_s": round(achieved), **parts},
-            )  # fmt: skip
+            )
         )
     for layout, procs, sessions, layout_rate in layouts:
         interval = round(heavy_streams * 1e6 / (layout_rate or rate))
         n = int(heavy_seconds * 1e6 / interval) + warmup
         for transport in ("tcp", "ipc"):
             samples, achieved, parts = measure(
-                transport, streams=heavy_streams, procs=procs, sessions=sessions, n=n, interval_us=interval,
+                transport,
+                streams=heavy_streams,
+                procs=procs,
+                sessions=sessions,
+                n=n,
+                interval_us=interval,
                 warmup=warmup,
-            )  # fmt: skip
+            )
             rows.append(
                 Result.of(
-                    f"event_latency.{layout}.{transport}", "us", samples, targets=() if layout_rate else (HEAVY_P95,),
-                    parameters={"streams": heavy_streams, "client_processes": procs, "sessions": procs * sessions,
-                                "interval_us": interval, "target_events_per_s": layout_rate or rate,
-                                "achieved_events_per_s": round(achieved), **parts},
-                )  # fmt: skip
+                    f"event_latency.{layout}.{transport}",
+                    "us",
+                    samples,
+                    targets=() if layout_rate else (HEAVY_P95,),
+                    parameters={
+                        "streams": heavy_streams,
+                        "client_processes": procs,
+                        "sessions": procs * sessions,
+                        "interval_us": interval,
+                        "target_events_per_s": layout_rate or rate,
+                        "achieved_events_per_s": round(achieved),
+                        **parts,
+                    },
+                )
             )
     by_id = {row.id: row for row in rows}
     by_id["event_latency.light.ipc"].versus(by_id["event_latency.light.tcp"])

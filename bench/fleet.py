@@ -110,8 +110,9 @@ backend http_replicas
 class Replica:
     """One ``vllm serve`` of the tiny model: NNRP on ``nnrp`` (tcp URI), HTTP on 127.0.0.1:``http_port``."""
 
-    def __init__(self, model: str, workdir: str, host: str, nnrp_port: int, http_port: int, max_num_seqs: int,
-                 cpu: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, model: str, workdir: str, host: str, nnrp_port: int, http_port: int, max_num_seqs: int, cpu: int = 0
+    ) -> None:
         self.model, self.workdir, self.max_num_seqs, self.cpu = model, workdir, max_num_seqs, cpu
         self.nnrp = f"tcp://{host}:{nnrp_port}"
         self.host, self.nnrp_port, self.http_port = host, nnrp_port, http_port
@@ -122,12 +123,21 @@ class Replica:
         config = {"nnrp": {"drain_timeout_ms": DRAIN_MS, "max_sessions": 1024}}
         self.starts += 1
         self.server = serve_with_nnrp(
-            self.model, self.workdir, listen=(self.nnrp,), port=self.http_port,
+            self.model,
+            self.workdir,
+            listen=(self.nnrp,),
+            port=self.http_port,
             log=f"{self.workdir}/vllm-{self.host}-{self.starts}.log",
             env={"VLLM_CPU_OMP_THREADS_BIND": str(self.cpu)},  # one core per replica's engine
-            extra_args=("--load-format", "dummy", "--max-num-seqs", str(self.max_num_seqs),
-                        "--additional-config", orjson.dumps(config).decode()),
-        )  # fmt: skip
+            extra_args=(
+                "--load-format",
+                "dummy",
+                "--max-num-seqs",
+                str(self.max_num_seqs),
+                "--additional-config",
+                orjson.dumps(config).decode(),
+            ),
+        )
 
     def wait_ready(self) -> None:
         self.server.wait_ready(START_S)
@@ -144,8 +154,9 @@ class Replica:
         """Two short chats over HTTP: the engine's first requests after a start are not measured."""
         body = orjson.dumps({"model": SERVED_NAME, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi."}]})
         for _ in range(2):
-            request = urllib.request.Request(f"{self.server.http}/v1/chat/completions", data=body,
-                                             headers={"Content-Type": "application/json"})  # fmt: skip
+            request = urllib.request.Request(
+                f"{self.server.http}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(request, timeout=START_S) as response:
                 response.read()
 
@@ -176,8 +187,11 @@ class Replica:
         """The NNRP drain lines of this replica's logs."""
         out = []
         for log in sorted(pathlib.Path(self.workdir).glob(f"vllm-{self.host}-*.log")):
-            out += [line[line.index("NNRP drain"):] for line in log.read_text(errors="replace").splitlines()
-                    if "NNRP drain" in line]  # fmt: skip
+            out += [
+                line[line.index("NNRP drain") :]
+                for line in log.read_text(errors="replace").splitlines()
+                if "NNRP drain" in line
+            ]
         return out
 
     def stop(self) -> None:
@@ -196,10 +210,12 @@ class Balancer:
 
     def __init__(self, workdir: str, replicas: list[Replica], nnrp_port: int, http_port: int) -> None:
         cfg = HAPROXY_CFG.format(
-            balancer=BALANCER_HOST, nnrp_port=nnrp_port, http_port=http_port,
+            balancer=BALANCER_HOST,
+            nnrp_port=nnrp_port,
+            http_port=http_port,
             nnrp_servers="\n".join(f"    server r{n} {r.host}:{r.nnrp_port}" for n, r in enumerate(replicas)),
             http_servers="\n".join(f"    server r{n} 127.0.0.1:{r.http_port}" for n, r in enumerate(replicas)),
-        )  # fmt: skip
+        )
         path = pathlib.Path(workdir) / "haproxy.cfg"
         path.write_text(cfg)
         self.nnrp = f"tcp://{BALANCER_HOST}:{nnrp_port}"
@@ -250,23 +266,39 @@ def sdk_for(mode: str, replicas: list[Replica], balancer: Balancer | None) -> An
         if int(openai.__version__.split(".")[0]) >= 3:
             lib = httpx2
     if mode == "haproxy-http":
-        return openai.AsyncOpenAI(base_url=balancer.http, api_key="unused", max_retries=0,
-                                  http_client=lib.AsyncClient(limits=lib.Limits(max_connections=1000)))  # fmt: skip
+        return openai.AsyncOpenAI(
+            base_url=balancer.http,
+            api_key="unused",
+            max_retries=0,
+            http_client=lib.AsyncClient(limits=lib.Limits(max_connections=1000)),
+        )
     target: Any = {
-        "fleet": [r.nnrp for r in replicas], "haproxy-nnrp-fleet": [balancer.nnrp] if balancer else None,
+        "fleet": [r.nnrp for r in replicas],
+        "haproxy-nnrp-fleet": [balancer.nnrp] if balancer else None,
         "haproxy-nnrp": balancer.nnrp if balancer else None,
-    }[mode]  # fmt: skip
-    return openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0,
-                              http_client=lib.AsyncClient(transport=AsyncNNRPTransport(target)))  # fmt: skip
+    }[mode]
+    return openai.AsyncOpenAI(
+        base_url="http://nnrp.invalid/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=lib.AsyncClient(transport=AsyncNNRPTransport(target)),
+    )
 
 
 async def one_call(sdk: Any, max_tokens: int, tally: Tally) -> None:
     got = 0
     t0 = time.monotonic()
     try:
-        stream = await asyncio.wait_for(sdk.chat.completions.create(
-            model=SERVED_NAME, messages=[{"role": "user", "content": "Count."}], max_tokens=max_tokens, stream=True,
-            extra_body={"ignore_eos": True}), SILENCE_S)  # fmt: skip
+        stream = await asyncio.wait_for(
+            sdk.chat.completions.create(
+                model=SERVED_NAME,
+                messages=[{"role": "user", "content": "Count."}],
+                max_tokens=max_tokens,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            ),
+            SILENCE_S,
+        )
         iterator = stream.__aiter__()
         while True:
             remaining = CALL_S - (time.monotonic() - t0)
@@ -276,7 +308,7 @@ async def one_call(sdk: Any, max_tokens: int, tally: Tally) -> None:
                 break
             got += 1
         tally.add("ok")
-    except (TimeoutError, asyncio.TimeoutError) as exc:
+    except TimeoutError as exc:
         tally.add("hung", exc)
     except Exception as exc:  # noqa: BLE001 — every typed error of the SDK is counted by its class
         tally.add("cut" if got else "failed_unstarted", exc, time.monotonic())
@@ -290,8 +322,9 @@ async def load(sdk: Any, streams: int, max_tokens: int, stop: asyncio.Event, tal
     await asyncio.gather(*(worker() for _ in range(streams)))
 
 
-async def scenario(kind: str, mode: str, replicas: list[Replica], balancer: Balancer | None, streams: int,
-                   max_tokens: int) -> dict[str, Any]:  # fmt: skip
+async def scenario(
+    kind: str, mode: str, replicas: list[Replica], balancer: Balancer | None, streams: int, max_tokens: int
+) -> dict[str, Any]:
     sdk = sdk_for(mode, replicas, balancer)
     tally, stop = Tally(), asyncio.Event()
     started = time.monotonic()
@@ -305,8 +338,11 @@ async def scenario(kind: str, mode: str, replicas: list[Replica], balancer: Bala
     elif kind == "rolling":
         for replica in replicas:
             took, exited = await asyncio.to_thread(replica.terminate)
-            steps.append(f"{replica.host} stopped in {took:.1f} s" if exited else
-                         f"{replica.host} still up {took:.0f} s after SIGTERM: killed")  # fmt: skip
+            steps.append(
+                f"{replica.host} stopped in {took:.1f} s"
+                if exited
+                else f"{replica.host} still up {took:.0f} s after SIGTERM: killed"
+            )
             await asyncio.to_thread(replica.start)
             await asyncio.to_thread(replica.wait_ready)
             await asyncio.sleep(SETTLE_S)
@@ -324,12 +360,22 @@ async def scenario(kind: str, mode: str, replicas: list[Replica], balancer: Bala
     if kind == "kill":
         await asyncio.to_thread(replicas[0].start)
         await asyncio.to_thread(replicas[0].wait_ready)
-    row: dict[str, Any] = {"scenario": kind, "mode": mode, "streams": streams, "max_tokens": max_tokens,
-                           "seconds": round(time.monotonic() - started, 1), **tally.counts, "errors": tally.errors,
-                           "samples": tally.samples, "steps": steps}  # fmt: skip
+    row: dict[str, Any] = {
+        "scenario": kind,
+        "mode": mode,
+        "streams": streams,
+        "max_tokens": max_tokens,
+        "seconds": round(time.monotonic() - started, 1),
+        **tally.counts,
+        "errors": tally.errors,
+        "samples": tally.samples,
+        "steps": steps,
+    }
     if kind == "placement":
-        row["per_replica"] = {f"{r.host} (--max-num-seqs {r.max_num_seqs})": _requests(r) - n
-                              for r, n in zip(replicas, counted)}  # fmt: skip
+        row["per_replica"] = {
+            f"{r.host} (--max-num-seqs {r.max_num_seqs})": _requests(r) - n
+            for r, n in zip(replicas, counted, strict=True)
+        }
     if killed_at is not None:
         late = [at - killed_at for at in tally.cut_at if at >= killed_at]
         row["cut_after_kill_s"] = round(max(late), 3) if late else None
@@ -345,15 +391,21 @@ def _requests(replica: Replica) -> float:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| scenario | path | calls ok | failed before first chunk | cut mid-stream (typed error) | hung | errors | s |"
+    head = (
+        "| scenario | path | calls ok | failed before first chunk | cut mid-stream (typed error) | hung | errors | s |"
+    )
     out = [head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        extra = f"; slowest cut after the kill {r['cut_after_kill_s']} s" if r.get("cut_after_kill_s") is not None else ""
+        extra = (
+            f"; slowest cut after the kill {r['cut_after_kill_s']} s" if r.get("cut_after_kill_s") is not None else ""
+        )
         if r.get("per_replica"):
             extra += "; requests per replica: " + ", ".join(f"{k} {v:.0f}" for k, v in r["per_replica"].items())
         errors = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "none"
-        out.append(f"| {r['scenario']} | {r['mode']} | {r['ok']} | {r['failed_unstarted']} | {r['cut']} | {r['hung']} "
-                   f"| {errors}{extra} | {r['seconds']} |")  # fmt: skip
+        out.append(
+            f"| {r['scenario']} | {r['mode']} | {r['ok']} | {r['failed_unstarted']} | {r['cut']} | {r['hung']} "
+            f"| {errors}{extra} | {r['seconds']} |"
+        )
     return "\n".join(out)
 
 
@@ -366,8 +418,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--scenario", choices=["rolling", "kill", "both", "placement"], default="both")
-    p.add_argument("--slow-max-num-seqs", type=int, default=8,
-                   help="placement: the first replica's --max-num-seqs (the second has --max-num-seqs)")
+    p.add_argument(
+        "--slow-max-num-seqs",
+        type=int,
+        default=8,
+        help="placement: the first replica's --max-num-seqs (the second has --max-num-seqs)",
+    )
     p.add_argument("--json", help="write the rows there too")
     p.add_argument("--workdir", help="keep the replicas' logs there (default: a temporary directory)")
     return p
@@ -390,8 +446,10 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(workdir, exist_ok=True)
         tiny = str(tiny_model.build(args.model))
         nnrp_port = free_port()
-        replicas = [Replica(tiny, workdir, host, nnrp_port, free_port(), args.max_num_seqs, n % (os.cpu_count() or 1))
-                    for n, host in enumerate(REPLICA_HOSTS)]  # fmt: skip
+        replicas = [
+            Replica(tiny, workdir, host, nnrp_port, free_port(), args.max_num_seqs, n % (os.cpu_count() or 1))
+            for n, host in enumerate(REPLICA_HOSTS)
+        ]
         if args.scenario == "placement":
             replicas[0].max_num_seqs = args.slow_max_num_seqs
         balancer = None

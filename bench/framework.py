@@ -54,16 +54,26 @@ class Engine:
             await asyncio.sleep(TICK_S)
 
     async def stream(self, request_id: str, tokens: int):
-        head = '{"id":"chatcmpl-%s","object":"chat.completion.chunk","created":1796000968,"model":"m","choices":[{"index":0,"delta":{' % request_id
+        head = (
+            f'{{"id":"chatcmpl-{request_id}","object":"chat.completion.chunk","created":1796000968,"model":"m",'
+            '"choices":[{"index":0,"delta":{'
+        )
         await self._step
-        yield "data: " + head + '"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}\n\n'
+        yield (
+            "data: "
+            + head
+            + '"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}\n\n'
+        )
         for i in range(tokens):
             await self._step
             finish = "null" if i < tokens - 1 else '"length","stop_reason":null'
             text = orjson.dumps(WORDS[i % len(WORDS)]).decode()
             yield f'data: {head}"content":{text}}},"logprobs":null,"finish_reason":{finish},"token_ids":null}}]}}\n\n'
         usage = f'{{"prompt_tokens":9,"total_tokens":{9 + tokens},"completion_tokens":{tokens}}}'
-        yield f'data: {{"id":"chatcmpl-{request_id}","object":"chat.completion.chunk","created":1796000968,"model":"m","choices":[],"usage":{usage}}}\n\n'
+        yield (
+            f'data: {{"id":"chatcmpl-{request_id}","object":"chat.completion.chunk","created":1796000968,'
+            f'"model":"m","choices":[],"usage":{usage}}}\n\n'
+        )
         yield "data: [DONE]\n\n"
 
 
@@ -78,9 +88,15 @@ class _Backend:
 
         return runtime_document(models=["m"], owned_by="bench", operations=[chat_operation(tool_calls=False)])
 
-    async def create(self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None,
-                     controls: Any = None):
-        from vllm_nnrp_plugin.adapter import Call
+    async def create(
+        self,
+        operation: str,
+        body: dict[str, Any],
+        request_id: str,
+        traceparent: str | None = None,
+        controls: Any = None,
+    ):
+        from vllm_nnrp_plugin.core.adapter import Call
         from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, vllm_chunks
 
         tokens = int(body["max_tokens"])
@@ -129,11 +145,21 @@ async def _serve(http_port: int, nnrp_uri: str) -> None:
     loop = asyncio.get_running_loop()
     engine = Engine()
     ticking = loop.create_task(engine.run())
-    config = uvicorn.Config(_app(engine), host="127.0.0.1", port=http_port, loop="none", http="httptools",
-                            lifespan="off", log_level="warning", backlog=2048)  # fmt: skip
+    config = uvicorn.Config(
+        _app(engine),
+        host="127.0.0.1",
+        port=http_port,
+        loop="none",
+        http="httptools",
+        lifespan="off",
+        log_level="warning",
+        backlog=2048,
+    )
     http = uvicorn.Server(config)
     serving = loop.create_task(http.serve())
-    service = NNRPService(NNRPConfig(enabled=True, listen=(nnrp_uri,)), _Backend(engine), loop, registry=CollectorRegistry())
+    service = NNRPService(
+        NNRPConfig(enabled=True, listen=(nnrp_uri,)), _Backend(engine), loop, registry=CollectorRegistry()
+    )
     await service.start()
     while not http.started:
         await asyncio.sleep(0.05)
@@ -149,15 +175,25 @@ def run(*, levels: tuple[int, ...] = LEVELS, rounds: int = 2, tokens: int = 1024
     from bench import load
 
     http_port, nnrp_uri = free_port(), f"tcp://127.0.0.1:{free_port()}"
-    server = subprocess.Popen([sys.executable, "-m", "bench.framework", "--serve", str(http_port), nnrp_uri],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env(), cwd=ROOT)  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.framework", "--serve", str(http_port), nnrp_uri],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env(),
+        cwd=ROOT,
+    )
     rows: list[Result] = []
     try:
         if server.stdout.readline().strip() != b"ready":
             raise RuntimeError("the framework benchmark's server did not start")
         target = types.SimpleNamespace(pid=server.pid, http=f"http://127.0.0.1:{http_port}", nnrp={"tcp": nnrp_uri})
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens, "stream": True,
-                "stream_options": {"include_usage": True}}  # fmt: skip
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         with tempfile.TemporaryDirectory() as workdir:
             for c in levels:
                 got: dict[str, dict[str, list[float]]] = {p: {"user": [], "sys": []} for p in ("http", "nnrp")}
@@ -174,8 +210,9 @@ def run(*, levels: tuple[int, ...] = LEVELS, rounds: int = 2, tokens: int = 1024
                 made = {}
                 for protocol, parts in got.items():
                     for part, values in parts.items():
-                        made[protocol, part] = Result.of(f"framework.c{c}.server_{part}_us_per_chunk.{protocol}", "us",
-                                                         values, parameters=params)  # fmt: skip
+                        made[protocol, part] = Result.of(
+                            f"framework.c{c}.server_{part}_us_per_chunk.{protocol}", "us", values, parameters=params
+                        )
                         rows.append(made[protocol, part])
                 total = {p: [u + s for u, s in zip(got[p]["user"], got[p]["sys"], strict=True)] for p in got}
                 nnrp = Result.of(f"framework.c{c}.server_cpu_us_per_chunk.nnrp", "us", total["nnrp"], parameters=params)

@@ -16,8 +16,8 @@ backend, default settings) on a loopback TCP port and, one after the other:
   chunks) on its own connection, p50/max of 10 tries during the flood.
 
 ``--server-root`` runs the server from another checkout (``git worktree add DIR REV``): the same clients
-against an earlier tree, for a before/after. Each figure is one run on a shared machine: a bound shows as a number that stays flat whatever the client
-sends; absolute times are this machine's.
+against an earlier tree, for a before/after. Each figure is one run on a shared machine: a bound shows as a number that
+stays flat whatever the client sends; absolute times are this machine's.
 """
 
 from __future__ import annotations
@@ -37,14 +37,17 @@ import orjson
 from nnrp.core.enums import MessageType as T
 
 from compat.launcher import free_port
-from vllm_nnrp_plugin.client.connection import connect
+from vllm_nnrp_plugin.client.aio.connection import connect
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.framing import encode
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-STREAM = {"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
-          "body": {"model": "paced", "messages": [], "stream": True, "n": 8, "interval_us": 1000}}  # fmt: skip
+STREAM = {
+    "schema_version": "openai-compatible/1",
+    "operation": "chat.completions.create",
+    "body": {"model": "paced", "messages": [], "stream": True, "n": 8, "interval_us": 1000},
+}
 
 
 def fds(pid: int) -> int:
@@ -128,8 +131,12 @@ def stalled_packets(pid: int, port: int) -> dict:
             ended += 1
         sock.close()
     time.sleep(2)
-    return {"rss_mb_before": round(before, 1), "rss_mb_with_200_stalled": round(held, 1),
-            "connections_ended_by_the_budget": ended, "rss_mb_after_close": round(rss_mb(pid), 1)}  # fmt: skip
+    return {
+        "rss_mb_before": round(before, 1),
+        "rss_mb_with_200_stalled": round(held, 1),
+        "connections_ended_by_the_budget": ended,
+        "rss_mb_after_close": round(rss_mb(pid), 1),
+    }
 
 
 def non_reading_flood(pid: int, port: int) -> dict:
@@ -160,18 +167,26 @@ def non_reading_flood(pid: int, port: int) -> dict:
     stop.set()
     thread.join(5)
     sock.close()
-    return {"rss_mb_before": round(before, 1), "rss_mb_after_6s_flood": round(end, 1),
-            "flood_bytes_sent": sent, "other_client_answer_ms_p50": round(statistics.median(latencies) * 1000, 1),
-            "other_client_answer_ms_max": round(max(latencies) * 1000, 1)}  # fmt: skip
+    return {
+        "rss_mb_before": round(before, 1),
+        "rss_mb_after_6s_flood": round(end, 1),
+        "flood_bytes_sent": sent,
+        "other_client_answer_ms_p50": round(statistics.median(latencies) * 1000, 1),
+        "other_client_answer_ms_max": round(max(latencies) * 1000, 1),
+    }
 
 
 def run(server_root: pathlib.Path = ROOT) -> dict:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.server", f"tcp://127.0.0.1:{port}"], cwd=server_root,
+        [sys.executable, "-m", "bench.server", f"tcp://127.0.0.1:{port}"],
+        cwd=server_root,
         env={**os.environ, "PYTHONPATH": str(server_root)},
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         results = {"baseline_answer_ms": round(answer_s(f"tcp://127.0.0.1:{port}") * 1000, 1)}

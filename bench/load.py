@@ -7,7 +7,7 @@ server and OpenAI layer, detokenisation, the plugin's NNRP sessions) and the eng
 window) and NNRP on a TCP port and a unix socket (``transport`` picks which one the clients use;
 ``python -m bench load --load-transport ipc``), allowing 1536 NNRP sessions, 1024 in-flight operations and 64
 per session (:data:`NNRP_CONFIG`) so that sessions of one window still closing on the server never refuse the
-next window's. The NNRP load generator is :mod:`vllm_nnrp_plugin.client.connection` on one event loop per client
+next window's. The NNRP load generator is :mod:`vllm_nnrp_plugin.client.aio.connection` on one event loop per client
 process, one task per stream, as the HTTP one is aiohttp.
 
 Per concurrency level (default 32, 128, 256) the same streamed chat request (``max_tokens`` tokens,
@@ -46,8 +46,8 @@ of :data:`RUNNING_TOKENS` tokens, of which ``cancel_sample`` (default 32), sprea
 cancelled (FRAME_CANCEL) 5 ms + k × 20 ms after their first text delta (:mod:`bench.load_client`);
 ``client_cancel_to_terminal_ms`` (at the client: FRAME_CANCEL handed to the transport -> its terminal received),
 ``server_cancel_to_abort_ms`` (in the API server: the operation's cancel recorded -> vLLM abort issued, the
-``cancel_to_abort_ms`` of its log line, :func:`vllm_nnrp_plugin.observation.log_fields`), both ms with p99 in
-the note; ``no_terminal_within_10s`` (must be 0) and ``failed``.
+``cancel_to_abort_ms`` of its log line, :func:`vllm_nnrp_plugin.observability.observation.log_fields`), both ms with p99
+in the note; ``no_terminal_within_10s`` (must be 0) and ``failed``.
 
 Connect burst (``load.burst.*``): ``burst_clients`` clients from the client processes released at once, each
 connecting (NNRP: connect + open session) and sending one 8-token request; open and served times (ms) and
@@ -119,10 +119,14 @@ from compat.launcher import SERVED_NAME, ServeError, free_port, serve_with_nnrp
 
 LEVELS = (32, 128, 256)
 #: the tool every request of the agent-server shape carries (``--load-tools``)
-AGENT_TOOL = {"type": "function", "function": {
-    "name": "lookup", "description": "Look up current information about a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}  # fmt: skip
+AGENT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look up current information about a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def agent_fields(api: str) -> dict[str, Any]:
@@ -134,8 +138,13 @@ def agent_fields(api: str) -> dict[str, Any]:
 
 
 #: ``vllm serve`` arguments of the agent-server shape
-AGENT_SERVER_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                     "--chat-template", str(ROOT / "compat" / "tool_chat_template_hermes.jinja"))
+AGENT_SERVER_ARGS = (
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+    "--chat-template",
+    str(ROOT / "compat" / "tool_chat_template_hermes.jinja"),
+)
 CLIENT_PROCESSES = 4
 PROMPT = "Write a long story about the sea."
 NNRP_CONFIG = {"nnrp": {"max_sessions": 1536, "max_in_flight": 1024, "max_in_flight_per_session": 64}}
@@ -177,7 +186,9 @@ def threads(pid: int) -> int:
 
 
 def _children(pid: int) -> list[int]:
-    return [int(c) for task in pathlib.Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    return [
+        int(c) for task in pathlib.Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()
+    ]
 
 
 def engine_pids(api_pid: int) -> list[int]:
@@ -200,9 +211,13 @@ class Clients:
         for args in argument_lists:
             err = tempfile.TemporaryFile(dir=workdir)
             proc = subprocess.Popen(
-                [sys.executable, "-m", "bench.load_client", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=err, env=env(), cwd=ROOT,
-            )  # fmt: skip
+                [sys.executable, "-m", "bench.load_client", *args],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=env(),
+                cwd=ROOT,
+            )
             proc.err = err
             self.procs.append(proc)
 
@@ -262,8 +277,18 @@ def shares(total: int, parts: int = CLIENT_PROCESSES) -> list[int]:
     return [n for n in (total // parts + (i < total % parts) for i in range(parts)) if n]
 
 
-def client_args(server: Any, mode: str, protocol: str, count: int, body: dict[str, Any], *, transport: str,
-                per_session: int = 1, cancel: int = 0, api: str = "chat") -> list[list[str]]:  # fmt: skip
+def client_args(
+    server: Any,
+    mode: str,
+    protocol: str,
+    count: int,
+    body: dict[str, Any],
+    *,
+    transport: str,
+    per_session: int = 1,
+    cancel: int = 0,
+    api: str = "chat",
+) -> list[list[str]]:
     """The :mod:`bench.load_client` argument lists of ``count`` streams (clients, sessions): whole sessions of
     ``per_session`` streams per process, and the ``cancel`` sample split in proportion. ``protocol`` ``floor``:
     HTTP requests to :data:`bench.drain.PATH`. ``api``: ``chat`` or ``responses`` (the client's ``--api``)."""
@@ -290,12 +315,25 @@ def _trust(server: Any) -> list[str]:
     return ["--ca-file", ca_file] if ca_file else []
 
 
-def window(server: Any, engine: Sequence[int], mode: str, protocol: str, count: int, body: dict[str, Any], *,
-           transport: str, workdir: str, per_session: int = 1, cancel: int = 0, api: str = "chat") -> Window:  # fmt: skip
+def window(
+    server: Any,
+    engine: Sequence[int],
+    mode: str,
+    protocol: str,
+    count: int,
+    body: dict[str, Any],
+    *,
+    transport: str,
+    workdir: str,
+    per_session: int = 1,
+    cancel: int = 0,
+    api: str = "chat",
+) -> Window:
     """Open the clients' connections, then time one window of ``mode`` (``stream`` or ``burst``) of ``api``
     requests."""
-    argument_lists = client_args(server, mode, protocol, count, body, transport=transport, per_session=per_session,
-                                 cancel=cancel, api=api)  # fmt: skip
+    argument_lists = client_args(
+        server, mode, protocol, count, body, transport=transport, per_session=per_session, cancel=cancel, api=api
+    )
     with Clients(argument_lists, workdir) as clients:
         clients.read()  # ready
         sides = ([server.pid], engine, [p.pid for p in clients.procs])
@@ -318,9 +356,14 @@ def _ratio(id: str, nnrp: Result, http: Result, target: Target | None, parameter
     nnrp.versus(http)
     p50, p95 = (float("nan") if r is None else r for r in (nnrp.compare["p50_ratio"], nnrp.compare["p95_ratio"]))
     return Result(
-        id=id, unit="ratio", samples=nnrp.samples, p50=p50, p95=p95, targets=(target,) if target else (),
+        id=id,
+        unit="ratio",
+        samples=nnrp.samples,
+        p50=p50,
+        p95=p95,
+        targets=(target,) if target else (),
         parameters=parameters,
-    )  # fmt: skip
+    )
 
 
 def _failed(id: str, windows: Sequence[Window], parameters: dict[str, Any]) -> Result:
@@ -333,9 +376,13 @@ def _failed(id: str, windows: Sequence[Window], parameters: dict[str, Any]) -> R
         kinds[kind] = kinds.get(kind, 0) + 1
     by_kind = ", ".join(f"{kind} × {n}" for kind, n in kinds.items())
     return Result.of(
-        id, "requests", [len(w.failed) for w in windows], targets=(NO_FAILURE,), parameters=parameters,
+        id,
+        "requests",
+        [len(w.failed) for w in windows],
+        targets=(NO_FAILURE,),
+        parameters=parameters,
         note=f"first error: {failed[0]['error']}; by kind: {by_kind}" if failed else None,
-    )  # fmt: skip
+    )
 
 
 def request_body(api: str, max_tokens: int) -> dict[str, Any]:
@@ -343,13 +390,31 @@ def request_body(api: str, max_tokens: int) -> dict[str, Any]:
     prompt, budget and sampling as a ``ResponsesRequest`` (``input``, ``max_output_tokens``, vLLM's ``ignore_eos``)."""
     if api == "chat":
         return chat_body(PROMPT, max_tokens)
-    return {"model": SERVED_NAME, "input": PROMPT, "max_output_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0, "stream": True}  # fmt: skip
+    return {
+        "model": SERVED_NAME,
+        "input": PROMPT,
+        "max_output_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
 
 
-def levels_rows(server: Any, engine: Sequence[int], prefix: str, *, levels: Sequence[int], rounds: int,
-                max_tokens: int, transport: str, workdir: str, parameters: dict[str, Any],
-                shared: dict[int, int], body_extra: dict[str, Any] | None = None, api: str = "chat") -> list[Result]:  # fmt: skip
+def levels_rows(
+    server: Any,
+    engine: Sequence[int],
+    prefix: str,
+    *,
+    levels: Sequence[int],
+    rounds: int,
+    max_tokens: int,
+    transport: str,
+    workdir: str,
+    parameters: dict[str, Any],
+    shared: dict[int, int],
+    body_extra: dict[str, Any] | None = None,
+    api: str = "chat",
+) -> list[Result]:
     """The per-level rows (module docstring), the shapes' windows alternating A/B/B/A: HTTP, NNRP with a
     session per stream and, for a level in ``shared`` (level -> streams per session), NNRP sessions of that
     many streams, and the floor; ``body_extra``: fields added to every request (the agent shape's tools);
@@ -366,55 +431,107 @@ def levels_rows(server: Any, engine: Sequence[int], prefix: str, *, levels: Sequ
         for r in range(rounds):
             for shape in order if r % 2 == 0 else order[::-1]:
                 protocol, per_session = shapes.get(shape, ("floor", 1))
-                got[shape].append(window(server, engine, "stream", protocol, c, body, transport=transport,
-                                         workdir=workdir, per_session=per_session, api=api))  # fmt: skip
+                got[shape].append(
+                    window(
+                        server,
+                        engine,
+                        "stream",
+                        protocol,
+                        c,
+                        body,
+                        transport=transport,
+                        workdir=workdir,
+                        per_session=per_session,
+                        api=api,
+                    )
+                )
         _progress(f"{prefix}.c{c}", started)
-        params = {**parameters, "concurrency": c, "client_processes": len(shares(c)), "rounds": rounds,
-                  "max_tokens": max_tokens, "nnrp_transport": transport}  # fmt: skip
+        params = {
+            **parameters,
+            "concurrency": c,
+            "client_processes": len(shares(c)),
+            "rounds": rounds,
+            "max_tokens": max_tokens,
+            "nnrp_transport": transport,
+        }
         floor = got.pop("floor")
         floor_name = f"{prefix}.c{c}.{{}}.floor"
-        rows += [Result.of(floor_name.format("api_server_cpu_us_per_token"), "us",
-                           [w.api_cpu_s * 1e6 / max(1, w.tokens) for w in floor], parameters=params),
-                 Result.of(floor_name.format("tokens_per_s"), "tokens/s", [w.tokens / w.wall_s for w in floor],
-                           parameters=params),
-                 _failed(floor_name.format("failed"), floor, params)]  # fmt: skip
+        rows += [
+            Result.of(
+                floor_name.format("api_server_cpu_us_per_token"),
+                "us",
+                [w.api_cpu_s * 1e6 / max(1, w.tokens) for w in floor],
+                parameters=params,
+            ),
+            Result.of(
+                floor_name.format("tokens_per_s"), "tokens/s", [w.tokens / w.wall_s for w in floor], parameters=params
+            ),
+            _failed(floor_name.format("failed"), floor, params),
+        ]
         made: dict[tuple[str, str], Result] = {}
         for shape, windows in got.items():
             protocol, per_session = shapes[shape]
-            shape_params = params if per_session == 1 else {**params, "streams_per_session": per_session,
-                                                             "sessions": -(-c // per_session)}  # fmt: skip
+            shape_params = (
+                params
+                if per_session == 1
+                else {**params, "streams_per_session": per_session, "sessions": -(-c // per_session)}
+            )
             ok = [r for w in windows for r in w.requests if r["error"] is None and r["ttft_ms"] > 0]
             name = f"{prefix}.c{c}.{{}}.{protocol}" if per_session == 1 else f"{prefix}.c{c}.{shape}.{{}}.{protocol}"
 
             def row(metric: str, unit: str, values: list[float], name: str = name, p: dict = shape_params) -> Result:
                 return Result.of(name.format(metric), unit, values, parameters=p)
 
-            made["api", shape] = row("api_server_cpu_us_per_token", "us", [w.api_cpu_s * 1e6 / max(1, w.tokens) for w in windows])
-            made["engine", shape] = row("engine_cpu_us_per_token", "us", [w.engine_cpu_s * 1e6 / max(1, w.tokens) for w in windows])
-            made["client", shape] = row("client_cpu_us_per_token", "us", [w.client_cpu_s * 1e6 / max(1, w.tokens) for w in windows])
+            made["api", shape] = row(
+                "api_server_cpu_us_per_token", "us", [w.api_cpu_s * 1e6 / max(1, w.tokens) for w in windows]
+            )
+            made["engine", shape] = row(
+                "engine_cpu_us_per_token", "us", [w.engine_cpu_s * 1e6 / max(1, w.tokens) for w in windows]
+            )
+            made["client", shape] = row(
+                "client_cpu_us_per_token", "us", [w.client_cpu_s * 1e6 / max(1, w.tokens) for w in windows]
+            )
             made["tps", shape] = row("tokens_per_s", "tokens/s", [w.tokens / w.wall_s for w in windows])
             made["ttft", shape] = row("ttft", "ms", [r["ttft_ms"] for r in ok] or [0.0])
             made["gap", shape] = row("gap", "ms", [g for r in ok for g in r["gaps_ms"]] or [0.0])
             made["failed", shape] = _failed(name.format("failed"), windows, shape_params)
             reconnected = sum(1 for w in windows for r in w.requests if r.get("new_connection"))
             if reconnected:  # module docstring (TLS)
-                made["failed", shape].note = "; ".join(filter(None, [
-                    made["failed", shape].note,
-                    f"{reconnected} of {sum(len(w.requests) for w in windows)} streams opened a new connection in their window",
-                ]))  # fmt: skip
-        for metric, target in (("api", CPU_RATIO), ("engine", None), ("client", None), ("tps", TPS_RATIO), ("ttft", TTFT_RATIO), ("gap", GAP_RATIO)):
+                made["failed", shape].note = "; ".join(
+                    filter(
+                        None,
+                        [
+                            made["failed", shape].note,
+                            f"{reconnected} of {sum(len(w.requests) for w in windows)} streams opened a new connection "
+                            "in their window",
+                        ],
+                    )
+                )
+        for metric, target in (
+            ("api", CPU_RATIO),
+            ("engine", None),
+            ("client", None),
+            ("tps", TPS_RATIO),
+            ("ttft", TTFT_RATIO),
+            ("gap", GAP_RATIO),
+        ):
             http = made[metric, "http"]
             rows.append(http)
             for shape in list(shapes)[1:]:
                 nnrp = made[metric, shape]
-                rows += [nnrp, _ratio(nnrp.id.removesuffix(".nnrp") + "_ratio.nnrp_over_http", nnrp, http, target, nnrp.parameters)]
+                rows += [
+                    nnrp,
+                    _ratio(
+                        nnrp.id.removesuffix(".nnrp") + "_ratio.nnrp_over_http", nnrp, http, target, nnrp.parameters
+                    ),
+                ]
         rows += [made["failed", shape] for shape in shapes]
     return rows
 
 
 def _server_cancel_to_abort_ms(log: pathlib.Path, offset: int) -> list[float]:
     """``cancel_to_abort_ms`` of the client-cancelled operations' log lines (the service logs every
-    operation that did not complete at INFO: :func:`vllm_nnrp_plugin.observation.log_line`) written to the
+    operation that did not complete at INFO: :func:`vllm_nnrp_plugin.observability.observation.log_line`) written to the
     API server's log after byte ``offset``."""
     with open(log, "rb") as f:
         f.seek(offset)
@@ -424,38 +541,87 @@ def _server_cancel_to_abort_ms(log: pathlib.Path, offset: int) -> list[float]:
 _CANCEL_LINE = re.compile(rb"nnrp operation [^\n]*?\bcancel_source=client\b[^\n]*?\bcancel_to_abort_ms=([0-9.]+)")
 
 
-def cancel_rows(server: Any, engine: Sequence[int], *, streams: int, per_session: int, cancel: int, max_tokens: int,
-                transport: str, workdir: str, prefix: str = "load", p99_target: Target | None = None) -> list[Result]:  # fmt: skip
+def cancel_rows(
+    server: Any,
+    engine: Sequence[int],
+    *,
+    streams: int,
+    per_session: int,
+    cancel: int,
+    max_tokens: int,
+    transport: str,
+    workdir: str,
+    prefix: str = "load",
+    p99_target: Target | None = None,
+) -> list[Result]:
     """``streams`` NNRP streams (``per_session`` per session) of which ``cancel``, spread over them, are
     cancelled shortly after their first token (:mod:`bench.load_client` ``--cancel``): client and server
     cancel latencies, and cancels left without a terminal; with ``p99_target``, also the server's cancel ->
     abort p99 (ms) as a row of its own held to it."""
-    params = {"streams": streams, "streams_per_session": per_session, "cancelled": cancel, "max_tokens": max_tokens,
-              "client_processes": len(shares(-(-streams // per_session))), "nnrp_transport": transport}  # fmt: skip
+    params = {
+        "streams": streams,
+        "streams_per_session": per_session,
+        "cancelled": cancel,
+        "max_tokens": max_tokens,
+        "client_processes": len(shares(-(-streams // per_session))),
+        "nnrp_transport": transport,
+    }
     offset = server.log.stat().st_size
-    w = window(server, engine, "stream", "nnrp", streams, chat_body(PROMPT, max_tokens), transport=transport,
-               workdir=workdir, per_session=per_session, cancel=cancel)  # fmt: skip
+    w = window(
+        server,
+        engine,
+        "stream",
+        "nnrp",
+        streams,
+        chat_body(PROMPT, max_tokens),
+        transport=transport,
+        workdir=workdir,
+        per_session=per_session,
+        cancel=cancel,
+    )
     time.sleep(1.0)  # the last operations' log lines
     measured = [r["cancel_ms"] for r in w.requests if r.get("cancel_ms") is not None]
     unanswered = [r for r in w.requests if r["error"] and "no terminal within" in r["error"]]
     server_ms = _server_cancel_to_abort_ms(server.log, offset)
     client = Result.of(
-        f"{prefix}.cancel.c{streams}.client_cancel_to_terminal_ms.nnrp", "ms", measured or [0.0], parameters=params,
+        f"{prefix}.cancel.c{streams}.client_cancel_to_terminal_ms.nnrp",
+        "ms",
+        measured or [0.0],
+        parameters=params,
         note=f"FRAME_CANCEL written -> terminal received; p99 {percentile(measured or [0.0], 0.99):.2f} ms",
-    )  # fmt: skip
+    )
     server_row = Result.of(
-        f"{prefix}.cancel.c{streams}.server_cancel_to_abort_ms.nnrp", "ms", server_ms or [0.0], parameters=params,
-        note=f"API server: cancel received -> vLLM abort issued (log lines); p99 {percentile(server_ms or [0.0], 0.99):.2f} ms",
-    )  # fmt: skip
+        f"{prefix}.cancel.c{streams}.server_cancel_to_abort_ms.nnrp",
+        "ms",
+        server_ms or [0.0],
+        parameters=params,
+        note=(
+            "API server: cancel received -> vLLM abort issued (log lines); "
+            f"p99 {percentile(server_ms or [0.0], 0.99):.2f} ms"
+        ),
+    )
     rows = [
-        client, server_row,
-        Result.of(f"{prefix}.cancel.c{streams}.no_terminal_within_10s.nnrp", "requests", [len(unanswered)],
-                  targets=(ALL_ANSWERED,), parameters=params),
+        client,
+        server_row,
+        Result.of(
+            f"{prefix}.cancel.c{streams}.no_terminal_within_10s.nnrp",
+            "requests",
+            [len(unanswered)],
+            targets=(ALL_ANSWERED,),
+            parameters=params,
+        ),
         _failed(f"{prefix}.cancel.c{streams}.failed.nnrp", [w], params),
-    ]  # fmt: skip
+    ]
     if p99_target is not None:
-        rows.append(Result.of(f"{prefix}.cancel.c{streams}.server_cancel_to_abort_p99_ms.nnrp", "ms",
-                              [percentile(server_ms or [0.0], 0.99)], targets=(p99_target,), parameters=params))  # fmt: skip
+        rows.append(
+            Result.of(
+                f"{prefix}.cancel.c{streams}.server_cancel_to_abort_p99_ms.nnrp",
+                "ms",
+                [percentile(server_ms or [0.0], 0.99)],
+                targets=(p99_target,),
+                parameters=params,
+            )
+        )
     return rows
 
 
@@ -468,15 +634,30 @@ def _burst_results(w: Window, prefix: str, protocol: str, params: dict[str, Any]
     if protocol == "nnrp":
         what += " + open session"
     return [
-        Result.of(f"{prefix}.open_ms.{protocol}", "ms", opened or [0.0], parameters=params, note=f"release -> {what}",
-                  targets=(SLOWEST_OPEN,) if protocol == "nnrp" else ()),
+        Result.of(
+            f"{prefix}.open_ms.{protocol}",
+            "ms",
+            opened or [0.0],
+            parameters=params,
+            note=f"release -> {what}",
+            targets=(SLOWEST_OPEN,) if protocol == "nnrp" else (),
+        ),
         Result.of(f"{prefix}.served_ms.{protocol}", "ms", served or [0.0], parameters=params),
         _failed(f"{prefix}.failed.{protocol}", [w], params),
-    ]  # fmt: skip
+    ]
 
 
-def burst_rows(server: Any, engine: Sequence[int], *, clients: int, load_streams: int, max_tokens: int, transport: str,
-               workdir: str, prefix: str = "load") -> list[Result]:  # fmt: skip
+def burst_rows(
+    server: Any,
+    engine: Sequence[int],
+    *,
+    clients: int,
+    load_streams: int,
+    max_tokens: int,
+    transport: str,
+    workdir: str,
+    prefix: str = "load",
+) -> list[Result]:
     """``clients`` connecting at once, one 8-token request each: over NNRP then HTTP on the idle server
     (``load.burst.*``), then over NNRP again while ``load_streams`` NNRP streams of ``max_tokens`` tokens
     (a session each) run, and over HTTP under the same NNRP load (``load.burst_under_load.*``; skipped when
@@ -494,7 +675,9 @@ def burst_rows(server: Any, engine: Sequence[int], *, clients: int, load_streams
         return rows
     under = {**params, "load_streams": load_streams, "load_max_tokens": max_tokens}
     for protocol in ("nnrp", "http"):  # the same NNRP load under both bursts: HTTP's shows the machine's floor
-        background = client_args(server, "stream", "nnrp", load_streams, chat_body(PROMPT, max_tokens), transport=transport)
+        background = client_args(
+            server, "stream", "nnrp", load_streams, chat_body(PROMPT, max_tokens), transport=transport
+        )
         with Clients(background, workdir) as load:
             load.read()  # the streams' sessions are open
             load.tell()
@@ -503,8 +686,10 @@ def burst_rows(server: Any, engine: Sequence[int], *, clients: int, load_streams
             streams = [r for line in load.read() for r in orjson.loads(line)["requests"]]
             load.tell()
         running = Window(streams, w.wall_s, 0.0, 0.0, 0.0)
-        rows += [*_burst_results(w, f"{prefix}.burst_under_load", protocol, under, tls),
-                 _failed(f"{prefix}.burst_under_load.load_failed.{protocol}", [running], under)]  # fmt: skip
+        rows += [
+            *_burst_results(w, f"{prefix}.burst_under_load", protocol, under, tls),
+            _failed(f"{prefix}.burst_under_load.load_failed.{protocol}", [running], under),
+        ]
     rows[-8].versus(rows[-4])
     rows[-7].versus(rows[-3])
     return rows
@@ -539,21 +724,32 @@ def _release(clients: Clients) -> None:
     clients.tell()
 
 
-def idle_rows(server: Any, *, sessions: int, seconds: float, transport: str, workdir: str, prefix: str = "load"
-              ) -> list[Result]:  # fmt: skip
+def idle_rows(
+    server: Any, *, sessions: int, seconds: float, transport: str, workdir: str, prefix: str = "load"
+) -> list[Result]:
     """The API server's CPU with no client, then with ``sessions`` idle NNRP sessions open (and its thread
     count then)."""
     params = {"sessions": sessions, "seconds": seconds, "nnrp_transport": transport}
-    quiet = Result.of(f"{prefix}.idle.api_server_cpu_pct.no_sessions", "%", _cpu_pct(server.pid, seconds), parameters=params)
+    quiet = Result.of(
+        f"{prefix}.idle.api_server_cpu_pct.no_sessions", "%", _cpu_pct(server.pid, seconds), parameters=params
+    )
     with _idle_sessions(server, sessions, transport, workdir) as clients:
         time.sleep(1.0)  # the sessions' opening settles
-        held = Result.of(f"{prefix}.idle.api_server_cpu_pct.sessions_open", "%", _cpu_pct(server.pid, seconds), parameters=params)
-        count = Result.of(f"{prefix}.idle.api_server_threads.sessions_open", "threads", [threads(server.pid)], parameters=params)
+        held = Result.of(
+            f"{prefix}.idle.api_server_cpu_pct.sessions_open", "%", _cpu_pct(server.pid, seconds), parameters=params
+        )
+        count = Result.of(
+            f"{prefix}.idle.api_server_threads.sessions_open", "threads", [threads(server.pid)], parameters=params
+        )
         _release(clients)
     cost = Result.of(
-        f"{prefix}.idle.api_server_cpu_pct.sessions_minus_no_sessions", "%", [held.mean - quiet.mean],
-        targets=(IDLE_COST,), parameters=params, note="mean CPU with the idle sessions open minus without",
-    )  # fmt: skip
+        f"{prefix}.idle.api_server_cpu_pct.sessions_minus_no_sessions",
+        "%",
+        [held.mean - quiet.mean],
+        targets=(IDLE_COST,),
+        parameters=params,
+        note="mean CPU with the idle sessions open minus without",
+    )
     return [quiet, held, cost, count]
 
 
@@ -570,31 +766,58 @@ def thread_rows(server: Any, *, sessions: int, transport: str, workdir: str, pre
     """The API server's thread count with no client, then with ``sessions`` idle NNRP sessions open (module
     docstring)."""
     params = {"sessions": sessions, "nnrp_transport": transport}
-    quiet = Result.of(f"{prefix}.threads.api_server.no_sessions", "threads", _thread_counts(server.pid), parameters=params)
+    quiet = Result.of(
+        f"{prefix}.threads.api_server.no_sessions", "threads", _thread_counts(server.pid), parameters=params
+    )
     with _idle_sessions(server, sessions, transport, workdir) as clients:
         time.sleep(1.0)  # the sessions' opening settles
-        held = Result.of(f"{prefix}.threads.api_server.sessions_open", "threads", _thread_counts(server.pid), parameters=params)
+        held = Result.of(
+            f"{prefix}.threads.api_server.sessions_open", "threads", _thread_counts(server.pid), parameters=params
+        )
         _release(clients)
     added = Result.of(
-        f"{prefix}.threads.api_server.sessions_minus_no_sessions", "threads", [held.max - quiet.max],
-        targets=(NO_NEW_THREAD,), parameters=params, note="most threads with the idle sessions open minus without",
-    )  # fmt: skip
+        f"{prefix}.threads.api_server.sessions_minus_no_sessions",
+        "threads",
+        [held.max - quiet.max],
+        targets=(NO_NEW_THREAD,),
+        parameters=params,
+        note="most threads with the idle sessions open minus without",
+    )
     return [quiet, held, added]
 
 
 def stream_interval_supported() -> bool:
     """Whether the installed vLLM's ``vllm serve`` has ``--stream-interval`` (asked in a subprocess)."""
-    code = "import dataclasses\nfrom vllm.engine.arg_utils import EngineArgs\n" \
-           "print('stream_interval' in {f.name for f in dataclasses.fields(EngineArgs)})"  # fmt: skip
+    code = (
+        "import dataclasses\nfrom vllm.engine.arg_utils import EngineArgs\n"
+        "print('stream_interval' in {f.name for f in dataclasses.fields(EngineArgs)})"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     return done.stdout.strip().endswith("True")
 
 
-def measure(server: Any, *, prefix: str = "load", levels: Sequence[int], rounds: int, max_tokens: int,
-            shared: dict[int, int], burst_clients: int, burst_load_streams: int, cancel_streams: int,
-            cancel_per_session: int, cancel_sample: int, idle_sessions: int, idle_seconds: float, transport: str,
-            workdir: str, parameters: dict[str, Any] | None = None, thread_sessions: int = 0,
-            body_extra: dict[str, Any] | None = None, api: str = "chat") -> list[Result]:  # fmt: skip
+def measure(
+    server: Any,
+    *,
+    prefix: str = "load",
+    levels: Sequence[int],
+    rounds: int,
+    max_tokens: int,
+    shared: dict[int, int],
+    burst_clients: int,
+    burst_load_streams: int,
+    cancel_streams: int,
+    cancel_per_session: int,
+    cancel_sample: int,
+    idle_sessions: int,
+    idle_seconds: float,
+    transport: str,
+    workdir: str,
+    parameters: dict[str, Any] | None = None,
+    thread_sessions: int = 0,
+    body_extra: dict[str, Any] | None = None,
+    api: str = "chat",
+) -> list[Result]:
     """All rows on a ready ``server`` (an object with ``http``, ``nnrp`` {transport: URI}, ``pid``, ``log``
     and, when it serves TLS, ``ca_file``: the certificate the clients trust): a warm-up window per protocol,
     the thread rows (skipped when ``thread_sessions`` is 0), the idle rows (skipped when ``idle_sessions`` is
@@ -604,25 +827,67 @@ def measure(server: Any, *, prefix: str = "load", levels: Sequence[int], rounds:
     engine = engine_pids(server.pid)
     started = time.perf_counter()
     for protocol in ("http", "nnrp"):
-        window(server, engine, "stream", protocol, 4, {**request_body(api, 16), **(body_extra or {})},
-               transport=transport, workdir=workdir, api=api)  # fmt: skip
-    rows = thread_rows(server, sessions=thread_sessions, transport=transport, workdir=workdir, prefix=prefix) if thread_sessions else []
+        window(
+            server,
+            engine,
+            "stream",
+            protocol,
+            4,
+            {**request_body(api, 16), **(body_extra or {})},
+            transport=transport,
+            workdir=workdir,
+            api=api,
+        )
+    rows = (
+        thread_rows(server, sessions=thread_sessions, transport=transport, workdir=workdir, prefix=prefix)
+        if thread_sessions
+        else []
+    )
     if idle_sessions:
-        rows += idle_rows(server, sessions=idle_sessions, seconds=idle_seconds, transport=transport, workdir=workdir, prefix=prefix)
+        rows += idle_rows(
+            server, sessions=idle_sessions, seconds=idle_seconds, transport=transport, workdir=workdir, prefix=prefix
+        )
     _progress(f"{prefix} warm-up, threads and idle", started)
-    rows += levels_rows(server, engine, prefix, levels=levels, rounds=rounds, max_tokens=max_tokens, transport=transport,
-                        workdir=workdir, parameters=parameters or {}, shared=shared, body_extra=body_extra, api=api)  # fmt: skip
+    rows += levels_rows(
+        server,
+        engine,
+        prefix,
+        levels=levels,
+        rounds=rounds,
+        max_tokens=max_tokens,
+        transport=transport,
+        workdir=workdir,
+        parameters=parameters or {},
+        shared=shared,
+        body_extra=body_extra,
+        api=api,
+    )
     if cancel_streams:
         started = time.perf_counter()
-        rows += cancel_rows(server, engine, streams=cancel_streams, per_session=cancel_per_session, cancel=cancel_sample,
-                            max_tokens=max(max_tokens, RUNNING_TOKENS), transport=transport, workdir=workdir,
-                            prefix=prefix)  # fmt: skip
+        rows += cancel_rows(
+            server,
+            engine,
+            streams=cancel_streams,
+            per_session=cancel_per_session,
+            cancel=cancel_sample,
+            max_tokens=max(max_tokens, RUNNING_TOKENS),
+            transport=transport,
+            workdir=workdir,
+            prefix=prefix,
+        )
         _progress(f"{prefix}.cancel", started)
     if burst_clients:
         started = time.perf_counter()
-        rows += burst_rows(server, engine, clients=burst_clients, load_streams=burst_load_streams,
-                           max_tokens=max(max_tokens, RUNNING_TOKENS), transport=transport, workdir=workdir,
-                           prefix=prefix)  # fmt: skip
+        rows += burst_rows(
+            server,
+            engine,
+            clients=burst_clients,
+            load_streams=burst_load_streams,
+            max_tokens=max(max_tokens, RUNNING_TOKENS),
+            transport=transport,
+            workdir=workdir,
+            prefix=prefix,
+        )
         _progress(f"{prefix}.burst", started)
     return rows
 
@@ -638,19 +903,26 @@ def self_signed(directory: str, name: str = "localhost") -> tuple[str, str]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                       critical=False)
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
         .sign(key, hashes.SHA256())
-    )  # fmt: skip
+    )
     cert_path, key_path = pathlib.Path(directory, f"{name}.crt"), pathlib.Path(directory, f"{name}.key")
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))  # fmt: skip
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return str(cert_path), str(key_path)
 
 
@@ -688,10 +960,22 @@ def _serve(model: str, workdir: str, extra_args: Sequence[str], *, tls: bool = F
     else:
         nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/load-{free_port()}.sock"}
     server = serve_with_nnrp(
-        model, workdir, listen=tuple(nnrp.values()), log=f"{workdir}/vllm-{free_port()}.log",
-        extra_args=("--load-format", "dummy", "--max-num-seqs", str(seqs), "--additional-config",
-                    orjson.dumps(config).decode(), "--middleware", "bench.drain.DrainMiddleware", *extra_args),
-    )  # fmt: skip
+        model,
+        workdir,
+        listen=tuple(nnrp.values()),
+        log=f"{workdir}/vllm-{free_port()}.log",
+        extra_args=(
+            "--load-format",
+            "dummy",
+            "--max-num-seqs",
+            str(seqs),
+            "--additional-config",
+            orjson.dumps(config).decode(),
+            "--middleware",
+            "bench.drain.DrainMiddleware",
+            *extra_args,
+        ),
+    )
     server.nnrp = nnrp
     try:
         if tls:
@@ -717,16 +1001,34 @@ def _report_log(server: Any, size: int) -> None:
     with contextlib.suppress(OSError), open(server.log, "rb") as f:
         found = [line for line in f.read(size).decode(errors="replace").splitlines() if _LOG_TROUBLE.search(line)]
         if found:
-            print(f"bench load: {len(found)} error/warning lines in the log of vllm serve ({server.http}):",
-                  *found[:20], sep="\n  ", file=sys.stderr)  # fmt: skip
+            print(
+                f"bench load: {len(found)} error/warning lines in the log of vllm serve ({server.http}):",
+                *found[:20],
+                sep="\n  ",
+                file=sys.stderr,
+            )
 
 
 def run(
-    *, model: str | None = None, levels: Sequence[int] = LEVELS, rounds: int = 2, max_tokens: int = 256,
-    shared: dict[int, int] = SHARED, burst_clients: int = 256, burst_load_streams: int = 256,
-    cancel_streams: int = 256, cancel_per_session: int = 32, cancel_sample: int = 32, idle_sessions: int = 1000,
-    idle_seconds: float = 10.0, thread_sessions: int = 256, stream_interval: int | None = 8, transport: str = "tcp",
-    tls: bool = False, tools: bool = False, responses: bool = False,
+    *,
+    model: str | None = None,
+    levels: Sequence[int] = LEVELS,
+    rounds: int = 2,
+    max_tokens: int = 256,
+    shared: dict[int, int] = SHARED,
+    burst_clients: int = 256,
+    burst_load_streams: int = 256,
+    cancel_streams: int = 256,
+    cancel_per_session: int = 32,
+    cancel_sample: int = 32,
+    idle_sessions: int = 1000,
+    idle_seconds: float = 10.0,
+    thread_sessions: int = 256,
+    stream_interval: int | None = 8,
+    transport: str = "tcp",
+    tls: bool = False,
+    tools: bool = False,
+    responses: bool = False,
 ) -> list[Result]:
     """Serve the tiny model made from ``model`` (default ``$VLLM_NNRP_TEST_MODEL``) and measure (module
     docstring); then the levels again with ``--stream-interval stream_interval`` unless it is ``None`` or the
@@ -734,9 +1036,16 @@ def run(
     ``load.tls.…``. ``tools``: the agent-server shape (module docstring) instead, ids ``load.tools.…``.
     ``responses``: the levels as Responses streams (``responses.create``, ``/v1/responses``), ids
     ``load[.tools].responses.…``, without the rows that do not depend on the API (idle, threads, cancel, burst) and
-    the ``--stream-interval`` server. Raises ``SystemExit`` without a model, ``compat.launcher.ServeError`` when ``vllm serve``
-    does not start, ``RuntimeError`` when a client process fails."""
-    kw = {"levels": levels, "rounds": rounds, "max_tokens": max_tokens, "shared": shared, "transport": transport, "tls": tls}
+    the ``--stream-interval`` server. Raises ``SystemExit`` without a model, ``compat.launcher.ServeError`` when
+    ``vllm serve`` does not start, ``RuntimeError`` when a client process fails."""
+    kw = {
+        "levels": levels,
+        "rounds": rounds,
+        "max_tokens": max_tokens,
+        "shared": shared,
+        "transport": transport,
+        "tls": tls,
+    }
     prefix = "load.tls" if tls else "load"
     model = model or os.environ.get("VLLM_NNRP_TEST_MODEL")
     if not model:
@@ -747,19 +1056,56 @@ def run(
             api = "responses" if responses else "chat"
             prefix = ".".join(["load", *(["tools"] if tools else []), *(["responses"] if responses else [])])
             parameters = {"api": api, **({"server": "hermes tool parser", "tool_choice": "auto"} if tools else {})}
-            return _serve(tiny, workdir, AGENT_SERVER_ARGS if tools else (), prefix=prefix, burst_clients=0,
-                          burst_load_streams=0, cancel_streams=0, cancel_per_session=1, cancel_sample=0,
-                          idle_sessions=0, idle_seconds=0, parameters=parameters, api=api,
-                          body_extra=agent_fields(api) if tools else None, **kw)  # fmt: skip
-        rows = _serve(tiny, workdir, (), prefix=prefix, burst_clients=burst_clients, burst_load_streams=burst_load_streams,
-                      cancel_streams=cancel_streams, cancel_per_session=cancel_per_session, cancel_sample=cancel_sample,
-                      idle_sessions=idle_sessions, idle_seconds=idle_seconds, thread_sessions=thread_sessions, **kw)  # fmt: skip
+            return _serve(
+                tiny,
+                workdir,
+                AGENT_SERVER_ARGS if tools else (),
+                prefix=prefix,
+                burst_clients=0,
+                burst_load_streams=0,
+                cancel_streams=0,
+                cancel_per_session=1,
+                cancel_sample=0,
+                idle_sessions=0,
+                idle_seconds=0,
+                parameters=parameters,
+                api=api,
+                body_extra=agent_fields(api) if tools else None,
+                **kw,
+            )
+        rows = _serve(
+            tiny,
+            workdir,
+            (),
+            prefix=prefix,
+            burst_clients=burst_clients,
+            burst_load_streams=burst_load_streams,
+            cancel_streams=cancel_streams,
+            cancel_per_session=cancel_per_session,
+            cancel_sample=cancel_sample,
+            idle_sessions=idle_sessions,
+            idle_seconds=idle_seconds,
+            thread_sessions=thread_sessions,
+            **kw,
+        )
         if stream_interval is None:
             return rows
         if not stream_interval_supported():
             print("bench load: this vLLM has no --stream-interval; its rows are skipped", file=sys.stderr)
             return rows
-        rows += _serve(tiny, workdir, ("--stream-interval", str(stream_interval)), prefix=f"{prefix}.stream_interval_{stream_interval}",
-                       burst_clients=0, burst_load_streams=0, cancel_streams=0, cancel_per_session=1, cancel_sample=0,
-                       idle_sessions=0, idle_seconds=0, parameters={"stream_interval": stream_interval}, **kw)  # fmt: skip
+        rows += _serve(
+            tiny,
+            workdir,
+            ("--stream-interval", str(stream_interval)),
+            prefix=f"{prefix}.stream_interval_{stream_interval}",
+            burst_clients=0,
+            burst_load_streams=0,
+            cancel_streams=0,
+            cancel_per_session=1,
+            cancel_sample=0,
+            idle_sessions=0,
+            idle_seconds=0,
+            parameters={"stream_interval": stream_interval},
+            **kw,
+        )
     return rows

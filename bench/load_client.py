@@ -1,5 +1,5 @@
 """Client process of :mod:`bench.load`: drives one share of the load on one asyncio event loop, one task per
-stream, with the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.client.connection`).
+stream, with the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.client.aio.connection`).
 
     python -m bench.load_client stream http|nnrp TARGET STREAMS BODY_JSON [--per-session K] [--cancel M] [--ca-file PEM]
         [--api chat|responses] [--path PATH]
@@ -19,7 +19,8 @@ results, waits for another line (close), then closes everything.
   (``/v1/responses`` events; the ``responses.create`` operation); HTTP also ``new_connection`` (the request had
   to open a connection: the server had closed the kept-alive one, vLLM's 5 s idle timeout). ``--cancel M``
   (NNRP) cancels M streams spread evenly over the share: the k-th of them :data:`CANCEL_AFTER_S` + k ×
-  :data:`CANCEL_SPACING_S` after its first text delta (FRAME_CANCEL); it records ``cancel_ms`` (FRAME_CANCEL handed to the transport ->
+  :data:`CANCEL_SPACING_S` after its first text delta (FRAME_CANCEL); it records ``cancel_ms`` (FRAME_CANCEL handed to
+  the transport ->
   its terminal received, ms; ``None`` when the stream had ended first) and is a failure unless that terminal
   is ``response.cancelled`` within :data:`CANCEL_TIMEOUT_S`.
 * ``burst``: ``CLIENTS`` clients released together (after go) each connect and send one request. Per client:
@@ -93,8 +94,9 @@ async def _http_request(http: Any, path: str, body: bytes, clock: Clock, trace: 
     or Responses events when ``path`` is :data:`RESPONSES_PATH`)."""
     tokens, error = 0, None
     responses = path == RESPONSES_PATH
-    async with http.post(path, data=body, headers={"Content-Type": "application/json"},
-                         trace_request_ctx=trace) as response:  # fmt: skip
+    async with http.post(
+        path, data=body, headers={"Content-Type": "application/json"}, trace_request_ctx=trace
+    ) as response:
         if response.status != 200:
             return _record(clock, 0, f"HTTP {response.status}: {(await response.text())[:300]}")
         async for line in response.content:
@@ -120,8 +122,9 @@ async def _http_request(http: Any, path: str, body: bytes, clock: Clock, trace: 
     return _record(clock, tokens, error)
 
 
-async def _http_main(mode: str, base: str, count: int, body: bytes, ca_file: str | None = None,
-                     path: str = CHAT_PATH) -> None:
+async def _http_main(
+    mode: str, base: str, count: int, body: bytes, ca_file: str | None = None, path: str = CHAT_PATH
+) -> None:
     import aiohttp
 
     tls = ssl.create_default_context(cafile=ca_file) if ca_file else True  # True: aiohttp's default checks
@@ -133,10 +136,14 @@ async def _http_main(mode: str, base: str, count: int, body: bytes, ca_file: str
     trace = aiohttp.TraceConfig()  # the burst's open_ms: when aiohttp has the TCP (and TLS) connection
     trace.on_connection_create_end.append(connected)
     sessions = [
-        aiohttp.ClientSession(base, connector=aiohttp.TCPConnector(limit=1, ssl=tls), trace_configs=[trace],
-                              timeout=aiohttp.ClientTimeout(total=STREAM_TIMEOUT_S))
+        aiohttp.ClientSession(
+            base,
+            connector=aiohttp.TCPConnector(limit=1, ssl=tls),
+            trace_configs=[trace],
+            timeout=aiohttp.ClientTimeout(total=STREAM_TIMEOUT_S),
+        )
         for _ in range(count)
-    ]  # fmt: skip
+    ]
     if mode == "stream":  # every stream's connection open before go
         gate = asyncio.Semaphore(SETUP_CONCURRENCY)
 
@@ -159,8 +166,10 @@ async def _http_main(mode: str, base: str, count: int, body: bytes, ca_file: str
             return {**out, "open_ms": (opened - clock.start) * 1000 if opened else None, "served_ms": out["total_ms"]}
         except Exception as exc:  # reported as the request's failure (its connection's time if it got one)
             opened = ctx.get("connected")
-            return {**_record(clock, 0, f"{type(exc).__name__}: {exc}"[:300]),
-                    "open_ms": (opened - clock.start) * 1000 if opened else None}  # fmt: skip
+            return {
+                **_record(clock, 0, f"{type(exc).__name__}: {exc}"[:300]),
+                "open_ms": (opened - clock.start) * 1000 if opened else None,
+            }
 
     await _handshake_async(b"ready")
     results = await asyncio.gather(*(one(s) for s in sessions))
@@ -168,7 +177,7 @@ async def _http_main(mode: str, base: str, count: int, body: bytes, ca_file: str
     await asyncio.gather(*(s.close() for s in sessions))
 
 
-# -- NNRP: vllm_nnrp_plugin.client.connection, one task per stream -------------------------------------------------
+# -- NNRP: vllm_nnrp_plugin.client.aio.connection, one task per stream -------------------------------------------------
 
 
 #: the operation of the NNRP requests, per ``--api``
@@ -179,8 +188,9 @@ def _envelope(body: dict[str, Any], operation: str) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "operation": operation, "body": body}
 
 
-async def _nnrp_request(session: Session, envelope: dict[str, Any], clock: Clock, cancel_after_s: float | None = None
-) -> dict[str, Any]:  # fmt: skip
+async def _nnrp_request(
+    session: Session, envelope: dict[str, Any], clock: Clock, cancel_after_s: float | None = None
+) -> dict[str, Any]:
     """One operation on ``session``, read until its terminal; with ``cancel_after_s``, FRAME_CANCEL that long
     after its first text delta, then wait (at most :data:`CANCEL_TIMEOUT_S`) for the terminal."""
     tokens, terminal = 0, None
@@ -249,8 +259,9 @@ async def _close(sessions: list[Session]) -> None:
     await asyncio.gather(*(s.conn.close() for s in sessions), return_exceptions=True)
 
 
-async def _nnrp_stream(uri: str, count: int, body: dict[str, Any], per_session: int, cancel: int,
-                       operation: str = CHAT_COMPLETIONS_CREATE) -> None:
+async def _nnrp_stream(
+    uri: str, count: int, body: dict[str, Any], per_session: int, cancel: int, operation: str = CHAT_COMPLETIONS_CREATE
+) -> None:
     sessions = await _open(uri, -(-count // per_session), per_session)
     spaced = {round(k * count / cancel): k for k in range(cancel)} if cancel else {}
     envelope = _envelope(body, operation)
@@ -260,8 +271,12 @@ async def _nnrp_stream(uri: str, count: int, body: dict[str, Any], per_session: 
         k = spaced.get(i)
         try:
             async with asyncio.timeout(STREAM_TIMEOUT_S):
-                return await _nnrp_request(sessions[i // per_session], envelope, clock,
-                                           None if k is None else CANCEL_AFTER_S + k * CANCEL_SPACING_S)  # fmt: skip
+                return await _nnrp_request(
+                    sessions[i // per_session],
+                    envelope,
+                    clock,
+                    None if k is None else CANCEL_AFTER_S + k * CANCEL_SPACING_S,
+                )
         except Exception as exc:  # reported as the request's failure
             return {**_record(clock, 0, f"{type(exc).__name__}: {exc}"[:300]), "cancel_ms": None}
 
@@ -319,8 +334,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cancel", type=int, default=0, help="NNRP streams to cancel after their first token")
     p.add_argument("--ca-file", help="PEM certificate to trust for https:// and nnrps:// (a self-signed server's)")
     p.add_argument("--path", help="HTTP path of the requests (default: the --api's route)")
-    p.add_argument("--api", choices=sorted(OPERATIONS), default="chat",
-                   help="chat.completions (default) or responses: the HTTP route and the NNRP operation")
+    p.add_argument(
+        "--api",
+        choices=sorted(OPERATIONS),
+        default="chat",
+        help="chat.completions (default) or responses: the HTTP route and the NNRP operation",
+    )
     a = p.parse_args(argv)
     path = a.path or (RESPONSES_PATH if a.api == "responses" else CHAT_PATH)
     body = orjson.loads(a.body)

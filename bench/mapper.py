@@ -7,7 +7,7 @@ Rows (events/s, one sample per repetition, single thread = one core):
 * ``mapper.sse_to_partial``: what the server does per chunk before the transport — vLLM's ``data: …``
   strings through :func:`vllm_nnrp_plugin.vllm_binding.chunk_shapes.vllm_chunks` (parsing, normalising, the
   one seam production uses), ``feed``, and encode each event as a numbered partial result
-  (:class:`~vllm_nnrp_plugin.operation.Operation`, one per stream with its observation record).
+  (:class:`~vllm_nnrp_plugin.core.operation.Operation`, one per stream with its observation record).
 
 Input: every recorded ``.sse`` stream of compat/fixtures/vllm/0.26.0 (and shared fixtures of other vLLM lines
 when present), replayed round-robin.
@@ -20,8 +20,8 @@ import pathlib
 import time
 
 from bench.results import Result, Target
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import Operation
+from vllm_nnrp_plugin.core.operation import Operation
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import VLLMStream, vllm_chunks
 
@@ -33,8 +33,11 @@ TARGET = Target("p50", ">=", 300_000)
 def recorded_streams() -> list[list[str]]:
     """The strings vLLM's generator yielded for every recorded chat stream (``data: …\\n\\n`` each, ``[DONE]``
     last); the ``responses-*`` recordings are Responses streams, not this mapper's input."""
-    return [[block + "\n\n" for block in path.read_text().split("\n\n") if block.strip()]
-            for path in sorted(FIXTURES.glob("*.sse")) if not path.name.startswith("responses-")]
+    return [
+        [block + "\n\n" for block in path.read_text().split("\n\n") if block.strip()]
+        for path in sorted(FIXTURES.glob("*.sse"))
+        if not path.name.startswith("responses-")
+    ]
 
 
 def normal_form(stream: list[str]) -> list:
@@ -64,10 +67,17 @@ async def _sse_to_partial_async(streams: list[list[str]], rounds: int) -> int:
     for _ in range(rounds):
         for stream in streams:
             mapper = ChatStreamMapper()
-            operation = Operation(Observation(
-                connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp", submitted_ns=0,
-                submitted_unix_ns=0,
-            ))  # fmt: skip
+            operation = Operation(
+                Observation(
+                    connection_id=1,
+                    session_id=1,
+                    operation_id=1,
+                    frame_id=1,
+                    transport="tcp",
+                    submitted_ns=0,
+                    submitted_unix_ns=0,
+                )
+            )
             async for chunk in vllm_chunks(_replay(stream)):
                 for event in mapper.feed(chunk):
                     operation.take(operation.partial(event))  # queued, then taken and encoded for sending
@@ -95,8 +105,11 @@ def run(repetitions: int = 30, rounds: int = 200) -> list[Result]:
             rates.append(events / (time.perf_counter() - start))
         rows.append(
             Result.of(
-                name, "events/s", rates, targets=(TARGET,),
+                name,
+                "events/s",
+                rates,
+                targets=(TARGET,),
                 parameters={"streams": len(streams), "events_per_sample": events, "threads": 1},
-            )  # fmt: skip
+            )
         )
     return rows

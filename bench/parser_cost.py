@@ -29,10 +29,14 @@ from bench.results import Result
 
 LENGTHS = (256, 1024, 4096, 16384)
 WORDS = "the sea rolls over grey stones and the wind carries salt to the town where the harbour lights burn "
-TOOL = {"type": "function", "function": {
-    "name": "lookup", "description": "Look up current information about a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}}  # fmt: skip
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look up current information about a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def _tokens(tokenizer: Any, kind: str, n: int) -> list[int]:
@@ -68,8 +72,9 @@ def run(model: str | None = None, lengths: tuple[int, ...] = LENGTHS, repetition
         raise SystemExit("parser cost benchmark: give --model or set VLLM_NNRP_TEST_MODEL")
     tokenizer = get_tokenizer(model)
     parser_cls = ParserManager.get_parser(tool_parser_name="hermes", enable_auto_tools=True)
-    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[TOOL],
-                                    tool_choice="auto", stream=True)  # fmt: skip
+    request = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "hi"}], tools=[TOOL], tool_choice="auto", stream=True
+    )
     rows: list[Result] = []
     for kind in ("content", "tool_call"):
         made = []
@@ -78,12 +83,24 @@ def run(model: str | None = None, lengths: tuple[int, ...] = LENGTHS, repetition
             samples = []
             for _ in range(repetitions):
                 spent = _drive(parser_cls, tokenizer, request, ids)
-                tail = spent[-max(1, n // 10):]
+                tail = spent[-max(1, n // 10) :]
                 samples.append(sum(tail) / len(tail) * 1e6)
-            made.append(Result.of(f"parser_cost.{kind}.n{n}", "us", samples,
-                                  parameters={"parser": "hermes", "tokens": n, "tool_choice": "auto"}))
+            made.append(
+                Result.of(
+                    f"parser_cost.{kind}.n{n}",
+                    "us",
+                    samples,
+                    parameters={"parser": "hermes", "tokens": n, "tool_choice": "auto"},
+                )
+            )
         rows += made
         growth = made[-1].p50 / made[0].p50 if made[0].p50 else 0.0
-        rows.append(Result.of(f"parser_cost.{kind}.growth", "ratio", [growth],
-                              parameters={"from_tokens": lengths[0], "to_tokens": lengths[-1]}))
+        rows.append(
+            Result.of(
+                f"parser_cost.{kind}.growth",
+                "ratio",
+                [growth],
+                parameters={"from_tokens": lengths[0], "to_tokens": lengths[-1]},
+            )
+        )
     return rows

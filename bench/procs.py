@@ -38,9 +38,12 @@ class BenchServer:
         flags = [] if nodelay else ["--no-nodelay"]
         self.uri = uri
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.server", *flags, uri], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env(), cwd=ROOT,
-        )  # fmt: skip
+            [sys.executable, "-m", "bench.server", *flags, uri],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env(),
+            cwd=ROOT,
+        )
         line = self.proc.stdout.readline()
         if line.strip() != b"ready":
             self.proc.kill()
@@ -67,10 +70,11 @@ def run_clients(module: str, argument_lists: Sequence[Sequence[str]], timeout_s:
     """Start ``python -m <module> <args>`` once per argument list, all at once; return each one's JSON
     stdout. Raises ``RuntimeError`` when a client fails."""
     procs = [
-        subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=env(), cwd=ROOT)
+        subprocess.Popen(
+            [sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(), cwd=ROOT
+        )
         for args in argument_lists
-    ]  # fmt: skip
+    ]
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=timeout_s)

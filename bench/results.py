@@ -3,8 +3,8 @@
 There is no benchmark-results schema in the NNRP conformance suite (``schemas/`` has only api-profile
 documents), so the JSON follows the suite's case-results file: ``{profile, schema_version, adapter,
 results: [{id, outcome, …}]}`` plus ``kind``, ``date``, ``command``, ``machine`` and ``versions``. Each row
-adds ``unit``, ``samples``, ``p50``, ``p95``, ``mean``, ``max``, ``parameters``, ``targets`` ``[{stat, op, value, met}]``
-with ``target_met`` (all of them met), and ``compare`` (another row's id and the ratio of
+adds ``unit``, ``samples``, ``p50``, ``p95``, ``mean``, ``max``, ``parameters``, ``targets``
+``[{stat, op, value, met}]`` with ``target_met`` (all of them met), and ``compare`` (another row's id and the ratio of
 p50s) for side-by-side rows. ``outcome`` is ``passed`` when the measurement ran; whether a target was met
 is ``target_met``.
 """
@@ -63,9 +63,15 @@ class Result:
     def of(cls, id: str, unit: str, values: Sequence[float], **kw: Any) -> Result:
         """Summarise ``values`` (non-empty)."""
         return cls(
-            id=id, unit=unit, samples=len(values), p50=percentile(values, 0.5), p95=percentile(values, 0.95),
-            mean=sum(values) / len(values), max=max(values), **kw,
-        )  # fmt: skip
+            id=id,
+            unit=unit,
+            samples=len(values),
+            p50=percentile(values, 0.5),
+            p95=percentile(values, 0.95),
+            mean=sum(values) / len(values),
+            max=max(values),
+            **kw,
+        )
 
     def versus(self, other: Result) -> None:
         """Record ``self.p50 / other.p50`` (and p95) as this row's ratio to ``other``."""
@@ -117,9 +123,12 @@ def versions() -> dict[str, Any]:
             found[dist] = None
     try:
         found["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
             cwd=pathlib.Path(__file__).parent,
-        ).stdout.strip()  # fmt: skip
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         found["git_commit"] = None
     return found
@@ -132,7 +141,7 @@ def document(rows: Sequence[Result], *, command: str, extra_versions: dict[str, 
         "schema_version": "openai-compatible/1",
         "adapter": "vllm-nnrp-plugin",
         "kind": "benchmark-results",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
         "machine": machine(),
         "versions": {**versions(), **(extra_versions or {})},

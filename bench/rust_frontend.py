@@ -60,36 +60,68 @@ def frontend_pid(supervisor: int, binary: str) -> int:
     raise RuntimeError(f"no {binary} process under the vllm serve process {supervisor}")
 
 
-def level_rows(server: RustServer, engine: Sequence[int], prefix: str, *, levels: Sequence[int], rounds: int,
-               max_tokens: int, workdir: str, parameters: dict[str, Any],
-               body_extra: dict[str, Any] | None = None) -> list[Result]:  # fmt: skip
+def level_rows(
+    server: RustServer,
+    engine: Sequence[int],
+    prefix: str,
+    *,
+    levels: Sequence[int],
+    rounds: int,
+    max_tokens: int,
+    workdir: str,
+    parameters: dict[str, Any],
+    body_extra: dict[str, Any] | None = None,
+) -> list[Result]:
     body = {**load.request_body("chat", max_tokens), **(body_extra or {})}
     rows: list[Result] = []
     for c in levels:
         started = time.perf_counter()
-        windows = [load.window(server, engine, "stream", "http", c, body, transport="tcp", workdir=workdir)
-                   for _ in range(rounds)]  # fmt: skip
+        windows = [
+            load.window(server, engine, "stream", "http", c, body, transport="tcp", workdir=workdir)
+            for _ in range(rounds)
+        ]
         print(f"bench rust: {prefix}.c{c} done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-        params = {**parameters, "concurrency": c, "client_processes": len(load.shares(c)), "rounds": rounds,
-                  "max_tokens": max_tokens}  # fmt: skip
+        params = {
+            **parameters,
+            "concurrency": c,
+            "client_processes": len(load.shares(c)),
+            "rounds": rounds,
+            "max_tokens": max_tokens,
+        }
         ok = [r for w in windows for r in w.requests if r["error"] is None and r["ttft_ms"] > 0]
         name = f"{prefix}.c{c}.{{}}.http"
         rows += [
-            Result.of(name.format("api_server_cpu_us_per_token"), "us",
-                      [w.api_cpu_s * 1e6 / max(1, w.tokens) for w in windows], parameters=params),
-            Result.of(name.format("engine_cpu_us_per_token"), "us",
-                      [w.engine_cpu_s * 1e6 / max(1, w.tokens) for w in windows], parameters=params),
-            Result.of(name.format("tokens_per_s"), "tokens/s", [w.tokens / w.wall_s for w in windows],
-                      parameters=params),
+            Result.of(
+                name.format("api_server_cpu_us_per_token"),
+                "us",
+                [w.api_cpu_s * 1e6 / max(1, w.tokens) for w in windows],
+                parameters=params,
+            ),
+            Result.of(
+                name.format("engine_cpu_us_per_token"),
+                "us",
+                [w.engine_cpu_s * 1e6 / max(1, w.tokens) for w in windows],
+                parameters=params,
+            ),
+            Result.of(
+                name.format("tokens_per_s"), "tokens/s", [w.tokens / w.wall_s for w in windows], parameters=params
+            ),
             Result.of(name.format("ttft"), "ms", [r["ttft_ms"] for r in ok] or [0.0], parameters=params),
             Result.of(name.format("gap"), "ms", [g for r in ok for g in r["gaps_ms"]] or [0.0], parameters=params),
             load._failed(name.format("failed"), windows, params),
-        ]  # fmt: skip
+        ]
     return rows
 
 
-def run(*, frontend: str, model: str | None = None, levels: Sequence[int] = load.LEVELS, rounds: int = 2,
-        max_tokens: int = 256, tools: bool = False) -> list[Result]:  # fmt: skip
+def run(
+    *,
+    frontend: str,
+    model: str | None = None,
+    levels: Sequence[int] = load.LEVELS,
+    rounds: int = 2,
+    max_tokens: int = 256,
+    tools: bool = False,
+) -> list[Result]:
     """Serve the tiny model made from ``model`` (default ``$VLLM_NNRP_TEST_MODEL``) behind the Rust frontend
     ``frontend`` (the ``vllm-rs`` binary) and measure (module docstring). Raises ``SystemExit`` without a model or
     binary, ``compat.launcher.ServeError`` when ``vllm serve`` does not start."""
@@ -97,20 +129,38 @@ def run(*, frontend: str, model: str | None = None, levels: Sequence[int] = load
     if not model:
         raise SystemExit("rust frontend benchmark: give --model or set VLLM_NNRP_TEST_MODEL")
     if not frontend or not os.access(frontend, os.X_OK):
-        raise SystemExit(f"rust frontend benchmark: --rust-frontend {frontend!r} is not an executable vllm-rs binary "
-                         "(module docstring of bench/rust_frontend.py: where to get it)")  # fmt: skip
+        raise SystemExit(
+            f"rust frontend benchmark: --rust-frontend {frontend!r} is not an executable vllm-rs binary "
+            "(module docstring of bench/rust_frontend.py: where to get it)"
+        )
     prefix = "rust.tools" if tools else "rust"
-    parameters = {"frontend": "vllm-rs", "api": "chat",
-                  **({"server": "hermes tool parser", "tool_choice": "auto"} if tools else {})}  # fmt: skip
+    parameters = {
+        "frontend": "vllm-rs",
+        "api": "chat",
+        **({"server": "hermes tool parser", "tool_choice": "auto"} if tools else {}),
+    }
     with tempfile.TemporaryDirectory() as workdir:
         tiny = str(tiny_model.build(model))
         env = {"VLLM_USE_RUST_FRONTEND": "1", "VLLM_RUST_FRONTEND_PATH": str(pathlib.Path(frontend).resolve())}
-        args = ("--load-format", "dummy", "--max-num-seqs", str(max(256, *levels)),
-                *(load.AGENT_SERVER_ARGS if tools else ()))  # fmt: skip
+        args = (
+            "--load-format",
+            "dummy",
+            "--max-num-seqs",
+            str(max(256, *levels)),
+            *(load.AGENT_SERVER_ARGS if tools else ()),
+        )
         with VLLMServer(tiny, workdir, env=env, extra_args=args) as served:
             served.wait_ready(START_TIMEOUT_S)
             server = RustServer(frontend_pid(served.pid, frontend), served.http)
             engine = load.engine_pids(served.pid)
-            return level_rows(server, engine, prefix, levels=levels, rounds=rounds, max_tokens=max_tokens,
-                              workdir=workdir, parameters=parameters,
-                              body_extra=load.agent_fields("chat") if tools else None)  # fmt: skip
+            return level_rows(
+                server,
+                engine,
+                prefix,
+                levels=levels,
+                rounds=rounds,
+                max_tokens=max_tokens,
+                workdir=workdir,
+                parameters=parameters,
+                body_extra=load.agent_fields("chat") if tools else None,
+            )

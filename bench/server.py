@@ -6,7 +6,8 @@ parsing) in front of a paced synthetic backend instead of a model.
 prints ``ready``, serves until its stdin closes, then prints every observation record as one JSON line,
 then one line ``{"pump_wait_ns": […], "send_ns": […], "cpu_s": …}`` and exits: per partial result, the time
 it waited in the session pump's outbox (queued -> send started) and the time spent inside nnrp-py's send
-call; and the CPU time (s, all threads) the process used while serving. Requests choose the stream in their body: ``n`` chunks, one every ``interval_us`` µs. Each chunk is the
+call; and the CPU time (s, all threads) the process used while serving. Requests choose the stream in their body: ``n``
+chunks, one every ``interval_us`` µs. Each chunk is the
 SSE string vLLM would yield, ``data: {chat.completion.chunk}``, whose delta text is the
 ``time.monotonic_ns()`` at which the backend produced it followed by a space (deltas the server merged carry
 several); the clock is shared by every process of the host,
@@ -26,24 +27,25 @@ import attrs
 import orjson
 from prometheus_client import CollectorRegistry
 
-from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.config import NNRPConfig
+from vllm_nnrp_plugin.core.adapter import Call
+from vllm_nnrp_plugin.core.operation import PartialResult
 from vllm_nnrp_plugin.nnrp_binding.listener import ListenerHooks
-from vllm_nnrp_plugin.operation import PartialResult
-from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
 from vllm_nnrp_plugin.service import NNRPService
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
 
 
 class PacedBackend:
-    """A :class:`~vllm_nnrp_plugin.adapter.Backend` producing ``n`` timestamped chunks at a fixed pace."""
+    """A :class:`~vllm_nnrp_plugin.core.adapter.Backend` producing ``n`` timestamped chunks at a fixed pace."""
 
     def capabilities(self) -> dict[str, Any]:
         return runtime_document(models=["paced"], owned_by="bench", operations=[chat_operation(tool_calls=False)])
 
-    async def create(self, operation, body: dict[str, Any], request_id: str, traceparent: str | None = None,
-                     controls: Any = None) -> Call:
+    async def create(
+        self, operation, body: dict[str, Any], request_id: str, traceparent: str | None = None, controls: Any = None
+    ) -> Call:
         return Call(stream=vllm_chunks(self._sse(request_id, int(body["n"]), int(body["interval_us"]) * 1000)))
 
     def engine_request_id(self, operation, request_id: str) -> str:
@@ -92,9 +94,13 @@ async def serve(listen: tuple[str, ...], *, tcp_nodelay: bool = True) -> None:
     records: list[Observation] = []
     config = NNRPConfig(enabled=True, listen=listen)
     service = NNRPService(
-        config, PacedBackend(), loop, registry=CollectorRegistry(), observers=(records.append,),
+        config,
+        PacedBackend(),
+        loop,
+        registry=CollectorRegistry(),
+        observers=(records.append,),
         hooks=ListenerHooks(send_probe=times, tcp_nodelay=tcp_nodelay),
-    )  # fmt: skip
+    )
     await service.start()
     print("ready", flush=True)
     cpu_start = time.process_time()

@@ -123,8 +123,9 @@ def _session_loop(uri: str, args: argparse.Namespace, seed: int, stop: threading
                         pending.pop(op_id, None)
                         kind = event.event.get("type") if event.event else event.frame
                         code = (event.event or {}).get("error", {}).get("code") if kind == "response.error" else None
-                        report("terminal", plan=op.plan["kind"], type=kind, code=code,
-                               seconds=round(now - op.submitted, 3))  # fmt: skip
+                        report(
+                            "terminal", plan=op.plan["kind"], type=kind, code=code, seconds=round(now - op.submitted, 3)
+                        )
                         break
                     if op_id not in ops:
                         continue
@@ -201,13 +202,29 @@ def vllm_requests(http: str) -> float:
 class _Worker:
     def __init__(self, args: argparse.Namespace, index: int, generation: int, counts: Counter, lock: threading.Lock):
         command = [
-            sys.executable, "-m", "bench.soak", "--worker",
-            "--nnrp", args.nnrp, "--model-name", args.model_name,
-            "--worker-sessions", str(args.sessions // args.workers), "--streams", str(args.streams),
-            "--max-tokens", str(args.max_tokens), "--seed", str(args.seed * 100 + index * 10 + generation),
-            "--lost-after-s", str(args.lost_after_s), "--drain-s", str(args.drain_s),
-            "--deadline-ms", str(args.deadline_ms),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "bench.soak",
+            "--worker",
+            "--nnrp",
+            args.nnrp,
+            "--model-name",
+            args.model_name,
+            "--worker-sessions",
+            str(args.sessions // args.workers),
+            "--streams",
+            str(args.streams),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--seed",
+            str(args.seed * 100 + index * 10 + generation),
+            "--lost-after-s",
+            str(args.lost_after_s),
+            "--drain-s",
+            str(args.drain_s),
+            "--deadline-ms",
+            str(args.deadline_ms),
+        ]
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=procs.env(), cwd=procs.ROOT)
         self.done = False
         self._reader = threading.Thread(target=self._read, args=(counts, lock), daemon=True)

@@ -1,6 +1,7 @@
 """Run the benchmarks side by side and write ``<out>/<name>.json`` + ``<out>/<name>.md``.
 
-    python -m bench [all|mapper|latency|cancel|framework|e2e|load|parser|value|carriers|rust …] [--quick] [--out docs/benchmarks] [--name NAME] [--model DIR] \
+    python -m bench [all|mapper|latency|cancel|framework|e2e|load|parser|value|carriers|rust …] [--quick] \
+        [--out docs/benchmarks] [--name NAME] [--model DIR] \
         [--load-transport tcp|ipc] [--load-rounds N] [--load-tls] [--load-tools] [--load-responses] \
         [--load-stream-interval N] [--rust-frontend PATH]
 
@@ -33,22 +34,68 @@ from collections.abc import Callable
 from bench import cancel_latency, event_latency, mapper
 from bench.results import Result, document, write
 
+
+def _full_load(
+    model=None,
+    load_transport="tcp",
+    load_rounds=2,
+    load_tls=False,
+    load_stream_interval=8,
+    load_tools=False,
+    load_responses=False,
+    **_,
+):
+    return _load().run(
+        model=model,
+        transport=load_transport,
+        rounds=load_rounds,
+        tls=load_tls,
+        stream_interval=load_stream_interval or None,
+        tools=load_tools,
+        responses=load_responses,
+    )
+
+
+def _quick_load(
+    model=None, load_transport="tcp", load_rounds=1, load_tls=False, load_tools=False, load_responses=False, **_
+):
+    return _load().run(
+        model=model,
+        levels=(4,),
+        rounds=load_rounds,
+        max_tokens=16,
+        shared={4: 2},
+        burst_clients=8,
+        burst_load_streams=4,
+        cancel_streams=8,
+        cancel_per_session=4,
+        cancel_sample=4,
+        idle_sessions=8,
+        idle_seconds=2,
+        thread_sessions=8,
+        stream_interval=None,
+        transport=load_transport,
+        tls=load_tls,
+        tools=load_tools,
+        responses=load_responses,
+    )
+
+
 FULL: dict[str, Callable[..., list[Result]]] = {
     "mapper": lambda **_: mapper.run(),
     "latency": lambda **_: event_latency.run(),
     "cancel": lambda **_: cancel_latency.run(),
     "framework": lambda **_: _framework().run(),
     "e2e": lambda model=None, **_: _e2e().run(model=model),
-    "load": lambda model=None, load_transport="tcp", load_rounds=2, load_tls=False, load_stream_interval=8,
-                   load_tools=False, load_responses=False, **_: _load().run(
-        model=model, transport=load_transport, rounds=load_rounds, tls=load_tls, stream_interval=load_stream_interval or None,
-        tools=load_tools, responses=load_responses,
-    ),
+    "load": _full_load,
     "parser": lambda model=None, **_: _parser_cost().run(model=model),
     "value": lambda model=None, **_: _value().run(model=model),
     "carriers": lambda model=None, load_rounds=2, **_: _carriers().run(model=model, rounds=load_rounds),
     "rust": lambda model=None, load_rounds=2, load_tools=False, rust_frontend=None, **_: _rust().run(
-        frontend=rust_frontend, model=model, rounds=load_rounds, tools=load_tools,
+        frontend=rust_frontend,
+        model=model,
+        rounds=load_rounds,
+        tools=load_tools,
     ),
 }
 QUICK: dict[str, Callable[..., list[Result]]] = {
@@ -58,23 +105,31 @@ QUICK: dict[str, Callable[..., list[Result]]] = {
     ),
     "cancel": lambda **_: cancel_latency.run(operations=5),
     "framework": lambda **_: _framework().run(levels=(4,), rounds=2, tokens=16),
-    "e2e": lambda model=None, **_: _e2e().run(model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False),
-    "load": lambda model=None, load_transport="tcp", load_rounds=1, load_tls=False, load_tools=False,
-                   load_responses=False, **_: _load().run(
-        model=model, levels=(4,), rounds=load_rounds, max_tokens=16, shared={4: 2}, burst_clients=8,
-        burst_load_streams=4, cancel_streams=8, cancel_per_session=4, cancel_sample=4, idle_sessions=8, idle_seconds=2,
-        thread_sessions=8, stream_interval=None, transport=load_transport, tls=load_tls, tools=load_tools,
-        responses=load_responses,
+    "e2e": lambda model=None, **_: _e2e().run(
+        model=model, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False
     ),
+    "load": _quick_load,
     "parser": lambda model=None, **_: _parser_cost().run(model=model, lengths=(16, 32), repetitions=1),
-    "value": lambda model=None, **_: _value().run(model=model, background=8, rate=4.0, seconds=2.0, agent_calls=10,
-                                                  agent_concurrency=4),
+    "value": lambda model=None, **_: _value().run(
+        model=model, background=8, rate=4.0, seconds=2.0, agent_calls=10, agent_concurrency=4
+    ),
     "carriers": lambda model=None, load_rounds=1, **_: _carriers().run(
-        model=model, levels=(4,), rounds=load_rounds, max_tokens=16, cancel_streams=8, cancel_per_session=4,
-        cancel_sample=4, thread_sessions=8,
+        model=model,
+        levels=(4,),
+        rounds=load_rounds,
+        max_tokens=16,
+        cancel_streams=8,
+        cancel_per_session=4,
+        cancel_sample=4,
+        thread_sessions=8,
     ),
     "rust": lambda model=None, load_rounds=1, load_tools=False, rust_frontend=None, **_: _rust().run(
-        frontend=rust_frontend, model=model, levels=(4,), rounds=load_rounds, max_tokens=16, tools=load_tools,
+        frontend=rust_frontend,
+        model=model,
+        levels=(4,),
+        rounds=load_rounds,
+        max_tokens=16,
+        tools=load_tools,
     ),
 }
 
@@ -125,22 +180,49 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="*", default=["all"], choices=["all", *FULL], help="benchmarks to run (default all)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, numbers mean nothing")
-    p.add_argument("--out", default="docs/benchmarks", help="directory for the JSON and markdown (default docs/benchmarks)")
+    p.add_argument(
+        "--out", default="docs/benchmarks", help="directory for the JSON and markdown (default docs/benchmarks)"
+    )
     p.add_argument("--name", default="results", help="file name without extension (default results)")
     p.add_argument("--model", help="model directory for e2e and load (default $VLLM_NNRP_TEST_MODEL)")
-    p.add_argument("--load-transport", choices=["tcp", "ipc"], default="tcp", help="NNRP transport of load (default tcp)")
-    p.add_argument("--load-rounds", type=int, help="windows per protocol and level in load, alternating A/B/B/A "
-                   "(default 2; --quick: 1)")
-    p.add_argument("--load-tls", action="store_true", help="load over TLS: vLLM's HTTPS against NNRP on nnrps:// "
-                   "(one self-signed certificate; ids load.tls.*; --load-transport does not apply)")
-    p.add_argument("--load-tools", action="store_true", help="load on an agent server: hermes tool-call parser, "
-                   "one function tool in every request (ids load.tools.*)")
-    p.add_argument("--load-responses", action="store_true", help="load's levels as Responses streams "
-                   "(/v1/responses against responses.create; ids load[.tools].responses.*)")
-    p.add_argument("--load-stream-interval", type=int, default=8, metavar="N", help="load's second server serves "
-                   "with --stream-interval N (default 8; 0: no second server; --quick: none)")
-    p.add_argument("--rust-frontend", metavar="PATH", help="the vllm-rs binary of vLLM's Rust frontend, for rust "
-                   "(from PyPI's CUDA wheel of vLLM 0.32: bench/rust_frontend.py)")
+    p.add_argument(
+        "--load-transport", choices=["tcp", "ipc"], default="tcp", help="NNRP transport of load (default tcp)"
+    )
+    p.add_argument(
+        "--load-rounds",
+        type=int,
+        help="windows per protocol and level in load, alternating A/B/B/A (default 2; --quick: 1)",
+    )
+    p.add_argument(
+        "--load-tls",
+        action="store_true",
+        help="load over TLS: vLLM's HTTPS against NNRP on nnrps:// "
+        "(one self-signed certificate; ids load.tls.*; --load-transport does not apply)",
+    )
+    p.add_argument(
+        "--load-tools",
+        action="store_true",
+        help="load on an agent server: hermes tool-call parser, one function tool in every request (ids load.tools.*)",
+    )
+    p.add_argument(
+        "--load-responses",
+        action="store_true",
+        help="load's levels as Responses streams "
+        "(/v1/responses against responses.create; ids load[.tools].responses.*)",
+    )
+    p.add_argument(
+        "--load-stream-interval",
+        type=int,
+        default=8,
+        metavar="N",
+        help="load's second server serves with --stream-interval N (default 8; 0: no second server; --quick: none)",
+    )
+    p.add_argument(
+        "--rust-frontend",
+        metavar="PATH",
+        help="the vllm-rs binary of vLLM's Rust frontend, for rust "
+        "(from PyPI's CUDA wheel of vLLM 0.32: bench/rust_frontend.py)",
+    )
     return p
 
 
@@ -158,10 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in which:
         print(f"bench: running {name} …", file=sys.stderr, flush=True)
         options = {} if args.load_rounds is None else {"load_rounds": args.load_rounds}
-        rows += table[name](model=args.model, load_transport=args.load_transport, load_tls=args.load_tls,
-                            load_tools=args.load_tools, load_responses=args.load_responses,
-                            load_stream_interval=args.load_stream_interval, rust_frontend=args.rust_frontend,
-                            **options)  # fmt: skip
+        rows += table[name](
+            model=args.model,
+            load_transport=args.load_transport,
+            load_tls=args.load_tls,
+            load_tools=args.load_tools,
+            load_responses=args.load_responses,
+            load_stream_interval=args.load_stream_interval,
+            rust_frontend=args.rust_frontend,
+            **options,
+        )
     extra = {}
     if {"e2e", "load", "parser", "value", "carriers", "rust"} & set(which):
         import vllm

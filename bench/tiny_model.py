@@ -43,9 +43,13 @@ def cache_root() -> pathlib.Path:
 
 def _copied(source: pathlib.Path) -> list[pathlib.Path]:
     return sorted(
-        p for p in source.iterdir()
-        if p.is_file() and not p.name.startswith(".") and p.name != "config.json" and not p.name.endswith(SKIPPED_SUFFIXES)
-    )  # fmt: skip
+        p
+        for p in source.iterdir()
+        if p.is_file()
+        and not p.name.startswith(".")
+        and p.name != "config.json"
+        and not p.name.endswith(SKIPPED_SUFFIXES)
+    )
 
 
 def build(source: str | os.PathLike[str]) -> pathlib.Path:

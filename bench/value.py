@@ -91,10 +91,17 @@ def _clients(server: Any, roles: Sequence[tuple[str, str, dict[str, Any], list[s
     starting :data:`SETUP_S` s from now plus their offset; their outputs in that order."""
     start = time.time() + SETUP_S
     argument_lists = [
-        [role, protocol, server.nnrp if protocol == "nnrp" else server.http, orjson.dumps(body).decode(),
-         "--start-at", f"{start + offset:.3f}", *options]
+        [
+            role,
+            protocol,
+            server.nnrp if protocol == "nnrp" else server.http,
+            orjson.dumps(body).decode(),
+            "--start-at",
+            f"{start + offset:.3f}",
+            *options,
+        ]
         for role, protocol, body, options, offset in roles
-    ]  # fmt: skip
+    ]
     return run_clients("bench.value_client", argument_lists, timeout_s=600)
 
 
@@ -125,8 +132,18 @@ def _features(outputs: Sequence[dict[str, Any]]) -> str:
     return ",".join(sorted({f for out in outputs for f in out.get("features", ())})) or "none"
 
 
-def _loaded(server: Any, workdir: str, protocol: str, *, background: int, rate: float, seconds: float, role: str,
-            options: Sequence[str] = (), bg_protocol: str | None = None) -> tuple[dict, dict, float]:  # fmt: skip
+def _loaded(
+    server: Any,
+    workdir: str,
+    protocol: str,
+    *,
+    background: int,
+    rate: float,
+    seconds: float,
+    role: str,
+    options: Sequence[str] = (),
+    bg_protocol: str | None = None,
+) -> tuple[dict, dict, float]:
     """``background`` streams of :data:`BACKGROUND_TOKENS` tokens over ``bg_protocol`` (default ``protocol``;
     NNRP: class background) and, :data:`WARM_S` s later, ``role`` calls of :data:`INTERACTIVE_TOKENS` tokens
     at ``rate`` per second for ``seconds`` s over ``protocol`` with ``options``; the background stops when the
@@ -136,13 +153,33 @@ def _loaded(server: Any, workdir: str, protocol: str, *, background: int, rate: 
     stop = f"{workdir}/stop-{free_port()}"
     wait_idle(server)
     start = time.time() + SETUP_S
-    bg_out, out = _clients(server, [
-        ("background", bg_protocol, chat_body(PROMPT, BACKGROUND_TOKENS),
-         ["--streams", str(background), "--stop-file", stop, "--stop-at", f"{start + WARM_S + seconds + 300:.3f}",
-          *(["--class", "background"] if bg_protocol == "nnrp" else [])], 0.0),
-        (role, protocol, chat_body(PROMPT, INTERACTIVE_TOKENS),
-         ["--rate", str(rate), "--stop-file", stop, "--stop-at", f"{start + WARM_S + seconds:.3f}", *options], WARM_S),
-    ])  # fmt: skip
+    bg_out, out = _clients(
+        server,
+        [
+            (
+                "background",
+                bg_protocol,
+                chat_body(PROMPT, BACKGROUND_TOKENS),
+                [
+                    "--streams",
+                    str(background),
+                    "--stop-file",
+                    stop,
+                    "--stop-at",
+                    f"{start + WARM_S + seconds + 300:.3f}",
+                    *(["--class", "background"] if bg_protocol == "nnrp" else []),
+                ],
+                0.0,
+            ),
+            (
+                role,
+                protocol,
+                chat_body(PROMPT, INTERACTIVE_TOKENS),
+                ["--rate", str(rate), "--stop-file", stop, "--stop-at", f"{start + WARM_S + seconds:.3f}", *options],
+                WARM_S,
+            ),
+        ],
+    )
     return bg_out, out, time.time() - start
 
 
@@ -153,28 +190,56 @@ def priority_rows(server: Any, workdir: str, *, background: int, rate: float, se
     for protocol in ("http", "nnrp"):
         started = time.perf_counter()
         options = ["--class", "interactive"] if protocol == "nnrp" else []
-        bg_out, out, wall = _loaded(server, workdir, protocol, background=background, rate=rate, seconds=seconds,
-                                    role="interactive", options=options)  # fmt: skip
+        bg_out, out, wall = _loaded(
+            server,
+            workdir,
+            protocol,
+            background=background,
+            rate=rate,
+            seconds=seconds,
+            role="interactive",
+            options=options,
+        )
         calls, streams = out["requests"], bg_out["requests"]
-        params = {"background_streams": background, "background_max_tokens": BACKGROUND_TOKENS,
-                  "interactive_per_s": rate, "interactive_seconds": seconds,
-                  "interactive_max_tokens": INTERACTIVE_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
-                  **({"nnrp_client": _features([bg_out, out])} if protocol == "nnrp" else {"priority": "none"}),
-                  }  # fmt: skip
+        params = {
+            "background_streams": background,
+            "background_max_tokens": BACKGROUND_TOKENS,
+            "interactive_per_s": rate,
+            "interactive_seconds": seconds,
+            "interactive_max_tokens": INTERACTIVE_TOKENS,
+            "max_num_seqs": MAX_NUM_SEQS,
+            **({"nnrp_client": _features([bg_out, out])} if protocol == "nnrp" else {"priority": "none"}),
+        }
         ttft = [r["ttft_ms"] for r in calls if r["outcome"] == "completed" and r["ttft_ms"]]
         done = [r for r in streams if r["outcome"] == "completed"]
-        made[protocol] = Result.of(f"value.priority.interactive_ttft.{protocol}", "ms", ttft or [0.0],
-                                   parameters=params, note=f"{len(ttft)} of {len(calls)} interactive calls completed")
+        made[protocol] = Result.of(
+            f"value.priority.interactive_ttft.{protocol}",
+            "ms",
+            ttft or [0.0],
+            parameters=params,
+            note=f"{len(ttft)} of {len(calls)} interactive calls completed",
+        )
         rows += [
             made[protocol],
-            Result.of(f"value.priority.background_tokens_per_s.{protocol}", "tokens/s",
-                      [sum(r["tokens"] for r in done) / max(wall, 1.0)], parameters=params,
-                      note=f"{len(done)} background streams completed: their tokens / the background's wall time"),
+            Result.of(
+                f"value.priority.background_tokens_per_s.{protocol}",
+                "tokens/s",
+                [sum(r["tokens"] for r in done) / max(wall, 1.0)],
+                parameters=params,
+                note=f"{len(done)} background streams completed: their tokens / the background's wall time",
+            ),
             _failed(f"value.priority.failed.{protocol}", [*calls, *streams], params),
-        ]  # fmt: skip
+        ]
         _progress(f"value.priority.{protocol}", started)
-    rows.append(_ratio("value.priority.interactive_ttft_ratio.nnrp_over_http", made["nnrp"], made["http"],
-                       TTFT_TARGET, made["nnrp"].parameters))  # fmt: skip
+    rows.append(
+        _ratio(
+            "value.priority.interactive_ttft_ratio.nnrp_over_http",
+            made["nnrp"],
+            made["http"],
+            TTFT_TARGET,
+            made["nnrp"].parameters,
+        )
+    )
     return rows
 
 
@@ -190,31 +255,69 @@ def stale_rows(server: Any, *, calls: int, concurrency: int, seed: int = 1) -> l
     for run, protocol, action in STALE_RUNS:
         started = time.perf_counter()
         before = wait_idle(server)
-        (out,) = _clients(server, [("agent", protocol, body, [
-            "--calls", str(calls), "--concurrency", str(concurrency), "--stale-fraction", str(STALE_FRACTION),
-            "--stale-after", str(STALE_AFTER), "--stale-action", action, "--seed", str(seed)], 0.0)])  # fmt: skip
+        (out,) = _clients(
+            server,
+            [
+                (
+                    "agent",
+                    protocol,
+                    body,
+                    [
+                        "--calls",
+                        str(calls),
+                        "--concurrency",
+                        str(concurrency),
+                        "--stale-fraction",
+                        str(STALE_FRACTION),
+                        "--stale-after",
+                        str(STALE_AFTER),
+                        "--stale-action",
+                        action,
+                        "--seed",
+                        str(seed),
+                    ],
+                    0.0,
+                )
+            ],
+        )
         generated = wait_idle(server) - before
         requests = out["requests"]
         fresh = sum(r["tokens"] for r in requests if not r["stale"])
         stale = [r for r in requests if r["stale"]]
         stale_tokens = generated - fresh
-        params = {"calls": calls, "concurrency": concurrency, "stale_fraction": STALE_FRACTION,
-                  "stale_after_deltas": STALE_AFTER, "max_tokens": AGENT_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
-                  "stale_action": action}  # fmt: skip
+        params = {
+            "calls": calls,
+            "concurrency": concurrency,
+            "stale_fraction": STALE_FRACTION,
+            "stale_after_deltas": STALE_AFTER,
+            "max_tokens": AGENT_TOKENS,
+            "max_num_seqs": MAX_NUM_SEQS,
+            "stale_action": action,
+        }
         if protocol == "nnrp":
             params["nnrp_client"] = _features([out])
             if action == "supersede" and "supersede" not in params["nnrp_client"]:
                 params["stale_action"] = "cancel (this client has no Operation.supersede)"
         made[run] = Result.of(
-            f"value.stale.stale_tokens.{run}", "tokens", [stale_tokens], parameters=params,
+            f"value.stale.stale_tokens.{run}",
+            "tokens",
+            [stale_tokens],
+            parameters=params,
             note=f"{len(stale)} stale calls, {stale_tokens / max(1, len(stale)):.1f} engine tokens each "
-                 f"({STALE_AFTER} text deltas read); engine generated {generated:.0f}, non-stale calls' usage {fresh}",
-        )  # fmt: skip
+            f"({STALE_AFTER} text deltas read); engine generated {generated:.0f}, non-stale calls' usage {fresh}",
+        )
         rows += [made[run], _failed(f"value.stale.failed.{run}", requests, params)]
         _progress(f"value.stale.{run}", started)
     for against, target in (("http_close", STALE_TARGET), ("http_read", None)):
-        rows.append(_ratio(f"value.stale.stale_tokens_ratio.nnrp_supersede_over_{against}", made["nnrp_supersede"],
-                           made[against], target, made["nnrp_supersede"].parameters))  # fmt: skip
+        rows.append(
+            _ratio(
+                f"value.stale.stale_tokens_ratio.nnrp_supersede_over_{against}",
+                made["nnrp_supersede"],
+                made[against],
+                target,
+                made["nnrp_supersede"].parameters,
+            )
+        )
     return rows
 
 
@@ -222,8 +325,14 @@ def deadline_rows(server: Any, workdir: str, *, background: int, rate: float, se
     """Scenario 3 (module docstring): the HTTP run first (its calls read to the end, as with no deadline: vLLM's
     HTTP server is told of none), whose median sets the deadline, then the NNRP run with it."""
     load = {"background": background, "rate": rate, "seconds": seconds, "bg_protocol": "http"}
-    params = {"background_streams": background, "background_protocol": "http", "per_s": rate, "seconds": seconds,
-              "max_tokens": INTERACTIVE_TOKENS, "max_num_seqs": MAX_NUM_SEQS}  # fmt: skip
+    params = {
+        "background_streams": background,
+        "background_protocol": "http",
+        "per_s": rate,
+        "seconds": seconds,
+        "max_tokens": INTERACTIVE_TOKENS,
+        "max_num_seqs": MAX_NUM_SEQS,
+    }
     rows: list[Result] = []
     deadline_ms = 0
     for protocol in ("http", "nnrp"):
@@ -239,20 +348,36 @@ def deadline_rows(server: Any, workdir: str, *, background: int, rate: float, se
                 r["late"] = r["total_ms"] > deadline_ms
         late = [r for r in completed if r["late"]]
         expired = [r for r in calls if r["outcome"] == "expired"]
-        kinds = Counter("deadline_expired drop" if "deadline_expired" in r["terminal"] else "request_timeout error"
-                        for r in expired)  # fmt: skip
+        kinds = Counter(
+            "deadline_expired drop" if "deadline_expired" in r["terminal"] else "request_timeout error" for r in expired
+        )
         run_params = {**params, "nnrp_client": _features([out])} if protocol == "nnrp" else params
         rows += [
-            Result.of(f"value.deadline.late_pct.{protocol}", "%", [100 * len(late) / max(1, len(calls))],
-                      targets=(LATE_TARGET,) if protocol == "nnrp" else (), parameters=run_params,
-                      note=f"{len(late)} late of {len(calls)} calls ({len(completed)} completed)"),
-            Result.of(f"value.deadline.expired.{protocol}", "requests", [len(expired)], parameters=run_params,
-                      note="ended by the server for their deadline: "
-                           + (", ".join(f"{k} x {n}" for k, n in kinds.items()) or "none")),
-            Result.of(f"value.deadline.completed_latency.{protocol}", "ms", [r["total_ms"] for r in completed] or [0.0],
-                      parameters=run_params, note="submit -> result"),
+            Result.of(
+                f"value.deadline.late_pct.{protocol}",
+                "%",
+                [100 * len(late) / max(1, len(calls))],
+                targets=(LATE_TARGET,) if protocol == "nnrp" else (),
+                parameters=run_params,
+                note=f"{len(late)} late of {len(calls)} calls ({len(completed)} completed)",
+            ),
+            Result.of(
+                f"value.deadline.expired.{protocol}",
+                "requests",
+                [len(expired)],
+                parameters=run_params,
+                note="ended by the server for their deadline: "
+                + (", ".join(f"{k} x {n}" for k, n in kinds.items()) or "none"),
+            ),
+            Result.of(
+                f"value.deadline.completed_latency.{protocol}",
+                "ms",
+                [r["total_ms"] for r in completed] or [0.0],
+                parameters=run_params,
+                note="submit -> result",
+            ),
             _failed(f"value.deadline.failed.{protocol}", calls, run_params),
-        ]  # fmt: skip
+        ]
         _progress(f"value.deadline.{protocol}", started)
     return rows
 
@@ -261,13 +386,24 @@ def _progress(what: str, started: float) -> None:
     print(f"bench value: {what} done in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
 
-def measure(server: Any, workdir: str, *, background: int, rate: float, seconds: float, agent_calls: int,
-            agent_concurrency: int) -> list[Result]:  # fmt: skip
+def measure(
+    server: Any, workdir: str, *, background: int, rate: float, seconds: float, agent_calls: int, agent_concurrency: int
+) -> list[Result]:
     """The three scenarios on a ready ``server`` (``http``, ``nnrp``: its NNRP URI, ``metric``), after a warm-up
     call per protocol."""
-    _clients(server, [("agent", protocol, chat_body(PROMPT, 16), ["--calls", "4", "--concurrency", "4",
-                                                                  "--stale-fraction", "0"], 0.0)
-                      for protocol in ("http", "nnrp")])  # fmt: skip
+    _clients(
+        server,
+        [
+            (
+                "agent",
+                protocol,
+                chat_body(PROMPT, 16),
+                ["--calls", "4", "--concurrency", "4", "--stale-fraction", "0"],
+                0.0,
+            )
+            for protocol in ("http", "nnrp")
+        ],
+    )
     return [
         *priority_rows(server, workdir, background=background, rate=rate, seconds=seconds),
         *stale_rows(server, calls=agent_calls, concurrency=agent_concurrency),
@@ -275,8 +411,15 @@ def measure(server: Any, workdir: str, *, background: int, rate: float, seconds:
     ]
 
 
-def run(*, model: str | None = None, background: int = 16, rate: float = 2.0, seconds: float = 20.0,
-        agent_calls: int = 100, agent_concurrency: int = 8) -> list[Result]:  # fmt: skip
+def run(
+    *,
+    model: str | None = None,
+    background: int = 16,
+    rate: float = 2.0,
+    seconds: float = 20.0,
+    agent_calls: int = 100,
+    agent_concurrency: int = 8,
+) -> list[Result]:
     """Serve the tiny model made from ``model`` (default ``$VLLM_NNRP_TEST_MODEL``) with
     :data:`SERVER_ARGS` and measure (module docstring). Raises ``SystemExit`` without a model,
     ``compat.launcher.ServeError`` when ``vllm serve`` does not start, ``RuntimeError`` when a client fails."""
@@ -287,15 +430,30 @@ def run(*, model: str | None = None, background: int = 16, rate: float = 2.0, se
         tiny = str(tiny_model.build(model))
         uri = f"tcp://127.0.0.1:{free_port()}"
         server = serve_with_nnrp(
-            tiny, workdir, listen=(uri,), log=f"{workdir}/vllm-{free_port()}.log",
-            extra_args=("--load-format", "dummy", *SERVER_ARGS,
-                        "--additional-config", orjson.dumps(NNRP_CONFIG).decode()),
-        )  # fmt: skip
+            tiny,
+            workdir,
+            listen=(uri,),
+            log=f"{workdir}/vllm-{free_port()}.log",
+            extra_args=(
+                "--load-format",
+                "dummy",
+                *SERVER_ARGS,
+                "--additional-config",
+                orjson.dumps(NNRP_CONFIG).decode(),
+            ),
+        )
         server.nnrp = uri
         try:
             server.wait_ready(START_TIMEOUT_S)
-            return measure(server, workdir, background=background, rate=rate, seconds=seconds,
-                           agent_calls=agent_calls, agent_concurrency=agent_concurrency)  # fmt: skip
+            return measure(
+                server,
+                workdir,
+                background=background,
+                rate=rate,
+                seconds=seconds,
+                agent_calls=agent_calls,
+                agent_concurrency=agent_concurrency,
+            )
         finally:
             served = pathlib.Path(server.log).stat().st_size
             server.stop()

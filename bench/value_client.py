@@ -1,5 +1,5 @@
 """Client process of :mod:`bench.value`: one role of a scenario on one asyncio event loop, one task per call, with
-the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.client.connection`), as
+the lightest client of its protocol (HTTP: aiohttp; NNRP: :mod:`vllm_nnrp_plugin.client.aio.connection`), as
 :mod:`bench.load_client` (whose envelope and clock it uses).
 
     python -m bench.value_client ROLE http|nnrp TARGET BODY_JSON --start-at UNIX_S [--stop-at UNIX_S] [options…]
@@ -52,12 +52,29 @@ CALL_TIMEOUT_S = 300.0
 END_TIMEOUT_S = 10.0
 
 
-def _record(clock: Clock, deltas: int, tokens: int, outcome: str, error: str | None = None, *, stale: bool = False,
-            late: bool = False, terminal: Any = None) -> dict[str, Any]:  # fmt: skip
+def _record(
+    clock: Clock,
+    deltas: int,
+    tokens: int,
+    outcome: str,
+    error: str | None = None,
+    *,
+    stale: bool = False,
+    late: bool = False,
+    terminal: Any = None,
+) -> dict[str, Any]:
     timing = clock.done(tokens)
-    return {"ttft_ms": timing.ttft_ms, "total_ms": timing.total_ms, "tokens": tokens, "deltas": deltas,
-            "stale": stale, "outcome": outcome, "late": late, "error": error,
-            "terminal": None if terminal is None else str(terminal)[:200]}  # fmt: skip
+    return {
+        "ttft_ms": timing.ttft_ms,
+        "total_ms": timing.total_ms,
+        "tokens": tokens,
+        "deltas": deltas,
+        "stale": stale,
+        "outcome": outcome,
+        "late": late,
+        "error": error,
+        "terminal": None if terminal is None else str(terminal)[:200],
+    }
 
 
 class Call:
@@ -84,8 +101,9 @@ class Http:
     async def __aenter__(self) -> Http:
         import aiohttp
 
-        self.http = aiohttp.ClientSession(self.base, connector=aiohttp.TCPConnector(limit=0),
-                                          timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S))  # fmt: skip
+        self.http = aiohttp.ClientSession(
+            self.base, connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
+        )
 
         async def health() -> None:  # connections in the pool before the start
             async with self.http.get("/health") as response:
@@ -124,7 +142,7 @@ class Http:
         return _record(clock, deltas, tokens, outcome, error, stale=stale, late=outcome == "completed" and call.late())
 
 
-# -- NNRP: vllm_nnrp_plugin.client.connection ------------------------------------------------------------
+# -- NNRP: vllm_nnrp_plugin.client.aio.connection ------------------------------------------------------------
 
 
 def _takes(fn: Any, name: str) -> bool:
@@ -185,7 +203,7 @@ class Nnrp:
         expired = call.deadline_ms is not None and (
             (terminal or {}).get("reason") in ("deadline_expired", "expired")
             or ((terminal or {}).get("error") or {}).get("code") == "request_timeout"
-        )  # fmt: skip
+        )
         if expired:
             return _record(clock, deltas, 0, "expired", terminal=terminal)
         return _record(clock, deltas, 0, "failed", f"terminal: {terminal}"[:300], terminal=terminal)
@@ -205,8 +223,15 @@ class Nnrp:
         if terminal.get("type") == "response.completed":  # it ended before the supersede / cancel arrived
             return _record(clock, deltas, 0, "stale", stale=True, terminal=terminal)
         ok = terminal.get("type") == "response.cancelled"
-        return _record(clock, deltas, 0, "stale" if ok else "failed", None if ok else f"ended by {terminal}"[:300],
-                       stale=True, terminal=terminal)  # fmt: skip
+        return _record(
+            clock,
+            deltas,
+            0,
+            "stale" if ok else "failed",
+            None if ok else f"ended by {terminal}"[:300],
+            stale=True,
+            terminal=terminal,
+        )
 
 
 # -- roles ------------------------------------------------------------------------------------------------
@@ -294,8 +319,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("body", help="the chat request body (JSON)")
     p.add_argument("--start-at", type=float, required=True, help="wall-clock start (unix s)")
     p.add_argument("--stop-at", type=float, default=0.0, help="wall-clock end of background / paced roles (unix s)")
-    p.add_argument("--stop-file", help="background: also stops once this file exists; interactive / deadline: "
-                   "made once all their calls ended")
+    p.add_argument(
+        "--stop-file",
+        help="background: also stops once this file exists; interactive / deadline: made once all their calls ended",
+    )
     p.add_argument("--streams", type=int, default=16, help="background: streams kept in flight")
     p.add_argument("--rate", type=float, default=2.0, help="interactive / deadline: calls per second")
     p.add_argument("--calls", type=int, default=100, help="agent: calls")
@@ -305,8 +332,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stale-action", choices=["supersede", "cancel", "close", "read"], default="read")
     p.add_argument("--seed", type=int, default=0, help="agent: which calls go stale")
     p.add_argument("--deadline-ms", type=int, help="deadline: each call's deadline after its submit, ms")
-    p.add_argument("--class", dest="priority_class", choices=["interactive", "balanced", "background"],
-                   help="NNRP priority class of the calls (none: the session default)")
+    p.add_argument(
+        "--class",
+        dest="priority_class",
+        choices=["interactive", "balanced", "background"],
+        help="NNRP priority class of the calls (none: the session default)",
+    )
     a = p.parse_args(argv)
     if a.protocol == "http" and a.stale_action in ("supersede", "cancel"):
         p.error("supersede and cancel are NNRP's")

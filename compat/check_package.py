@@ -42,8 +42,9 @@ NOT_REQUIRED = ("aioquic",)
 def checkout_modules(root: pathlib.Path = ROOT) -> set[str]:
     """The package's files in the checkout, relative to ``root`` (tracked ones when it is a git checkout)."""
     try:
-        listed = subprocess.run(["git", "-C", str(root), "ls-files", "vllm_nnrp_plugin"], capture_output=True,
-                                text=True, check=True).stdout.split()  # fmt: skip
+        listed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "vllm_nnrp_plugin"], capture_output=True, text=True, check=True
+        ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         listed = [str(p.relative_to(root)) for p in (root / "vllm_nnrp_plugin").rglob("*") if p.is_file()]
     return {name for name in listed if "__pycache__" not in name and (root / name).is_file()}
@@ -82,6 +83,8 @@ def wheel_problems(wheel: pathlib.Path, modules: set[str], pyproject: dict) -> l
                 problems.append(f"{wheel.name}: entry point {name} in [{group}] is {found.strip()!r}, not {target!r}")
             module, _, attribute = found.strip().partition(":")
             path = module.replace(".", "/") + ".py"
+            if path not in names:  # a package: its __init__.py defines the attribute
+                path = module.replace(".", "/") + "/__init__.py"
             if path not in names:
                 problems.append(f"{wheel.name}: entry point {name} in [{group}] names {module}, not in the wheel")
             elif not defines(archive.read(path).decode(), attribute):

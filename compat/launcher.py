@@ -137,15 +137,21 @@ class VLLMServer:
 
     ``env`` is added to the base environment and ``extra_args`` to the base flags as given (the caller chooses
     whether and how NNRP is enabled; :func:`serve_with_nnrp` applies the line's attach path). ``api_keys``: served
-    with ``--api-key K1 K2 …`` (one flag, vLLM takes a list; the readiness probe sends the first). ``http``: base URL; ``port``; ``log``: its combined
-    stdout/stderr; ``proc`` / ``pid``: the API-server process.
+    with ``--api-key K1 K2 …`` (one flag, vLLM takes a list; the readiness probe sends the first). ``http``: base URL;
+    ``port``; ``log``: its combined stdout/stderr; ``proc`` / ``pid``: the API-server process.
     """
 
     def __init__(
-        self, model: str, workdir: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
-        extra_args: Sequence[str] = (), port: int | None = None, log: str | os.PathLike[str] | None = None,
+        self,
+        model: str,
+        workdir: str | os.PathLike[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        log: str | os.PathLike[str] | None = None,
         api_keys: Sequence[str] = (),
-    ) -> None:  # fmt: skip
+    ) -> None:
         workdir = pathlib.Path(workdir)
         self.api_key = api_keys[0] if api_keys else None
         self.port = port or free_port()
@@ -155,13 +161,23 @@ class VLLMServer:
         full_env.update(BASE_ENV)
         full_env.update(env or {})
         command = [
-            str(pathlib.Path(sys.executable).with_name("vllm")), "serve", model,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--served-model-name", SERVED_NAME,
-            "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager",
+            str(pathlib.Path(sys.executable).with_name("vllm")),
+            "serve",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            SERVED_NAME,
+            "--max-model-len",
+            "2048",
+            "--dtype",
+            "bfloat16",
+            "--enforce-eager",
             *extra_args,
             *(("--api-key", *api_keys) if api_keys else ()),
-        ]  # fmt: skip
+        ]
         self._log_file = open(self.log, "wb")
         self.proc = subprocess.Popen(
             command, env=full_env, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=workdir
@@ -220,9 +236,15 @@ class VLLMServer:
 
 
 def serve_with_nnrp(
-    model: str, workdir: str | os.PathLike[str], *, listen: Sequence[str] = (), family: tuple[int, int] | None = None,
-    env: Mapping[str, str] | None = None, extra_args: Sequence[str] = (), **kwargs: object,
-) -> VLLMServer:  # fmt: skip
+    model: str,
+    workdir: str | os.PathLike[str],
+    *,
+    listen: Sequence[str] = (),
+    family: tuple[int, int] | None = None,
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    **kwargs: object,
+) -> VLLMServer:
     """A :class:`VLLMServer` with NNRP enabled through the installed line's attach path (``family``: the
     installed vLLM's, read by :func:`installed_vllm` when not given), listening on ``listen`` (the plugin's
     default address when empty)."""
@@ -233,7 +255,7 @@ def serve_with_nnrp(
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv[argv.index("--") + 1:] if "--" in argv else []
+    command = argv[argv.index("--") + 1 :] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m compat.launcher", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, help="vLLM's HTTP port (default: a free one)")
@@ -259,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         for line in server.output().splitlines():
             if "NNRP listening on" in line:
-                print(line[line.index("NNRP listening on"):], file=sys.stderr, flush=True)
+                print(line[line.index("NNRP listening on") :], file=sys.stderr, flush=True)
         if not command:
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # SystemExit: the with block stops vLLM
             try:

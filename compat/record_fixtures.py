@@ -31,9 +31,12 @@ from compat.launcher import POOLING_ARGS, VLLMServer
 HERE = pathlib.Path(__file__).resolve().parent
 REFERENCE = HERE / "fixtures" / "vllm" / "0.32.0"
 TOOL_ARGS = (
-    "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-    "--chat-template", str(HERE / "tool_chat_template_hermes.jinja"),
-)  # fmt: skip
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+    "--chat-template",
+    str(HERE / "tool_chat_template_hermes.jinja"),
+)
 ENDPOINTS = {"responses": "/v1/responses", "models": "/v1/models", "embeddings": "/v1/embeddings"}
 
 

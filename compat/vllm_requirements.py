@@ -17,9 +17,20 @@ from pip._vendor.packaging.requirements import Requirement
 
 TORCH = {"torch", "torchvision", "torchaudio", "torchcodec"}
 #: PyPI's CUDA ``vllm`` wheel's GPU-only requirements (vLLM 0.33/0.34 ``requirements/cuda.txt``)
-CUDA_ONLY = {"pynvvideocodec", "flashinfer-python", "apache-tvm-ffi", "tilelang", "nvidia-cudnn-frontend", "nvtx",
-             "fastsafetensors", "instanttensor", "nvidia-cutlass-dsl", "quack-kernels", "tokenspeed-mla",
-             "humming-kernels"}  # fmt: skip
+CUDA_ONLY = {
+    "pynvvideocodec",
+    "flashinfer-python",
+    "apache-tvm-ffi",
+    "tilelang",
+    "nvidia-cudnn-frontend",
+    "nvtx",
+    "fastsafetensors",
+    "instanttensor",
+    "nvidia-cutlass-dsl",
+    "quack-kernels",
+    "tokenspeed-mla",
+    "humming-kernels",
+}
 
 
 def requirements(wheel: str, drop_cuda: bool) -> list[str]:

@@ -18,11 +18,11 @@ from typing import Any
 import orjson
 
 from compat.launcher import free_port
-from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
-from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
 from vllm_nnrp_plugin.profile.chat_stream import TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, VLLMStream, vllm_chunks
+from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "compat" / "fixtures" / "vllm" / "0.26.0"
@@ -86,17 +86,22 @@ class RecordedBackend:
         self._tool_calls = tool_calls
 
     def capabilities(self) -> dict[str, Any]:
-        return runtime_document(models=["example-model"], owned_by="recorded", operations=[chat_operation(tool_calls=self._tool_calls)])
+        return runtime_document(
+            models=["example-model"], owned_by="recorded", operations=[chat_operation(tool_calls=self._tool_calls)]
+        )
 
-    async def create(self, operation, body: dict[str, Any], request_id: str, traceparent: str | None = None,
-                     controls: Any = None) -> Call:
+    async def create(
+        self, operation, body: dict[str, Any], request_id: str, traceparent: str | None = None, controls: Any = None
+    ) -> Call:
         self.started.append(request_id)
         self.traceparents[request_id] = traceparent
         case = body.get("model", "a-stream-text")
         if case == "raise":
             raise RuntimeError("engine exploded")
         if case == "midstream-error":
-            items = sse_items("a-stream-text")[:2] + ['data: {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}\n\n']
+            items = sse_items("a-stream-text")[:2] + [
+                'data: {"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}\n\n'
+            ]
             return Call(stream=self._replay(items, 0.0))
         if (FIXTURES / f"{case}.sse").exists():
             items = sse_items(case)
@@ -144,8 +149,9 @@ class ServedNNRP:
     (:func:`vllm_nnrp_plugin.vllm_binding.lifecycle.start_service`), ``fault_injection_backend_error_model``
     wraps the backend the service is given; :attr:`backend` stays the one passed in."""
 
-    def __init__(self, listen: tuple[str, ...], backend: Any = None, *, api_keys: tuple[str, ...] = (),
-                 **config: Any) -> None:  # fmt: skip
+    def __init__(
+        self, listen: tuple[str, ...], backend: Any = None, *, api_keys: tuple[str, ...] = (), **config: Any
+    ) -> None:
         import threading
 
         from vllm_nnrp_plugin.config import NNRPConfig
@@ -211,7 +217,7 @@ def self_signed(tmp_path, name="localhost"):
 
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -232,5 +238,3 @@ def self_signed(tmp_path, name="localhost"):
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     return str(cert_path), str(key_path), cert.public_bytes(serialization.Encoding.DER)
-
-

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.support import ServedNNRP, envelope, free_port, metric, self_signed, wait_until
-from vllm_nnrp_plugin.client import AuthenticationFailed, AsyncNNRPTransport, NNRPTransport, ProfileClient, connect
+from vllm_nnrp_plugin.client import AsyncNNRPTransport, AuthenticationFailed, NNRPTransport, ProfileClient, connect
 from vllm_nnrp_plugin.client.errors import ClientTransportError
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
 
@@ -82,8 +82,12 @@ def test_the_openai_sdk_sends_its_api_key_as_over_https(served, scheme):
 
     async def ask(api_key: str) -> str:
         transport = AsyncNNRPTransport(uri, trusted_cert_der=served.der)
-        async with openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key=api_key, max_retries=0,
-                                      http_client=httpx.AsyncClient(transport=transport)) as sdk:  # fmt: skip
+        async with openai.AsyncOpenAI(
+            base_url="http://nnrp.invalid/v1",
+            api_key=api_key,
+            max_retries=0,
+            http_client=httpx.AsyncClient(transport=transport),
+        ) as sdk:
             stream = await sdk.chat.completions.create(model="a-stream-text", messages=[], stream=True)
             return "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
 
@@ -188,16 +192,34 @@ def test_the_cli_takes_the_key_from_its_flag_or_the_environment(served, tmp_path
     def chat(uri: str, *extra: str, **env: str) -> subprocess.CompletedProcess:
         environ = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "OPENAI_API_KEY")} | env
         return subprocess.run(
-            [sys.executable, "-m", "vllm_nnrp_plugin.client.cli", "chat", "--endpoint", uri, "--model",
-             "a-stream-text", *extra, "Say hello."],
-            capture_output=True, text=True, timeout=60, cwd=ROOT, env=environ,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "vllm_nnrp_plugin.client.cli",
+                "chat",
+                "--endpoint",
+                uri,
+                "--model",
+                "a-stream-text",
+                *extra,
+                "Say hello.",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env=environ,
+        )
 
     tcp = uri_of(served, "tcp")
     refused = chat(tcp)
     assert refused.returncode == 2 and "--api-key" in refused.stderr
     assert chat(tcp, "--api-key", "sk-wrong").returncode == 2
-    for done in (chat(tcp, "--api-key", KEY), chat(tcp, VLLM_API_KEY=KEY), chat(tcp, OPENAI_API_KEY=KEY),
-                 chat(uri_of(served, "nnrps"), "--tls-ca", str(cert), "--api-key", KEY)):  # fmt: skip
+    for done in (
+        chat(tcp, "--api-key", KEY),
+        chat(tcp, VLLM_API_KEY=KEY),
+        chat(tcp, OPENAI_API_KEY=KEY),
+        chat(uri_of(served, "nnrps"), "--tls-ca", str(cert), "--api-key", KEY),
+    ):
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip()

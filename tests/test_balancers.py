@@ -120,8 +120,9 @@ def _start(command: list[str], port: int, host: str = BALANCER) -> subprocess.Po
     return proc
 
 
-def haproxy(tmp_path, replica_port: int, port: int, *, balancer: str = BALANCER, tls_pem: str | None = None
-            ) -> subprocess.Popen:  # fmt: skip
+def haproxy(
+    tmp_path, replica_port: int, port: int, *, balancer: str = BALANCER, tls_pem: str | None = None
+) -> subprocess.Popen:
     """HAProxy ``mode tcp`` on ``balancer``:``port``; with ``tls_pem`` (certificate and key, PEM) it ends TLS there
     (``ssl crt``, ALPN ``nnrp/1``) and speaks plain NNRP to the replicas."""
     cfg = tmp_path / "haproxy.cfg"
@@ -135,8 +136,13 @@ def haproxy(tmp_path, replica_port: int, port: int, *, balancer: str = BALANCER,
 def nginx(tmp_path, block: str, replica_port: int, port: int, *, stream: bool) -> subprocess.Popen:
     cfg = tmp_path / "nginx.conf"
     load = f"load_module {NGINX_STREAM_MODULE};" if stream else ""
-    cfg.write_text(NGINX.format(load_module=load, dir=tmp_path, block=block.format(
-        balancer=BALANCER, port=port, replica_port=replica_port, dir=tmp_path)))  # fmt: skip
+    cfg.write_text(
+        NGINX.format(
+            load_module=load,
+            dir=tmp_path,
+            block=block.format(balancer=BALANCER, port=port, replica_port=replica_port, dir=tmp_path),
+        )
+    )
     return _start(["nginx", "-c", str(cfg), "-e", str(tmp_path / "error.log")], port)
 
 
@@ -166,13 +172,13 @@ def test_a_replica_drains_behind_the_balancer_and_no_call_is_lost(case, tmp_path
         host = "127.0.0.1"
         pem = tmp_path / "balancer.pem"
         pem.write_text(pathlib.Path(cert).read_text() + pathlib.Path(key).read_text())
-        balancer = haproxy(tmp_path, replica_port, port, balancer=host,
-                           tls_pem=str(pem) if scheme == "tcp" else None)  # fmt: skip
+        balancer = haproxy(tmp_path, replica_port, port, balancer=host, tls_pem=str(pem) if scheme == "tcp" else None)
     elif case == "haproxy-tcp":
         balancer = haproxy(tmp_path, replica_port, port)
     else:
-        balancer = nginx(tmp_path, NGINX_STREAM if scheme == "tcp" else NGINX_WEBSOCKET, replica_port, port,
-                         stream=scheme == "tcp")  # fmt: skip
+        balancer = nginx(
+            tmp_path, NGINX_STREAM if scheme == "tcp" else NGINX_WEBSOCKET, replica_port, port, stream=scheme == "tcp"
+        )
     try:
         address = f"{client_scheme}://{host}:{port}{path}"
         options = {"trusted_cert_der": der} if client_scheme == "nnrps" else {}
@@ -181,8 +187,9 @@ def test_a_replica_drains_behind_the_balancer_and_no_call_is_lost(case, tmp_path
             async with async_sdk(AsyncNNRPTransport([address], **options)) as sdk:
                 assert await streamed(sdk) == TEXT
                 first = next(r for r in replicas if r.backend.started)  # the one the balancer chose
-                running = [asyncio.ensure_future(streamed(sdk, extra_body={"pace_s": 0.02, "repeat": 3}))
-                           for _ in range(4)]  # fmt: skip
+                running = [
+                    asyncio.ensure_future(streamed(sdk, extra_body={"pace_s": 0.02, "repeat": 3})) for _ in range(4)
+                ]
                 assert await until(lambda: first.backend.open_streams >= 4)
                 before = len(first.backend.started)
                 drained = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(first.service.drain(10.0), first.loop))

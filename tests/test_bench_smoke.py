@@ -15,27 +15,54 @@ from tests.support import ROOT
 
 def test_bench_quick_writes_json_and_markdown_rows(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "mapper", "latency", "cancel", "--quick",
-         "--out", str(tmp_path), "--name", "smoke"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "mapper",
+            "latency",
+            "cancel",
+            "--quick",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "smoke",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr
     doc = orjson.loads((tmp_path / "smoke.json").read_bytes())
     assert doc["kind"] == "benchmark-results" and doc["adapter"] == "vllm-nnrp-plugin"
     assert doc["machine"]["logical_cpus"] and doc["versions"]["nnrp-py"]
     rows = {row["id"]: row for row in doc["results"]}
     expected = {
-        "mapper.feed", "mapper.sse_to_partial",
-        "event_latency.light.tcp", "event_latency.light.tcp_without_nodelay", "event_latency.light.ipc",
-        "event_latency.heavy.tcp", "event_latency.heavy.ipc",
-        *(f"cancel.{m}.{t}" for m in ("no_more_events", "server_saw_cancel", "abort_issued", "client_terminal")
-          for t in ("tcp", "ipc")),
-    }  # fmt: skip
+        "mapper.feed",
+        "mapper.sse_to_partial",
+        "event_latency.light.tcp",
+        "event_latency.light.tcp_without_nodelay",
+        "event_latency.light.ipc",
+        "event_latency.heavy.tcp",
+        "event_latency.heavy.ipc",
+        *(
+            f"cancel.{m}.{t}"
+            for m in ("no_more_events", "server_saw_cancel", "abort_issued", "client_terminal")
+            for t in ("tcp", "ipc")
+        ),
+    }
     assert set(rows) == expected
     for row in rows.values():
         assert row["outcome"] == "passed" and row["samples"] > 0 and row["p50"] <= row["p95"] <= row["max"]
     assert rows["event_latency.heavy.tcp"]["samples"] >= 8 * 10  # every stream delivered its events
-    assert rows["mapper.feed"]["targets"][0] == {"stat": "p50", "op": ">=", "value": 300000, "met": rows["mapper.feed"]["target_met"]}
+    assert rows["mapper.feed"]["targets"][0] == {
+        "stat": "p50",
+        "op": ">=",
+        "value": 300000,
+        "met": rows["mapper.feed"]["target_met"],
+    }
     assert rows["event_latency.light.ipc"]["compare"]["against"] == "event_latency.light.tcp"
     table = (tmp_path / "smoke.md").read_text()
     assert "| `cancel.no_more_events.ipc` | us |" in table and "logical CPUs" in table

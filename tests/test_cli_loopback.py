@@ -19,40 +19,104 @@ import sys
 import pytest
 
 from tests.support import ROOT, RecordedBackend, ServedNNRP, free_port
-from vllm_nnrp_plugin.adapter import STREAM_MAPPERS, Call
+from vllm_nnrp_plugin.core.adapter import STREAM_MAPPERS, Call
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, operation, runtime_document
 
-MODELS = {"object": "list", "data": [
-    {"id": "example-model", "object": "model", "created": 1796123190, "owned_by": "vllm",
-     "root": "/models/smollm2-135m-instruct", "parent": None, "max_model_len": 2048, "permission": []},
-]}  # fmt: skip
-FUNCTION_CALL = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "lookup",
-                 "arguments": '{"city": "Paris"}', "status": "completed"}  # fmt: skip
+MODELS = {
+    "object": "list",
+    "data": [
+        {
+            "id": "example-model",
+            "object": "model",
+            "created": 1796123190,
+            "owned_by": "vllm",
+            "root": "/models/smollm2-135m-instruct",
+            "parent": None,
+            "max_model_len": 2048,
+            "permission": [],
+        },
+    ],
+}
+FUNCTION_CALL = {
+    "type": "function_call",
+    "id": "fc_1",
+    "call_id": "call_1",
+    "name": "lookup",
+    "arguments": '{"city": "Paris"}',
+    "status": "completed",
+}
 RESPONSE = {
-    "id": "resp_1", "object": "response", "created_at": 1796123190, "model": "example-model", "status": "completed",
+    "id": "resp_1",
+    "object": "response",
+    "created_at": 1796123190,
+    "model": "example-model",
+    "status": "completed",
     "output": [
-        {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-         "content": [{"type": "output_text", "text": "Hello there.", "annotations": []}]},
+        {
+            "type": "message",
+            "id": "msg_1",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Hello there.", "annotations": []}],
+        },
         FUNCTION_CALL,
     ],
     "usage": {"input_tokens": 12, "output_tokens": 7, "total_tokens": 19},
-}  # fmt: skip
+}
 #: vLLM's Responses streaming events for RESPONSE (``responses_stream_generator``'s objects as dicts)
 RESPONSE_EVENTS = [
-    {"type": "response.created", "sequence_number": 0, "response": {**RESPONSE, "status": "in_progress", "output": [], "usage": None}},
-    {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
-     "item": {"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress", "content": []}},
-    {"type": "response.output_text.delta", "sequence_number": 2, "output_index": 0, "content_index": 0, "item_id": "msg_1", "delta": "Hello"},
-    {"type": "response.output_text.delta", "sequence_number": 3, "output_index": 0, "content_index": 0, "item_id": "msg_1", "delta": " there."},
+    {
+        "type": "response.created",
+        "sequence_number": 0,
+        "response": {**RESPONSE, "status": "in_progress", "output": [], "usage": None},
+    },
+    {
+        "type": "response.output_item.added",
+        "sequence_number": 1,
+        "output_index": 0,
+        "item": {"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress", "content": []},
+    },
+    {
+        "type": "response.output_text.delta",
+        "sequence_number": 2,
+        "output_index": 0,
+        "content_index": 0,
+        "item_id": "msg_1",
+        "delta": "Hello",
+    },
+    {
+        "type": "response.output_text.delta",
+        "sequence_number": 3,
+        "output_index": 0,
+        "content_index": 0,
+        "item_id": "msg_1",
+        "delta": " there.",
+    },
     {"type": "response.output_item.done", "sequence_number": 4, "output_index": 0, "item": RESPONSE["output"][0]},
-    {"type": "response.output_item.added", "sequence_number": 5, "output_index": 1,
-     "item": {**FUNCTION_CALL, "arguments": "", "status": "in_progress"}},
-    {"type": "response.function_call_arguments.delta", "sequence_number": 6, "output_index": 1, "item_id": "fc_1", "delta": '{"city": '},
-    {"type": "response.function_call_arguments.delta", "sequence_number": 7, "output_index": 1, "item_id": "fc_1", "delta": '"Paris"}'},
+    {
+        "type": "response.output_item.added",
+        "sequence_number": 5,
+        "output_index": 1,
+        "item": {**FUNCTION_CALL, "arguments": "", "status": "in_progress"},
+    },
+    {
+        "type": "response.function_call_arguments.delta",
+        "sequence_number": 6,
+        "output_index": 1,
+        "item_id": "fc_1",
+        "delta": '{"city": ',
+    },
+    {
+        "type": "response.function_call_arguments.delta",
+        "sequence_number": 7,
+        "output_index": 1,
+        "item_id": "fc_1",
+        "delta": '"Paris"}',
+    },
     {"type": "response.output_item.done", "sequence_number": 8, "output_index": 1, "item": FUNCTION_CALL},
     {"type": "response.completed", "sequence_number": 9, "response": RESPONSE},
-]  # fmt: skip
+]
 STREAMED_RESPONSES = RESPONSES_CREATE in STREAM_MAPPERS  # the Responses stream mapper is registered
 
 
@@ -66,12 +130,16 @@ class ScriptedBackend(RecordedBackend):
     ``encoding_format``."""
 
     def capabilities(self):
-        return runtime_document(models=["example-model"], owned_by="recorded", operations=[
-            chat_operation(tool_calls=True),
-            operation(RESPONSES_CREATE, streaming=STREAMED_RESPONSES, non_streaming=True, tool_calls=True),
-            operation(MODELS_LIST, streaming=False, non_streaming=True, cancellation=False),
-            operation(EMBEDDINGS_CREATE, streaming=False, non_streaming=True, encoding_formats=["float", "base64"]),
-        ])  # fmt: skip
+        return runtime_document(
+            models=["example-model"],
+            owned_by="recorded",
+            operations=[
+                chat_operation(tool_calls=True),
+                operation(RESPONSES_CREATE, streaming=STREAMED_RESPONSES, non_streaming=True, tool_calls=True),
+                operation(MODELS_LIST, streaming=False, non_streaming=True, cancellation=False),
+                operation(EMBEDDINGS_CREATE, streaming=False, non_streaming=True, encoding_formats=["float", "base64"]),
+            ],
+        )
 
     async def create(self, operation, body, request_id, traceparent=None, controls=None):
         if operation == CHAT_COMPLETIONS_CREATE:
@@ -94,8 +162,14 @@ class ScriptedBackend(RecordedBackend):
 
         data = [{"object": "embedding", "index": i, "embedding": encode(vector(i))} for i in range(len(body["input"]))]
         tokens = sum(len(text.split()) for text in body["input"])
-        return {"id": "embd-1", "object": "list", "created": 1796123190, "model": "example-model", "data": data,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}}  # fmt: skip
+        return {
+            "id": "embd-1",
+            "object": "list",
+            "created": 1796123190,
+            "model": "example-model",
+            "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+        }
 
     @staticmethod
     async def _events():
@@ -118,8 +192,13 @@ def level1_only():
 
 
 def vllm_nnrp(endpoint, *args):
-    done = subprocess.run([sys.executable, "-m", "vllm_nnrp_plugin.client.cli", args[0], "--endpoint", endpoint, *args[1:]],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_nnrp_plugin.client.cli", args[0], "--endpoint", endpoint, *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
@@ -157,12 +236,18 @@ def test_respond_streams_the_text_then_calls_and_usage(every_operation):
     assert done.stdout == (
         'Hello there.\n[tool call call_1] lookup({"city": "Paris"})\n[usage] input 12 · output 7 · total 19 tokens\n'
     )
-    events = [json.loads(line) for line in vllm_nnrp(every_operation, "respond", "--json", "Say hello.").stdout.splitlines()]
+    events = [
+        json.loads(line) for line in vllm_nnrp(every_operation, "respond", "--json", "Say hello.").stdout.splitlines()
+    ]
     # the sender may merge a delta still waiting into the next one: compare runs of one type
     assert [kind for kind, _ in itertools.groupby(event["type"] for event in events)] == [
-        "response.output_text.delta", "response.tool_call.started", "response.tool_call.delta",
-        "response.tool_call.completed", "response.usage", "response.completed",
-    ]  # fmt: skip
+        "response.output_text.delta",
+        "response.tool_call.started",
+        "response.tool_call.delta",
+        "response.tool_call.completed",
+        "response.usage",
+        "response.completed",
+    ]
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Hello there."
 
 

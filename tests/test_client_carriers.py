@@ -39,8 +39,7 @@ SCHEMES = ["ws", "wss", "quic"]
 
 
 def listen_addresses() -> tuple[str, ...]:
-    return (f"ws://127.0.0.1:{free_port()}", f"wss://127.0.0.1:{free_port()}/nnrp",
-            f"quic://127.0.0.1:{free_port()}")
+    return (f"ws://127.0.0.1:{free_port()}", f"wss://127.0.0.1:{free_port()}/nnrp", f"quic://127.0.0.1:{free_port()}")
 
 
 @pytest.fixture(scope="module")
@@ -315,9 +314,18 @@ def test_a_server_that_vanishes_fails_pending_operations(served, scheme):
 # -- addresses ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("uri", ["ws://127.0.0.1", "wss://:9401/nnrp", "quic://127.0.0.1:9402/nnrp",
-                                 "quic://127.0.0.1:0", "ws://127.0.0.1:99999/nnrp", "udp://127.0.0.1:9400",
-                                 "http://127.0.0.1:9400"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "ws://127.0.0.1",
+        "wss://:9401/nnrp",
+        "quic://127.0.0.1:9402/nnrp",
+        "quic://127.0.0.1:0",
+        "ws://127.0.0.1:99999/nnrp",
+        "udp://127.0.0.1:9400",
+        "http://127.0.0.1:9400",
+    ],
+)
 def test_an_unusable_address_is_a_client_address_error(uri):
     with pytest.raises(ClientAddressError) as raised:
         asyncio.run(connect(uri))
@@ -338,8 +346,12 @@ def test_the_openai_transports_take_every_carrier(served):
         import httpx
 
         transport = AsyncNNRPTransport(uri, trusted_cert_der=served.der)
-        async with openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key=KEY, max_retries=0,
-                                      http_client=httpx.AsyncClient(transport=transport)) as sdk:  # fmt: skip
+        async with openai.AsyncOpenAI(
+            base_url="http://nnrp.invalid/v1",
+            api_key=KEY,
+            max_retries=0,
+            http_client=httpx.AsyncClient(transport=transport),
+        ) as sdk:
             stream = await sdk.chat.completions.create(model="a-stream-text", messages=[], stream=True)
             return "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
 
@@ -348,12 +360,26 @@ def test_the_openai_transports_take_every_carrier(served):
 
 def test_the_command_line_sends_its_key_over_quic(served, certs):
     uri = uri_of(served, "quic")
-    command = [sys.executable, "-m", "vllm_nnrp_plugin.client.cli", "chat", "--endpoint", uri,
-               "--tls-ca", certs["cert"], "--model", "a-stream-text", "--timeout", "10", "hi"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "vllm_nnrp_plugin.client.cli",
+        "chat",
+        "--endpoint",
+        uri,
+        "--tls-ca",
+        certs["cert"],
+        "--model",
+        "a-stream-text",
+        "--timeout",
+        "10",
+        "hi",
+    ]
 
     def chat(api_key: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*command[:4], "--api-key", api_key, *command[4:]], capture_output=True, text=True,
-                              cwd=ROOT, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [*command[:4], "--api-key", api_key, *command[4:]], capture_output=True, text=True, cwd=ROOT, timeout=60
+        )
 
     ok = chat(KEY)
     assert ok.returncode == 0, ok.stderr

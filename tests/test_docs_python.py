@@ -71,9 +71,11 @@ def test_python_example_runs_as_written(block, served):
 
 def test_an_example_that_never_calls_the_server_would_fail(served):
     """The check itself: a client constructed and never used (the mistake it exists to catch) sends nothing."""
-    source = ("import httpx2\nfrom openai import AsyncOpenAI\nfrom vllm_nnrp_plugin.client import AsyncNNRPTransport\n"
-              f"client = AsyncOpenAI(base_url='http://nnrp.invalid/v1', api_key='k', "
-              f"http_client=httpx2.AsyncClient(transport=AsyncNNRPTransport('{served.bound[0]}')))\n")  # fmt: skip
+    source = (
+        "import httpx2\nfrom openai import AsyncOpenAI\nfrom vllm_nnrp_plugin.client import AsyncNNRPTransport\n"
+        f"client = AsyncOpenAI(base_url='http://nnrp.invalid/v1', api_key='k', "
+        f"http_client=httpx2.AsyncClient(transport=AsyncNNRPTransport('{served.bound[0]}')))\n"
+    )
     before = len(served.backend.started)
     exec(compile(source, "constructed-only", "exec"), {})  # noqa: S102
     assert len(served.backend.started) == before

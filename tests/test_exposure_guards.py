@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 
 from tests.support import ServedNNRP, free_port
 from vllm_nnrp_plugin.config import ConfigError, load_config
-from vllm_nnrp_plugin.endpoints import QUIC_INSTALL, quic_available
+from vllm_nnrp_plugin.contract.endpoints import QUIC_INSTALL, quic_available
 from vllm_nnrp_plugin.nnrp_binding.websocket import ANY_ORIGIN, allowed_origins
 
 ENABLED = {"VLLM_PLUGINS": "nnrp"}
@@ -32,8 +32,10 @@ def upgrade(uri: str, origin: str | None, path: str = "/nnrp") -> int:
     """Send a WebSocket Upgrade (with ``Origin: origin`` when given) to ``uri``'s port; the server's HTTP status."""
     port = int(uri.rsplit(":", 1)[1].split("/", 1)[0])
     key = base64.b64encode(os.urandom(16)).decode()
-    head = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-            f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n")  # fmt: skip
+    head = (
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n"
+    )
     if origin is not None:
         head += f"Origin: {origin}\r\n"
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
@@ -49,9 +51,10 @@ def upgrade(uri: str, origin: str | None, path: str = "/nnrp") -> int:
 
 def refused_for_origin() -> float:
     """``nnrp_connections_refused_total{reason="origin"}`` of WebSocket addresses (the process's registry)."""
-    return REGISTRY.get_sample_value(
-        "nnrp_connections_refused_total", {"transport": "websocket", "reason": "origin"}
-    ) or 0.0
+    return (
+        REGISTRY.get_sample_value("nnrp_connections_refused_total", {"transport": "websocket", "reason": "origin"})
+        or 0.0
+    )
 
 
 @pytest.fixture
@@ -89,8 +92,9 @@ def test_a_keyed_server_lets_the_key_decide_whatever_the_origin(serve):
 
 @pytest.mark.parametrize("keyed", [False, True])
 def test_configured_origins_are_the_only_browser_origins_served(serve, keyed):
-    served = serve(ws_allowed_origins=("https://app.example.com", "http://localhost:3000"),
-                   api_keys=(KEY,) if keyed else ())  # fmt: skip
+    served = serve(
+        ws_allowed_origins=("https://app.example.com", "http://localhost:3000"), api_keys=(KEY,) if keyed else ()
+    )
     (uri,) = served.bound
     assert upgrade(uri, "https://app.example.com") == 101
     assert upgrade(uri, "HTTPS://APP.EXAMPLE.COM") == 101  # origins compare without case
@@ -168,7 +172,7 @@ def test_a_quic_address_without_aioquic_stops_start_up_with_the_install_command(
 
 def test_a_client_asked_for_quic_without_aioquic_says_what_to_install(without_aioquic):
     from vllm_nnrp_plugin.client import ClientAddressError
-    from vllm_nnrp_plugin.client.connection import address_of
+    from vllm_nnrp_plugin.client.aio.connection import address_of
     from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport
 
     for attempt in (lambda: address_of("quic://127.0.0.1:9443"), lambda: AsyncNNRPTransport("quic://127.0.0.1:9443")):
@@ -181,8 +185,22 @@ def test_the_cli_asked_for_quic_without_aioquic_exits_2_with_the_install_command
     """A real ``vllm-nnrp`` process in which aioquic cannot be imported."""
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['aioquic'] = None\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    done = subprocess.run([sys.executable, "-m", "vllm_nnrp_plugin.client.cli", "models", "--endpoint",
-                           "quic://127.0.0.1:9", "--timeout", "5"], env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_nnrp_plugin.client.cli",
+            "models",
+            "--endpoint",
+            "quic://127.0.0.1:9",
+            "--timeout",
+            "5",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done
     assert 'pip install "vllm-nnrp-plugin[quic]"' in done.stderr
 
@@ -191,7 +209,9 @@ def test_the_server_modules_import_without_aioquic(tmp_path):
     """Everything a server without a QUIC address loads imports in a process where aioquic cannot be imported."""
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['aioquic'] = None\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    code = ("import vllm_nnrp_plugin.service, vllm_nnrp_plugin.nnrp_binding.listener, vllm_nnrp_plugin.client.cli, "
-            "vllm_nnrp_plugin.client.connection, vllm_nnrp_plugin.client.openai.transport; import aioquic")  # fmt: skip
+    code = (
+        "import vllm_nnrp_plugin.service, vllm_nnrp_plugin.nnrp_binding.listener, vllm_nnrp_plugin.client.cli, "
+        "vllm_nnrp_plugin.client.aio.connection, vllm_nnrp_plugin.client.openai.transport; import aioquic"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert "ModuleNotFoundError: import of aioquic halted" in done.stderr, done.stderr  # only the last import

@@ -1,5 +1,5 @@
-"""A fleet of replicas for the NNRP clients: the sans-IO policy (:mod:`vllm_nnrp_plugin.client.fleet`) with plain
-data, and its asyncio shell (:mod:`vllm_nnrp_plugin.client.fleet_pool`) through the ``openai`` SDK against two real
+"""A fleet of replicas for the NNRP clients: the sans-IO policy (:mod:`vllm_nnrp_plugin.client.fleet.policy`) with plain
+data, and its asyncio shell (:mod:`vllm_nnrp_plugin.client.fleet.pool`) through the ``openai`` SDK against two real
 plugin servers on two loopback addresses (127.0.0.2 and 127.0.0.3, the same port) with vLLM 0.26.0's recorded
 streams: placement by granted credit, the server's drain (:meth:`vllm_nnrp_plugin.service.NNRPService.drain`) as
 the client sees it, a lost replica (its connections aborted: what ``kill -9`` leaves) with unstarted calls moved and
@@ -15,17 +15,17 @@ import pytest
 
 from tests.support import ServedNNRP, free_port, until
 from tests.test_openai_fanout import NONSTREAM_TEXT, SDK_LIB, TEXT
-from vllm_nnrp_plugin import draining
-from vllm_nnrp_plugin.client import fleet as policy
-from vllm_nnrp_plugin.client.connection import connect
+from vllm_nnrp_plugin.client.aio.connection import connect
 from vllm_nnrp_plugin.client.errors import (
     ClientAddressError,
     ClientConnectionError,
     ClientTimeout,
     SessionOpenError,
 )
-from vllm_nnrp_plugin.client.fleet_pool import FleetPool
+from vllm_nnrp_plugin.client.fleet import policy
+from vllm_nnrp_plugin.client.fleet.pool import FleetPool
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.contract import draining
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 A, B = "tcp://127.0.0.2:1", "tcp://127.0.0.3:1"
@@ -78,7 +78,7 @@ def test_a_replica_out_is_tried_again_after_its_backoff_by_one_call():
     assert fleet.replicas[A].retry_at == pytest.approx(11.0 + 2 * policy.BACKOFF_FIRST_S)
     fleet.reached(A)
     assert fleet.replicas[A].state == policy.UP and fleet.replicas[A].failures == 0
-    for n in range(20):
+    for _ in range(20):
         fleet.failed(B, 0.0, "refused")
     assert fleet.replicas[B].retry_at == policy.BACKOFF_MAX_S
 
@@ -116,8 +116,9 @@ def replicas():
     """Two plugin servers on 127.0.0.2 and 127.0.0.3, same port; the first grants 2 operations per session,
     the second 8."""
     port = free_port()
-    served = [ServedNNRP((f"tcp://127.0.0.{n}:{port}",), max_in_flight_per_session=grant)
-              for n, grant in ((2, 2), (3, 8))]  # fmt: skip
+    served = [
+        ServedNNRP((f"tcp://127.0.0.{n}:{port}",), max_in_flight_per_session=grant) for n, grant in ((2, 2), (3, 8))
+    ]
     yield served
     for one in served:
         if one._thread.is_alive():
@@ -125,8 +126,12 @@ def replicas():
 
 
 def async_sdk(transport) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0,
-                              http_client=SDK_LIB.AsyncClient(transport=transport))  # fmt: skip
+    return openai.AsyncOpenAI(
+        base_url="http://nnrp.invalid/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=SDK_LIB.AsyncClient(transport=transport),
+    )
 
 
 async def streamed(sdk, **extra) -> str:
@@ -151,10 +156,17 @@ def test_calls_spread_by_the_credit_each_replica_granted(replicas):
 
 def test_a_sync_client_takes_a_comma_separated_string(replicas):
     uris = ",".join(one.bound[0] for one in replicas)
-    with openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0,
-                       http_client=SDK_LIB.Client(transport=NNRPTransport(uris))) as sdk:  # fmt: skip
+    with openai.OpenAI(
+        base_url="http://nnrp.invalid/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=SDK_LIB.Client(transport=NNRPTransport(uris)),
+    ) as sdk:
         for _ in range(4):
-            assert sdk.chat.completions.create(model="c-nonstream-text", messages=MESSAGES).choices[0].message.content == NONSTREAM_TEXT
+            assert (
+                sdk.chat.completions.create(model="c-nonstream-text", messages=MESSAGES).choices[0].message.content
+                == NONSTREAM_TEXT
+            )
     assert all(one.backend.started for one in replicas)
 
 
@@ -167,8 +179,9 @@ def test_a_draining_replica_finishes_its_streams_and_new_calls_go_elsewhere(repl
         async with async_sdk(AsyncNNRPTransport([low.bound[0], high.bound[0]])) as sdk:
             running = [asyncio.ensure_future(streamed(sdk, extra_body={"pace_s": 0.05, "repeat": 3})) for _ in range(8)]
             # every stream reached a replica
-            assert await until(lambda: len(low.backend.started) + len(high.backend.started) >= 8
-                               and low.backend.open_streams >= 1)
+            assert await until(
+                lambda: len(low.backend.started) + len(high.backend.started) >= 8 and low.backend.open_streams >= 1
+            )
             started_on_low = len(low.backend.started)
             drained = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(low.service.drain(10.0), low.loop))
             later = await asyncio.gather(*(streamed(sdk) for _ in range(6)))
@@ -195,15 +208,24 @@ def test_the_drain_on_the_wire(replicas):
         pressures = []
         pressed = asyncio.Event()
         session.on_pressure = lambda pressure: (pressures.append(pressure), pressed.set())
-        running = session.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
-                                  "body": {"model": "a-stream-text", "stream": True, "messages": MESSAGES,
-                                           "pace_s": 0.05}})  # fmt: skip
+        running = session.submit(
+            {
+                "schema_version": "openai-compatible/1",
+                "operation": "chat.completions.create",
+                "body": {"model": "a-stream-text", "stream": True, "messages": MESSAGES, "pace_s": 0.05},
+            }
+        )
         first = await running.__anext__()
         drained = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(server.service.drain(10.0), server.loop))
         await pressed.wait()
         started = len(server.backend.started)
-        late = await session.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
-                                     "body": {"model": "c-nonstream-text", "messages": MESSAGES}}).result()  # fmt: skip
+        late = await session.submit(
+            {
+                "schema_version": "openai-compatible/1",
+                "operation": "chat.completions.create",
+                "body": {"model": "c-nonstream-text", "messages": MESSAGES},
+            }
+        ).result()
         with pytest.raises(SessionOpenError):
             await conn.open_session()
         with pytest.raises(ClientConnectionError):
@@ -227,9 +249,13 @@ def test_the_drain_ends_what_outlasts_its_grace_with_server_shutdown(replicas):
     async def main():
         conn = await connect(server.bound[0])
         session = await conn.open_session()
-        op = session.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
-                             "body": {"model": "a-stream-text", "stream": True, "messages": MESSAGES,
-                                      "pace_s": 0.2, "repeat": 50}})  # fmt: skip
+        op = session.submit(
+            {
+                "schema_version": "openai-compatible/1",
+                "operation": "chat.completions.create",
+                "body": {"model": "a-stream-text", "stream": True, "messages": MESSAGES, "pace_s": 0.2, "repeat": 50},
+            }
+        )
         await op.__anext__()
         t0 = time.monotonic()
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(server.service.drain(0.3), server.loop))
@@ -257,8 +283,9 @@ def test_a_lost_replica_moves_unstarted_calls_and_fails_started_streams_at_once(
             all_reading = asyncio.Event()
 
             async def started_stream():
-                stream = await sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
-                                                           extra_body={"pace_s": 0.02, "repeat": 10})  # fmt: skip
+                stream = await sdk.chat.completions.create(
+                    model="a-stream-text", messages=MESSAGES, stream=True, extra_body={"pace_s": 0.02, "repeat": 10}
+                )
                 got = 0
                 try:
                     async for _ in stream:
@@ -314,8 +341,13 @@ def test_a_host_name_resolves_into_replicas_and_is_resolved_again(replicas, monk
         pool = FleetPool([f"tcp://replicas.test:{port}"], resolve=resolve)
         try:
             for _ in range(4):
-                op = await pool.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
-                                        "body": {"model": "c-nonstream-text", "messages": MESSAGES}})  # fmt: skip
+                op = await pool.submit(
+                    {
+                        "schema_version": "openai-compatible/1",
+                        "operation": "chat.completions.create",
+                        "body": {"model": "c-nonstream-text", "messages": MESSAGES},
+                    }
+                )
                 assert (await op.result())["type"] == "response.completed"
             first = pool.fleet.addresses
             answers[0] = ["127.0.0.3"]
@@ -335,8 +367,12 @@ def test_a_host_name_resolves_into_replicas_and_is_resolved_again(replicas, monk
 def test_no_replica_reachable_is_an_api_connection_error_naming_each():
     ports = free_port()
     transport = NNRPTransport([f"tcp://127.0.0.2:{ports}", f"tcp://127.0.0.3:{ports}"])
-    with openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0,
-                       http_client=SDK_LIB.Client(transport=transport)) as sdk:  # fmt: skip
+    with openai.OpenAI(
+        base_url="http://nnrp.invalid/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=SDK_LIB.Client(transport=transport),
+    ) as sdk:
         with pytest.raises(openai.APIConnectionError) as caught:
             sdk.chat.completions.create(model="c-nonstream-text", messages=MESSAGES)
     assert "127.0.0.2" in str(caught.value.__cause__) and "127.0.0.3" in str(caught.value.__cause__)
@@ -356,9 +392,13 @@ def test_a_stop_during_the_drain_waits_for_its_running_operations(replicas):
     async def main():
         conn = await connect(server.bound[0])
         session = await conn.open_session()
-        op = session.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
-                             "body": {"model": "a-stream-text", "stream": True, "messages": MESSAGES,
-                                      "pace_s": 0.02}})  # fmt: skip
+        op = session.submit(
+            {
+                "schema_version": "openai-compatible/1",
+                "operation": "chat.completions.create",
+                "body": {"model": "a-stream-text", "stream": True, "messages": MESSAGES, "pace_s": 0.02},
+            }
+        )
         await op.__anext__()
         drained = asyncio.run_coroutine_threadsafe(server.service.drain(10.0), server.loop)
         stopped = asyncio.run_coroutine_threadsafe(server.service.stop(), server.loop)
@@ -381,9 +421,25 @@ def test_the_command_takes_a_fleet_and_goes_past_a_replica_that_is_gone(replicas
     endpoint = f"{low.bound[0]},{high.bound[0]}"
 
     def chat():
-        return subprocess.run([sys.executable, "-m", "vllm_nnrp_plugin.client.cli", "chat", "--endpoint", endpoint,
-                               "--model", "c-nonstream-text", "--no-stream", "--timeout", "10", "hi"],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "vllm_nnrp_plugin.client.cli",
+                "chat",
+                "--endpoint",
+                endpoint,
+                "--model",
+                "c-nonstream-text",
+                "--no-stream",
+                "--timeout",
+                "10",
+                "hi",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     done = chat()
     assert done.returncode == 0, done.stderr

@@ -20,8 +20,8 @@ from nnrp.core.enums import MessageType as T
 from nnrp.runtime.types import RecoverableErrorMetadata
 
 from tests.support import ServedNNRP, envelope, free_port, metric, wait_until
-from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import connect
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_binding.bounds import VIOLATION_BURST, ViolationBudget
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
@@ -177,6 +177,7 @@ def _p95(values: list[float]) -> float:
 def test_a_client_flooding_beyond_its_credit_is_ended_and_others_keep_their_latency(caplog) -> None:
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_in_flight_per_session=IN_FLIGHT)
     caplog.set_level(logging.WARNING, logger="vllm_nnrp_plugin.service")
+
     def counter() -> float:  # the process's
         return metric("nnrp_connections_ended_total", transport="tcp", reason="credit_violations")
 
@@ -204,8 +205,10 @@ def test_a_client_flooding_beyond_its_credit_is_ended_and_others_keep_their_late
         lines = [r for r in caplog.records if "ended" in r.getMessage() and "granted credit" in r.getMessage()]
         assert 1 <= len(lines) <= max(flooder.ended, 10)
         quiet_p95, during_p95 = _p95(quiet), _p95(during)
-        figures = (f"p95 {during_p95 * 1000:.1f} ms during the flood ({flooder.ended} connections ended, "
-                   f"{flooder.submits} submits sent), {quiet_p95 * 1000:.1f} ms without")  # fmt: skip
+        figures = (
+            f"p95 {during_p95 * 1000:.1f} ms during the flood ({flooder.ended} connections ended, "
+            f"{flooder.submits} submits sent), {quiet_p95 * 1000:.1f} ms without"
+        )
         print(figures)
         assert during_p95 <= 2 * quiet_p95 + 0.05, figures
     finally:
@@ -216,6 +219,7 @@ def test_refusals_within_the_budget_are_answered_and_the_connection_lives() -> N
     """A client that goes beyond its credit a few times (it had not read the BACKPRESSURE yet) gets
     ``too_many_requests`` for each, as before, and keeps its connection."""
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), max_in_flight_per_session=IN_FLIGHT)
+
     def counter() -> float:  # the process's
         return metric("nnrp_connections_ended_total", transport="tcp", reason="credit_violations")
 

@@ -10,6 +10,7 @@ import socket
 import time
 
 import pytest
+from nnrp.core.enums import MessageType as T
 
 from tests.support import ServedNNRP, envelope, free_port, metric, wait_until
 from tests.wire import wirekit as w
@@ -17,7 +18,6 @@ from vllm_nnrp_plugin.client import connect
 from vllm_nnrp_plugin.nnrp_binding.bounds import HANDSHAKE_CAP_FACTOR, handshake_recheck
 from vllm_nnrp_plugin.nnrp_wire.codecs import SessionOpenAckMetadata
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader
-from nnrp.core.enums import MessageType as T
 
 TIMEOUT_MS = 300
 STREAM = envelope({"model": "a-stream-text", "messages": [], "stream": True})

@@ -203,8 +203,9 @@ def test_a_session_closed_with_operations_running_gives_each_its_terminal():
     operation ends with its ``response.cancelled`` drop before the close completes, its backend request is
     aborted, and the session is gone on the server."""
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",))
-    slow = envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05, "repeat": 40},
-                    request_id="drained")  # fmt: skip
+    slow = envelope(
+        {"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05, "repeat": 40}, request_id="drained"
+    )
 
     async def main() -> list[dict]:
         conn = await connect(served.bound[0])

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from tests.support import ServedNNRP, free_port, wait_until
-from vllm_nnrp_plugin.client.connection import connect
+from vllm_nnrp_plugin.client.aio.connection import connect
 
 DEPTH = 1000  # ~2 KB envelopes, under orjson's own limit of 1024 levels
 
@@ -41,10 +41,23 @@ def run_all(served, payloads: list[bytes], timeout_s: float = 5.0) -> list[list[
     return asyncio.run(main())
 
 
-def chat(model: bytes = b'"c-nonstream-text"', schema: bytes = b'"openai-compatible/1"', timeout: bytes = b"60000",
-         tools: bytes = b"[]") -> bytes:  # fmt: skip
-    return (b'{"schema_version":' + schema + b',"operation":"chat.completions.create","nnrp":{"timeout_ms":' + timeout
-            + b'},"body":{"model":' + model + b',"messages":[],"tools":' + tools + b"}}")  # fmt: skip
+def chat(
+    model: bytes = b'"c-nonstream-text"',
+    schema: bytes = b'"openai-compatible/1"',
+    timeout: bytes = b"60000",
+    tools: bytes = b"[]",
+) -> bytes:
+    return (
+        b'{"schema_version":'
+        + schema
+        + b',"operation":"chat.completions.create","nnrp":{"timeout_ms":'
+        + timeout
+        + b'},"body":{"model":'
+        + model
+        + b',"messages":[],"tools":'
+        + tools
+        + b"}}"
+    )
 
 
 def test_deeply_nested_fields_get_invalid_envelope_at_once_and_free_their_slots(served, caplog):

@@ -13,6 +13,8 @@ import types
 import httpx
 import openai
 import pytest
+from nnrp.core.enums import MessageType as T
+from nnrp.core.messages.control import ServerHelloAckMetadata
 
 from tests.support import RecordedBackend, ServedNNRP, envelope, free_port
 from tests.test_native_interop import native_connection, profile_client
@@ -23,8 +25,6 @@ from vllm_nnrp_plugin.nnrp_binding.bounds import CarrierBounds, packet_limit
 from vllm_nnrp_plugin.nnrp_wire import framing
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader
 from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
-from nnrp.core.enums import MessageType as T
-from nnrp.core.messages.control import ServerHelloAckMetadata
 
 MiB = 1 << 20
 MAX_MODEL_LEN = 2048
@@ -33,10 +33,13 @@ MAX_MODEL_LEN = 2048
 def context_length_error(prompt_chars: int):
     """vLLM's 400 for a prompt longer than the model's context (``vllm/entrypoints/openai/serving_engine.py``
     ``_validate_input``: "This model's maximum context length is … tokens"), roughly 4 characters a token."""
-    message = (f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your request has "
-               f"{prompt_chars // 4} input tokens. Please reduce the length of the input messages.")  # fmt: skip
-    return types.SimpleNamespace(error=types.SimpleNamespace(message=message, type="BadRequestError", param=None,
-                                                             code=400))  # fmt: skip
+    message = (
+        f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your request has "
+        f"{prompt_chars // 4} input tokens. Please reduce the length of the input messages."
+    )
+    return types.SimpleNamespace(
+        error=types.SimpleNamespace(message=message, type="BadRequestError", param=None, code=400)
+    )
 
 
 class ContextBackend(RecordedBackend):
@@ -66,7 +69,12 @@ def served():
 def test_the_defaults_take_tens_of_mib_and_advertise_the_native_packet_limit(served):
     config = NNRPConfig()
     assert config.max_envelope_bytes == 32 * MiB
-    assert packet_limit(config.max_envelope_bytes) == framing.MAX_PACKET_BYTES == 64 * MiB == CarrierBounds().max_packet_bytes
+    assert (
+        packet_limit(config.max_envelope_bytes)
+        == framing.MAX_PACKET_BYTES
+        == 64 * MiB
+        == CarrierBounds().max_packet_bytes
+    )
     host, port = served.bound[0].removeprefix("tcp://").rsplit(":", 1)
     with contextlib.closing(socket.create_connection((host, int(port)))) as sock:
         sock.sendall(w.hello())
@@ -93,11 +101,13 @@ def test_a_large_request_streams_through_the_async_sdk_too(served):
 
     async def main() -> None:
         async with httpx.AsyncClient(transport=AsyncNNRPTransport(served.bound[0])) as http:
-            sdk = openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http,
-                                     max_retries=0)  # fmt: skip
+            sdk = openai.AsyncOpenAI(
+                base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http, max_retries=0
+            )
             with pytest.raises(openai.BadRequestError):
-                await sdk.chat.completions.create(model="a-stream-text", stream=True,
-                                                  messages=[{"role": "user", "content": content}])  # fmt: skip
+                await sdk.chat.completions.create(
+                    model="a-stream-text", stream=True, messages=[{"role": "user", "content": content}]
+                )
 
     import asyncio
 

@@ -13,8 +13,8 @@ from nnrp.core import MessageType
 from nnrp.native import NativeRuntimeError
 
 from tests.support import RecordedBackend, ServedNNRP, envelope, free_port, wait_until
-from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ProfileClient
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 
@@ -136,7 +136,7 @@ def test_a_client_slower_than_the_stream_ends_with_client_too_slow_and_the_reque
     taking from the session outbox, and the operation ends with ``client_too_slow`` once 8 events wait; the
     terminal arrives when the client reads again, and the session keeps serving."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(limited.bound[1][len("unix://"):])
+    sock.connect(limited.bound[1][len("unix://") :])
     sock.settimeout(10)
     conn = ClientConnection()
     request = conn.open_session()
@@ -192,8 +192,8 @@ class _SlowClose:
 def test_a_sent_terminal_frees_its_slot_for_the_clients_next_submit():
     """``nnrp.max_in_flight`` 1 and a stream that takes 0.5 s to close after its terminal: a client that submits
     as soon as it read each terminal is served every time, never refused ``too_many_requests``."""
-    from vllm_nnrp_plugin.adapter import Call
     from vllm_nnrp_plugin.client import connect
+    from vllm_nnrp_plugin.core.adapter import Call
 
     class Lingering(RecordedBackend):
         async def create(self, operation, body, request_id, traceparent=None, controls=None):
@@ -207,7 +207,9 @@ def test_a_sent_terminal_frees_its_slot_for_the_clients_next_submit():
         session = await conn.open_session()
         terminals = []
         for _ in range(3):
-            events = [e async for e in session.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True}))]
+            events = [
+                e async for e in session.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True}))
+            ]
             terminals.append(events[-1].get("error", {}).get("code") or events[-1]["type"])
         await conn.close()
         return terminals

@@ -39,9 +39,12 @@ class Served:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         config = NNRPConfig(
-            enabled=True, listen=(self.tcp, self.ipc), max_envelope_bytes=MAX_ENVELOPE,
-            fault_injection_backend_error_model=fault_model, metrics_listen=metrics_listen,
-        )  # fmt: skip
+            enabled=True,
+            listen=(self.tcp, self.ipc),
+            max_envelope_bytes=MAX_ENVELOPE,
+            fault_injection_backend_error_model=fault_model,
+            metrics_listen=metrics_listen,
+        )
         self.service = NNRPService(config, with_fault_injection(self.backend, fault_model), self.loop, **service_kwargs)
         self.bound = asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(30)
 
@@ -74,8 +77,12 @@ def test_binds_every_configured_address(served):
 
 
 def test_streamed_text_arrives_in_order_then_completed(client):
-    events = collect(client, envelope({"model": "b-stream-text-usage", "messages": [], "stream": True,
-                                      "stream_options": {"include_usage": True}}))
+    events = collect(
+        client,
+        envelope(
+            {"model": "b-stream-text-usage", "messages": [], "stream": True, "stream_options": {"include_usage": True}}
+        ),
+    )
     *partials, terminal = events
     assert [e.frame for e in partials] == ["partial_result"] * len(partials)
     expected = [c["choices"][0]["delta"]["content"] for c in recorded_chunks("b-stream-text-usage")[1:-2]]
@@ -132,7 +139,10 @@ GOOD = orjson.dumps(envelope({"model": "c-nonstream-text", "messages": []}))
         (lambda c: raw_submit(c, GOOD, frames=2), "invalid_frame"),
         (lambda c: raw_submit(c, GOOD, profile_id=1), "invalid_frame"),
         (lambda c: c.submit(envelope({"model": "g2-unknown-model-nonstream", "messages": []})), "model_not_found"),
-        (lambda c: c.submit(envelope({"model": "h2-max-tokens-too-large-nonstream", "messages": []})), "invalid_request"),
+        (
+            lambda c: c.submit(envelope({"model": "h2-max-tokens-too-large-nonstream", "messages": []})),
+            "invalid_request",
+        ),
         (lambda c: c.submit(envelope({"model": "raise", "messages": []})), "backend_error"),
     ],
 )
@@ -165,7 +175,10 @@ CANCELS = {
 }
 
 
-@pytest.mark.parametrize("how, reason", [("frame_cancel", "client_cancelled"), ("runtime_cancel", "client_cancelled"), ("runtime_abort", "client_aborted")])
+@pytest.mark.parametrize(
+    "how, reason",
+    [("frame_cancel", "client_cancelled"), ("runtime_cancel", "client_cancelled"), ("runtime_abort", "client_aborted")],
+)
 def test_cancel_stops_events_at_once_and_aborts_the_backend_request(served, client, how, reason):
     op = client.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05}))
     stream = client.events(op, timeout_s=10)
@@ -225,7 +238,9 @@ KILLED_CLIENT = textwrap.dedent(
     from vllm_nnrp_plugin.client import ProfileClient
     from tests.support import envelope
     client = asyncio.run(ProfileClient.connect(sys.argv[1]))
-    op = client.submit(envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.2, "repeat": 10}))
+    op = client.submit(
+        envelope({"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.2, "repeat": 10})
+    )
     next(client.events(op, timeout_s=10))
     print("streaming", flush=True)
     os._exit(9)
@@ -366,13 +381,17 @@ def test_nnrp_deadline_control_bounds_the_operation(served, client):
 
 def test_the_earlier_of_timeout_ms_and_deadline_wins(served, client):
     start = time.monotonic()
-    events = list(client.events(client.submit(envelope(SLOW, nnrp={"timeout_ms": 5000}), deadline_ms=200), timeout_s=10))
+    events = list(
+        client.events(client.submit(envelope(SLOW, nnrp={"timeout_ms": 5000}), deadline_ms=200), timeout_s=10)
+    )
     assert time.monotonic() - start < 2
     assert_timed_out(served, events, partials_at_most=6)
 
 
 def test_a_timeout_that_does_not_expire_changes_nothing(client):
-    events = collect(client, envelope({"model": "a-stream-text", "messages": [], "stream": True}, nnrp={"timeout_ms": 10000}))
+    events = collect(
+        client, envelope({"model": "a-stream-text", "messages": [], "stream": True}, nnrp={"timeout_ms": 10000})
+    )
     assert events[-1].event["type"] == "response.completed"
 
 
@@ -389,10 +408,16 @@ def test_session_trace_context_becomes_the_traceparent_of_later_operations(serve
         assert served.backend.traceparents[served.backend.started[-1]] is None  # none before a context
         client.trace_context(91, 92, parent_span_id=90, stage_code=5, flags=3, attributes=b"secret=1")
         collect(client, envelope({"model": "c-nonstream-text", "messages": []}))
-        assert served.backend.traceparents[served.backend.started[-1]] == "00-0000000000000000000000000000005b-000000000000005c-01"
+        assert (
+            served.backend.traceparents[served.backend.started[-1]]
+            == "00-0000000000000000000000000000005b-000000000000005c-01"
+        )
         client.trace_context(2**64 - 1, 1, flags=0)
         events = collect(client, envelope({"model": "c-nonstream-text", "messages": []}))
-        assert served.backend.traceparents[served.backend.started[-1]] == "00-0000000000000000ffffffffffffffff-0000000000000001-00"
+        assert (
+            served.backend.traceparents[served.backend.started[-1]]
+            == "00-0000000000000000ffffffffffffffff-0000000000000001-00"
+        )
         assert "secret" not in orjson.dumps([e.event for e in events]).decode()  # never copied into the body
     finally:
         client.close()
@@ -433,7 +458,9 @@ def test_conformance_runner_exits_non_zero_when_a_selected_case_fails(served, tm
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     # the recorded backend knows no "example-model": the suite's text cases fail, its error cases pass
-    status = main(["--endpoint", served.tcp, "--recipes", str(ROOT / "recipes"), "--out", str(tmp_path), "--case-timeout", "10"])
+    status = main(
+        ["--endpoint", served.tcp, "--recipes", str(ROOT / "recipes"), "--out", str(tmp_path), "--case-timeout", "10"]
+    )
     assert status == 1
     results = {r["id"]: r for r in orjson.loads((tmp_path / "results.json").read_bytes())["results"]}
     assert results["openai-compatible.chat.streaming-text"]["outcome"] == "failed"

@@ -26,7 +26,7 @@ from nnrp.runtime.types import ResultDropReasonMetadata
 
 from tests.support import ServedNNRP, envelope, free_port, self_signed, wait_until
 from vllm_nnrp_plugin.client import ProfileClient
-from vllm_nnrp_plugin.endpoints import parse_endpoint
+from vllm_nnrp_plugin.contract.endpoints import parse_endpoint
 from vllm_nnrp_plugin.nnrp_wire.codecs import CLOSE_STATUS_CLOSED, SessionCloseAckMetadata
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader
 
@@ -41,8 +41,9 @@ def served(tmp_path_factory):
     cert, key, der = self_signed(tmp)
     served = ServedNNRP(
         (f"tcp://127.0.0.1:{free_port()}", f"unix://{tmp}/nnrp.sock", f"nnrps://127.0.0.1:{free_port()}"),
-        tls_cert_file=cert, tls_key_file=key,
-    )  # fmt: skip
+        tls_cert_file=cert,
+        tls_key_file=key,
+    )
     served.der = der
     yield served
     served.stop()
@@ -56,9 +57,10 @@ def native_connection(uri: str, trusted_cert_der: bytes | None = None):
         security = NativeTransportClientSecurity(server_name=carrier.host, trusted_certificate_der=trusted_cert_der)
     route = NativeClientProviderRoute(provider_endpoint=carrier.provider_uri, security=security)
     options = NativeClientOptions(
-        endpoint=carrier.endpoint, provider_routes={carrier.transport: route},
+        endpoint=carrier.endpoint,
+        provider_routes={carrier.transport: route},
         transport_policy=POLICY[carrier.transport],
-    )  # fmt: skip
+    )
     with connect_native_client_connection(options) as connection:
         yield connection
 
@@ -112,7 +114,6 @@ def test_a_session_may_ask_for_as_many_operations_as_the_plugin_allows(served):
         for op in ops:
             assert list(client.events(op, timeout_s=10))[-1].event["type"] == "response.completed"
         client.session.close()
-
 
 
 class Relay:

@@ -20,8 +20,12 @@ from tests.support import ROOT, envelope
 from tests.test_loopback import Served, wait_until
 from vllm_nnrp_plugin.client import ProfileClient
 
-STREAM = {"model": "b-stream-text-usage", "messages": [{"role": "user", "content": "SECRET PROMPT"}], "stream": True,
-          "stream_options": {"include_usage": True}}  # as the recorded request
+STREAM = {
+    "model": "b-stream-text-usage",
+    "messages": [{"role": "user", "content": "SECRET PROMPT"}],
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}  # as the recorded request
 SLOW = {"model": "a-stream-text", "messages": [], "stream": True, "pace_s": 0.05}
 
 
@@ -32,9 +36,12 @@ class Observed(Served):
         self.records = []
         self.registry = CollectorRegistry()
         super().__init__(
-            tmp_path, metrics_listen="127.0.0.1:0", registry=self.registry, tracer=tracer,
+            tmp_path,
+            metrics_listen="127.0.0.1:0",
+            registry=self.registry,
+            tracer=tracer,
             observers=(self.records.append,),
-        )  # fmt: skip
+        )
 
     def record_of(self, op, transport, mark):
         """The record of ``op``, among those finished after ``mark`` (``len(records)`` before the submit):
@@ -130,8 +137,11 @@ def test_a_cancelled_operation_records_source_reason_and_the_accepted_abort(obse
 def test_errors_record_code_and_family(observed, client, transport):
     _, _, record = run(observed, client, transport, envelope({"model": "raise", "messages": []}))
     assert (record.outcome, record.error_code, record.error_family, record.error_status) == (
-        "error", "backend_error", "server_error", 500,
-    )  # fmt: skip
+        "error",
+        "backend_error",
+        "server_error",
+        500,
+    )
     assert record.abort_accepted is True  # the backend request never finished
     _, _, record = run(observed, client, transport, b"{not json")
     assert record.operation is None and record.error_code == "invalid_json"
@@ -141,31 +151,47 @@ def test_metrics_count_operations_sessions_and_latencies(observed, transport):
     def value(name, **labels):
         return observed.scrape().get((name, tuple(sorted(labels.items()))), 0.0)
 
-    before = value("nnrp_operations_total", operation="chat.completions.create", outcome="completed", transport=transport)
+    before = value(
+        "nnrp_operations_total", operation="chat.completions.create", outcome="completed", transport=transport
+    )
     events_before = value("nnrp_output_events_total", transport=transport)
     client = asyncio.run(ProfileClient.connect(getattr(observed, transport)))
     try:
         assert wait_until(lambda: value("nnrp_sessions_active", transport=transport) >= 1)
         _, events, _ = run(observed, client, transport, envelope(STREAM))
-        assert value(
-            "nnrp_operations_total", operation="chat.completions.create", outcome="completed", transport=transport
-        ) == before + 1
+        assert (
+            value(
+                "nnrp_operations_total", operation="chat.completions.create", outcome="completed", transport=transport
+            )
+            == before + 1
+        )
         assert value("nnrp_output_events_total", transport=transport) == events_before + len(events) - 1
         assert value("nnrp_first_event_latency_seconds_count", transport=transport) >= 1
         assert value("nnrp_tokens_total", kind="output") >= 16
     finally:
         client.close()
     samples = observed.scrape()
-    assert ("nnrp_operation_duration_seconds_bucket", (("le", "+Inf"), ("operation", "chat.completions.create"), ("outcome", "completed"))) in samples
+    assert (
+        "nnrp_operation_duration_seconds_bucket",
+        (("le", "+Inf"), ("operation", "chat.completions.create"), ("outcome", "completed")),
+    ) in samples
 
 
 def test_the_log_line_has_ids_and_outcome_but_no_text(observed, client, transport, caplog):
     with caplog.at_level(logging.DEBUG, logger="vllm_nnrp_plugin.service"):
         op, events, _ = run(observed, client, transport, envelope(STREAM))
         assert wait_until(lambda: any("nnrp operation" in r.getMessage() for r in caplog.records))
-    (line,) = [r for r in caplog.records if f"operation_id={op.operation_id} " in r.getMessage() and r.nnrp["transport"] == transport]
+    (line,) = [
+        r
+        for r in caplog.records
+        if f"operation_id={op.operation_id} " in r.getMessage() and r.nnrp["transport"] == transport
+    ]
     message = line.getMessage()
-    assert "outcome=completed" in message and f"transport={transport}" in message and f"events={len(events) - 1}" in message
+    assert (
+        "outcome=completed" in message
+        and f"transport={transport}" in message
+        and f"events={len(events) - 1}" in message
+    )
     assert "SECRET" not in message and "Hello" not in message
     assert line.levelno == logging.DEBUG and line.nnrp["output_tokens"] == 16
 
@@ -209,8 +235,8 @@ MULTIPROCESS = textwrap.dedent(
     """
     import os, sys
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
-    from vllm_nnrp_plugin.metrics import NNRPMetrics
-    from vllm_nnrp_plugin.observation import Observation
+    from vllm_nnrp_plugin.observability.metrics import NNRPMetrics
+    from vllm_nnrp_plugin.observability.observation import Observation
     metrics = NNRPMetrics(CollectorRegistry())   # what each API-server process does
     record = Observation(connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp",
                          submitted_ns=0, submitted_unix_ns=0, operation="chat.completions.create")
@@ -221,7 +247,7 @@ MULTIPROCESS = textwrap.dedent(
     multiprocess.MultiProcessCollector(served)
     sys.stdout.write(generate_latest(served).decode())
     import urllib.request
-    from vllm_nnrp_plugin.metrics import serve_metrics
+    from vllm_nnrp_plugin.observability.metrics import serve_metrics
     standalone = serve_metrics("127.0.0.1:0")     # nnrp.metrics_listen serves the same aggregated view
     with urllib.request.urlopen(f"http://{standalone.address}/metrics", timeout=5) as response:
         sys.stdout.write("STANDALONE\\n" + response.read().decode())
@@ -234,8 +260,14 @@ def test_metrics_reach_a_multiprocess_registry(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", MULTIPROCESS], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert 'nnrp_operations_total{operation="chat.completions.create",outcome="completed",transport="tcp"} 1.0' in done.stdout
+    assert (
+        'nnrp_operations_total{operation="chat.completions.create",outcome="completed",transport="tcp"} 1.0'
+        in done.stdout
+    )
     assert 'nnrp_sessions_active{transport="tcp"} 1.0' in done.stdout
     assert "nnrp_operation_duration_seconds_count" in done.stdout
     standalone = done.stdout.split("STANDALONE\n", 1)[1]
-    assert 'nnrp_operations_total{operation="chat.completions.create",outcome="completed",transport="tcp"} 1.0' in standalone
+    assert (
+        'nnrp_operations_total{operation="chat.completions.create",outcome="completed",transport="tcp"} 1.0'
+        in standalone
+    )

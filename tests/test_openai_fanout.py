@@ -1,4 +1,4 @@
-"""Many concurrent openai SDK calls on one client over NNRP (the fan-out of :mod:`vllm_nnrp_plugin.client.openai.pool`)
+"""Many concurrent openai SDK calls on one client over NNRP (the fan-out of :mod:`vllm_nnrp_plugin.client.aio.pool`)
 against the real server path on loopback (the plugin's own wire core, :class:`tests.support.ServedNNRP`) with
 vLLM 0.26.0's recorded streams: every call completes as over HTTP, within the server's per-session and
 per-process limits (no refusal is provoked), a refusal caused by another client is resubmitted, closing leaves
@@ -57,13 +57,18 @@ def refusals() -> float:
 
 
 def sync_sdk(lib, transport) -> openai.OpenAI:
-    return openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0,
-                         http_client=lib.Client(transport=transport))  # fmt: skip
+    return openai.OpenAI(
+        base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0, http_client=lib.Client(transport=transport)
+    )
 
 
 def async_sdk(lib, transport) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0,
-                              http_client=lib.AsyncClient(transport=transport))  # fmt: skip
+    return openai.AsyncOpenAI(
+        base_url="http://nnrp.invalid/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=lib.AsyncClient(transport=transport),
+    )
 
 
 async def fan_out(sdk: openai.AsyncOpenAI, n: int, **extra) -> list[str]:
@@ -85,7 +90,9 @@ def test_128_concurrent_async_calls_on_one_client_all_complete_without_a_refusal
     """128 streams + 128 whole answers at once, 16 operations per session allowed: the transport opens the
     sessions it needs (16 × 16 = the server's 256 in flight) instead of submitting into refusals."""
     backend = PeakBackend()
-    served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), backend=backend, max_in_flight_per_session=16, max_in_flight=256)
+    served = ServedNNRP(
+        (f"tcp://127.0.0.1:{free_port()}",), backend=backend, max_in_flight_per_session=16, max_in_flight=256
+    )
     refused = refusals()
 
     async def main():
@@ -115,8 +122,9 @@ def test_threads_over_the_per_session_limit_share_one_sync_client(lib):
         with sync_sdk(LIBRARIES[lib], NNRPTransport(served.bound[0])) as sdk:
 
             def one(_n: int) -> str:
-                stream = sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
-                                                     extra_body={"pace_s": 0.005})  # fmt: skip
+                stream = sdk.chat.completions.create(
+                    model="a-stream-text", messages=MESSAGES, stream=True, extra_body={"pace_s": 0.005}
+                )
                 return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
             with concurrent.futures.ThreadPoolExecutor(32) as threads:
@@ -154,8 +162,13 @@ def test_calls_over_the_process_limit_wait_for_a_slot_instead_of_being_refused()
 async def _held_by_another_client(uri: str, pace_s: float) -> tuple[ProfileClient, object]:
     """A native client (it ignores credit) holding the server's one process slot with a stream."""
     other = await ProfileClient.connect(uri)
-    op = other.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
-                       "body": {"model": "a-stream-text", "messages": MESSAGES, "stream": True, "pace_s": pace_s}})
+    op = other.submit(
+        {
+            "schema_version": "openai-compatible/1",
+            "operation": "chat.completions.create",
+            "body": {"model": "a-stream-text", "messages": MESSAGES, "stream": True, "pace_s": pace_s},
+        }
+    )
     return other, op
 
 
@@ -168,8 +181,9 @@ def test_a_refusal_from_slots_another_client_holds_is_resubmitted_until_it_runs(
         other, op = asyncio.run(_held_by_another_client(served.bound[0], 0.03))
         assert wait_until(lambda: len(served.backend.started) == 1)
         with sync_sdk(SDK_LIB, NNRPTransport(served.bound[0])) as sdk:
-            answer = sdk.chat.completions.create(model="c-nonstream-text", messages=MESSAGES,
-                                                 extra_headers={"X-Request-Id": "resubmitted"})  # fmt: skip
+            answer = sdk.chat.completions.create(
+                model="c-nonstream-text", messages=MESSAGES, extra_headers={"X-Request-Id": "resubmitted"}
+            )
         assert answer.choices[0].message.content == NONSTREAM_TEXT
         assert refusals() > refused
         assert len([r for r in served.backend.started if "resubmitted" in r]) == 1
@@ -220,8 +234,9 @@ def test_a_lost_connection_fails_the_calls_in_flight_with_api_connection_error()
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",))
     try:
         with sync_sdk(SDK_LIB, NNRPTransport(served.bound[0])) as sdk:
-            stream = sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
-                                                 extra_body={"pace_s": 0.1, "repeat": 20})  # fmt: skip
+            stream = sdk.chat.completions.create(
+                model="a-stream-text", messages=MESSAGES, stream=True, extra_body={"pace_s": 0.1, "repeat": 20}
+            )
             next(iter(stream))
             for connection in list(served.service._listener._connections):
                 served.loop.call_soon_threadsafe(connection.abort)
@@ -239,7 +254,8 @@ from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTra
 URI = {uri!r}
 body = dict(model="c-nonstream-text", messages=[{{"role": "user", "content": "hi"}}])
 for lib in {libraries}:
-    sdk = openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="x", http_client=lib.Client(transport=NNRPTransport(URI)))
+    sdk = openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="x",
+                        http_client=lib.Client(transport=NNRPTransport(URI)))
     assert sdk.chat.completions.create(**body).choices[0].message.content
     async def main():
         sdk = openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="x",
@@ -257,8 +273,19 @@ def test_a_program_that_never_closes_its_clients_prints_nothing_at_exit():
     shown: its stderr stays empty and the server sees its sessions end."""
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",))
     try:
-        run = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", textwrap.dedent(EXIT_SCRIPT.format(uri=served.bound[0], libraries="(" + ", ".join(LIBRARIES) + ",)"))],
-                             capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])  # fmt: skip
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-W",
+                "always::ResourceWarning",
+                "-c",
+                textwrap.dedent(EXIT_SCRIPT.format(uri=served.bound[0], libraries="(" + ", ".join(LIBRARIES) + ",)")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parents[1],
+        )
         assert (run.returncode, run.stdout, run.stderr) == (0, "done\n", "")
         assert wait_until(lambda: served.service.sessions == 0)  # the exit dropped the connections
     finally:

@@ -22,8 +22,11 @@ def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tls")
     cert, key, _ = self_signed(tmp)
     other, _, _ = self_signed(tmp_path_factory.mktemp("other"), "localhost")  # another self-signed certificate
-    server = ServedNNRP((f"nnrps://127.0.0.1:{free_port()}", f"wss://127.0.0.1:{free_port()}/nnrp",
-                         f"quic://127.0.0.1:{free_port()}"), tls_cert_file=cert, tls_key_file=key)  # fmt: skip
+    server = ServedNNRP(
+        (f"nnrps://127.0.0.1:{free_port()}", f"wss://127.0.0.1:{free_port()}/nnrp", f"quic://127.0.0.1:{free_port()}"),
+        tls_cert_file=cert,
+        tls_key_file=key,
+    )
     server.cert, server.other = cert, other
     yield server
     server.stop()
@@ -46,8 +49,9 @@ def test_the_pem_file_of_the_walk_through_is_trusted(served, index):
 def test_the_async_transport_takes_it_too(served):
     async def main() -> None:
         async with httpx.AsyncClient(transport=AsyncNNRPTransport(served.bound[0], tls_ca_file=served.cert)) as http:
-            sdk = openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http,
-                                     max_retries=0)  # fmt: skip
+            sdk = openai.AsyncOpenAI(
+                base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http, max_retries=0
+            )
             assert (await sdk.chat.completions.create(model="c-nonstream-text", messages=MESSAGES)).choices
 
     asyncio.run(main())

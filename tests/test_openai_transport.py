@@ -1,6 +1,6 @@
 """The openai SDK over NNRPTransport / AsyncNNRPTransport against the real NNRP path (the plugin's own wire core
-on loopback, the project's asyncio client) around the adapter, with a backend replaying streams recorded from real vLLM 0.26.0: chat
-(:class:`tests.support.RecordedBackend`), and ``responses.create``, ``models.list``, ``embeddings.create``
+on loopback, the project's asyncio client) around the adapter, with a backend replaying streams recorded from real vLLM
+0.26.0: chat (:class:`tests.support.RecordedBackend`), and ``responses.create``, ``models.list``, ``embeddings.create``
 (:class:`EveryOperationBackend`, vLLM's recorded ``/v1/responses`` events and bodies, ``/v1/models`` list and
 ``/v1/embeddings`` bodies)."""
 
@@ -21,8 +21,8 @@ from tests.support import FIXTURES, RecordedBackend, ServedNNRP, error_response,
 from tests.test_cli_loopback import ScriptedBackend
 from tests.unit.test_openai_sse import accumulate, items
 from tests.unit.test_responses_stream import recorded_events
-from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, MODELS_LIST
 from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
 
@@ -107,15 +107,23 @@ def recorded_stream(case: str) -> dict:
 def test_non_streaming_answer_is_vllms_body(sdk):
     answer = sdk.chat.completions.create(model="c-nonstream-text", messages=MESSAGES)
     assert answer.model_dump(exclude_unset=True) == openai.types.chat.ChatCompletion.model_validate(
-        recorded_json("c-nonstream-text")).model_dump(exclude_unset=True)
+        recorded_json("c-nonstream-text")
+    ).model_dump(exclude_unset=True)
 
 
 def test_stream_assembles_to_what_vllm_streamed(sdk):
-    chunks = list(sdk.chat.completions.create(model="b-stream-text-usage", messages=MESSAGES, stream=True,
-                                              stream_options={"include_usage": True}))
+    chunks = list(
+        sdk.chat.completions.create(
+            model="b-stream-text-usage", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        )
+    )
     recorded = recorded_stream("b-stream-text-usage")
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == recorded["choices"][0]["content"]
-    assert chunks[-1].usage.model_dump() == {**recorded["usage"], "completion_tokens_details": None, "prompt_tokens_details": None}
+    assert chunks[-1].usage.model_dump() == {
+        **recorded["usage"],
+        "completion_tokens_details": None,
+        "prompt_tokens_details": None,
+    }
 
 
 def test_streamed_tool_calls_assemble_with_the_sdks_own_helper(sdk):
@@ -123,15 +131,22 @@ def test_streamed_tool_calls_assemble_with_the_sdks_own_helper(sdk):
         final = stream.get_final_completion()
     (call,) = final.choices[0].message.tool_calls
     expected = recorded_stream("d-stream-tool-required")["choices"][0]["tool_calls"][0]
-    assert (call.id, call.function.name, call.function.arguments) == (expected["id"], expected["name"], expected["arguments"])
+    assert (call.id, call.function.name, call.function.arguments) == (
+        expected["id"],
+        expected["name"],
+        expected["arguments"],
+    )
     assert final.choices[0].finish_reason == "tool_calls"
 
 
-@pytest.mark.parametrize("model, stream, error, status, code", [
-    ("g2-unknown-model-nonstream", False, openai.NotFoundError, 404, "model_not_found"),
-    ("h2-max-tokens-too-large-nonstream", True, openai.BadRequestError, 400, "invalid_request"),
-    ("backend-error", False, openai.InternalServerError, 500, "backend_error"),
-])
+@pytest.mark.parametrize(
+    "model, stream, error, status, code",
+    [
+        ("g2-unknown-model-nonstream", False, openai.NotFoundError, 404, "model_not_found"),
+        ("h2-max-tokens-too-large-nonstream", True, openai.BadRequestError, 400, "invalid_request"),
+        ("backend-error", False, openai.InternalServerError, 500, "backend_error"),
+    ],
+)
 def test_response_error_is_the_sdks_typed_exception(sdk, model, stream, error, status, code):
     with pytest.raises(error) as caught:
         sdk.chat.completions.create(model=model, messages=MESSAGES, stream=stream)
@@ -143,15 +158,17 @@ def test_response_error_is_the_sdks_typed_exception(sdk, model, stream, error, s
 def test_an_answer_silent_for_the_sdks_timeout_is_an_api_timeout_error_and_aborted(served, sdk):
     # not streamed: nothing comes before the whole answer, 2 s here (tests/test_timeouts.py: the rule in full)
     with pytest.raises(openai.APITimeoutError):
-        sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, timeout=0.3,
-                                    extra_body={"pace_s": 0.2, "repeat": 5})
+        sdk.chat.completions.create(
+            model="a-stream-text", messages=MESSAGES, timeout=0.3, extra_body={"pace_s": 0.2, "repeat": 5}
+        )
     request_id = served.backend.started[-1]
     assert wait_until(lambda: request_id in served.backend.aborted)
 
 
 def test_closing_a_stream_after_the_first_chunk_cancels_the_operation(served, sdk):
-    stream = sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
-                                         extra_body={"pace_s": 0.2, "repeat": 20})
+    stream = sdk.chat.completions.create(
+        model="a-stream-text", messages=MESSAGES, stream=True, extra_body={"pace_s": 0.2, "repeat": 20}
+    )
     first = next(iter(stream))
     assert first.choices[0].delta.role == "assistant"
     request_id = served.backend.started[-1]
@@ -180,7 +197,9 @@ def test_concurrent_threads_share_one_transport(sdk):
     texts: list[str] = []
 
     def one():
-        stream = sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True, extra_body={"pace_s": 0.001})
+        stream = sdk.chat.completions.create(
+            model="a-stream-text", messages=MESSAGES, stream=True, extra_body={"pace_s": 0.001}
+        )
         texts.append("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
 
     threads = [threading.Thread(target=one) for _ in range(16)]
@@ -206,8 +225,9 @@ def test_async_tasks_share_one_transport_and_cancelling_a_task_cancels_its_opera
         streaming = asyncio.Event()
 
         async def slow():
-            stream = await sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
-                                                       extra_body={"pace_s": 0.2, "repeat": 20})
+            stream = await sdk.chat.completions.create(
+                model="a-stream-text", messages=MESSAGES, stream=True, extra_body={"pace_s": 0.2, "repeat": 20}
+            )
             async for _ in stream:
                 streaming.set()
 
@@ -242,13 +262,16 @@ def test_cancelling_a_task_iterating_a_busy_stream_always_raises_cancelled_error
         try:
             for n in range(RACES):
                 stream = await sdk.chat.completions.create(
-                    model="a-stream-text", messages=MESSAGES, stream=True, timeout=30,
+                    model="a-stream-text",
+                    messages=MESSAGES,
+                    stream=True,
+                    timeout=30,
                     extra_body={"pace_s": 0.002, "burst": 20, "repeat": 100},
                     extra_headers={"X-Request-Id": f"race-{n}"},
-                )  # fmt: skip
+                )
                 first = asyncio.get_running_loop().create_future()
 
-                async def iterate():
+                async def iterate(stream=stream, first=first):
                     async for _ in stream:
                         if not first.done():
                             first.set_result(None)
@@ -291,8 +314,9 @@ def test_concurrent_callers_each_get_their_own_span_as_trace_context(served, sdk
 
     def one(n):
         with tracer.start_as_current_span(f"caller-{n}") as span:
-            answer = sdk.chat.completions.create(model="c-nonstream-text", messages=MESSAGES,
-                                                 extra_headers={"X-Request-Id": f"traced-{n}"})
+            answer = sdk.chat.completions.create(
+                model="c-nonstream-text", messages=MESSAGES, extra_headers={"X-Request-Id": f"traced-{n}"}
+            )
             context = span.get_span_context()
         assert answer.choices[0].message.content
         seen[f"traced-{n}"] = f"00-{context.trace_id & ((1 << 64) - 1):032x}-{context.span_id:016x}-01"
@@ -391,7 +415,9 @@ def test_a_responses_stream_the_server_ends_with_an_error_raises_the_sdks_api_er
 
 
 def test_closing_a_responses_stream_cancels_the_operation(every_operation, sdk_all):
-    stream = sdk_all.responses.create(model="responses-a-stream-text", input="x", stream=True, extra_body={"pace_s": 0.2})
+    stream = sdk_all.responses.create(
+        model="responses-a-stream-text", input="x", stream=True, extra_body={"pace_s": 0.2}
+    )
     assert next(iter(stream)).type == "response.created"
     request_id = every_operation.backend.started[-1]
     stream.close()
@@ -407,7 +433,7 @@ def test_embeddings_are_vllms_vectors(sdk_all, encoding_format):
     answer = sdk_all.embeddings.create(model=case, input=["The quick brown fox", "jumps over the lazy dog"], **extra)
     expected = recorded_json("embeddings-a-float")
     assert [d.index for d in answer.data] == [0, 1] and answer.usage.to_dict() == expected["usage"]
-    for got, want in zip(answer.data, expected["data"]):
+    for got, want in zip(answer.data, expected["data"], strict=True):
         vector = got.embedding
         if encoding_format == "base64":  # asked for by the caller: the SDK leaves it encoded
             raw = base64.b64decode(vector)
@@ -415,10 +441,13 @@ def test_embeddings_are_vllms_vectors(sdk_all, encoding_format):
         assert vector == pytest.approx(want["embedding"], rel=1e-6, abs=1e-7)
 
 
-@pytest.mark.parametrize("case, error, status, code", [
-    ("embeddings-c-unknown-model", openai.NotFoundError, 404, "model_not_found"),
-    ("embeddings-f-empty-input", openai.BadRequestError, 400, "invalid_request"),
-])
+@pytest.mark.parametrize(
+    "case, error, status, code",
+    [
+        ("embeddings-c-unknown-model", openai.NotFoundError, 404, "model_not_found"),
+        ("embeddings-f-empty-input", openai.BadRequestError, 400, "invalid_request"),
+    ],
+)
 def test_embeddings_refusals_are_the_sdks_typed_exceptions(sdk_all, case, error, status, code):
     with pytest.raises(error) as caught:
         sdk_all.embeddings.create(model=case, input="x", encoding_format="float")

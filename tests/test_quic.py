@@ -19,7 +19,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.packet import QuicErrorCode
 
 from tests.support import ServedNNRP, envelope, free_port, metric, recorded_chunks, self_signed, wait_until
-from vllm_nnrp_plugin import wire_mapping
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 
@@ -91,8 +91,9 @@ def configuration(alpn: list[str] | None) -> QuicConfiguration:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     cert, key, _ = self_signed(tmp_path_factory.mktemp("quic"))
-    served = ServedNNRP((f"quic://127.0.0.1:{free_port()}",), tls_cert_file=cert, tls_key_file=key,
-                        handshake_timeout_ms=1000)  # fmt: skip
+    served = ServedNNRP(
+        (f"quic://127.0.0.1:{free_port()}",), tls_cert_file=cert, tls_key_file=key, handshake_timeout_ms=1000
+    )
     yield served
     served.stop()
 
@@ -104,8 +105,9 @@ def port_of(served: ServedNNRP) -> int:
 def client_of(served: ServedNNRP, alpn: list[str] | None = None):
     """aioquic's ``connect`` (an async context manager) to ``served`` as :class:`NNRPOverQuic`, offering ``alpn``
     (default ``nnrp/1``)."""
-    return connect("127.0.0.1", port_of(served), configuration=configuration(alpn or ["nnrp/1"]),
-                   create_protocol=NNRPOverQuic)  # fmt: skip
+    return connect(
+        "127.0.0.1", port_of(served), configuration=configuration(alpn or ["nnrp/1"]), create_protocol=NNRPOverQuic
+    )
 
 
 def run(coroutine):
@@ -287,6 +289,6 @@ def test_a_stop_that_outlasts_a_silent_client_leaves_no_task_pending(tmp_path, c
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         served.stop()
         served.loop.close()
-        del served
+        served = None  # the last reference gone: gc below collects the service's tasks
         gc.collect()  # a task still pending is destroyed (and logged) now
     assert not [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]

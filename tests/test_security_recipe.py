@@ -31,7 +31,9 @@ DOCUMENTED_HOST, LOCAL_HOST = "192.0.2.10", "127.0.0.1"
 
 def documented() -> tuple[dict, list[str]]:
     """The recipe's ``--additional-config`` block and its ``vllm-nnrp`` command line, as the page prints them."""
-    (serve,) = [c for b in blocks([PAGE]) for c in commands(b) if "vllm serve" in c and f"nnrps://{DOCUMENTED_HOST}" in c]
+    (serve,) = [
+        c for b in blocks([PAGE]) for c in commands(b) if "vllm serve" in c and f"nnrps://{DOCUMENTED_HOST}" in c
+    ]
     additional = json.loads(re.search(r"--additional-config '(.*)'", serve)[1])
     (client,) = [c for b in blocks([PAGE]) for c in commands(b) if c.startswith("vllm-nnrp ")]
     return additional["nnrp"], shlex.split(client)
@@ -42,8 +44,12 @@ def served(tmp_path_factory):
     settings, _ = documented()
     cert, key, _der = self_signed(tmp_path_factory.mktemp("tls"))
     port = free_port()
-    settings = {**settings, "tls_cert_file": cert, "tls_key_file": key,
-                "listen": [u.replace(f"{DOCUMENTED_HOST}:9443", f"{LOCAL_HOST}:{port}") for u in settings["listen"]]}  # fmt: skip
+    settings = {
+        **settings,
+        "tls_cert_file": cert,
+        "tls_key_file": key,
+        "listen": [u.replace(f"{DOCUMENTED_HOST}:9443", f"{LOCAL_HOST}:{port}") for u in settings["listen"]],
+    }
     config = load_config({"nnrp": settings}, {"VLLM_PLUGINS": "nnrp", "VLLM_API_KEY": KEY})
     fields = {k: getattr(config, k) for k in ("tls_cert_file", "tls_key_file", "max_in_flight")}
     server = ServedNNRP(config.listen, backend=ExampleModelBackend(), api_keys=(KEY,), **fields)
@@ -58,8 +64,14 @@ def run_client(argv: list[str], cert: str, port: int, key: str | None) -> subpro
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "OPENAI_API_KEY")}
     if key is not None:
         env["VLLM_API_KEY"] = key
-    return subprocess.run([sys.executable, "-m", "vllm_nnrp_plugin.client.cli", *argv[1:]], env=env,
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_nnrp_plugin.client.cli", *argv[1:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
 
 
 def test_the_recipe_listens_on_the_servers_address_over_tls(served):

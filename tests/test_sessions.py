@@ -53,7 +53,7 @@ def test_a_closed_session_with_work_in_flight_gets_its_backend_request_aborted(s
 
 
 def test_the_unix_socket_is_owner_only(served):
-    mode = os.stat(served.bound[1][len("unix://"):]).st_mode
+    mode = os.stat(served.bound[1][len("unix://") :]).st_mode
     assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
 
 
@@ -104,7 +104,7 @@ def test_stop_ends_every_in_flight_operation_once_and_aborts_it(tmp_path):
             assert rest[-1].event["error"]["code"] == "server_shutdown" and rest[-1].status == 503
         assert sorted(served.backend.aborted) == sorted(served.backend.started)
         assert served.backend.open_streams == 0 and served.service.in_flight.used == 0
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - whatever nnrp-py's native connect raises for a closed port
             asyncio.run(ProfileClient.connect(served.bound[0]))  # nothing listens any more
     finally:
         for c in clients:
@@ -112,7 +112,7 @@ def test_stop_ends_every_in_flight_operation_once_and_aborts_it(tmp_path):
 
 
 def test_a_frame_that_cannot_be_built_costs_its_operation_not_the_session(served, monkeypatch):
-    from vllm_nnrp_plugin import wire_mapping
+    from vllm_nnrp_plugin.contract import wire_mapping
 
     real, calls = wire_mapping.result_push, []
 

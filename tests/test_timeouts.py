@@ -17,10 +17,10 @@ import openai
 import pytest
 
 from tests.support import RecordedBackend, ServedNNRP, envelope, free_port, recorded_budget, sse_items, wait_until
-from vllm_nnrp_plugin.adapter import Call
 from vllm_nnrp_plugin.client import connect
 from vllm_nnrp_plugin.client.errors import ClientTimeout
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
+from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -69,14 +69,16 @@ def served():
 @pytest.fixture
 def sdk(served):
     with httpx.Client(transport=NNRPTransport(served.bound[0])) as http:
-        yield openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http, max_retries=0,
-                            timeout=TIMEOUT_S)  # fmt: skip
+        yield openai.OpenAI(
+            base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http, max_retries=0, timeout=TIMEOUT_S
+        )
 
 
 def test_a_stream_longer_than_the_timeout_completes_while_it_flows(sdk):
     started = time.monotonic()
-    chunks = list(sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
-                                              extra_body=FLOWING))  # fmt: skip
+    chunks = list(
+        sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True, extra_body=FLOWING)
+    )
     assert time.monotonic() - started > 2 * TIMEOUT_S
     assert chunks[-1].choices[0].finish_reason == "length"  # the recorded stream's end
     # not streamed: the answer is one event, and the silence before it is what the timeout bounds (as over HTTP)
@@ -97,26 +99,40 @@ def test_a_stream_silent_for_longer_than_the_timeout_raises_and_is_aborted(serve
 
 def test_an_answer_that_does_not_come_within_the_timeout_raises_and_is_aborted(served, sdk):
     with pytest.raises(openai.APITimeoutError):
-        sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, extra_body={"stall_after": 0,
-                                                                                          "stall_s": 3 * TIMEOUT_S})
+        sdk.chat.completions.create(
+            model="a-stream-text", messages=MESSAGES, extra_body={"stall_after": 0, "stall_s": 3 * TIMEOUT_S}
+        )
     request_id = served.backend.started[-1]
     assert wait_until(lambda: request_id in served.backend.aborted)
 
 
 def test_a_bound_on_the_whole_operation_only_when_asked(served, sdk):
     with pytest.raises(openai.APITimeoutError):  # the header: nnrp.timeout_ms, the server's request_timeout
-        list(sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True, extra_body=FLOWING,
-                                         extra_headers={"X-NNRP-Timeout-Ms": "500"}))  # fmt: skip
+        list(
+            sdk.chat.completions.create(
+                model="a-stream-text",
+                messages=MESSAGES,
+                stream=True,
+                extra_body=FLOWING,
+                extra_headers={"X-NNRP-Timeout-Ms": "500"},
+            )
+        )
     request_id = served.backend.started[-1]
     assert wait_until(lambda: request_id in served.backend.aborted)
     with pytest.raises(openai.BadRequestError):
-        sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, extra_headers={"X-NNRP-Timeout-Ms": "soon"})
+        sdk.chat.completions.create(
+            model="a-stream-text", messages=MESSAGES, extra_headers={"X-NNRP-Timeout-Ms": "soon"}
+        )
     with httpx.Client(transport=NNRPTransport(served.bound[0], operation_timeout_s=0.5)) as http:
-        bounded = openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http,
-                                max_retries=0, timeout=30)  # fmt: skip
+        bounded = openai.OpenAI(
+            base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http, max_retries=0, timeout=30
+        )
         with pytest.raises(openai.APITimeoutError):
-            list(bounded.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
-                                                 extra_body=FLOWING))  # fmt: skip
+            list(
+                bounded.chat.completions.create(
+                    model="a-stream-text", messages=MESSAGES, stream=True, extra_body=FLOWING
+                )
+            )
     with pytest.raises(ValueError):
         NNRPTransport(served.bound[0], operation_timeout_s=0)
 
@@ -124,14 +140,17 @@ def test_a_bound_on_the_whole_operation_only_when_asked(served, sdk):
 def test_the_async_transport_follows_the_same_rule(served):
     async def main() -> None:
         async with httpx.AsyncClient(transport=AsyncNNRPTransport(served.bound[0])) as http:
-            sdk = openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http,
-                                     max_retries=0, timeout=TIMEOUT_S)  # fmt: skip
-            stream = await sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
-                                                       extra_body=FLOWING)  # fmt: skip
+            sdk = openai.AsyncOpenAI(
+                base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http, max_retries=0, timeout=TIMEOUT_S
+            )
+            stream = await sdk.chat.completions.create(
+                model="a-stream-text", messages=MESSAGES, stream=True, extra_body=FLOWING
+            )
             chunks = [chunk async for chunk in stream]
             assert chunks[-1].choices[0].finish_reason == "length"
-            stream = await sdk.chat.completions.create(model="a-stream-text", messages=MESSAGES, stream=True,
-                                                       extra_body=STALLING)  # fmt: skip
+            stream = await sdk.chat.completions.create(
+                model="a-stream-text", messages=MESSAGES, stream=True, extra_body=STALLING
+            )
             with pytest.raises(openai.APITimeoutError):
                 async for _ in stream:
                     pass
@@ -168,8 +187,12 @@ def test_the_asyncio_clients_read_timeout_bounds_the_silence(served):
 
 
 def _cli(endpoint: str, *args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "vllm_nnrp_plugin.client.cli", args[0], "--endpoint", endpoint,
-                           *args[1:]], capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_nnrp_plugin.client.cli", args[0], "--endpoint", endpoint, *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "Traceback" not in done.stderr, done.stderr
     return done
 

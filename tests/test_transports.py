@@ -1,5 +1,5 @@
 """Every carrier end to end through the real listener path: TCP, IPC, WebSocket (ws, wss), QUIC and TLS over
-TCP (``nnrps``), with a self-signed certificate made here (URI forms: vllm_nnrp_plugin/endpoints.py)."""
+TCP (``nnrps``), with a self-signed certificate made here (URI forms: vllm_nnrp_plugin/contract/endpoints.py)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_each_carrier_streams_an_operation_end_to_end(served, scheme):
 @pytest.mark.parametrize("scheme", ["wss", "quic", "nnrps"])
 def test_tls_carriers_refuse_a_client_that_does_not_trust_the_certificate(served, scheme):
     (uri,) = [u for u in served.bound if u.startswith(f"{scheme}://")]
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - nnrp-py's native TLS failure differs per carrier
         client = asyncio.run(asyncio.wait_for(ProfileClient.connect(uri, trusted_cert_der=served.other_der), 20))
         try:
             list(client.events(client.submit(STREAM), timeout_s=5))
@@ -74,13 +74,19 @@ def test_the_openai_transports_speak_tls_over_tcp(served, trusted):
             with pytest.raises(openai.APIConnectionError):
                 client.chat.completions.create(**body, stream=True)
             return
-        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**body, stream=True))
+        streamed = "".join(
+            c.choices[0].delta.content or "" for c in client.chat.completions.create(**body, stream=True)
+        )
         assert streamed == expected
 
     async def async_call() -> str:
         async with httpx.AsyncClient(transport=AsyncNNRPTransport(uri, trusted_cert_der=der)) as http:
             client = openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=http)
-            return "".join([c.choices[0].delta.content or "" async for c in await client.chat.completions.create(
-                **body, stream=True)])  # fmt: skip
+            return "".join(
+                [
+                    c.choices[0].delta.content or ""
+                    async for c in await client.chat.completions.create(**body, stream=True)
+                ]
+            )
 
     assert asyncio.run(async_call()) == expected

@@ -35,18 +35,18 @@ from wsproto.events import (
 )
 
 from tests.support import ServedNNRP, envelope, free_port, self_signed
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.auth_block import bearer_block
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.carriers.websocket import binary_frames
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.contract.auth_block import bearer_block
+from vllm_nnrp_plugin.core.limits import SessionLimits
+from vllm_nnrp_plugin.core.operation import State
 from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
-from vllm_nnrp_plugin.carriers.websocket import binary_frames
 from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketReader
-from vllm_nnrp_plugin.operation import State
 
 CAPTURES = pathlib.Path(__file__).parent / "wire" / "data" / "captures"
 SCALE = int(os.environ.get("NNRP_FUZZ_SCALE", "1"))
@@ -66,7 +66,6 @@ def silence_passes(protocol) -> None:
     nnrp._started_at -= nnrp._handshake_timeout_s
     nnrp._heard_at -= nnrp._handshake_timeout_s
     nnrp._handshake_expired()
-
 
 
 class Transport:
@@ -127,11 +126,20 @@ class Served:
     def __init__(self, path: str = "/nnrp", authenticate=None) -> None:
         self.handler, self.transport = Handler(), Transport()
         self.gate, self.budget = SessionGate(8), BufferBudget(1 << 20)
-        self.protocol = WebSocketConnection(NNRPConnection(
-            self.handler, transport_name="websocket", limits=SessionLimits(max_in_flight=4, max_queued_events=64),
-            gate=self.gate, flush_round=FlushRound(asyncio.get_running_loop()), on_lost=lambda c: None,
-            bounds=CarrierBounds(max_packet_bytes=MAX_PACKET), budget=self.budget, authenticate=authenticate,
-        ), path=path)  # fmt: skip
+        self.protocol = WebSocketConnection(
+            NNRPConnection(
+                self.handler,
+                transport_name="websocket",
+                limits=SessionLimits(max_in_flight=4, max_queued_events=64),
+                gate=self.gate,
+                flush_round=FlushRound(asyncio.get_running_loop()),
+                on_lost=lambda c: None,
+                bounds=CarrierBounds(max_packet_bytes=MAX_PACKET),
+                budget=self.budget,
+                authenticate=authenticate,
+            ),
+            path=path,
+        )
         self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
 
     def feed(self, data: bytes) -> None:
@@ -214,7 +222,9 @@ def frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bool = True, r
     """A client frame built by hand (RFC 6455 §5.2), for what wsproto would refuse to send."""
     head = bytes([(0x80 if fin else 0) | rsv << 4 | opcode])
     n = len(payload)
-    length = bytes([n]) if n < 126 else (b"\x7e" + struct.pack("!H", n) if n < 1 << 16 else b"\x7f" + struct.pack("!Q", n))
+    length = (
+        bytes([n]) if n < 126 else (b"\x7e" + struct.pack("!H", n) if n < 1 << 16 else b"\x7f" + struct.pack("!Q", n))
+    )
     if not mask:
         return head + bytes([length[0]]) + length[1:] + payload
     key = b"\x01\x02\x03\x04"
@@ -327,7 +337,6 @@ BAD_FRAMES = [
     ("message ending inside a packet", frame(0x2, b"NNRP\x01\x00\x01\x28"), 1002),
     ("empty binary message", frame(0x2, b""), 1002),
     ("message over the packet limit", frame(0x2, b"\x00" * (MAX_PACKET + 1)), 1009),
-
 ]
 
 
@@ -426,12 +435,24 @@ def test_the_server_says_goodbye_with_1001_when_it_stops_and_1008_when_no_sessio
     [
         ("another path", None, 404),
         ("not an upgrade", b"GET /nnrp HTTP/1.1\r\nHost: x\r\n\r\n", 400),
-        ("POST", b"POST /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-                 b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", 400),
-        ("wrong version", b"GET /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-                          b"Sec-WebSocket-Version: 8\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", 426),
-        ("no key", b"GET /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-                   b"Sec-WebSocket-Version: 13\r\n\r\n", 400),
+        (
+            "POST",
+            b"POST /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+            400,
+        ),
+        (
+            "wrong version",
+            b"GET /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 8\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+            426,
+        ),
+        (
+            "no key",
+            b"GET /nnrp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n",
+            400,
+        ),
         ("not HTTP", b"NNRP\x01\x00\x01\x28" + b"\x00" * 100 + b"\r\n\r\n", 400),
     ],
 )
@@ -495,8 +516,14 @@ def _valid_client_stream() -> list[bytes]:
 
 
 FRAME_PIECES = st.one_of(
-    st.builds(frame, st.sampled_from([0x0, 0x1, 0x2, 0x3, 0x8, 0x9, 0xA, 0xB, 0xF]), st.binary(max_size=200),
-              fin=st.booleans(), mask=st.booleans(), rsv=st.integers(0, 7)),  # fmt: skip
+    st.builds(
+        frame,
+        st.sampled_from([0x0, 0x1, 0x2, 0x3, 0x8, 0x9, 0xA, 0xB, 0xF]),
+        st.binary(max_size=200),
+        fin=st.booleans(),
+        mask=st.booleans(),
+        rsv=st.integers(0, 7),
+    ),
     st.binary(max_size=64),  # raw garbage
     st.builds(lambda n: frame(0x2, b"\x00" * 14)[:2] + n, st.binary(min_size=0, max_size=10)),  # a torn header
 )
@@ -551,8 +578,12 @@ def test_fuzzed_framing_never_crashes_hangs_or_leaks(pieces, prefix_valid, cuts,
 def keyed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wskeys")
     cert, key, der = self_signed(tmp)
-    served = ServedNNRP((f"ws://127.0.0.1:{free_port()}", f"wss://127.0.0.1:{free_port()}/deep/path"),
-                        api_keys=(KEY,), tls_cert_file=cert, tls_key_file=key)  # fmt: skip
+    served = ServedNNRP(
+        (f"ws://127.0.0.1:{free_port()}", f"wss://127.0.0.1:{free_port()}/deep/path"),
+        api_keys=(KEY,),
+        tls_cert_file=cert,
+        tls_key_file=key,
+    )
     served.der = der
     yield served
     served.stop()
@@ -561,7 +592,7 @@ def keyed(tmp_path_factory):
 def raw_session(uri: str, der: bytes | None, api_key: str | None) -> object:
     """Upgrade, hello with ``api_key``'s block and one SESSION_OPEN over a blocking socket; returns the
     wire core client's answer (SessionOpenAccepted / SessionOpenRejected) after also streaming one operation."""
-    from vllm_nnrp_plugin.endpoints import parse_endpoint
+    from vllm_nnrp_plugin.contract.endpoints import parse_endpoint
 
     carrier = parse_endpoint(uri)
     port = int(carrier.provider_uri.rsplit(":", 1)[1].split("/", 1)[0])

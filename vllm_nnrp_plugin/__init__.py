@@ -8,10 +8,11 @@ Three boundaries, one package each:
 * :mod:`vllm_nnrp_plugin.vllm_binding` — vLLM: plugin entry points, attaching to the API server,
   calling ``app.state.openai_serving_chat`` and aborting engine requests.
 
-:mod:`vllm_nnrp_plugin.operation` (the per-operation state machine) and :mod:`vllm_nnrp_plugin.adapter`
-(one submitted operation -> one backend call -> ordered events) join them. Each operation leaves one
-:mod:`vllm_nnrp_plugin.observation` record, from which its log line, diagnostics, :mod:`~vllm_nnrp_plugin.metrics`
-and :mod:`~vllm_nnrp_plugin.tracing` span are derived. Importing this package never imports vLLM.
+:mod:`vllm_nnrp_plugin.core` joins them: the per-operation state machine (:mod:`~vllm_nnrp_plugin.core.operation`)
+and the adapter (one submitted operation -> one backend call -> ordered events). Each operation leaves one
+:mod:`~vllm_nnrp_plugin.observability.observation` record, from which its log line, diagnostics, metrics and span
+are derived (:mod:`vllm_nnrp_plugin.observability`). What the server and the clients (:mod:`vllm_nnrp_plugin.client`)
+agree on above NNRP itself is :mod:`vllm_nnrp_plugin.contract`. Importing this package never imports vLLM.
 """
 
 __version__ = "0.1.0"

@@ -17,7 +17,7 @@ vLLM keeps it as ``VllmConfig.additional_config`` (a dict, ``vllm/config/vllm.py
 | ``allow_untested_vllm`` | bool | false | on a vLLM line newer than the newest this release was tested on, start with the newest line's binding instead of refusing; every engine lane still has to pass its start-up self-check (logged as a warning naming the line and the lanes kept) |
 | ``allow_unauthenticated`` | bool | false | serve NNRP without a key although ``vllm serve`` requires one (``--api-key`` / ``VLLM_API_KEY``); logged as a warning |
 | ``handshake_timeout_ms`` | int, ms | 10000 | a new connection's TLS handshake must complete within it; then, until its first session is open, its client may stay silent no longer (bytes waiting unread are not silence; a trickling handshake ends at 3 × it: :func:`.nnrp_binding.bounds.handshake_recheck`); else it is closed |
-| ``drain_timeout_ms`` | int, ms | 30000 | on vLLM's shutdown (SIGTERM), how long operations already running may go on finishing while the server takes no new connection, session or operation (:mod:`vllm_nnrp_plugin.draining`); then the rest end with ``server_shutdown``; 0: end them at once |
+| ``drain_timeout_ms`` | int, ms | 30000 | on vLLM's shutdown (SIGTERM), how long operations already running may go on finishing while the server takes no new connection, session or operation (:mod:`vllm_nnrp_plugin.contract.draining`); then the rest end with ``server_shutdown``; 0: end them at once |
 | ``max_connections`` | int | 2048 | open NNRP connections per API-server process; a new one beyond it is closed at once |
 | ``max_buffered_bytes`` | int, bytes | 268435456 | bytes of incomplete packets over every connection; the connection whose read goes over it ends (one packet may be at most ``max(2 × max_envelope_bytes, max_envelope_bytes + 1 MiB)``, 64 MiB by default: the native peers' packet limit, advertised in SERVER_HELLO_ACK ``max_body_bytes``) |
 | ``allow_non_loopback`` | bool | false | allow a ``tcp://`` / ``ws://`` address, or a ``metrics_listen`` host, that other hosts can reach without TLS (logged as a warning) |
@@ -36,10 +36,11 @@ and ignored with a warning naming them (:data:`OBSOLETE_KEYS`), so a configurati
 still starts.
 
 Environment: ``VLLM_NNRP_LISTEN`` (comma-separated URIs) overrides ``listen``. Unknown keys, wrong types and
-listen URIs outside the forms of :mod:`vllm_nnrp_plugin.endpoints` are errors
+listen URIs outside the forms of :mod:`vllm_nnrp_plugin.contract.endpoints` are errors
 (:class:`ConfigError`), never ignored; so are a non-loopback address without TLS, or a non-loopback
 ``metrics_listen``, unless ``allow_non_loopback`` is true, a ``quic://`` address without aioquic installed (the
-``[quic]`` extra), a ``ws_allowed_origins`` entry that is not an origin, a TLS address without ``tls_cert_file`` / ``tls_key_file``, unreadable certificate or key files, an
+``[quic]`` extra), a ``ws_allowed_origins`` entry that is not an origin, a TLS address without ``tls_cert_file`` /
+``tls_key_file``, unreadable certificate or key files, an
 unknown ``ipc_socket_group`` and an ``operations`` entry that is not an operation of the profile
 (:data:`vllm_nnrp_plugin.profile.LEVELS`). Whether the vLLM server serves the listed operations is known only
 once it runs: :class:`vllm_nnrp_plugin.vllm_binding.backend.VLLMBackend` refuses to start otherwise.
@@ -57,8 +58,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
-from vllm_nnrp_plugin.endpoints import (
+from vllm_nnrp_plugin.contract.endpoints import (
     DEFAULT_LISTEN,
     QUIC_INSTALL,
     EndpointError,
@@ -67,6 +67,7 @@ from vllm_nnrp_plugin.endpoints import (
     parse_endpoint,
     quic_available,
 )
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import LEVELS
 
@@ -229,8 +230,11 @@ def load_config(additional_config: Mapping[str, Any] | None, environ: Mapping[st
     block = dict(block)
     for key in OBSOLETE_KEYS.keys() & block.keys():
         del block[key]
-        logger.warning("nnrp.%s has no effect and is ignored: %s. Fix: remove it from --additional-config.", key,
-                       OBSOLETE_KEYS[key])  # fmt: skip
+        logger.warning(
+            "nnrp.%s has no effect and is ignored: %s. Fix: remove it from --additional-config.",
+            key,
+            OBSOLETE_KEYS[key],
+        )
     try:
         config = _converter.structure(block, NNRPConfig)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
@@ -264,7 +268,7 @@ def _check_exposure(config: NNRPConfig) -> None:
         if not carrier.tls and not is_loopback(carrier) and not config.allow_non_loopback:
             raise ConfigError(
                 f"NNRP listen address {uri} is reachable from other hosts without TLS. Fix: listen on 127.0.0.1 "
-                'or a unix socket, use nnrps:// / wss:// / quic:// with nnrp.tls_cert_file and nnrp.tls_key_file, '
+                "or a unix socket, use nnrps:// / wss:// / quic:// with nnrp.tls_cert_file and nnrp.tls_key_file, "
                 'or set "allow_non_loopback": true if this network is trusted.'
             )
         if carrier.transport == "quic" and not quic_available():

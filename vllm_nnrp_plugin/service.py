@@ -12,15 +12,15 @@ everything else an operation needs on this side is owned here, on the loop:
   ``too_many_requests``;
 * the timers of operation deadlines (envelope ``nnrp.timeout_ms``, NNRP DEADLINE and EXPIRE_AT; the earliest
   wins): on expiry the operation's terminal is decided (the ``deadline_expired`` drop or ``response.error``
-  ``request_timeout``: :meth:`vllm_nnrp_plugin.operation.Operation.time_out`) and its task is cancelled, which
+  ``request_timeout``: :meth:`vllm_nnrp_plugin.core.operation.Operation.time_out`) and its task is cancelled, which
   aborts the vLLM request;
 * finishing: once the terminal was sent and the task ended, the operation's record is reported.
 
 One service per API-server process: its limits and its shutdown are that process's.
 
-Every finished operation's :class:`~vllm_nnrp_plugin.observation.Observation` goes, on the loop, to: one log
-line (DEBUG when completed, INFO otherwise), the Prometheus collectors (:mod:`.metrics`), one span
-(:mod:`.tracing`), then any extra ``observers`` (benchmarks).
+Every finished operation's :class:`~vllm_nnrp_plugin.observability.observation.Observation` goes, on the loop, to: one
+log line (DEBUG when completed, INFO otherwise), the Prometheus collectors (:mod:`.observability.metrics`), one span
+(:mod:`.observability.tracing`), then any extra ``observers`` (benchmarks).
 """
 
 from __future__ import annotations
@@ -34,20 +34,20 @@ from collections.abc import Callable, Sequence
 from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
-from vllm_nnrp_plugin import metrics, tracing
-from vllm_nnrp_plugin.adapter import AdapterLimits, Backend, run_operation
 from vllm_nnrp_plugin.config import NNRPConfig
-from vllm_nnrp_plugin.limits import SessionLimits, Slots
-from vllm_nnrp_plugin.log_safety import RefusalLogLimiter
-from vllm_nnrp_plugin.endpoints import Carrier, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.contract.endpoints import Carrier, EndpointError, parse_endpoint
+from vllm_nnrp_plugin.core.adapter import AdapterLimits, Backend, run_operation
+from vllm_nnrp_plugin.core.limits import SessionLimits, Slots
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys
 from vllm_nnrp_plugin.nnrp_binding.bounds import CarrierBounds, packet_limit
 from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 from vllm_nnrp_plugin.nnrp_binding.listener import Listener, ListenerHooks
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation
+from vllm_nnrp_plugin.observability import metrics, tracing
+from vllm_nnrp_plugin.observability.log_safety import RefusalLogLimiter
+from vllm_nnrp_plugin.observability.observation import COMPLETED, Observation, log_fields, log_line
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import with_limits
-from vllm_nnrp_plugin.observation import COMPLETED, Observation, log_fields, log_line
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +58,8 @@ DEFAULT_IN_FLIGHT_PER_SESSION = 256
 
 
 class NNRPService:
-    """Start with :meth:`start` (binds, raises ``ListenError``; with ``metrics_listen`` also ``MetricsListenError``; both are ``NNRPStartupError``),
-    stop with :meth:`stop`.
+    """Start with :meth:`start` (binds, raises ``ListenError``; with ``metrics_listen`` also ``MetricsListenError``;
+    both are ``NNRPStartupError``), stop with :meth:`stop`.
 
     ``registry``: where the NNRP metrics are registered (default ``prometheus_client.REGISTRY``, the one
     vLLM's ``/metrics`` serves); ``tracer``: where spans go (default: the package's tracer from the global
@@ -96,9 +96,11 @@ class NNRPService:
         #: the runtime capability document, read once from the backend (vLLM's configuration is fixed)
         per_session = config.max_in_flight_per_session or DEFAULT_IN_FLIGHT_PER_SESSION
         self.capabilities = with_limits(
-            self._backend.capabilities(), max_in_flight=config.max_in_flight,
-            max_in_flight_per_session=per_session, max_sessions=config.max_sessions,
-        )  # fmt: skip
+            self._backend.capabilities(),
+            max_in_flight=config.max_in_flight,
+            max_in_flight_per_session=per_session,
+            max_sessions=config.max_sessions,
+        )
         self._tasks: dict[ServerOperation, asyncio.Task] = {}
         self._timers: dict[ServerOperation, asyncio.TimerHandle] = {}
         self._stopping = False
@@ -114,8 +116,9 @@ class NNRPService:
         self._loop = loop
         self._hooks = hooks
         self._session_limits = SessionLimits(per_session, config.max_queued_events)
-        self._exposure = Exposure(config.tls_cert_file, config.tls_key_file, config.ipc_socket_group,
-                                  config.ws_allowed_origins)
+        self._exposure = Exposure(
+            config.tls_cert_file, config.tls_key_file, config.ipc_socket_group, config.ws_allowed_origins
+        )
         self._listener: Listener | None = None
 
     @property
@@ -129,14 +132,21 @@ class NNRPService:
         carriers = _carriers(self._config.listen)
         config = self._config
         self._listener = Listener(
-            carriers, self, max_sessions=config.max_sessions, session_limits=self._session_limits,
-            exposure=self._exposure, probe=self._hooks.send_probe, tcp_nodelay=self._hooks.tcp_nodelay,
-            keys=self._keys, bounds=CarrierBounds(
+            carriers,
+            self,
+            max_sessions=config.max_sessions,
+            session_limits=self._session_limits,
+            exposure=self._exposure,
+            probe=self._hooks.send_probe,
+            tcp_nodelay=self._hooks.tcp_nodelay,
+            keys=self._keys,
+            bounds=CarrierBounds(
                 handshake_timeout_s=config.handshake_timeout_ms / 1000,
                 max_packet_bytes=packet_limit(config.max_envelope_bytes),
-                max_buffered_bytes=config.max_buffered_bytes, max_connections=config.max_connections,
+                max_buffered_bytes=config.max_buffered_bytes,
+                max_connections=config.max_connections,
             ),
-        )  # fmt: skip
+        )
         bound = await self._listener.start()
         try:
             if config.metrics_listen is not None:
@@ -147,10 +157,9 @@ class NNRPService:
             raise
         return bound
 
-
     async def drain(self, grace_s: float) -> None:
         """Drain, then :meth:`stop` (vLLM's shutdown on SIGTERM, ``nnrp.drain_timeout_ms``): at once, no new
-        connection, session or operation, said on the wire as :mod:`vllm_nnrp_plugin.draining` describes (new
+        connection, session or operation, said on the wire as :mod:`vllm_nnrp_plugin.contract.draining` describes (new
         submits get ``server_shutdown`` before reaching vLLM; every open session a BACKPRESSURE credit 0,
         level paused, reason draining); the running operations finish for at most ``grace_s`` (s; 0: not at
         all); then :meth:`stop` ends the rest with ``server_shutdown``. Idempotent with :meth:`stop`."""
@@ -159,15 +168,17 @@ class NNRPService:
             if self._listener is not None:
                 self._listener.drain(int(grace_s * 1000))
             running = len(self._tasks)
-            logger.info("NNRP draining: no new sessions or operations; %d running get up to %.0f s to finish",
-                        running, grace_s)  # fmt: skip
+            logger.info(
+                "NNRP draining: no new sessions or operations; %d running get up to %.0f s to finish", running, grace_s
+            )
             if running and grace_s > 0:
                 self._idle = asyncio.get_running_loop().create_future()
                 self._drain_until = time.monotonic() + grace_s
                 await self._drained()
                 if self._tasks:
-                    logger.info("NNRP drain: %d operations still running at the end of the grace time",
-                                len(self._tasks))  # fmt: skip
+                    logger.info(
+                        "NNRP drain: %d operations still running at the end of the grace time", len(self._tasks)
+                    )
         await self.stop()
 
     async def _drained(self) -> None:
@@ -213,9 +224,11 @@ class NNRPService:
             self._settle(sop)  # no task will run
             return
         if not self.in_flight.try_take():
-            sop.refuse(E.too_many_requests(
-                f"this server already runs {self.in_flight.capacity} NNRP operations (nnrp.max_in_flight)"
-            ))  # fmt: skip
+            sop.refuse(
+                E.too_many_requests(
+                    f"this server already runs {self.in_flight.capacity} NNRP operations (nnrp.max_in_flight)"
+                )
+            )
             self._settle(sop)  # no task will run; it never reaches vLLM
             return
         self._holding.add(sop)
@@ -223,7 +236,7 @@ class NNRPService:
             run_operation(sop, sop.envelope, self._backend, self._limits, self.capabilities)
         )
         self._tasks[sop] = task
-        task.add_done_callback(lambda _t, sop=sop: self._done(sop))
+        task.add_done_callback(lambda _t, sop=sop: self._done(sop))  # type: ignore[misc]  # sop bound as a default
         sop.owner = self
         if sop.expires_unix_ms is not None:  # a DEADLINE that came before the submit
             self.rearm(sop)

@@ -23,15 +23,28 @@ from compat.launcher import POOLING_ARGS, SERVED_NAME, VLLMServer, attach_option
 from tests.support import free_port, self_signed
 from vllm_nnrp_plugin.client import ProfileClient
 
-__all__ = ["HAS_QUIC", "QUIC", "IN_FLIGHT_PER_SESSION", "MAX_SESSIONS", "LONG", "SERVED_NAME", "VLLMServer", "attach_options", "model_dir",
-           "vllm_requests", "wait_idle"]
+__all__ = [
+    "HAS_QUIC",
+    "QUIC",
+    "IN_FLIGHT_PER_SESSION",
+    "MAX_SESSIONS",
+    "LONG",
+    "SERVED_NAME",
+    "VLLMServer",
+    "attach_options",
+    "model_dir",
+    "vllm_requests",
+    "wait_idle",
+]
 
 MODEL_ENV = "VLLM_NNRP_TEST_MODEL"
 #: the [quic] extra is installed (it is not in the vLLM 0.33/0.34 environments: aioquic's pyOpenSSL cannot take
 #: the cryptography those lines resolve); without it servers listen on no quic:// address
 HAS_QUIC = importlib.util.find_spec("aioquic") is not None
 #: the "quic" carrier as a test parameter, skipped without the [quic] extra
-QUIC = pytest.param("quic", marks=pytest.mark.skipif(not HAS_QUIC, reason="the [quic] extra (aioquic) is not installed"))
+QUIC = pytest.param(
+    "quic", marks=pytest.mark.skipif(not HAS_QUIC, reason="the [quic] extra (aioquic) is not installed")
+)
 #: the shared server's ``nnrp.max_in_flight_per_session``
 IN_FLIGHT_PER_SESSION = 16
 MAX_SESSIONS = 300
@@ -65,7 +78,6 @@ def model_dir() -> str:
     return model
 
 
-
 def vllm_requests(server) -> float:
     """Requests vLLM runs or queues right now (its ``vllm:num_requests_running`` + ``…_waiting`` gauges)."""
     return server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting")
@@ -79,6 +91,7 @@ def wait_idle(server, timeout_s: float = 15.0) -> bool:
             return True
         time.sleep(0.2)
     return False
+
 
 def running(server):
     """Yield ``server`` (a started :class:`VLLMServer`) once it answers, and stop it after, whatever happened."""
@@ -100,23 +113,36 @@ def vllm_version():
 def vllm_server(tmp_path_factory, vllm_version):
     """The plugin enabled through the anchor's attach path, listening on every carrier: a TCP port, a unix socket,
     TLS over TCP (``nnrps``), WebSocket plain and with TLS (``ws``, ``wss``) and QUIC where the [quic] extra is
-    installed (:data:`HAS_QUIC`) (a self-signed certificate whose DER is ``server.der``). A session's in-flight limit is set to 16 (``nnrp.max_in_flight_per_session``; by
+    installed (:data:`HAS_QUIC`) (a self-signed certificate whose DER is ``server.der``). A session's in-flight limit is
+    set to 16 (``nnrp.max_in_flight_per_session``; by
     default it is vLLM's ``max_num_seqs``) so that the limit and the ``openai`` transports' spread over sessions
     are reached with CPU-sized fan-outs; ``max_sessions`` is 300, room for 256 sessions on one carrier beside
     the other tests'."""
     workdir = tmp_path_factory.mktemp("vllm")
     cert, key, der = self_signed(workdir)
-    nnrp = {"tcp": f"tcp://127.0.0.1:{free_port()}", "ipc": f"unix://{workdir}/nnrp.sock",
-            "nnrps": f"nnrps://127.0.0.1:{free_port()}", "ws": f"ws://127.0.0.1:{free_port()}/nnrp",
-            "wss": f"wss://127.0.0.1:{free_port()}/nnrp"}  # fmt: skip
+    nnrp = {
+        "tcp": f"tcp://127.0.0.1:{free_port()}",
+        "ipc": f"unix://{workdir}/nnrp.sock",
+        "nnrps": f"nnrps://127.0.0.1:{free_port()}",
+        "ws": f"ws://127.0.0.1:{free_port()}/nnrp",
+        "wss": f"wss://127.0.0.1:{free_port()}/nnrp",
+    }
     if HAS_QUIC:
         nnrp["quic"] = f"quic://127.0.0.1:{free_port()}"
     env, args = attach_options(vllm_version[1])
-    config = {"tls_cert_file": cert, "tls_key_file": key, "max_in_flight_per_session": IN_FLIGHT_PER_SESSION,
-              "max_sessions": MAX_SESSIONS}  # fmt: skip
+    config = {
+        "tls_cert_file": cert,
+        "tls_key_file": key,
+        "max_in_flight_per_session": IN_FLIGHT_PER_SESSION,
+        "max_sessions": MAX_SESSIONS,
+    }
     additional = orjson.dumps({"nnrp": config}).decode()
-    server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": ",".join(nnrp.values())},
-                        extra_args=(*args, "--additional-config", additional))  # fmt: skip
+    server = VLLMServer(
+        model_dir(),
+        workdir,
+        env={**env, "VLLM_NNRP_LISTEN": ",".join(nnrp.values())},
+        extra_args=(*args, "--additional-config", additional),
+    )
     server.nnrp, server.der = nnrp, der
     server.version, server.family = vllm_version
     yield from running(server)
@@ -157,14 +183,26 @@ def vllm_tools_server(tmp_path_factory, vllm_version):
     tcp = f"tcp://127.0.0.1:{free_port()}"
     attach_env, attach_args = attach_options(vllm_version[1])
     env = {
-        **attach_env, "VLLM_NNRP_LISTEN": tcp,
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200",
-    }  # fmt: skip
-    server = VLLMServer(model_dir(), workdir, env=env, extra_args=(
-        *attach_args,
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", str(TOOL_TEMPLATE),
-        "--otlp-traces-endpoint", collector.endpoint,
-    ))  # fmt: skip
+        **attach_env,
+        "VLLM_NNRP_LISTEN": tcp,
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
+    server = VLLMServer(
+        model_dir(),
+        workdir,
+        env=env,
+        extra_args=(
+            *attach_args,
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--chat-template",
+            str(TOOL_TEMPLATE),
+            "--otlp-traces-endpoint",
+            collector.endpoint,
+        ),
+    )
     server.nnrp = {"tcp": tcp}
     server.version, server.family = vllm_version
     server.collector = collector

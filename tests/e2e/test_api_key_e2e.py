@@ -34,14 +34,20 @@ def keyed_server(tmp_path_factory, vllm_version):
     socket; no ``nnrp.max_in_flight_per_session``."""
     workdir = tmp_path_factory.mktemp("vllm-keyed")
     cert, key, der = self_signed(workdir)
-    listen = {"tcp": f"tcp://127.0.0.1:{free_port()}", "nnrps": f"nnrps://127.0.0.1:{free_port()}",
-              "ipc": f"unix://{workdir}/nnrp.sock"}  # fmt: skip
+    listen = {
+        "tcp": f"tcp://127.0.0.1:{free_port()}",
+        "nnrps": f"nnrps://127.0.0.1:{free_port()}",
+        "ipc": f"unix://{workdir}/nnrp.sock",
+    }
     env, args = attach_options(vllm_version[1])
     config = orjson.dumps({"nnrp": {"tls_cert_file": cert, "tls_key_file": key}}).decode()
     server = VLLMServer(
-        model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": ",".join(listen.values())},
-        extra_args=(*args, "--additional-config", config, "--max-num-seqs", str(MAX_NUM_SEQS)), api_keys=KEYS,
-    )  # fmt: skip
+        model_dir(),
+        workdir,
+        env={**env, "VLLM_NNRP_LISTEN": ",".join(listen.values())},
+        extra_args=(*args, "--additional-config", config, "--max-num-seqs", str(MAX_NUM_SEQS)),
+        api_keys=KEYS,
+    )
     server.nnrp, server.der = listen, der
     try:
         server.wait_ready()
@@ -63,8 +69,9 @@ async def chat(uri: str, der: bytes, api_key: str | None) -> dict:
     conn = await connect(uri, api_key=api_key, trusted_cert_der=der)
     try:
         session = await conn.open_session()
-        op = session.submit({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
-                             "body": CHAT})  # fmt: skip
+        op = session.submit(
+            {"schema_version": "openai-compatible/1", "operation": "chat.completions.create", "body": CHAT}
+        )
         return await asyncio.wait_for(op.result(), 120)
     finally:
         await conn.close()
@@ -109,8 +116,12 @@ def test_a_sessions_in_flight_limit_is_vllms_max_num_seqs_by_default(keyed_serve
 def test_the_openai_sdk_behaves_as_over_http(keyed_server, carrier):
     async def ask(api_key: str) -> str:
         transport = AsyncNNRPTransport(keyed_server.nnrp[carrier], trusted_cert_der=keyed_server.der)
-        async with openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key=api_key, max_retries=0,
-                                      http_client=httpx.AsyncClient(transport=transport)) as sdk:  # fmt: skip
+        async with openai.AsyncOpenAI(
+            base_url="http://nnrp.invalid/v1",
+            api_key=api_key,
+            max_retries=0,
+            http_client=httpx.AsyncClient(transport=transport),
+        ) as sdk:
             answer = await sdk.chat.completions.create(**CHAT)
             return answer.choices[0].message.content
 

@@ -16,7 +16,9 @@ def test_e2e_benchmark_compares_nnrp_and_http_on_the_same_server(vllm_server):
     from bench import e2e
 
     server = types.SimpleNamespace(http=vllm_server.http, nnrp=vllm_server.nnrp, pid=vllm_server.proc.pid)
-    rows = {r.id: r for r in e2e.run(server=server, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False)}
+    rows = {
+        r.id: r for r in e2e.run(server=server, levels=(1, 2), per_worker=1, rounds=1, max_tokens=4, baseline=False)
+    }
     for c in (1, 2):
         for metric in ("ttft", "itl", "total", "tokens_per_s"):
             http, nnrp = rows[f"e2e.c{c}.{metric}.http"], rows[f"e2e.c{c}.{metric}.nnrp"]

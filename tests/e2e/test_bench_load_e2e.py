@@ -58,7 +58,9 @@ def test_quick_load_benchmark_runs_both_protocols_without_failures():
     assert rows["load.burst_under_load.open_ms.nnrp"].compare["against"] == "load.burst_under_load.open_ms.http"
     assert rows["load.cancel.c8.failed.nnrp"].max == 0, rows["load.cancel.c8.failed.nnrp"].note
     assert rows["load.cancel.c8.no_terminal_within_10s.nnrp"].max == 0
-    assert rows["load.cancel.c8.client_cancel_to_terminal_ms.nnrp"].samples == 4  # 256-token streams outlast the cancels
+    assert (
+        rows["load.cancel.c8.client_cancel_to_terminal_ms.nnrp"].samples == 4
+    )  # 256-token streams outlast the cancels
     assert rows["load.cancel.c8.server_cancel_to_abort_ms.nnrp"].samples == 4
     assert rows["load.idle.api_server_cpu_pct.sessions_open"].samples == 2
     assert "load.idle.api_server_cpu_pct.sessions_minus_no_sessions" in rows
@@ -75,8 +77,12 @@ def test_quick_load_benchmark_on_an_agent_server_runs_without_failures():
     from bench.suite import QUICK
 
     rows = {r.id: r for r in QUICK["load"](model=model_dir(), load_tools=True)}
-    for head, tail in (("load.tools.c4", "http"), ("load.tools.c4", "nnrp"), ("load.tools.c4.shared2", "nnrp"),
-                       ("load.tools.c4", "floor")):  # fmt: skip
+    for head, tail in (
+        ("load.tools.c4", "http"),
+        ("load.tools.c4", "nnrp"),
+        ("load.tools.c4.shared2", "nnrp"),
+        ("load.tools.c4", "floor"),
+    ):
         assert rows[f"{head}.failed.{tail}"].max == 0, rows[f"{head}.failed.{tail}"].note
         assert rows[f"{head}.tokens_per_s.{tail}"].p50 > 0
     assert rows["load.tools.c4.api_server_cpu_us_per_token.nnrp"].parameters["server"] == "hermes tool parser"

@@ -21,8 +21,13 @@ from vllm_nnrp_plugin.client import ProfileClient
 pytestmark = [pytest.mark.vllm, pytest.mark.binding_core]
 
 CARRIERS = ["ws", "wss", QUIC]
-HELLO = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16,
-         "temperature": 0, "stream": True}  # fmt: skip
+HELLO = {
+    "model": SERVED_NAME,
+    "messages": [{"role": "user", "content": "Say hello."}],
+    "max_tokens": 16,
+    "temperature": 0,
+    "stream": True,
+}
 
 
 def connected(server, scheme: str) -> ProfileClient:

@@ -32,16 +32,26 @@ from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, vllm_chunks
 
 pytestmark = pytest.mark.vllm
 
-BASE = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Tell me about the sea."}],
-        "max_tokens": 40, "temperature": 0, "stream": True}  # fmt: skip
+BASE = {
+    "model": SERVED_NAME,
+    "messages": [{"role": "user", "content": "Tell me about the sea."}],
+    "max_tokens": 40,
+    "temperature": 0,
+    "stream": True,
+}
 CASES = {
     "text": BASE,
     "usage": {**BASE, "stream_options": {"include_usage": True}},
     "budget": {**BASE, "max_tokens": 5},
     "stop-string": {**BASE, "stop": ["."], "max_tokens": 60},
     "min-tokens-ignore-eos": {**BASE, "max_tokens": 24, "min_tokens": 24, "ignore_eos": True},
-    "echo": {**BASE, "echo": True, "messages": [*BASE["messages"], {"role": "assistant", "content": "The sea"}],
-             "add_generation_prompt": False, "continue_final_message": True},
+    "echo": {
+        **BASE,
+        "echo": True,
+        "messages": [*BASE["messages"], {"role": "assistant", "content": "The sea"}],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    },
 }
 VOLATILE = ("id", "created")
 TOOL_CALL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]+")
@@ -61,8 +71,10 @@ def over_http(server, body):
             for string in strings:
                 yield string
 
-        mapper = ChatStreamMapper(usage_events=usage_asked(body),  # as the adapter makes it for ``body``
-                                  no_argument_tools=tools_without_required_arguments(body.get("tools")))
+        mapper = ChatStreamMapper(
+            usage_events=usage_asked(body),  # as the adapter makes it for ``body``
+            no_argument_tools=tools_without_required_arguments(body.get("tools")),
+        )
         budget = TokenBudget(body.get("max_tokens"))  # the request's own budget: vLLM's default is not reached here
         events = [event async for chunk in vllm_chunks(replay(), budget) for event in mapper.feed(chunk)]
         return events, mapper.completed_body()
@@ -77,8 +89,13 @@ def merged(events):
     out = []
     for event in events:
         last = out[-1] if out else None
-        if (last is not None and event["type"] == last["type"] == "response.output_text.delta"
-                and event["index"] == last["index"] and "openai_chunk" not in event and "openai_chunk" not in last):
+        if (
+            last is not None
+            and event["type"] == last["type"] == "response.output_text.delta"
+            and event["index"] == last["index"]
+            and "openai_chunk" not in event
+            and "openai_chunk" not in last
+        ):
             out[-1] = {**last, "delta": last["delta"] + event["delta"]}
         else:
             out.append(event)
@@ -107,18 +124,22 @@ TOOL_CASES = {
     "required-budget": {**TOOL_REQUEST, "stream": True, "max_tokens": 20},
     "required-stop": {**TOOL_REQUEST, "stream": True, "stop": ["Paris"]},
     "required-one-call": {**TOOL_REQUEST, "stream": True, "parallel_tool_calls": False},
-    "named": {**TOOL_REQUEST, "stream": True,
-              "tool_choice": {"type": "function", "function": {"name": LOOKUP["function"]["name"]}}},
+    "named": {
+        **TOOL_REQUEST,
+        "stream": True,
+        "tool_choice": {"type": "function", "function": {"name": LOOKUP["function"]["name"]}},
+    },
     "required-usage": {**TOOL_REQUEST, "stream": True, "stream_options": {"include_usage": True}},
-}  # fmt: skip
+}
 
 
 def call_ids_in_order(events, body):
     """``events`` and ``body`` with vLLM's tool-call ids (random per request: ``chatcmpl-tool-<hex>``, also inside
     error messages) replaced by ``call-<n>``, n counting the distinct ids in the order they first appear."""
     names: dict[str, str] = {}
-    text = TOOL_CALL_ID.sub(lambda m: names.setdefault(m.group(0), f"call-{len(names)}"),
-                            orjson.dumps([events, body]).decode())
+    text = TOOL_CALL_ID.sub(
+        lambda m: names.setdefault(m.group(0), f"call-{len(names)}"), orjson.dumps([events, body]).decode()
+    )
     return tuple(orjson.loads(text))
 
 
@@ -135,14 +156,15 @@ def test_the_start_up_log_says_which_path_chat_streams_take(vllm_server, vllm_to
         if tuple(server.family) >= (0, 26):
             assert "through vLLM's own tool-call/reasoning parser object" in server.output()
         else:
-            assert "engine lane off: a tool-call or reasoning parser is configured and vLLM keeps this line's " \
-                   "parser state in its stream generator" in server.output()
+            assert (
+                "engine lane off: a tool-call or reasoning parser is configured and vLLM keeps this line's "
+                "parser state in its stream generator" in server.output()
+            )
 
 
 @pytest.mark.binding_core
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
-def test_a_stream_on_a_tool_parser_server_gives_what_vllms_own_stream_gives(vllm_tools_server, tools_lane_client,
-                                                                             case):
+def test_a_stream_on_a_tool_parser_server_gives_what_vllms_own_stream_gives(vllm_tools_server, tools_lane_client, case):
     body = TOOL_CASES[case]
     events, completed = call_ids_in_order(*over_nnrp(tools_lane_client, body))
     reference_events, reference = call_ids_in_order(*over_http(vllm_tools_server, body))
@@ -206,8 +228,9 @@ def reasoning_lane_client(vllm_reasoning_server):
 
 @pytest.mark.binding_core
 @pytest.mark.parametrize("case", sorted(REASONING_CASES))
-def test_a_stream_on_a_reasoning_parser_server_gives_what_vllms_own_stream_gives(vllm_reasoning_server,
-                                                                                  reasoning_lane_client, case):
+def test_a_stream_on_a_reasoning_parser_server_gives_what_vllms_own_stream_gives(
+    vllm_reasoning_server, reasoning_lane_client, case
+):
     body = REASONING_CASES[case]
     events, completed = over_nnrp(reasoning_lane_client, body)
     reference_events, reference = over_http(vllm_reasoning_server, body)

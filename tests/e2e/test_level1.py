@@ -25,15 +25,25 @@ pytestmark = pytest.mark.vllm
 LOOKUP = {
     "type": "function",
     "function": {
-        "name": "lookup", "description": "Look up current information about a city.", "strict": True,
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                       "additionalProperties": False},
+        "name": "lookup",
+        "description": "Look up current information about a city.",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
     },
-}  # fmt: skip
+}
 TOOL_REQUEST = {
-    "model": SERVED_NAME, "messages": [{"role": "user", "content": "Tell me about Paris."}], "temperature": 0,
-    "max_tokens": 64, "tools": [LOOKUP], "tool_choice": "required",
-}  # fmt: skip
+    "model": SERVED_NAME,
+    "messages": [{"role": "user", "content": "Tell me about Paris."}],
+    "temperature": 0,
+    "max_tokens": 64,
+    "tools": [LOOKUP],
+    "tool_choice": "required",
+}
 
 
 def connect(uri):
@@ -110,8 +120,13 @@ def test_capability_document_says_what_each_server_supports(plain_client, tools_
         assert names == ["chat.completions.create", "responses.create", "models.list"]
         assert document["compatibility_levels"] == [1, 2]  # models.list alone is not Level 3 (needs embeddings)
         operation = document["operations"][0]
-        assert operation == {"name": "chat.completions.create", "streaming": True, "non_streaming": True,
-                             "tool_calls": tool_calls, "cancellation": True}
+        assert operation == {
+            "name": "chat.completions.create",
+            "streaming": True,
+            "non_streaming": True,
+            "tool_calls": tool_calls,
+            "cancellation": True,
+        }
 
 
 def test_cli_prints_the_document_and_a_manifest_valid_for_the_suite(vllm_server):
@@ -147,8 +162,9 @@ def test_a_timeout_aborts_the_vllm_request_with_one_request_timeout_terminal(vll
     assert wait_idle(vllm_server), "vLLM still runs the timed-out request"
     time.sleep(1)  # a second more in which tokens of a request vLLM failed to abort would be counted
     assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < 300  # far from max_tokens=1000
-    (again,) = run(plain_client, envelope({"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}],
-                                           "max_tokens": 2}))
+    (again,) = run(
+        plain_client, envelope({"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    )
     assert again.event["type"] == "response.completed"
 
 
@@ -158,12 +174,19 @@ def test_a_timeout_aborts_the_vllm_request_with_one_request_timeout_terminal(vll
 def test_trace_context_becomes_the_parent_of_vllms_llm_request_span(vllm_tools_server, tools_client):
     trace_id, span_id = 0x5EED_0000_0000_0091, 0x0000_0000_0000_0092
     tools_client.trace_context(trace_id, span_id, parent_span_id=0x90, stage_code=5, flags=1, attributes=b"k=v")
-    (terminal,) = run(tools_client, envelope({"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}],
-                                              "max_tokens": 4}, request_id="traced"))
+    (terminal,) = run(
+        tools_client,
+        envelope(
+            {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            request_id="traced",
+        ),
+    )
     request_id = terminal.event["body"]["id"]
     span = vllm_tools_server.collector.wait_for(
-        lambda s: s.name == "llm_request" and any(
-            a.key == "gen_ai.request.id" and a.value.string_value == request_id for a in s.attributes)
+        lambda s: (
+            s.name == "llm_request"
+            and any(a.key == "gen_ai.request.id" and a.value.string_value == request_id for a in s.attributes)
+        )
     )
     assert span.trace_id == bytes(8) + trace_id.to_bytes(8, "big")  # zero-extended into the low 64 bits
     assert span.parent_span_id == span_id.to_bytes(8, "big")

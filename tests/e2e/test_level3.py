@@ -86,12 +86,23 @@ def test_capability_documents_list_what_each_server_serves(pooling_client, plain
     assert pooling["compatibility_levels"] == [3]
     assert pooling["operations"] == [
         {"name": "models.list", "streaming": False, "non_streaming": True, "tool_calls": False, "cancellation": False},
-        {"name": "embeddings.create", "streaming": False, "non_streaming": True, "tool_calls": False,
-         "cancellation": True, "encoding_formats": ["float", "base64"], "dimensions": False},  # not Matryoshka
-    ]  # fmt: skip
+        {
+            "name": "embeddings.create",
+            "streaming": False,
+            "non_streaming": True,
+            "tool_calls": False,
+            "cancellation": True,
+            "encoding_formats": ["float", "base64"],
+            "dimensions": False,
+        },  # not Matryoshka
+    ]
     generate = plain_client.capabilities()
     assert generate["compatibility_levels"] == [1, 2]  # models.list without embeddings is not level 3
-    assert [op["name"] for op in generate["operations"]] == ["chat.completions.create", "responses.create", "models.list"]
+    assert [op["name"] for op in generate["operations"]] == [
+        "chat.completions.create",
+        "responses.create",
+        "models.list",
+    ]
 
 
 # -- embeddings.create ---------------------------------------------------------------------------------------
@@ -108,7 +119,7 @@ def test_embeddings_are_vllms_http_embeddings(vllm_pooling_server, pooling_clien
     assert all(isinstance(d["embedding"], str if encoding_format == "base64" else list) for d in nnrp["data"])
     ours, theirs = vectors(nnrp), vectors(http)
     assert [len(v) for v in ours] == [len(v) for v in theirs] and len(ours[0]) > 100
-    assert max(abs(a - b) for v, w in zip(ours, theirs) for a, b in zip(v, w)) < TOLERANCE
+    assert max(abs(a - b) for v, w in zip(ours, theirs, strict=True) for a, b in zip(v, w, strict=True)) < TOLERANCE
     assert ours[0] != ours[1]  # two inputs, two different vectors
 
 
@@ -122,10 +133,13 @@ def test_an_embedding_is_known_to_the_engine_by_vllms_embd_id(pooling_client):
 
 def test_a_cancelled_embedding_leaves_no_vllm_request_running(vllm_pooling_server, pooling_client):
     long_input = " ".join(["the sea is wide and deep"] * 300)  # ~1800 tokens each
-    op = pooling_client.submit({
-        "schema_version": "openai-compatible/1", "operation": "embeddings.create",
-        "body": {"model": SERVED_NAME, "input": [long_input] * 16},
-    })  # fmt: skip
+    op = pooling_client.submit(
+        {
+            "schema_version": "openai-compatible/1",
+            "operation": "embeddings.create",
+            "body": {"model": SERVED_NAME, "input": [long_input] * 16},
+        }
+    )
     pooling_client.cancel(op)
     (terminal,) = list(pooling_client.events(op, timeout_s=60))
     assert terminal.frame == "result_drop"

@@ -21,7 +21,7 @@ import httpx2
 import openai
 import pytest
 
-from tests.e2e.conftest import TOOL_TEMPLATE, SERVED_NAME, VLLMServer, attach_options, model_dir, running
+from tests.e2e.conftest import SERVED_NAME, TOOL_TEMPLATE, VLLMServer, attach_options, model_dir, running
 from tests.e2e.test_vllm_serve import wait_idle
 from tests.support import free_port, wait_until
 from vllm_nnrp_plugin.client.openai.transport import AsyncNNRPTransport, NNRPTransport
@@ -31,14 +31,34 @@ pytestmark = pytest.mark.vllm
 FAULT_MODEL = "backend-error"
 #: the SDK's own HTTP library: httpx2 from openai 3 (0.18.1's vLLM pins openai < 2.25, whose SDK takes httpx)
 SDK_HTTPX = httpx2 if int(openai.__version__.split(".")[0]) >= 3 else httpx
-HELLO = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "temperature": 0, "max_tokens": 24}
-LOOKUP = {"type": "function", "function": {
-    "name": "lookup", "description": "Look up current information about a city.", "strict": True,
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                   "additionalProperties": False},
-}}  # fmt: skip
-TOOLS = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Tell me about Paris."}], "temperature": 0,
-         "max_tokens": 64, "tools": [LOOKUP], "tool_choice": "required"}  # fmt: skip
+HELLO = {
+    "model": SERVED_NAME,
+    "messages": [{"role": "user", "content": "Say hello."}],
+    "temperature": 0,
+    "max_tokens": 24,
+}
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look up current information about a city.",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOLS = {
+    "model": SERVED_NAME,
+    "messages": [{"role": "user", "content": "Tell me about Paris."}],
+    "temperature": 0,
+    "max_tokens": 64,
+    "tools": [LOOKUP],
+    "tool_choice": "required",
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +68,21 @@ def server(tmp_path_factory, vllm_version):
     tcp = f"tcp://127.0.0.1:{free_port()}"
     env, args = attach_options(vllm_version[1])
     config = {"nnrp": {"enabled": True, "listen": [tcp], "fault_injection_backend_error_model": FAULT_MODEL}}
-    server = VLLMServer(model_dir(), workdir, env=env, extra_args=(
-        *args, "--additional-config", json.dumps(config),
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template", str(TOOL_TEMPLATE),
-    ))  # fmt: skip
+    server = VLLMServer(
+        model_dir(),
+        workdir,
+        env=env,
+        extra_args=(
+            *args,
+            "--additional-config",
+            json.dumps(config),
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--chat-template",
+            str(TOOL_TEMPLATE),
+        ),
+    )
     server.nnrp = tcp
     yield from running(server)
 
@@ -85,7 +116,9 @@ def sdk_pair(http: str, over_http: httpx.Client, over_nnrp: httpx.Client) -> dic
     """{"http": the SDK on ``over_http`` to vLLM's base URL ``http``, "nnrp": the SDK on ``over_nnrp``}."""
     return {
         "http": openai.OpenAI(base_url=f"{http}/v1", api_key="unused", http_client=over_http, max_retries=0),
-        "nnrp": openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=over_nnrp, max_retries=0),
+        "nnrp": openai.OpenAI(
+            base_url="http://nnrp.invalid/v1", api_key="unused", http_client=over_nnrp, max_retries=0
+        ),
     }
 
 
@@ -138,10 +171,13 @@ def test_tool_calls_are_the_same(sdks, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("change, error, status", [
-    ({"model": "nope"}, openai.NotFoundError, 404),
-    ({"max_tokens": 100_000}, openai.BadRequestError, 400),
-])
+@pytest.mark.parametrize(
+    "change, error, status",
+    [
+        ({"model": "nope"}, openai.NotFoundError, 404),
+        ({"max_tokens": 100_000}, openai.BadRequestError, 400),
+    ],
+)
 def test_refusals_raise_the_same_exception(sdks, change, error, status, stream):
     def refused(sdk):
         with pytest.raises(openai.APIStatusError) as caught:
@@ -229,11 +265,18 @@ def test_concurrent_async_calls_on_one_client_complete_as_over_http(vllm_server)
     baseline = server.metric("nnrp_sessions_active")  # sessions other tests' clients still hold
 
     async def main():
-        over_http = openai.AsyncOpenAI(base_url=f"{server.http}/v1", api_key="unused", max_retries=0,
-                                       http_client=SDK_HTTPX.AsyncClient(timeout=300))  # fmt: skip
-        over_nnrp = openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0,
-                                       http_client=SDK_HTTPX.AsyncClient(transport=AsyncNNRPTransport(server.nnrp["tcp"]),
-                                                                      timeout=300))  # fmt: skip
+        over_http = openai.AsyncOpenAI(
+            base_url=f"{server.http}/v1",
+            api_key="unused",
+            max_retries=0,
+            http_client=SDK_HTTPX.AsyncClient(timeout=300),
+        )
+        over_nnrp = openai.AsyncOpenAI(
+            base_url="http://nnrp.invalid/v1",
+            api_key="unused",
+            max_retries=0,
+            http_client=SDK_HTTPX.AsyncClient(transport=AsyncNNRPTransport(server.nnrp["tcp"]), timeout=300),
+        )
         results = {}
         try:
             for n in FAN_OUT_SIZES:
@@ -261,8 +304,9 @@ def test_concurrent_threads_on_one_sync_client_complete_as_over_http(sdks):
         def one(stream: bool) -> str:
             if not stream:
                 return sdk.chat.completions.create(**SHORT).choices[0].message.content
-            return "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(**SHORT, stream=True)
-                           if c.choices)  # fmt: skip
+            return "".join(
+                c.choices[0].delta.content or "" for c in sdk.chat.completions.create(**SHORT, stream=True) if c.choices
+            )
 
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             return list(pool.map(one, [n % 2 == 0 for n in range(16)]))
@@ -295,10 +339,23 @@ def test_a_program_that_never_closes_its_clients_prints_nothing_at_exit(vllm_ser
     (every ResourceWarning shown) and its sessions are gone from the server once it exited."""
     server = vllm_server
     baseline = server.metric("nnrp_sessions_active")
-    run = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c",
-                          EXIT_SCRIPT.format(model=SERVED_NAME, uri=server.nnrp["tcp"], lib=SDK_HTTPX.__name__,
-                                             lib_import=f"import {SDK_HTTPX.__name__}")],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "always::ResourceWarning",
+            "-c",
+            EXIT_SCRIPT.format(
+                model=SERVED_NAME,
+                uri=server.nnrp["tcp"],
+                lib=SDK_HTTPX.__name__,
+                lib_import=f"import {SDK_HTTPX.__name__}",
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (run.returncode, run.stderr) == (0, "")
     assert wait_until(lambda: server.metric("nnrp_sessions_active") == baseline)
 
@@ -320,18 +377,31 @@ def guide_agent(sdk: openai.AsyncOpenAI, calls: list[str]):
 
     settings = agents.ModelSettings(temperature=0, max_tokens=64, tool_choice="required")
     model = agents.OpenAIChatCompletionsModel(model=SERVED_NAME, openai_client=sdk)
-    return agents.Agent(name="guide", instructions="Use the lookup tool.", model=model, tools=[lookup],
-                        model_settings=settings, tool_use_behavior="stop_on_first_tool")  # fmt: skip
+    return agents.Agent(
+        name="guide",
+        instructions="Use the lookup tool.",
+        model=model,
+        tools=[lookup],
+        model_settings=settings,
+        tool_use_behavior="stop_on_first_tool",
+    )
 
 
 def agent_sdks(server) -> dict[str, openai.AsyncOpenAI]:
     return {
-        "http": openai.AsyncOpenAI(base_url=f"{server.http}/v1", api_key="unused", max_retries=0,
-                                   http_client=SDK_HTTPX.AsyncClient(timeout=120)),
-        "nnrp": openai.AsyncOpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", max_retries=0,
-                                   http_client=SDK_HTTPX.AsyncClient(transport=AsyncNNRPTransport(server.nnrp),
-                                                                  timeout=120)),
-    }  # fmt: skip
+        "http": openai.AsyncOpenAI(
+            base_url=f"{server.http}/v1",
+            api_key="unused",
+            max_retries=0,
+            http_client=SDK_HTTPX.AsyncClient(timeout=120),
+        ),
+        "nnrp": openai.AsyncOpenAI(
+            base_url="http://nnrp.invalid/v1",
+            api_key="unused",
+            max_retries=0,
+            http_client=SDK_HTTPX.AsyncClient(transport=AsyncNNRPTransport(server.nnrp), timeout=120),
+        ),
+    }
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -371,9 +441,10 @@ def test_cancelling_a_running_agent_aborts_the_vllm_request(server, stream):
 
         sdk = agent_sdks(server)["nnrp"]
         agent = guide_agent(sdk, []).clone(
-            tools=[], tool_use_behavior="run_llm_again",
+            tools=[],
+            tool_use_behavior="run_llm_again",
             model_settings=agents.ModelSettings(temperature=0, max_tokens=1000, extra_body={"ignore_eos": True}),
-        )  # fmt: skip
+        )
         try:
             if stream:
                 result = agents.Runner.run_streamed(agent, "Write a long story about the sea.")
@@ -410,8 +481,13 @@ async def _drain(events) -> None:
 # -- responses ----------------------------------------------------------------------------------------------
 
 RTEXT = {"model": SERVED_NAME, "input": "Tell me about Paris.", "temperature": 0, "max_output_tokens": 24}
-RLOOKUP = {"type": "function", "name": "lookup", "description": "Look up current information about a city.",
-           "parameters": LOOKUP["function"]["parameters"], "strict": True}  # fmt: skip
+RLOOKUP = {
+    "type": "function",
+    "name": "lookup",
+    "description": "Look up current information about a city.",
+    "parameters": LOOKUP["function"]["parameters"],
+    "strict": True,
+}
 RTOOL = {**RTEXT, "max_output_tokens": 64, "tools": [RLOOKUP], "tool_choice": "required"}
 
 
@@ -445,7 +521,9 @@ def test_streamed_responses_assemble_the_same_with_the_sdks_helper(sdks, body):
 def test_streamed_responses_deltas_are_the_same(sdks):
     def deltas(sdk):
         events = list(sdk.responses.create(**RTEXT, stream=True))
-        return "".join(e.delta for e in events if e.type == "response.output_text.delta"), events[-1].response.usage.total_tokens
+        return "".join(e.delta for e in events if e.type == "response.output_text.delta"), events[
+            -1
+        ].response.usage.total_tokens
 
     http, nnrp = both(sdks, deltas)
     assert nnrp == http and http[0]
@@ -463,8 +541,13 @@ def test_responses_refusals_raise_the_same_exception(sdks, stream):
 
 
 def test_closing_a_responses_stream_aborts_the_vllm_request(server, sdks):
-    stream = sdks["nnrp"].responses.create(model=SERVED_NAME, input="Write a long story about the sea.",
-                                           max_output_tokens=1000, stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+    stream = sdks["nnrp"].responses.create(
+        model=SERVED_NAME,
+        input="Write a long story about the sea.",
+        max_output_tokens=1000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     assert next(iter(stream)).type == "response.created"
     assert server.metric("vllm:num_requests_running") + server.metric("vllm:num_requests_waiting") == 1
     stream.close()
@@ -479,8 +562,13 @@ def test_streamed_logprobs_are_vllms_token_logprobs_and_top_logprobs(core_sdks):
 
     def stream(sdk):
         chunks = list(sdk.chat.completions.create(**HELLO, stream=True, logprobs=True, top_logprobs=2))
-        tokens = [(t.token, t.logprob, [(top.token, top.logprob) for top in t.top_logprobs])
-                  for c in chunks for ch in c.choices if ch.logprobs for t in ch.logprobs.content or ()]  # fmt: skip
+        tokens = [
+            (t.token, t.logprob, [(top.token, top.logprob) for top in t.top_logprobs])
+            for c in chunks
+            for ch in c.choices
+            if ch.logprobs
+            for t in ch.logprobs.content or ()
+        ]
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), tokens
 
     http, nnrp = both(sdks, stream)
@@ -516,7 +604,7 @@ def test_embeddings_are_the_same_vectors(pooling_sdks, encoding_format):
     extra = {"encoding_format": encoding_format} if encoding_format else {}
     http, nnrp = both(pooling_sdks, lambda sdk: sdk.embeddings.create(model=SERVED_NAME, input=INPUTS, **extra))
     assert [d.index for d in nnrp.data] == [d.index for d in http.data] == [0, 1]
-    for ours, theirs in zip(nnrp.data, http.data):
+    for ours, theirs in zip(nnrp.data, http.data, strict=True):
         assert len(ours.embedding) == len(theirs.embedding) > 1
         assert ours.embedding == pytest.approx(theirs.embedding, rel=1e-4, abs=1e-5)
     assert nnrp.usage == http.usage and nnrp.model == http.model
@@ -536,6 +624,7 @@ def test_embeddings_refusals_and_models_match_http(pooling_sdks):
 
 # -- reasoning (a server with a reasoning parser) -----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def reasoning_sdks(vllm_reasoning_server):
     """{"http", "nnrp"}: the SDK over HTTP and over NNRP to a server that runs a reasoning parser."""
@@ -552,8 +641,9 @@ def test_streamed_reasoning_is_vllms_delta_reasoning(reasoning_sdks):
     def stream(sdk):
         chunks = list(sdk.chat.completions.create(**HELLO, stream=True))
         deltas = [ch.delta for c in chunks for ch in c.choices]
-        return [getattr(d, "reasoning", None) for d in deltas if getattr(d, "reasoning", None)], \
-            "".join(d.content or "" for d in deltas)
+        return [getattr(d, "reasoning", None) for d in deltas if getattr(d, "reasoning", None)], "".join(
+            d.content or "" for d in deltas
+        )
 
     http, nnrp = both(reasoning_sdks, stream)
     assert nnrp == http and len(http[0]) > 1
@@ -562,8 +652,11 @@ def test_streamed_reasoning_is_vllms_delta_reasoning(reasoning_sdks):
 def test_streamed_responses_reasoning_items_are_vllms(reasoning_sdks):
     def stream(sdk):
         events = list(sdk.responses.create(**RTEXT, stream=True))
-        reasoning = [(e.type, getattr(e, "delta", None), getattr(e, "text", None)) for e in events
-                     if "reasoning" in e.type or getattr(getattr(e, "item", None), "type", "") == "reasoning"]
+        reasoning = [
+            (e.type, getattr(e, "delta", None), getattr(e, "text", None))
+            for e in events
+            if "reasoning" in e.type or getattr(getattr(e, "item", None), "type", "") == "reasoning"
+        ]
         return reasoning, [i.type for i in events[-1].response.output]
 
     http, nnrp = both(reasoning_sdks, stream)

@@ -52,8 +52,12 @@ def test_an_unsafe_exposure_stops_vllm_serve_at_start_up_with_the_fix(tmp_path, 
     env = {**os.environ, **attach_env, "VLLM_NNRP_LISTEN": listen()}
     done = subprocess.run(
         [str(vllm), "serve", "unused-model", *attach_args],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert done.returncode != 0
     assert fragment in done.stderr and "Fix:" in done.stderr
 
@@ -61,12 +65,28 @@ def test_an_unsafe_exposure_stops_vllm_serve_at_start_up_with_the_fix(tmp_path, 
 def test_one_minute_soak_loses_no_operation_and_leaves_no_vllm_request_running(vllm_server):
     args = soak._parser().parse_args(
         [
-            "--nnrp", f"{vllm_server.nnrp['tcp']},{vllm_server.nnrp['ipc']}",
-            "--http", vllm_server.http, "--pid", str(vllm_server.proc.pid), "--model-name", SERVED_NAME,
-            "--duration-s", "60", "--sessions", "64", "--streams", "4", "--workers", "4",
-            "--kill-every-s", "15", "--max-tokens", "24",
+            "--nnrp",
+            f"{vllm_server.nnrp['tcp']},{vllm_server.nnrp['ipc']}",
+            "--http",
+            vllm_server.http,
+            "--pid",
+            str(vllm_server.proc.pid),
+            "--model-name",
+            SERVED_NAME,
+            "--duration-s",
+            "60",
+            "--sessions",
+            "64",
+            "--streams",
+            "4",
+            "--workers",
+            "4",
+            "--kill-every-s",
+            "15",
+            "--max-tokens",
+            "24",
         ]
-    )  # fmt: skip
+    )
     result = soak.run_soak(args)
     assert result["operations_lost"] == 0, result
     assert result["vllm_requests_after_load"] == 0, result

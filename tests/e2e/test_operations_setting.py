@@ -16,10 +16,17 @@ pytestmark = pytest.mark.vllm
 
 def test_an_operation_the_server_does_not_serve_stops_vllm_serve(tmp_path, vllm_version):
     if vllm_version[1] != (0, 26):
-        pytest.skip("run on the default anchor only: the check is line-independent (vllm_binding/backend.py), and a "
-                    "start-up refusal stopping vllm serve is proven on every anchor by test_level3's classify server")
+        pytest.skip(
+            "run on the default anchor only: the check is line-independent (vllm_binding/backend.py), and a "
+            "start-up refusal stopping vllm serve is proven on every anchor by test_level3's classify server"
+        )
     env, args = attach_options(vllm_version[1])
-    settings = {"nnrp": {"listen": [f"tcp://127.0.0.1:{free_port()}"], "operations": ["chat.completions.create", "embeddings.create"]}}
+    settings = {
+        "nnrp": {
+            "listen": [f"tcp://127.0.0.1:{free_port()}"],
+            "operations": ["chat.completions.create", "embeddings.create"],
+        }
+    }
     server = VLLMServer(model_dir(), tmp_path, env=env, extra_args=[*args, "--additional-config", json.dumps(settings)])
     try:
         assert server.wait_exit() != 0

@@ -24,14 +24,25 @@ pytestmark = pytest.mark.vllm
 
 TEXT = {"model": SERVED_NAME, "input": "Tell me about Paris.", "temperature": 0, "max_output_tokens": 24}
 LOOKUP = {
-    "type": "function", "name": "lookup", "description": "Look up current information about a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                   "additionalProperties": False},
+    "type": "function",
+    "name": "lookup",
+    "description": "Look up current information about a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
     "strict": True,
-}  # fmt: skip
+}
 TOOL = {**TEXT, "max_output_tokens": 64, "tools": [LOOKUP], "tool_choice": "required"}
-LONG = {"model": SERVED_NAME, "input": "Write a long story about the sea.", "max_output_tokens": 1000,
-        "ignore_eos": True, "stream": True}
+LONG = {
+    "model": SERVED_NAME,
+    "input": "Write a long story about the sea.",
+    "max_output_tokens": 1000,
+    "ignore_eos": True,
+    "stream": True,
+}
 #: fields of a Response made anew for every request (ids, clock)
 VOLATILE = ("id", "created_at")
 
@@ -70,7 +81,7 @@ def over_http(server, body):
     assert response.status_code == 200, response.text
     if not body.get("stream"):
         return response.json()
-    return [json.loads(line[len("data: "):]) for line in response.text.splitlines() if line.startswith("data: ")]
+    return [json.loads(line[len("data: ") :]) for line in response.text.splitlines() if line.startswith("data: ")]
 
 
 def text_of(response):
@@ -78,7 +89,9 @@ def text_of(response):
 
 
 def calls_of(response):
-    return [(item["name"], json.loads(item["arguments"])) for item in response["output"] if item["type"] == "function_call"]
+    return [
+        (item["name"], json.loads(item["arguments"])) for item in response["output"] if item["type"] == "function_call"
+    ]
 
 
 def profile_usage(response):
@@ -104,8 +117,13 @@ def test_the_capability_document_claims_level_2_and_tool_calls_only_with_a_parse
         document = each.capabilities()
         assert document["compatibility_levels"][:2] == [1, 2]
         (operation,) = [op for op in document["operations"] if op["name"] == "responses.create"]
-        assert operation == {"name": "responses.create", "streaming": True, "non_streaming": True,
-                             "tool_calls": tool_calls, "cancellation": True}
+        assert operation == {
+            "name": "responses.create",
+            "streaming": True,
+            "non_streaming": True,
+            "tool_calls": tool_calls,
+            "cancellation": True,
+        }
 
 
 @pytest.mark.binding_core
@@ -135,8 +153,9 @@ def test_non_streaming_returns_vllms_response_object(vllm_server, client):
 
 
 @pytest.mark.binding_core
-def test_a_required_function_call_streams_as_tool_call_events_like_vllms_http_stream(vllm_version, vllm_tools_server,
-                                                                                      tools_client):  # fmt: skip
+def test_a_required_function_call_streams_as_tool_call_events_like_vllms_http_stream(
+    vllm_version, vllm_tools_server, tools_client
+):
     body = {**TOOL, "stream": True}
     events, terminal = over_nnrp(tools_client, body)
     if responses_stream_fails(vllm_version[1], body, tool_parser=True):
@@ -181,6 +200,7 @@ def test_without_a_tool_parser_a_required_call_is_answered_as_vllm_answers_it_wi
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == http_text
     assert calls_of(terminal["body"]) == calls_of(http[-1]["response"]) == []
 
+
 @pytest.mark.binding_core
 def test_cancelling_a_streamed_response_aborts_vllms_request(vllm_server, client):
     assert wait_idle(vllm_server)
@@ -220,11 +240,14 @@ def test_trace_context_is_the_parent_of_vllms_span_for_the_engine_request(vllm_t
     engine_request_id = terminal["diagnostics"]["request_id"]
     assert engine_request_id == terminal["body"]["id"] + "_0"
     span = vllm_tools_server.collector.wait_for(
-        lambda s: s.name == "llm_request" and any(
-            a.key == "gen_ai.request.id" and a.value.string_value == engine_request_id for a in s.attributes)
+        lambda s: (
+            s.name == "llm_request"
+            and any(a.key == "gen_ai.request.id" and a.value.string_value == engine_request_id for a in s.attributes)
+        )
     )
     assert span.trace_id == bytes(8) + trace_id.to_bytes(8, "big")
     assert span.parent_span_id == span_id.to_bytes(8, "big")
+
 
 @pytest.mark.binding_core
 @pytest.mark.parametrize(

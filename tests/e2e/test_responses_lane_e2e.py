@@ -2,7 +2,8 @@
 the events and completed Response that vLLM's own ``/v1/responses`` stream gives for the same request — its HTTP
 events, read through the profile mapper (the path every Responses stream took before the lane) — on a plain
 server, on a server with a tool-call parser (hermes: text, ``tool_choice`` auto, ``required``, a named function,
-parallel calls refused, a call cut by ``max_output_tokens``, a conversation with a call in it) and on one with a reasoning parser (olmo3: reasoning
+parallel calls refused, a call cut by ``max_output_tokens``, a conversation with a call in it) and on one with a
+reasoning parser (olmo3: reasoning
 items, whose vLLM events the profile carries whole). On 0.26–0.32 (and on 0.22 without a parser) the lane reads
 the engine's outputs itself and drives vLLM's parser and processor state; elsewhere the streams take vLLM's
 processor whole and the start-up log says why.
@@ -29,26 +30,41 @@ from vllm_nnrp_plugin.vllm_binding.families import responses_stream_fails
 pytestmark = pytest.mark.vllm
 
 BASE = {**TEXT, "input": "Tell me about the sea.", "max_output_tokens": 40, "stream": True}
-GET_TIME = {"type": "function", "name": "get_time", "description": "Get the current time.",
-            "parameters": {"type": "object", "properties": {}}}  # fmt: skip
+GET_TIME = {
+    "type": "function",
+    "name": "get_time",
+    "description": "Get the current time.",
+    "parameters": {"type": "object", "properties": {}},
+}
 #: a conversation with one call of ``get_time`` and its output (the small model answers it with text)
 GET_TIME_INPUT = [
     {"role": "user", "content": "Call the get_time tool."},
     {"type": "function_call", "call_id": "call_1", "name": "get_time", "arguments": "{}"},
     {"type": "function_call_output", "call_id": "call_1", "output": "12:00"},
     {"role": "user", "content": "Call the get_time tool again."},
-]  # fmt: skip
-REQUIRED = {**BASE, "input": "Tell me about Paris.", "max_output_tokens": 64, "tools": [LOOKUP],
-            "tool_choice": "required"}  # fmt: skip
+]
+REQUIRED = {
+    **BASE,
+    "input": "Tell me about Paris.",
+    "max_output_tokens": 64,
+    "tools": [LOOKUP],
+    "tool_choice": "required",
+}
 TOOL_CASES = {
     "no-tools": BASE,
     "auto-text": {**BASE, "tools": [LOOKUP], "tool_choice": "auto"},
-    "auto-after-a-call": {**BASE, "input": GET_TIME_INPUT, "max_output_tokens": 64, "tools": [GET_TIME], "tool_choice": "auto"},
+    "auto-after-a-call": {
+        **BASE,
+        "input": GET_TIME_INPUT,
+        "max_output_tokens": 64,
+        "tools": [GET_TIME],
+        "tool_choice": "auto",
+    },
     "required": REQUIRED,
     "required-budget": {**REQUIRED, "max_output_tokens": 12},
     "required-one-call": {**REQUIRED, "parallel_tool_calls": False},
     "named": {**REQUIRED, "tool_choice": {"type": "function", "name": "lookup"}},
-}  # fmt: skip
+}
 PLAIN_CASES = {"text": BASE, "budget": {**BASE, "max_output_tokens": 5}}
 REASONING_CASES = {"text": BASE, "budget": {**BASE, "max_output_tokens": 5}}
 #: prefix-cache counts of a Response's usage (``cache_write_tokens``: 0.32)
@@ -61,7 +77,7 @@ def over_http(server, body):
     """(events, completed Response) of ``body`` through vLLM's ``/v1/responses`` stream and the profile mapper."""
     with httpx.stream("POST", f"{server.http}/v1/responses", json=body, timeout=120) as response:
         assert response.status_code == 200
-        items = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
+        items = [json.loads(line[len("data: ") :]) for line in response.iter_lines() if line.startswith("data: ")]
     mapper = ResponsesStreamMapper(tools_without_required_arguments(body.get("tools")))
     events = [event for item in items for event in mapper.feed(item)]
     events.extend(mapper.finish())
@@ -98,8 +114,10 @@ def comparable(response):
     on the same server hits the cache the first one filled)."""
     response = stable(response)
     details = response["usage"]["input_tokens_details"]
-    response["usage"] = {**response["usage"], "input_tokens_details": {k: v for k, v in details.items()
-                                                                       if k not in PREFIX_CACHE}}  # fmt: skip
+    response["usage"] = {
+        **response["usage"],
+        "input_tokens_details": {k: v for k, v in details.items() if k not in PREFIX_CACHE},
+    }
     return response
 
 
@@ -130,8 +148,7 @@ def reasoning_client(vllm_reasoning_server):
 
 
 @pytest.mark.binding_core
-def test_the_start_up_log_says_which_path_responses_streams_take(vllm_server, vllm_tools_server,
-                                                                 vllm_reasoning_server):  # fmt: skip
+def test_the_start_up_log_says_which_path_responses_streams_take(vllm_server, vllm_tools_server, vllm_reasoning_server):
     family = tuple(vllm_server.family)
     plain = "NNRP Responses streams: text deltas straight from the engine" in vllm_server.output()
     assert plain == (family >= (0, 22)), vllm_server.output()
@@ -139,8 +156,9 @@ def test_the_start_up_log_says_which_path_responses_streams_take(vllm_server, vl
         if family >= (0, 26):
             assert "NNRP Responses streams: text and reasoning deltas straight from the engine" in server.output()
         else:
-            assert "NNRP Responses streams: vLLM's event objects for every event (Responses lane off: " \
-                   in server.output()
+            assert (
+                "NNRP Responses streams: vLLM's event objects for every event (Responses lane off: " in server.output()
+            )
 
 
 @pytest.mark.binding_core
@@ -152,8 +170,9 @@ def test_a_plain_responses_stream_gives_what_vllms_own_stream_gives(vllm_server,
 
 @pytest.mark.binding_core
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
-def test_a_responses_stream_on_a_tool_parser_server_gives_what_vllms_own_stream_gives(vllm_tools_server,
-                                                                                       tools_client, case):
+def test_a_responses_stream_on_a_tool_parser_server_gives_what_vllms_own_stream_gives(
+    vllm_tools_server, tools_client, case
+):
     body = TOOL_CASES[case]
     if responses_stream_fails(vllm_tools_server.family, body, tool_parser=True):
         pytest.skip("this line cannot stream it (tests/e2e/test_responses.py checks the refusal)")
@@ -165,8 +184,9 @@ def test_a_responses_stream_on_a_tool_parser_server_gives_what_vllms_own_stream_
 
 @pytest.mark.binding_core
 @pytest.mark.parametrize("case", sorted(REASONING_CASES))
-def test_a_responses_stream_on_a_reasoning_parser_server_gives_what_vllms_own_stream_gives(vllm_reasoning_server,
-                                                                                            reasoning_client, case):
+def test_a_responses_stream_on_a_reasoning_parser_server_gives_what_vllms_own_stream_gives(
+    vllm_reasoning_server, reasoning_client, case
+):
     events = assert_same(vllm_reasoning_server, reasoning_client, REASONING_CASES[case])
     reasoning = [e["openai_chunk"] for e in events if "openai_chunk" in e]
     assert any(chunk["type"] == "response.reasoning_text.delta" and chunk["delta"] for chunk in reasoning), events

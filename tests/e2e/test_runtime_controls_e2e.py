@@ -13,7 +13,7 @@ import time
 import orjson
 import pytest
 
-from tests.e2e.conftest import LONG, SERVED_NAME, VLLMServer, attach_options, model_dir
+from tests.e2e.conftest import LONG, VLLMServer, attach_options, model_dir
 from tests.support import envelope, free_port
 from vllm_nnrp_plugin.client import connect
 
@@ -29,9 +29,20 @@ def priority_server(tmp_path_factory, vllm_version):
     tcp = f"tcp://127.0.0.1:{free_port()}"
     env, args = attach_options(vllm_version[1])
     additional = orjson.dumps({"nnrp": {"max_in_flight_per_session": 8}}).decode()  # default: vLLM's max_num_seqs
-    server = VLLMServer(model_dir(), workdir, env={**env, "VLLM_NNRP_LISTEN": tcp}, extra_args=(
-        *args, "--scheduling-policy", "priority", "--max-num-seqs", "1", "--additional-config", additional,
-    ))  # fmt: skip
+    server = VLLMServer(
+        model_dir(),
+        workdir,
+        env={**env, "VLLM_NNRP_LISTEN": tcp},
+        extra_args=(
+            *args,
+            "--scheduling-policy",
+            "priority",
+            "--max-num-seqs",
+            "1",
+            "--additional-config",
+            additional,
+        ),
+    )
     server.nnrp = {"tcp": tcp}
     try:
         server.wait_ready()
@@ -41,8 +52,12 @@ def priority_server(tmp_path_factory, vllm_version):
 
 
 def chat(max_tokens: int, content: str = "Write a long story about the sea.", **nnrp) -> dict:
-    body = {**LONG, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        **LONG,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream_options": {"include_usage": True},
+    }
     return envelope(body, nnrp=nnrp) if nnrp else envelope(body)
 
 
@@ -95,8 +110,11 @@ def test_the_session_priority_class_orders_vllms_queue(priority_server):
             await op.result()
             order.append(name)
 
-        await asyncio.gather(finish("background", queued_background), finish("interactive", queued_interactive),
-                             finish("running", running))  # fmt: skip
+        await asyncio.gather(
+            finish("background", queued_background),
+            finish("interactive", queued_interactive),
+            finish("running", running),
+        )
         await conn.close()
         return order
 
@@ -191,8 +209,9 @@ def test_response_usage_carries_vllms_prefix_cache_hits(priority_server):
             hits = await asyncio.to_thread(priority_server.metric, "vllm:prefix_cache_hits_total")
             events = await events_of(session.submit(chat(4, SHARED_PROMPT)))
             usage = next(e for e in events if e["type"] == "response.usage")["usage"]
-            usages.append((usage, await asyncio.to_thread(priority_server.metric, "vllm:prefix_cache_hits_total")
-                           - hits))  # fmt: skip
+            usages.append(
+                (usage, await asyncio.to_thread(priority_server.metric, "vllm:prefix_cache_hits_total") - hits)
+            )
         await conn.close()
         return usages
 

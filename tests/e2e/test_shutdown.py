@@ -44,8 +44,16 @@ def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request
         env={**env, "VLLM_NNRP_LISTEN": ",".join(addresses[:2] if api_servers == 2 else addresses)},
         # --enable-log-requests: vLLM then logs "Aborted request(s) <id>"
         # with several API servers vLLM's process manager kills them after --shutdown-timeout (default 0 s)
-        extra_args=(*args, "--enable-log-requests", "--api-server-count", str(api_servers), "--shutdown-timeout", "10",
-                    "--additional-config", config),
+        extra_args=(
+            *args,
+            "--enable-log-requests",
+            "--api-server-count",
+            str(api_servers),
+            "--shutdown-timeout",
+            "10",
+            "--additional-config",
+            config,
+        ),
     )
     clients = []
     try:
@@ -83,6 +91,7 @@ def test_sigterm_ends_every_in_flight_operation_once_and_aborts_its_vllm_request
     per_process = len(ops) // api_servers
     stopping = [m.start() for m in re.finditer(f"NNRP stopping: no new sessions; ending {per_process} in-flight", log)]
     assert len(stopping) == api_servers, log[-4000:]
+
     # 0.26 logs inside engine_client.shutdown; older lines log nothing there, and their abort lines can only
     # come from a live engine client. Each API-server process stops its own engine client: compare each abort
     # with the engine stop of the process that logged it (its "(ApiServer_N pid=P)" line prefix)

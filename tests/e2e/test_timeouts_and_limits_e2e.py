@@ -41,9 +41,10 @@ def sdks(server):
     over_http, over_nnrp = SDK_HTTPX.Client(), SDK_HTTPX.Client(transport=transport)
     yield {
         "http": openai.OpenAI(base_url=f"{server.http}/v1", api_key="unused", http_client=over_http, max_retries=0),
-        "nnrp": openai.OpenAI(base_url="http://nnrp.invalid/v1", api_key="unused", http_client=over_nnrp,
-                              max_retries=0),
-    }  # fmt: skip
+        "nnrp": openai.OpenAI(
+            base_url="http://nnrp.invalid/v1", api_key="unused", http_client=over_nnrp, max_retries=0
+        ),
+    }
     over_http.close()
     over_nnrp.close()
     transport.close()
@@ -51,8 +52,13 @@ def sdks(server):
 
 @pytest.mark.parametrize("carrier", ["http", "nnrp"])
 def test_a_stream_longer_than_the_timeout_completes_while_tokens_flow(server, sdks, carrier):
-    request = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Tell me a story."}], "temperature": 0,
-               "max_tokens": 400, "stream": True}  # fmt: skip
+    request = {
+        "model": SERVED_NAME,
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "temperature": 0,
+        "max_tokens": 400,
+        "stream": True,
+    }
     started = time.monotonic()
     chunks = list(sdks[carrier].chat.completions.create(**request, timeout=TIMEOUT_S, extra_body={"ignore_eos": True}))
     took = time.monotonic() - started
@@ -88,8 +94,12 @@ def test_a_stream_silent_for_longer_than_the_timeout_raises_and_vllm_aborts_it(s
     stop, thread = _occupied(server, sdks)
     try:
         assert server.metric("vllm:num_requests_running") == 1
-        request = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
-                   "stream": True}  # fmt: skip
+        request = {
+            "model": SERVED_NAME,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 8,
+            "stream": True,
+        }
         started = time.monotonic()
         with pytest.raises(openai.APITimeoutError):  # queued behind the long one: no event for the timeout
             for _ in sdks[carrier].chat.completions.create(**request, timeout=TIMEOUT_S):

@@ -23,22 +23,41 @@ from vllm_nnrp_plugin.client import ProfileClient
 
 pytestmark = pytest.mark.vllm
 
-TOOL_EVENTS = ("response.tool_call.started", "response.tool_call.delta", "response.tool_call.completed",
-               "response.tool_call.error")
-TEXT_REQUEST = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "temperature": 0,
-                "max_tokens": 16}
-GET_TIME = {"name": "get_time", "description": "Get the current time.",
-            "parameters": {"type": "object", "properties": {}}}
+TOOL_EVENTS = (
+    "response.tool_call.started",
+    "response.tool_call.delta",
+    "response.tool_call.completed",
+    "response.tool_call.error",
+)
+TEXT_REQUEST = {
+    "model": SERVED_NAME,
+    "messages": [{"role": "user", "content": "Say hello."}],
+    "temperature": 0,
+    "max_tokens": 16,
+}
+GET_TIME = {
+    "name": "get_time",
+    "description": "Get the current time.",
+    "parameters": {"type": "object", "properties": {}},
+}
 
 
 def get_time_request(question):
     """A chat request with the parameterless ``get_time`` (``tool_choice`` auto) after one example call of it
     in the conversation, which makes the small model call it (compat/fixtures/vllm/0.18.1/l-*, m-*)."""
     example = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
-    messages = [{"role": "user", "content": "Call the get_time tool."},
-                {"role": "assistant", "content": "", "tool_calls": [example]}, {"role": "user", "content": question}]
-    return {"model": SERVED_NAME, "messages": messages, "temperature": 0, "max_tokens": 64,
-            "tools": [{"type": "function", "function": GET_TIME}]}  # fmt: skip
+    messages = [
+        {"role": "user", "content": "Call the get_time tool."},
+        {"role": "assistant", "content": "", "tool_calls": [example]},
+        {"role": "user", "content": question},
+    ]
+    return {
+        "model": SERVED_NAME,
+        "messages": messages,
+        "temperature": 0,
+        "max_tokens": 64,
+        "tools": [{"type": "function", "function": GET_TIME}],
+    }
 
 
 @pytest.fixture
@@ -73,8 +92,10 @@ def answer(body, content=True):
             "index": c["index"],
             "content": c["message"].get("content") if content else None,
             "reasoning": c["message"].get("reasoning"),
-            "tool_calls": [(t["function"]["name"], json.loads(t["function"]["arguments"]))
-                           for t in c["message"].get("tool_calls") or ()],
+            "tool_calls": [
+                (t["function"]["name"], json.loads(t["function"]["arguments"]))
+                for t in c["message"].get("tool_calls") or ()
+            ],
             "finish_reason": c["finish_reason"],
             "stop_reason": c.get("stop_reason"),
         }
@@ -90,7 +111,7 @@ def tool_calls_by_id(events):
     for e in events:
         if e["type"] in TOOL_EVENTS:
             per_call[e["call_id"]].append(e)
-    for call_id, calls in per_call.items():
+    for calls in per_call.values():
         kinds = [e["type"] for e in calls]
         assert kinds[0] == "response.tool_call.started" and kinds.count("response.tool_call.started") == 1
         assert set(kinds[1:-1]) <= {"response.tool_call.delta"}, kinds
@@ -168,17 +189,26 @@ def test_a_parameterless_responses_call_completes_with_the_arguments_of_vllms_re
     """``responses.create``: on 0.18.1 vLLM's stream never ends this call (no ``output_item.done`` without
     argument text); the events complete it with ``{}``, the function call of vLLM's non-streaming Response."""
     example = {"type": "function_call", "call_id": "call_1", "name": "get_time", "arguments": "{}"}
-    turns = [{"role": "user", "content": "Call the get_time tool."}, example,
-             {"role": "user", "content": "Call the get_time tool again."}]
-    body = {"model": SERVED_NAME, "temperature": 0, "max_output_tokens": 64, "input": turns,
-            "tools": [{"type": "function", **GET_TIME}]}
+    turns = [
+        {"role": "user", "content": "Call the get_time tool."},
+        example,
+        {"role": "user", "content": "Call the get_time tool again."},
+    ]
+    body = {
+        "model": SERVED_NAME,
+        "temperature": 0,
+        "max_output_tokens": 64,
+        "input": turns,
+        "tools": [{"type": "function", **GET_TIME}],
+    }
     reply = httpx.post(f"{vllm_tools_server.http}/v1/responses", json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     reference = [(i["name"], i["arguments"]) for i in reply.json()["output"] if i["type"] == "function_call"]
     if not reference:
         pytest.skip(f"vLLM {vllm_tools_server.version}: the model answers without calling get_time")
-    *partials, terminal = client.events(client.submit({**envelope({**body, "stream": True}),
-                                                       "operation": "responses.create"}), timeout_s=120)
+    *partials, terminal = client.events(
+        client.submit({**envelope({**body, "stream": True}), "operation": "responses.create"}), timeout_s=120
+    )
     assert terminal.event["type"] == "response.completed", terminal.event
     (calls,) = tool_calls_by_id([p.event for p in partials]).values()
     assert calls[-1]["type"] == "response.tool_call.completed"

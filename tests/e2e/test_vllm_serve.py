@@ -24,7 +24,12 @@ from vllm_nnrp_plugin.vllm_binding.families import MIDDLEWARE_FLAG, MIDDLEWARE_P
 
 pytestmark = pytest.mark.vllm
 
-HELLO = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16, "temperature": 0}
+HELLO = {
+    "model": SERVED_NAME,
+    "messages": [{"role": "user", "content": "Say hello."}],
+    "max_tokens": 16,
+    "temperature": 0,
+}
 
 
 @pytest.fixture(params=["tcp", "ipc", "nnrps", "ws", "wss", QUIC])
@@ -47,7 +52,7 @@ def http_chat(server, body):
 
 @pytest.mark.binding_core
 def test_start_up_log_names_addresses_version_binding_and_models(vllm_server):
-    (line,) = [l for l in vllm_server.output().splitlines() if "NNRP listening on" in l]
+    (line,) = [x for x in vllm_server.output().splitlines() if "NNRP listening on" in x]
     assert vllm_server.nnrp["tcp"] in line and vllm_server.nnrp["ipc"] in line
     binding = binding_for(vllm_server.family)  # vllm-0.26 serves 0.26-0.28, vllm-0.32 0.29-0.32
     attach_path = "endpoint-plugin" if vllm_server.family >= (0, 26) else "middleware"
@@ -137,7 +142,10 @@ def test_cancel_aborts_the_vllm_request(vllm_server, client):
         assert next(stream).event["type"] == "response.output_text.delta"
     client.cancel(op)
     terminal = list(stream)[-1]
-    assert terminal.frame == "result_drop" and terminal.event == {"type": "response.cancelled", "reason": "client_cancelled"}
+    assert terminal.frame == "result_drop" and terminal.event == {
+        "type": "response.cancelled",
+        "reason": "client_cancelled",
+    }
     assert wait_idle(vllm_server), "vLLM still runs the cancelled request"
     time.sleep(1)  # a second more in which tokens of a request vLLM failed to abort would be counted
     assert vllm_server.metric("vllm:generation_tokens_total") - tokens_before < 200  # far from max_tokens=1000
@@ -165,8 +173,14 @@ def test_a_killed_client_leaves_no_request_running(vllm_server, transport):
     assert wait_idle(vllm_server)
     tokens_before = vllm_server.metric("vllm:generation_tokens_total")
     proc = subprocess.run(
-        [sys.executable, "-c", KILLED_CLIENT, vllm_server.nnrp[transport], orjson.dumps(envelope(LONG)).decode(),
-         vllm_server.der.hex()],
+        [
+            sys.executable,
+            "-c",
+            KILLED_CLIENT,
+            vllm_server.nnrp[transport],
+            orjson.dumps(envelope(LONG)).decode(),
+            vllm_server.der.hex(),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -207,7 +221,9 @@ def test_enabled_but_unable_to_bind_stops_vllm_serve(tmp_path, vllm_version):
     holder.listen()
     taken = holder.getsockname()[1]
     env, args = attach_options(vllm_version[1])
-    server = VLLMServer(model_dir(), tmp_path, env={**env, "VLLM_NNRP_LISTEN": f"tcp://127.0.0.1:{taken}"}, extra_args=args)
+    server = VLLMServer(
+        model_dir(), tmp_path, env={**env, "VLLM_NNRP_LISTEN": f"tcp://127.0.0.1:{taken}"}, extra_args=args
+    )
     try:
         assert server.wait_exit() != 0
         output = server.output()
@@ -238,14 +254,17 @@ def test_enabled_without_an_attach_path_fails_fast_with_the_fix(tmp_path, vllm_v
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
     done = subprocess.run(
         [str(vllm), "serve", "unused-model", "--additional-config", '{"nnrp": {"enabled": true}}'],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
     assert done.returncode != 0
     if vllm_version[1] >= (0, 26):
         assert "export VLLM_PLUGINS=nnrp" in done.stderr
     else:
         assert f"add {MIDDLEWARE_FLAG} to vllm serve" in done.stderr
-
 
 
 #: a version string of another binding whose probes the installed line fails, per installed line
@@ -259,15 +278,23 @@ def test_a_line_failing_its_probes_on_purpose_is_refused_before_the_model_loads(
     surfaces, and ``vllm serve`` of the real model stops with the diagnostic before any engine starts."""
     family = vllm_version[1]
     patched = PROBE_FAILING_VERSION[max(f for f in PROBE_FAILING_VERSION if f <= family)]
-    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "sitecustomize.py").write_text(
+        textwrap.dedent(f"""
         import vllm
         vllm.__version__ = {patched!r}
         vllm.__version_tuple__ = {tuple(int(p) for p in patched.split("."))!r}
-    """))
+    """)
+    )
     env, args = attach_options(vllm_version[1])
-    server = VLLMServer(model_dir(), tmp_path, env={
-        **env, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-    }, extra_args=args)  # fmt: skip
+    server = VLLMServer(
+        model_dir(),
+        tmp_path,
+        env={
+            **env,
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        },
+        extra_args=args,
+    )
     try:
         assert server.wait_exit() != 0
         output = server.output()
@@ -275,6 +302,7 @@ def test_a_line_failing_its_probes_on_purpose_is_refused_before_the_model_loads(
         assert "EngineCore" not in output and "Loading weights" not in output
     finally:
         server.stop()
+
 
 def test_every_api_server_process_serves_nnrp_on_its_rank_address(tmp_path, vllm_version):
     """``--api-server-count 2``: rank r listens on PORT + r and NAME-r.sock, each serves, and a cancel on rank 1
@@ -285,17 +313,19 @@ def test_every_api_server_process_serves_nnrp_on_its_rank_address(tmp_path, vllm
     if "--middleware" not in args:
         args = (*args, "--middleware", MIDDLEWARE_PATH)
     listen = f"tcp://127.0.0.1:{port},unix://{tmp_path}/nnrp.sock"
-    server = VLLMServer(model_dir(), tmp_path, env={**env, "VLLM_NNRP_LISTEN": listen}, extra_args=(*args, "--api-server-count", "2"))
+    server = VLLMServer(
+        model_dir(), tmp_path, env={**env, "VLLM_NNRP_LISTEN": listen}, extra_args=(*args, "--api-server-count", "2")
+    )
     try:
         server.wait_ready()  # HTTP answers once any rank is up
         deadline = time.monotonic() + 120
-        while len(lines := [l for l in server.output().splitlines() if "NNRP listening on" in l]) < 2:
+        while len(lines := [x for x in server.output().splitlines() if "NNRP listening on" in x]) < 2:
             assert time.monotonic() < deadline and server.proc.poll() is None, server.tail()
             time.sleep(0.5)
         time.sleep(2)  # a negative check: no third listener attaches late
-        lines = [l for l in server.output().splitlines() if "NNRP listening on" in l]
+        lines = [x for x in server.output().splitlines() if "NNRP listening on" in x]
         assert len(lines) == 2, lines  # one listener per API-server process, none attached twice
-        by_rank = {r: next(l for l in lines if f"API server {r} of 2" in l) for r in (0, 1)}
+        by_rank = {r: next(x for x in lines if f"API server {r} of 2" in x) for r in (0, 1)}
         assert f"tcp://127.0.0.1:{port}," in by_rank[0] and f"{tmp_path}/nnrp.sock" in by_rank[0]
         assert f"tcp://127.0.0.1:{port + 1}," in by_rank[1] and f"{tmp_path}/nnrp-1.sock" in by_rank[1]
         addresses = [f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", f"unix://{tmp_path}/nnrp-1.sock"]

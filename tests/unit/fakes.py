@@ -9,8 +9,8 @@ import time
 import types
 from collections.abc import Callable
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation, SessionLink, envelope_of
 from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
 
@@ -50,10 +50,16 @@ def submit(operation_id: int, payload: bytes = b"{}") -> Callable[[Session], Non
 
     def apply(session: Session) -> None:
         sop = ServerOperation(
-            session.link, session_id=1, operation_id=operation_id, frame_id=operation_id,
+            session.link,
+            session_id=1,
+            operation_id=operation_id,
+            frame_id=operation_id,
             envelope=envelope_of(wire_mapping.STRUCTURED_EVENT, 1, wire_mapping.typed_body(payload)),
-            transport="tcp", connection_id=1, now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns(),
-        )  # fmt: skip
+            transport="tcp",
+            connection_id=1,
+            now_ns=time.monotonic_ns(),
+            now_unix_ns=time.time_ns(),
+        )
         session.policy.submit(sop)
 
     return apply
@@ -65,6 +71,7 @@ def deadline(operation_id: int, unix_ms: int) -> Callable[[Session], None]:
 
 def trace_context(frame_id: int, trace_id: int, span_id: int, flags: int = 1, body_bytes: int = 0):
     """A TRACE_CONTEXT on ``frame_id`` (0: session scope), its fields under the wire core's names."""
-    value = types.SimpleNamespace(trace_id=trace_id, span_id=span_id, parent_span_id=0, stage_code=0, flags=flags,
-                                  body_bytes=body_bytes)  # fmt: skip
+    value = types.SimpleNamespace(
+        trace_id=trace_id, span_id=span_id, parent_span_id=0, stage_code=0, flags=flags, body_bytes=body_bytes
+    )
     return lambda session: session.policy.trace_context(frame_id, session.policy.by_frame(frame_id), value)

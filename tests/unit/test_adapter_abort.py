@@ -1,5 +1,5 @@
 """An unfinished backend request is always aborted, even when the operation's task is cancelled while the
-adapter winds it down (:func:`vllm_nnrp_plugin.adapter.run_operation`): a client cancel or a deadline that lands
+adapter winds it down (:func:`vllm_nnrp_plugin.core.adapter.run_operation`): a client cancel or a deadline that lands
 while the backend stream is being closed must not skip the abort."""
 
 from __future__ import annotations
@@ -9,10 +9,15 @@ import asyncio
 import orjson
 
 from tests.unit.test_properties import CAPABILITIES, MAX_BYTES, RecordingSink, envelope
-from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.core.adapter import AdapterLimits, Call, run_operation
 
-CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-         "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}  # fmt: skip
+CHUNK = {
+    "id": "c",
+    "object": "chat.completion.chunk",
+    "created": 0,
+    "model": "m",
+    "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}],
+}
 
 
 class FailingSlowToCloseBackend:

@@ -1,7 +1,7 @@
 """Whatever fails while one operation is served — its envelope, the adapter itself, the backend — that operation
 ends with one typed ``response.error``, its task ends normally (so the service gives its slots back), the failure
 is logged once, and the client never gets the server's raw exception text
-(:func:`vllm_nnrp_plugin.adapter.run_operation`)."""
+(:func:`vllm_nnrp_plugin.core.adapter.run_operation`)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import orjson
 import pytest
 
 from tests.support import envelope
-from vllm_nnrp_plugin import adapter
-from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
-from vllm_nnrp_plugin.controls import RuntimeControls
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import Operation, ResultPush, Terminal
+from vllm_nnrp_plugin.core import adapter
+from vllm_nnrp_plugin.core.adapter import AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.core.controls import RuntimeControls
+from vllm_nnrp_plugin.core.operation import Operation, ResultPush, Terminal
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, runtime_document
 
@@ -31,10 +31,17 @@ class Sink:
     """The adapter's sink over the real operation rules; records the sealed terminal events."""
 
     def __init__(self) -> None:
-        self.machine = Operation(Observation(
-            connection_id=1, session_id=2, operation_id=3, frame_id=3, transport="tcp", submitted_ns=0,
-            submitted_unix_ns=0,
-        ))  # fmt: skip
+        self.machine = Operation(
+            Observation(
+                connection_id=1,
+                session_id=2,
+                operation_id=3,
+                frame_id=3,
+                transport="tcp",
+                submitted_ns=0,
+                submitted_unix_ns=0,
+            )
+        )
         self.observation = self.machine.observation
         self.terminals: list[dict[str, Any]] = []
         self.partials = 0
@@ -60,6 +67,7 @@ class Sink:
     @functools.cached_property
     def controls(self):
         return RuntimeControls()
+
     def limit_time(self, timeout_ms):
         pass
 
@@ -127,9 +135,16 @@ def test_a_deeply_nested_field_ends_the_operation_with_invalid_envelope(field, d
     else:
         body[field] = deep(depth)
     payload = (
-        b'{"schema_version":' + parts["schema_version"] + b',"operation":' + parts["operation"]
-        + b',"body":{' + b",".join(b'"' + k.encode() + b'":' + v for k, v in body.items()) + b'},"nnrp":' + hints + b"}"
-    )  # fmt: skip
+        b'{"schema_version":'
+        + parts["schema_version"]
+        + b',"operation":'
+        + parts["operation"]
+        + b',"body":{'
+        + b",".join(b'"' + k.encode() + b'":' + v for k, v in body.items())
+        + b'},"nnrp":'
+        + hints
+        + b"}"
+    )
     with caplog.at_level(logging.WARNING):
         sink, backend = serve(payload)
     assert only_error(sink)["code"] == "invalid_envelope" and backend.started == []
@@ -169,9 +184,10 @@ def test_a_raw_backend_exception_reaches_the_client_as_its_type_only(caplog):
         sink, backend = serve(orjson.dumps(envelope({"messages": []})), Backend(RuntimeError(SECRET)))
     error = only_error(sink)
     assert error == {
-        "type": "server_error", "code": "backend_error",
+        "type": "server_error",
+        "code": "backend_error",
         "message": "the server failed while serving this operation (RuntimeError); the server log has the details",
-    }  # fmt: skip
+    }
     (record,) = caplog.records
     assert "Traceback" in record.getMessage() and f"RuntimeError: {SECRET}" in record.getMessage()
     assert backend.aborted == backend.started  # the unfinished request is still aborted

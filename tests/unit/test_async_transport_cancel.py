@@ -3,8 +3,8 @@ around an event's arrival or while it waits for a session: the task raises ``Can
 gets its FRAME_CANCEL (or is never submitted).
 
 No NNRP session: the transport's pool is a stand-in whose one session makes a real client
-:class:`~vllm_nnrp_plugin.client.connection.Operation` that the test feeds as the connection would, so the test decides
-in which loop iteration each event reaches the transport and in which one ``task.cancel()`` runs.
+:class:`~vllm_nnrp_plugin.client.aio.connection.Operation` that the test feeds as the connection would, so the test
+decides in which loop iteration each event reaches the transport and in which one ``task.cancel()`` runs.
 (Before Python 3.12, ``asyncio.wait_for`` returns the awaited result instead of raising when the cancel comes in
 the iterations between that result being ready and the waiting task resuming, CPython gh-86296.)
 """

@@ -1,4 +1,4 @@
-"""The backend request's lifecycle table (:mod:`vllm_nnrp_plugin.backend_request`); the adapter carrying it out:
+"""The backend request's lifecycle table (:mod:`vllm_nnrp_plugin.core.backend_request`); the adapter carrying it out:
 tests/unit/test_adapter_abort.py."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_nnrp_plugin.backend_request import TRANSITIONS, BackendRequest, Input, State
+from vllm_nnrp_plugin.core.backend_request import TRANSITIONS, BackendRequest, Input, State
 
 
 def run(*inputs: Input) -> list[bool]:

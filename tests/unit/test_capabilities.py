@@ -7,20 +7,32 @@ import pytest
 from vllm_nnrp_plugin.client.conformance.suite import locate_suite
 from vllm_nnrp_plugin.config import load_config
 from vllm_nnrp_plugin.profile.capabilities import (
-    chat_operation, conformance_manifest, operation, operation_names, runtime_document,
+    chat_operation,
+    conformance_manifest,
+    operation,
+    operation_names,
+    runtime_document,
 )
 
 
 def test_runtime_document_has_the_profile_shape():
-    document = runtime_document(models=["example-model", "alias"], owned_by="vllm", operations=[chat_operation(tool_calls=False)])
+    document = runtime_document(
+        models=["example-model", "alias"], owned_by="vllm", operations=[chat_operation(tool_calls=False)]
+    )
     assert document["profile"] == "openai-compatible" and document["compatibility_levels"] == [1]
     assert document["operations"] == [
-        {"name": "chat.completions.create", "streaming": True, "non_streaming": True, "tool_calls": False,
-         "cancellation": True}
-    ]  # fmt: skip
+        {
+            "name": "chat.completions.create",
+            "streaming": True,
+            "non_streaming": True,
+            "tool_calls": False,
+            "cancellation": True,
+        }
+    ]
     assert document["models"] == [{"id": "example-model", "owned_by": "vllm"}, {"id": "alias", "owned_by": "vllm"}]
     assert [(e["name"], e["critical"]) for e in document["extensions"]] == [
-        ("vllm.diagnostics", False), ("vllm.openai_chunk", False)
+        ("vllm.diagnostics", False),
+        ("vllm.openai_chunk", False),
     ]
     assert all(e["description"] for e in document["extensions"])
     assert operation_names(document) == {"chat.completions.create"}
@@ -31,10 +43,14 @@ def test_openai_chunk_is_declared_where_an_operation_streams_and_reaches_the_con
     assert {"name": "vllm.openai_chunk", "critical": False} == {
         k: v for k, v in conformance_manifest(streaming)["extensions"][1].items() if k != "description"
     }
-    pooling = runtime_document(models=["m"], owned_by="vllm", operations=[
-        operation("models.list", streaming=False, non_streaming=True),
-        operation("embeddings.create", streaming=False, non_streaming=True),
-    ])  # fmt: skip
+    pooling = runtime_document(
+        models=["m"],
+        owned_by="vllm",
+        operations=[
+            operation("models.list", streaming=False, non_streaming=True),
+            operation("embeddings.create", streaming=False, non_streaming=True),
+        ],
+    )
     assert [e["name"] for e in pooling["extensions"]] == ["vllm.diagnostics"]
 
 
@@ -46,7 +62,9 @@ def test_conformance_manifest_validates_against_the_suite_schema(tool_calls):
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     schema = json.loads((suite / "schemas" / "api-profile-capabilities.schema.json").read_text())
-    document = runtime_document(models=["example-model"], owned_by="vllm", operations=[chat_operation(tool_calls=tool_calls)])
+    document = runtime_document(
+        models=["example-model"], owned_by="vllm", operations=[chat_operation(tool_calls=tool_calls)]
+    )
     manifest = conformance_manifest(document)
     jsonschema.validate(manifest, schema)
     assert manifest["adapter"] == "vllm-nnrp-plugin" and "models" not in manifest
@@ -84,8 +102,12 @@ def test_the_manifest_drops_operation_options_the_suite_schema_forbids():
     assert document["operations"][1]["encoding_formats"] == ["float"]
     manifest = conformance_manifest(document)
     assert manifest["operations"][1] == {
-        "name": "embeddings.create", "streaming": False, "non_streaming": True, "tool_calls": False, "cancellation": True
-    }  # fmt: skip
+        "name": "embeddings.create",
+        "streaming": False,
+        "non_streaming": True,
+        "tool_calls": False,
+        "cancellation": True,
+    }
     assert manifest["compatibility_levels"] == [3]
 
 

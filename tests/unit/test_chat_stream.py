@@ -2,9 +2,9 @@
 
 import pytest
 
+from tests.support import recorded_chunks, recorded_json
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.profile.errors import ProfileError
-from tests.support import recorded_chunks, recorded_json
 
 
 def run(case):

@@ -70,7 +70,7 @@ def problems(whl: pathlib.Path, sd: pathlib.Path) -> list[str]:
 
 
 def test_the_checkout_has_the_modules_the_entry_points_name():
-    assert {"vllm_nnrp_plugin/vllm_binding/endpoint.py", "vllm_nnrp_plugin/client/cli.py"} <= MODULES
+    assert {"vllm_nnrp_plugin/vllm_binding/endpoint.py", "vllm_nnrp_plugin/client/cli/__init__.py"} <= MODULES
 
 
 def test_a_wheel_as_built_from_this_checkout_passes(tmp_path):
@@ -81,10 +81,18 @@ def test_a_wheel_as_built_from_this_checkout_passes(tmp_path):
 @pytest.mark.parametrize(
     "broken, expected",
     [
-        ({"entry_points": ENTRY_POINTS.replace("nnrp = vllm_nnrp_plugin.vllm_binding.endpoint", "other = vllm_nnrp_plugin.vllm_binding.endpoint")},
-         "no entry point nnrp in [vllm.endpoint_plugins]"),
-        ({"entry_points": ENTRY_POINTS.replace("general:register", "general:registr")},
-         "vllm_nnrp_plugin.vllm_binding.general defines no registr"),
+        (
+            {
+                "entry_points": ENTRY_POINTS.replace(
+                    "nnrp = vllm_nnrp_plugin.vllm_binding.endpoint", "other = vllm_nnrp_plugin.vllm_binding.endpoint"
+                )
+            },
+            "no entry point nnrp in [vllm.endpoint_plugins]",
+        ),
+        (
+            {"entry_points": ENTRY_POINTS.replace("general:register", "general:registr")},
+            "vllm_nnrp_plugin.vllm_binding.general defines no registr",
+        ),
         ({"entry_points": ENTRY_POINTS.replace("vllm-nnrp =", "vllm-nrp =")}, "no entry point vllm-nnrp"),
         ({"drop": "vllm_nnrp_plugin/vllm_binding/endpoint.py"}, "not in the wheel"),
         ({"version": "0.0.1"}, f"pyproject.toml says {VERSION}"),
@@ -100,7 +108,9 @@ def test_each_packaging_miss_is_named(tmp_path, broken, expected, capsys):
 
 def test_a_module_missing_from_the_sdist_is_named(tmp_path):
     found = problems(wheel(tmp_path), sdist(tmp_path, drop="vllm_nnrp_plugin/config.py"))
-    assert found == [f"vllm_nnrp_plugin-{VERSION}.tar.gz: vllm_nnrp_plugin/config.py is in the checkout but not in the sdist"]
+    assert found == [
+        f"vllm_nnrp_plugin-{VERSION}.tar.gz: vllm_nnrp_plugin/config.py is in the checkout but not in the sdist"
+    ]
 
 
 def test_pyproject_declares_what_the_checks_look_for():

@@ -33,7 +33,7 @@ def chunks(anchor, case, normalise=True):
     :func:`vllm_chunks`, text-only chunks as the dicts they stand for (or, with ``normalise=False``, only parsed as
     JSON)."""
     if not normalise:
-        return [orjson.loads(item[len("data: "):]) for item in sse_items(anchor, case) if "[DONE]" not in item]
+        return [orjson.loads(item[len("data: ") :]) for item in sse_items(anchor, case) if "[DONE]" not in item]
 
     async def collect():
         async def replay():
@@ -135,10 +135,24 @@ def test_tool_call_streams_have_the_same_shape_on_every_anchor(case):
 
 def test_a_name_delta_with_arguments_is_split_in_two():
     chunk = {
-        "id": "c", "choices": [{"index": 0, "finish_reason": None, "delta": {"tool_calls": [
-            {"id": "chatcmpl-tool-1", "type": "function", "index": 0, "function": {"name": "lookup", "arguments": "{"}}
-        ]}}],
-    }  # fmt: skip
+        "id": "c",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": None,
+                "delta": {
+                    "tool_calls": [
+                        {
+                            "id": "chatcmpl-tool-1",
+                            "type": "function",
+                            "index": 0,
+                            "function": {"name": "lookup", "arguments": "{"},
+                        }
+                    ]
+                },
+            }
+        ],
+    }
     first, second = normalise_chunk(chunk)
     assert first["choices"][0]["delta"] == {
         "tool_calls": [{"id": "chatcmpl-tool-1", "type": "function", "index": 0, "function": {"name": "lookup"}}]
@@ -209,8 +223,13 @@ def test_closing_the_normalised_stream_closes_vllms_stream():
 @pytest.mark.parametrize("text", ["a\x85b", "line\u2028separator", "para\u2029graph", "cr\rlf"])
 def test_text_with_unicode_line_breaks_is_one_chunk(text):
     """vLLM's JSON leaves U+0085, U+2028 and U+2029 unescaped: they are inside the ``data:`` line, not ends of it."""
-    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-             "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}  # fmt: skip
+    chunk = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
     raw = json.dumps(chunk, ensure_ascii=False)  # as pydantic's model_dump_json writes them
     assert ("\r" in text) == ("\\r" in raw)  # a real CR is escaped in JSON; the others are not
 

@@ -19,15 +19,27 @@ def envelope_for(*argv):
 
 def test_chat_and_respond_envelopes_carry_only_what_was_given():
     assert envelope_for("chat", "hi") == {
-        "schema_version": "openai-compatible/1", "operation": "chat.completions.create",
-        "body": {"messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": {"include_usage": True}},
-    }  # fmt: skip
+        "schema_version": "openai-compatible/1",
+        "operation": "chat.completions.create",
+        "body": {
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    }
     body = envelope_for("chat", "--no-stream", "--model", "m", "--max-tokens", "5", "--temperature", "0", "hi")["body"]
-    assert body == {"messages": [{"role": "user", "content": "hi"}], "stream": False, "model": "m", "max_tokens": 5,
-                    "temperature": 0.0}  # fmt: skip
+    assert body == {
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": False,
+        "model": "m",
+        "max_tokens": 5,
+        "temperature": 0.0,
+    }
     respond = envelope_for("respond", "Say hello.")
     assert respond["operation"] == "responses.create" and respond["body"] == {"input": "Say hello.", "stream": True}
-    body = envelope_for("respond", "--no-stream", "--model", "m", "--instructions", "Be brief.", "--max-output-tokens", "16", "x")["body"]
+    body = envelope_for(
+        "respond", "--no-stream", "--model", "m", "--instructions", "Be brief.", "--max-output-tokens", "16", "x"
+    )["body"]
     assert body == {"input": "x", "stream": False, "model": "m", "instructions": "Be brief.", "max_output_tokens": 16}
 
 
@@ -58,30 +70,52 @@ def show_all(printer, events):
 
 
 RESPONSE = {
-    "id": "resp_1", "object": "response", "model": "example-model", "status": "completed",
+    "id": "resp_1",
+    "object": "response",
+    "model": "example-model",
+    "status": "completed",
     "output": [
-        {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-         "content": [{"type": "output_text", "text": "Hello", "annotations": []},
-                     {"type": "output_text", "text": " there.", "annotations": []}]},
-        {"type": "function_call", "id": "fc_2", "call_id": "call_2", "name": "lookup", "arguments": '{"city": "Paris"}',
-         "status": "completed"},
+        {
+            "type": "message",
+            "id": "msg_1",
+            "role": "assistant",
+            "status": "completed",
+            "content": [
+                {"type": "output_text", "text": "Hello", "annotations": []},
+                {"type": "output_text", "text": " there.", "annotations": []},
+            ],
+        },
+        {
+            "type": "function_call",
+            "id": "fc_2",
+            "call_id": "call_2",
+            "name": "lookup",
+            "arguments": '{"city": "Paris"}',
+            "status": "completed",
+        },
     ],
-    "usage": {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 7,
-              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 19},
-}  # fmt: skip
+    "usage": {
+        "input_tokens": 12,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 7,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 19,
+    },
+}
 
 
 def test_a_streamed_response_prints_text_tool_calls_and_usage_once(capsys):
     # vLLM makes the completed Response's call ids anew: the calls the events showed are not printed again
     events = [
-        partial(ev.output_text_delta(0, "Hello")), partial(ev.output_text_delta(0, " there.")),
+        partial(ev.output_text_delta(0, "Hello")),
+        partial(ev.output_text_delta(0, " there.")),
         partial(ev.tool_call_started(1, "fc_1", "call_1", "lookup")),
         partial(ev.tool_call_delta(1, "fc_1", "call_1", '{"city": ')),
         partial(ev.tool_call_delta(1, "fc_1", "call_1", '"Paris"}')),
         partial(ev.tool_call_completed(1, "fc_1", "call_1", "lookup", '{"city": "Paris"}')),
         partial(ev.usage({"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19})),
         completed(RESPONSE),
-    ]  # fmt: skip
+    ]
     assert show_all(cli.AnswerPrinter(as_json=False), events) == 0
     assert capsys.readouterr().out == (
         'Hello there.\n[tool call call_1] lookup({"city": "Paris"})\n[usage] input 12 · output 7 · total 19 tokens\n'
@@ -106,7 +140,10 @@ def test_a_non_streamed_chat_completion_prints_its_message_and_tool_calls(capsys
     tool = recorded_json("f-nonstream-tool-required")
     (call,) = tool["choices"][0]["message"]["tool_calls"]
     assert show_all(cli.AnswerPrinter(as_json=False), [completed(tool)]) == 0
-    assert f"[tool call {call['id']}] {call['function']['name']}({call['function']['arguments']})" in capsys.readouterr().out
+    assert (
+        f"[tool call {call['id']}] {call['function']['name']}({call['function']['arguments']})"
+        in capsys.readouterr().out
+    )
 
 
 def test_errors_drops_and_failed_tool_calls_go_to_stderr(capsys):
@@ -128,11 +165,29 @@ def test_json_prints_every_event_as_one_line(capsys):
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [event.event for event in events]
 
 
-MODELS = {"object": "list", "data": [
-    {"id": "example-model", "object": "model", "created": 1796123190, "owned_by": "vllm", "root": "/m", "parent": None,
-     "max_model_len": 2048, "permission": []},
-    {"id": "lora-a", "object": "model", "created": 1796123190, "owned_by": "vllm", "root": "/a", "parent": "example-model"},
-]}  # fmt: skip
+MODELS = {
+    "object": "list",
+    "data": [
+        {
+            "id": "example-model",
+            "object": "model",
+            "created": 1796123190,
+            "owned_by": "vllm",
+            "root": "/m",
+            "parent": None,
+            "max_model_len": 2048,
+            "permission": [],
+        },
+        {
+            "id": "lora-a",
+            "object": "model",
+            "created": 1796123190,
+            "owned_by": "vllm",
+            "root": "/a",
+            "parent": "example-model",
+        },
+    ],
+}
 
 
 def test_models_prints_one_line_per_model_or_the_raw_body(capsys):
@@ -146,10 +201,17 @@ VECTOR = [0.5, -0.25, 0.125, 1.0, -2.0, 0.0]
 
 
 def embeddings(encode):
-    return {"object": "list", "id": "embd-1", "model": "example-model", "created": 1796123190,
-            "data": [{"object": "embedding", "index": 0, "embedding": encode(VECTOR)},
-                     {"object": "embedding", "index": 1, "embedding": encode(VECTOR[:3])}],
-            "usage": {"prompt_tokens": 5, "total_tokens": 5, "completion_tokens": 0, "prompt_tokens_details": None}}  # fmt: skip
+    return {
+        "object": "list",
+        "id": "embd-1",
+        "model": "example-model",
+        "created": 1796123190,
+        "data": [
+            {"object": "embedding", "index": 0, "embedding": encode(VECTOR)},
+            {"object": "embedding", "index": 1, "embedding": encode(VECTOR[:3])},
+        ],
+        "usage": {"prompt_tokens": 5, "total_tokens": 5, "completion_tokens": 0, "prompt_tokens_details": None},
+    }
 
 
 def as_base64(values):
@@ -168,7 +230,13 @@ def test_embed_prints_index_dimensions_and_first_values_then_usage(capsys, encod
 
 def test_an_undecodable_base64_embedding_is_said_not_raised():
     assert cli.embedding_values(as_base64(VECTOR)) == VECTOR
-    body = {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": base64.b64encode(b"12345").decode()}]}
-    assert cli.render_embeddings(body) == "[0] undecodable embedding: a base64 embedding of 5 bytes is not float32 values\n"
+    body = {
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": base64.b64encode(b"12345").decode()}],
+    }
+    assert (
+        cli.render_embeddings(body)
+        == "[0] undecodable embedding: a base64 embedding of 5 bytes is not float32 values\n"
+    )
     with pytest.raises(ValueError):
         cli.embedding_values("not base64!")

@@ -1,4 +1,4 @@
-"""The asyncio client's runtime controls (:mod:`vllm_nnrp_plugin.client.connection`) against the package's server
+"""The asyncio client's runtime controls (:mod:`vllm_nnrp_plugin.client.aio.connection`) against the package's server
 core on a local TCP socket: the session's priority class, the envelope's ``nnrp.priority_class``,
 PRIORITY_UPDATE / SUPERSEDE / BUDGET_UPDATE / DEADLINE / EXPIRE_AT of an operation, the drops that answer them
 decoded as ``response.cancelled`` events, and the errors of each call."""
@@ -9,21 +9,31 @@ import asyncio
 
 import orjson
 import pytest
-
 from nnrp.core import PayloadKind, ResultFlags, ResultPushMetadata
 
-from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ClientError, connect
-from vllm_nnrp_plugin.client.priority import with_priority_class
+from vllm_nnrp_plugin.client.aio.priority import with_priority_class
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
 
 SUPERSEDED = {"type": "response.cancelled", "reason": "superseded"}
 EXPIRED = {"type": "response.cancelled", "reason": "deadline_expired"}
 PUSH = ResultPushMetadata(
-    status_code=200, result_flags=ResultFlags(0), section_count=0, tile_count=0, active_profile_id=0, reserved0=0,
-    inference_ms=0, queue_ms=0, server_total_ms=0, reserved1=0, tile_base_id=0, tile_index_bytes=0,
-    payload_kind_bitmap=PayloadKind.STRUCTURED_EVENT, payload_frame_count=1,
+    status_code=200,
+    result_flags=ResultFlags(0),
+    section_count=0,
+    tile_count=0,
+    active_profile_id=0,
+    reserved0=0,
+    inference_ms=0,
+    queue_ms=0,
+    server_total_ms=0,
+    reserved1=0,
+    tile_base_id=0,
+    tile_index_bytes=0,
+    payload_kind_bitmap=PayloadKind.STRUCTURED_EVENT,
+    payload_frame_count=1,
 ).pack()
 
 
@@ -63,8 +73,9 @@ class Server:
                         core.send_result_push(event.session_id, event.frame_id, PUSH, body)
                 elif isinstance(event, (ev.OperationSuperseded, ev.DeadlineReceived)):
                     code, body = (2, SUPERSEDED) if isinstance(event, ev.OperationSuperseded) else (1, EXPIRED)
-                    core.send_result_drop_reason(event.session_id, event.frame_id, event.operation_id, 0, code,
-                                                 orjson.dumps(body))  # fmt: skip
+                    core.send_result_drop_reason(
+                        event.session_id, event.frame_id, event.operation_id, 0, code, orjson.dumps(body)
+                    )
                 elif isinstance(event, ev.OperationCancelled):
                     core.send_result_drop_reason(event.session_id, event.frame_id, event.operation_id, 0, 3, b"x")
             writer.write(core.data_to_send())
@@ -101,8 +112,10 @@ def test_priority_classes_reach_the_session_open_and_the_envelope() -> None:
             plain = session.submit({"operation": "y"})
             await settle(server, ev.OperationSubmitted, 2)
             assert server.of(ev.SessionOpenRequested)[0].priority_class == 2
-            assert server.envelopes == [{"operation": "x", "nnrp": {"trace": 1, "priority_class": "interactive"}},
-                                        {"operation": "y"}]  # fmt: skip
+            assert server.envelopes == [
+                {"operation": "x", "nnrp": {"trace": 1, "priority_class": "interactive"}},
+                {"operation": "y"},
+            ]
             assert envelope == {"operation": "x", "nnrp": {"trace": 1}}  # the caller's dict is unchanged
             with pytest.raises(ValueError):
                 await conn.open_session(priority_class="urgent")
@@ -143,11 +156,16 @@ def test_operation_controls_go_out_and_their_drops_decode() -> None:
             late.deadline(1_796_147_824_845)
             assert await late.result() == EXPIRED
             assert [(e.deadline_unix_ms, e.submitted) for e in server.of(ev.DeadlineReceived)] == [
-                (1_796_147_824_844, True), (1_796_147_824_845, True)]  # fmt: skip
+                (1_796_147_824_844, True),
+                (1_796_147_824_845, True),
+            ]
             for call in (
-                lambda: old.update_priority("balanced"), lambda: old.supersede(), lambda: old.update_budget(1),
-                lambda: old.deadline(1), lambda: old.expire_at(1),
-            ):  # fmt: skip
+                lambda: old.update_priority("balanced"),
+                lambda: old.supersede(),
+                lambda: old.update_budget(1),
+                lambda: old.deadline(1),
+                lambda: old.expire_at(1),
+            ):
                 with pytest.raises(ClientError, match="already ended"):
                     call()
             assert not server.of(ev.PacketRejected)
@@ -166,10 +184,13 @@ def test_bad_control_values_raise_before_anything_is_sent() -> None:
             op = session.submit({"q": 1})
             foreign = other.submit({"q": 2})
             for call, error in (
-                (lambda: op.update_priority("urgent"), ValueError), (lambda: op.update_budget(0), ValueError),
-                (lambda: op.update_budget(1 << 32), ValueError), (lambda: op.deadline(0), ValueError),
-                (lambda: op.expire_at(-5), ValueError), (lambda: op.supersede(foreign), ClientError),
-            ):  # fmt: skip
+                (lambda: op.update_priority("urgent"), ValueError),
+                (lambda: op.update_budget(0), ValueError),
+                (lambda: op.update_budget(1 << 32), ValueError),
+                (lambda: op.deadline(0), ValueError),
+                (lambda: op.expire_at(-5), ValueError),
+                (lambda: op.supersede(foreign), ClientError),
+            ):
                 with pytest.raises(error):
                     call()
             await settle(server, ev.OperationSubmitted, 2)
@@ -179,7 +200,11 @@ def test_bad_control_values_raise_before_anything_is_sent() -> None:
             assert await op.result() == {"type": "response.cancelled", "reason": "peer_cancelled"}
             await foreign.result()
             assert [type(e) for e in server.events if not isinstance(e, ev.SessionOpenRequested)][:4] == [
-                ev.OperationSubmitted, ev.OperationSubmitted, ev.OperationCancelled, ev.OperationCancelled]  # fmt: skip
+                ev.OperationSubmitted,
+                ev.OperationSubmitted,
+                ev.OperationCancelled,
+                ev.OperationCancelled,
+            ]
             await conn.close()
 
     run(main())

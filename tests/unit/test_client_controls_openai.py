@@ -19,22 +19,31 @@ from .test_client_controls import Server
 
 URL = "http://nnrp.invalid/v1"
 COMPLETION = {
-    "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "m",
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "m",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
-}  # fmt: skip
+}
 
 
 def planned(method: str, path: str, body: dict | None = None, headers: dict | None = None, **extensions) -> Call:
-    request = httpx.Request(method, URL + path, content=orjson.dumps(body) if body is not None else b"",
-                            headers=headers, extensions=extensions)  # fmt: skip
+    request = httpx.Request(
+        method,
+        URL + path,
+        content=orjson.dumps(body) if body is not None else b"",
+        headers=headers,
+        extensions=extensions,
+    )
     call = Call(request)
     call.answer_now = call.plan()
     return call
 
 
 def test_the_header_becomes_the_envelopes_priority_class():
-    call = planned("POST", "/chat/completions", {"messages": []}, {"X-NNRP-Priority-Class": "background"},
-                   timeout={"read": 2.0})  # fmt: skip
+    call = planned(
+        "POST", "/chat/completions", {"messages": []}, {"X-NNRP-Priority-Class": "background"}, timeout={"read": 2.0}
+    )
     assert call.answer_now is None
     assert call.envelope["nnrp"] == {"priority_class": "background"}  # the read timeout stays the client's
     call = planned("GET", "/models", headers={"x-nnrp-priority-class": "interactive"})
@@ -88,10 +97,12 @@ def test_sync_transport_sessions_open_with_its_class():
     async def main() -> None:
         server = Server(answer)
         async with server as uri:
+
             def call() -> None:
                 with NNRPTransport(uri, priority_class="background") as transport:
-                    client = openai.OpenAI(base_url=URL, api_key="k", http_client=httpx.Client(transport=transport),
-                                           max_retries=0)  # fmt: skip
+                    client = openai.OpenAI(
+                        base_url=URL, api_key="k", http_client=httpx.Client(transport=transport), max_retries=0
+                    )
                     client.chat.completions.create(model="m", messages=[])
 
             await asyncio.to_thread(call)

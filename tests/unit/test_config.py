@@ -3,12 +3,12 @@ import types
 
 import pytest
 
-from vllm_nnrp_plugin.vllm_binding.families import binding_for
 from vllm_nnrp_plugin.config import ConfigError, load_config
+from vllm_nnrp_plugin.contract.endpoints import EndpointError, parse_endpoint
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import capabilities
 from vllm_nnrp_plugin.vllm_binding import backend as backend_module
-from vllm_nnrp_plugin.endpoints import EndpointError, parse_endpoint
+from vllm_nnrp_plugin.vllm_binding.families import binding_for
 
 
 def test_installed_but_not_enabled_by_default():
@@ -72,7 +72,9 @@ def test_listen_uris(uri, transport, provider):
     assert (carrier.transport, carrier.provider_uri) == (transport, provider)
 
 
-@pytest.mark.parametrize("uri", ["tcp://127.0.0.1", "tcp://host:notaport", "unix://relative.sock", "http://a:1", "quic://a:1/path", "9400"])
+@pytest.mark.parametrize(
+    "uri", ["tcp://127.0.0.1", "tcp://host:notaport", "unix://relative.sock", "http://a:1", "quic://a:1/path", "9400"]
+)
 def test_bad_listen_uris(uri):
     with pytest.raises(EndpointError):
         parse_endpoint(uri)
@@ -95,7 +97,9 @@ def test_non_loopback_without_tls_needs_the_explicit_setting(uri):
     assert config.listen == (uri,)
 
 
-@pytest.mark.parametrize("uri", ["tcp://127.0.0.1:9400", "tcp://[::1]:9400", "tcp://localhost:9400", "unix:///tmp/x.sock"])
+@pytest.mark.parametrize(
+    "uri", ["tcp://127.0.0.1:9400", "tcp://[::1]:9400", "tcp://localhost:9400", "unix:///tmp/x.sock"]
+)
 def test_loopback_needs_nothing(uri):
     assert load_config({"nnrp": {"enabled": True, "listen": [uri]}}, {}).listen == (uri,)
 
@@ -130,13 +134,20 @@ def test_metrics_listen_is_off_unless_configured():
 def test_operations_default_to_everything_the_server_offers():
     assert load_config({}, {}).operations is None
     block = {"operations": ["chat.completions.create", "models.list", "embeddings.create"]}
-    assert load_config({"nnrp": block}, {}).operations == ("chat.completions.create", "models.list", "embeddings.create")
+    assert load_config({"nnrp": block}, {}).operations == (
+        "chat.completions.create",
+        "models.list",
+        "embeddings.create",
+    )
 
 
 @pytest.mark.parametrize(
     "operations, fragment",
     [
-        (["chat.completions.create", "chat.completion.create"], "'chat.completion.create', not an openai-compatible/1 operation"),
+        (
+            ["chat.completions.create", "chat.completion.create"],
+            "'chat.completion.create', not an openai-compatible/1 operation",
+        ),
         (["nnrp.capabilities"], "'nnrp.capabilities', not an openai-compatible/1 operation"),
         ([], "nnrp.operations"),
         ([1], "nnrp.operations"),
@@ -159,9 +170,12 @@ class _Binding:
 
 def _backend(monkeypatch, served, operations):
     """A VLLMBackend over a state whose serving objects offer ``served`` (bindings stand in for vLLM's)."""
-    monkeypatch.setattr(backend_module, "_bindings", lambda state, family, binding, priorities: [_Binding(name) for name in served])
+    monkeypatch.setattr(
+        backend_module, "_bindings", lambda state, family, binding, priorities: [_Binding(name) for name in served]
+    )
     state = types.SimpleNamespace(
-        engine_client=None, openai_serving_models=types.SimpleNamespace(base_model_paths=[types.SimpleNamespace(name="m")])
+        engine_client=None,
+        openai_serving_models=types.SimpleNamespace(base_model_paths=[types.SimpleNamespace(name="m")]),
     )
     return backend_module.VLLMBackend(state, operations, vllm_version="0.26.0", binding=binding_for((0, 26)))
 

@@ -22,8 +22,9 @@ PROJECT_RECIPES = [ROOT / "recipes", ROOT / "recipes" / "responses", ROOT / "rec
 
 def plan(**env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("NNRP_CONFORMANCE")}
-    return subprocess.run(["bash", str(SCRIPT), "--plan"], env={**environ, **env}, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--plan"], env={**environ, **env}, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_without_the_suite_the_project_recipes_run_and_the_run_says_so(tmp_path):
@@ -80,8 +81,19 @@ def test_the_runner_drives_the_project_recipes_without_the_suite(tmp_path, monke
     monkeypatch.setenv("NNRP_CONFORMANCE_ROOT", str(tmp_path / "absent"))
     served = ServedNNRP((f"tcp://127.0.0.1:{free_port()}",), fault_injection_backend_error_model="backend-error")
     try:
-        status = main(["--endpoint", served.bound[0], "--no-suite",
-                       "--recipes", str(ROOT / "recipes"), "--out", str(tmp_path / "out"), "--case-timeout", "10"])  # fmt: skip
+        status = main(
+            [
+                "--endpoint",
+                served.bound[0],
+                "--no-suite",
+                "--recipes",
+                str(ROOT / "recipes"),
+                "--out",
+                str(tmp_path / "out"),
+                "--case-timeout",
+                "10",
+            ]
+        )
     finally:
         served.stop()
     assert status in (0, 1)

@@ -1,5 +1,6 @@
 """Execution plan and result rules of the conformance harness, on the suite's own recipes and examples
-(the ``nnrp-conformance`` suite's rules). Needs the suite (``$NNRP_CONFORMANCE_ROOT`` or ``../shared/nnrp-conformance``)."""
+(the ``nnrp-conformance`` suite's rules). Needs the suite (``$NNRP_CONFORMANCE_ROOT`` or
+``../shared/nnrp-conformance``)."""
 
 import copy
 import pathlib
@@ -12,7 +13,7 @@ from vllm_nnrp_plugin.client.conformance.driver import submission  # noqa: E402
 from vllm_nnrp_plugin.client.conformance.plan import build_plan, capability_tokens  # noqa: E402
 from vllm_nnrp_plugin.client.conformance.rules import case_problems, matches, results_problems  # noqa: E402
 from vllm_nnrp_plugin.client.conformance.suite import Suite, locate_suite, read_json  # noqa: E402
-from vllm_nnrp_plugin.profile.capabilities import conformance_manifest, chat_operation, runtime_document  # noqa: E402
+from vllm_nnrp_plugin.profile.capabilities import chat_operation, conformance_manifest, runtime_document  # noqa: E402
 
 RECIPES = pathlib.Path(__file__).resolve().parents[2] / "recipes"
 
@@ -26,7 +27,9 @@ def suite():
 
 
 def manifest(**flags):
-    document = runtime_document(models=["example-model"], owned_by="vllm", operations=[chat_operation(tool_calls=flags.pop("tool_calls", True))])
+    document = runtime_document(
+        models=["example-model"], owned_by="vllm", operations=[chat_operation(tool_calls=flags.pop("tool_calls", True))]
+    )
     document["operations"][0].update(flags)
     return conformance_manifest(document)
 
@@ -41,9 +44,14 @@ def plan_for(suite, m, recipes=None):
 def test_the_sample_capabilities_give_the_sample_tokens(suite):
     sample = read_json(suite.root / "docs" / "examples" / "api-profile-capabilities.sample.json")
     assert capability_tokens(sample) == {
-        "api.level1", "api.chat.completions.create", "api.streaming", "api.non_streaming", "api.tool_calls",
-        "api.cancellation", "api.extension.vllm.diagnostics",
-    }  # fmt: skip
+        "api.level1",
+        "api.chat.completions.create",
+        "api.streaming",
+        "api.non_streaming",
+        "api.tool_calls",
+        "api.cancellation",
+        "api.extension.vllm.diagnostics",
+    }
 
 
 @pytest.mark.parametrize(
@@ -84,7 +92,8 @@ def test_the_sample_results_pass_the_sample_plan(suite):
     results = read_json(suite.root / "docs" / "examples" / "api-profile-case-results.sample.json")
     suite.validate(results, "case-results")
     assert results_problems(plan, results) == (
-        {"selected_cases": 1, "passed_cases": 1, "failed_cases": 0, "skipped_cases": 0}, []
+        {"selected_cases": 1, "passed_cases": 1, "failed_cases": 0, "skipped_cases": 0},
+        [],
     )
     wrong = copy.deepcopy(results)
     wrong["adapter"] = "other"
@@ -95,8 +104,10 @@ def test_the_sample_results_pass_the_sample_plan(suite):
     assert results_problems(plan, missing)[1] == ["no result for selected case openai-compatible.chat.streaming-text"]
 
 
-ERROR_EXPECT = {"events": [{"type": "response.error", "fields": {"error": {"code": "backend_error"}}, "min_count": 1}],
-                "terminal": "error"}
+ERROR_EXPECT = {
+    "events": [{"type": "response.error", "fields": {"error": {"code": "backend_error"}}, "min_count": 1}],
+    "terminal": "error",
+}
 
 
 def error(code):
@@ -112,7 +123,9 @@ def test_rules_check_the_first_matching_event_in_order_and_its_fields():
     assert case_problems(ordered, "success", [{"type": "a"}, {"type": "b"}]) == []
     assert case_problems(ordered, "success", [{"type": "b"}, {"type": "a"}])
     optional = {"events": [{"type": "a", "optional": True}, {"type": "c", "min_count": 1}], "terminal": "cancelled"}
-    assert case_problems(optional, "cancelled", [{"type": "c"}]) == ["terminal cancelled needs a response.cancelled event"]
+    assert case_problems(optional, "cancelled", [{"type": "c"}]) == [
+        "terminal cancelled needs a response.cancelled event"
+    ]
 
 
 def test_matching_is_subset_prefix_and_strict_scalars():
@@ -122,13 +135,17 @@ def test_matching_is_subset_prefix_and_strict_scalars():
 
 
 def test_harness_controls_are_consumed_not_sent():
-    case = {"operation": "chat.completions.create",
-            "request": {"body": {"messages": []}, "nnrp": {"cancel_after_events": 1, "diagnostics": True}}}
+    case = {
+        "operation": "chat.completions.create",
+        "request": {"body": {"messages": []}, "nnrp": {"cancel_after_events": 1, "diagnostics": True}},
+    }
     envelope, cancel_after = submission(case)
     assert cancel_after == 1 and envelope["nnrp"] == {"diagnostics": True}
     raw, _ = submission({"operation": "x", "request": {"body": {}, "nnrp": {"raw_payload": "{bad"}}})
     assert raw == b"{bad"
-    override, _ = submission({"operation": "x", "request": {"body": {}, "nnrp": {"envelope_override": {"schema_version": "v0"}}}})
+    override, _ = submission(
+        {"operation": "x", "request": {"body": {}, "nnrp": {"envelope_override": {"schema_version": "v0"}}}}
+    )
     assert override["schema_version"] == "v0" and "nnrp" not in override
 
 
@@ -139,7 +156,9 @@ def test_no_suite_recipes_runs_only_the_given_directories(suite):
     ours = load_recipes(suite, [RECIPES], suite_recipes=False)
     assert [r["id"] for r in ours] == [r["id"] for r in suite.recipes(RECIPES / "manifest.json")]
     assert all(r["id"].startswith("vllm-nnrp.") for r in ours)
-    assert [r["id"] for r in both] == [r["id"] for r in suite.recipes(suite.profile_manifest())] + [r["id"] for r in ours]
+    assert [r["id"] for r in both] == [r["id"] for r in suite.recipes(suite.profile_manifest())] + [
+        r["id"] for r in ours
+    ]
     plan = plan_for(suite, manifest(), ours)  # the suite's schemas still validate the plan
     assert "openai-compatible.chat.unsupported-operation" not in [c["id"] for c in plan["cases"]]
 

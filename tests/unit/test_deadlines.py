@@ -1,19 +1,28 @@
 """Operation bounds from envelope ``nnrp.timeout_ms`` and NNRP DEADLINE controls: the rules in the core
-(:class:`vllm_nnrp_plugin.operation.Operation`), and what a session's policy tells the service (plain data)."""
+(:class:`vllm_nnrp_plugin.core.operation.Operation`), and what a session's policy tells the service (plain data)."""
 
 import asyncio
 
 import pytest
 
 from tests.unit import fakes
-from vllm_nnrp_plugin import operation as operation_module
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import EarlyDeadlines, Operation, Terminal
+from vllm_nnrp_plugin.core import operation as operation_module
+from vllm_nnrp_plugin.core.operation import EarlyDeadlines, Operation, Terminal
+from vllm_nnrp_plugin.observability.observation import Observation
 
 
 def rules() -> Operation:
-    return Operation(Observation(connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp",
-                                 submitted_ns=0, submitted_unix_ns=1_000_000_000_000))  # fmt: skip
+    return Operation(
+        Observation(
+            connection_id=1,
+            session_id=1,
+            operation_id=1,
+            frame_id=1,
+            transport="tcp",
+            submitted_ns=0,
+            submitted_unix_ns=1_000_000_000_000,
+        )
+    )
 
 
 @pytest.fixture
@@ -92,5 +101,8 @@ def test_time_out_is_a_request_timeout_error_and_nothing_after_it(pumped):
     assert terminal.event["error"]["code"] == "request_timeout" and "250 ms" in terminal.event["error"]["message"]
     record = sop.observation
     assert (record.outcome, record.error_code, record.cancel_source, record.cancel_reason) == (
-        "error", "request_timeout", "deadline", "request_timeout",
-    )  # fmt: skip
+        "error",
+        "request_timeout",
+        "deadline",
+        "request_timeout",
+    )

@@ -42,8 +42,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 #: programs a command may start: a fresh Linux machine's, Python's, and what this package and vLLM install
-PROGRAMS = frozenset({"python3", "python", "pip", "vllm", "vllm-nnrp", "bash", "curl", "openssl", "grep", "tail", "git",
-                      "tox"})  # fmt: skip
+PROGRAMS = frozenset(
+    {"python3", "python", "pip", "vllm", "vllm-nnrp", "bash", "curl", "openssl", "grep", "tail", "git", "tox"}
+)
 SHELL = {"sh", "bash", "shell", "console"}
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\n(?P<body>.*?)^(?P=indent)```", re.S | re.M)
 PLACEHOLDER = re.compile(r"…|\.\.\.|<[A-Za-z][\w-]*>|\[--")
@@ -319,9 +320,13 @@ def tls(tmp_path_factory) -> dict[str, str]:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.UTC)
     certificate = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -423,9 +428,9 @@ def test_the_compatibility_table_is_the_generated_one():
         'vllm-nnrp chat --endpoit tcp://127.0.0.1:9400 "Say hello."',  # typo'd flag
         'vllm-nnrp chatt --endpoint tcp://127.0.0.1:9400 "Say hello."',  # unknown subcommand
         "vllm-nnrp embed --encoding-format bytes x",  # a choice the CLI does not offer
-        "VLLM_PLUGINS=nnrp vllm serve M --additional-config '{\"nnrp\": {\"max_session\": 8}}'",  # unknown key
-        "VLLM_PLUGINS=nnrp vllm serve M --additional-config '{\"nnrp\": {\"listen\": [\"tcp://0.0.0.0:9400\"]}}'",
-        "VLLM_PLUGINS=nnrp vllm serve M --additional-config '{\"nnrp\": {\"listen\": [\"nnrps://0.0.0.0:1\"]}}'",
+        'VLLM_PLUGINS=nnrp vllm serve M --additional-config \'{"nnrp": {"max_session": 8}}\'',  # unknown key
+        'VLLM_PLUGINS=nnrp vllm serve M --additional-config \'{"nnrp": {"listen": ["tcp://0.0.0.0:9400"]}}\'',
+        'VLLM_PLUGINS=nnrp vllm serve M --additional-config \'{"nnrp": {"listen": ["nnrps://0.0.0.0:1"]}}\'',
         "vllm serve M --middleware vllm_nnrp_plugin.NNRPMiddleware",
         "python3 -m tox -e vllm-0.99.0",
         ".venv/bin/tox -e vllm-0.99.0",

@@ -1,4 +1,4 @@
-""":func:`vllm_nnrp_plugin.eager.start_now`: a coroutine runs in the caller's stack up to its first real wait;
+""":func:`vllm_nnrp_plugin.core.eager.start_now`: a coroutine runs in the caller's stack up to its first real wait;
 what it returns, raises or waits for afterwards behaves as in a task."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from vllm_nnrp_plugin.eager import start_now
+from vllm_nnrp_plugin.core.eager import start_now
 
 
 def test_a_coroutine_that_never_waits_is_done_before_start_now_returns():

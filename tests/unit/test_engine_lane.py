@@ -18,11 +18,11 @@ import pytest
 
 from tests.support import as_dict
 from tests.unit.test_chunk_shapes import ANCHORS, profile, sse_items
-from vllm_nnrp_plugin.vllm_binding.families import binding_for
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
 from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, lane_serving, request_fits, serving_fits
+from vllm_nnrp_plugin.vllm_binding.families import binding_for
 
 PLAIN_CASES = ("a-stream-text", "b-stream-text-usage")
 
@@ -31,8 +31,14 @@ LINE = binding_for((0, 26))
 
 
 def request(**fields):
-    base = {"n": None, "tools": None, "logprobs": False, "return_token_ids": False, "use_beam_search": False,
-            "stream_options": types.SimpleNamespace(include_usage=True, continuous_usage_stats=False)}
+    base = {
+        "n": None,
+        "tools": None,
+        "logprobs": False,
+        "return_token_ids": False,
+        "use_beam_search": False,
+        "stream_options": types.SimpleNamespace(include_usage=True, continuous_usage_stats=False),
+    }
     return types.SimpleNamespace(**{**base, **fields})
 
 
@@ -49,10 +55,12 @@ def outputs_of(anchor, case):
     tail = [i for i in items if i not in body]
     outputs, token = [], 100
     for position, item in enumerate(body[1:], start=1):
-        choice = orjson.loads(item[len("data: "):])["choices"][0]
+        choice = orjson.loads(item[len("data: ") :])["choices"][0]
         strings = [body[0], item] if position == 1 else [item]
-        output = types.SimpleNamespace(outputs=[completion(choice["delta"].get("content", ""), [token],
-                                                           choice.get("finish_reason"))], strings=strings)
+        output = types.SimpleNamespace(
+            outputs=[completion(choice["delta"].get("content", ""), [token], choice.get("finish_reason"))],
+            strings=strings,
+        )
         outputs.append(output)
         token += 1
     return outputs, tail
@@ -71,8 +79,9 @@ class RecordedServing:
         self.closed = {"engine": False, "vllm": False}
 
     async def create_chat_completion(self, request, raw_request=None):
-        return self.chat_completion_stream_generator(request, self._engine(), "chatcmpl-x", "example-model", [], None,
-                                                     None)
+        return self.chat_completion_stream_generator(
+            request, self._engine(), "chatcmpl-x", "example-model", [], None, None
+        )
 
     async def _engine(self):
         try:
@@ -84,8 +93,9 @@ class RecordedServing:
         finally:
             self.closed["engine"] = True
 
-    async def chat_completion_stream_generator(self, request, result_generator, request_id, model_name, conversation,
-                                               tokenizer, request_metadata):
+    async def chat_completion_stream_generator(
+        self, request, result_generator, request_id, model_name, conversation, tokenizer, request_metadata
+    ):
         completion_tokens = 0
         try:
             async for output in result_generator:
@@ -97,7 +107,7 @@ class RecordedServing:
                     yield string
             for string in self.tail:
                 if '"usage"' in string:
-                    usage = orjson.loads(string[len("data: "):])
+                    usage = orjson.loads(string[len("data: ") :])
                     usage["usage"]["completion_tokens"] = completion_tokens
                     string = "data: " + orjson.dumps(usage).decode() + "\n\n"
                     yield string
@@ -197,8 +207,9 @@ def test_a_cancel_while_waiting_for_the_engine_closes_both():
             engine_closed.append(True)
 
     async def main():
-        stream = lane_serving(serving)().chat_completion_stream_generator(request(), engine(), "chatcmpl-x", "m", [],
-                                                                        None, None)
+        stream = lane_serving(serving)().chat_completion_stream_generator(
+            request(), engine(), "chatcmpl-x", "m", [], None, None
+        )
         consumer = asyncio.ensure_future(_drain(stream.items()))
         await stalled.wait()
         await asyncio.sleep(0)
@@ -210,10 +221,17 @@ def test_a_cancel_while_waiting_for_the_engine_closes_both():
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("fields", [{"n": 2}, {"tools": [{"type": "function"}]}, {"logprobs": True},
-                                    {"return_token_ids": True}, {"use_beam_search": True},
-                                    {"stream_options": types.SimpleNamespace(include_usage=True,
-                                                                             continuous_usage_stats=True)}])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"n": 2},
+        {"tools": [{"type": "function"}]},
+        {"logprobs": True},
+        {"return_token_ids": True},
+        {"use_beam_search": True},
+        {"stream_options": types.SimpleNamespace(include_usage=True, continuous_usage_stats=True)},
+    ],
+)
 def test_a_request_that_does_not_fit_gets_vllms_own_generator(fields):
     assert not request_fits(request(**fields))
     outputs, tail = outputs_of("0.26.0", "a-stream-text")
@@ -232,12 +250,17 @@ def test_fitting_requests():
     assert request_fits(request(n=1, stream_options=None))
 
 
-@pytest.mark.parametrize("attributes, reason", [
-    ({"parser_cls": object}, "parser"), ({"tool_parser": object}, "parser"),
-    ({"reasoning_parser_cls": object}, "parser"), ({"use_harmony": True}, "harmony"),
-    ({"enable_log_outputs": True}, "--enable-log-outputs"),
-    ({"enable_force_include_usage": True}, "--enable-force-include-usage"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "attributes, reason",
+    [
+        ({"parser_cls": object}, "parser"),
+        ({"tool_parser": object}, "parser"),
+        ({"reasoning_parser_cls": object}, "parser"),
+        ({"use_harmony": True}, "harmony"),
+        ({"enable_log_outputs": True}, "--enable-log-outputs"),
+        ({"enable_force_include_usage": True}, "--enable-force-include-usage"),
+    ],
+)
 def test_a_server_configured_beyond_plain_text_keeps_vllms_generator(attributes, reason):
     serving = RecordedServing([], [])
     serving.__dict__.update(attributes)

@@ -24,17 +24,24 @@ from hypothesis import strategies as st
 
 from tests.unit.test_chunk_shapes import profile, sse_items
 from tests.unit.test_engine_lane import RecordedServing, completion, request
-from vllm_nnrp_plugin.vllm_binding.families import binding_for
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
 from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, lane_serving, request_fits, serving_fits
+from vllm_nnrp_plugin.vllm_binding.families import binding_for
 
 #: the lines whose stream generator drives one parser object (recordings of a required call, a named call and a
 #: reasoning stream)
-CASES = [("0.26.0", "d-stream-tool-required"), ("0.26.0", "e-stream-tool-named"), ("0.26.0", "r-stream-reasoning"),
-         ("0.27.1", "d-stream-tool-required"), ("0.27.1", "e-stream-tool-named"),
-         ("0.32.0", "d-stream-tool-required"), ("0.32.0", "e-stream-tool-named"), ("0.32.0", "r-stream-reasoning")]
+CASES = [
+    ("0.26.0", "d-stream-tool-required"),
+    ("0.26.0", "e-stream-tool-named"),
+    ("0.26.0", "r-stream-reasoning"),
+    ("0.27.1", "d-stream-tool-required"),
+    ("0.27.1", "e-stream-tool-named"),
+    ("0.32.0", "d-stream-tool-required"),
+    ("0.32.0", "e-stream-tool-named"),
+    ("0.32.0", "r-stream-reasoning"),
+]
 
 #: the binding of the lines whose calling shape the stand-ins have
 LINE = binding_for((0, 26))
@@ -69,22 +76,26 @@ def script_of(anchor, case, control_tokens=True, preamble=None):
     items = sse_items(anchor, case)
     body = [i for i in items if "[DONE]" not in i and '"choices":[]' not in i]
     if preamble is not None:
-        chunk = orjson.loads(body[1][len("data: "):])
+        chunk = orjson.loads(body[1][len("data: ") :])
         chunk["choices"][0]["delta"] = {"content": preamble}
         body.insert(1, "data: " + orjson.dumps(chunk).decode() + "\n\n")
     outputs, deltas, token = [], [], 100
     for position, item in enumerate(body[1:], start=1):
-        choice = orjson.loads(item[len("data: "):])["choices"][0]
+        choice = orjson.loads(item[len("data: ") :])["choices"][0]
         finish = choice.get("finish_reason")
         engine_finish = None if finish is None else ("stop" if finish == "tool_calls" else finish)
         strings = [body[0], item] if position == 1 else [item]
-        outputs.append(types.SimpleNamespace(outputs=[completion("x", [token], engine_finish)], strings=strings,
-                                             prompt_token_ids=[1, 2, 3]))
+        outputs.append(
+            types.SimpleNamespace(
+                outputs=[completion("x", [token], engine_finish)], strings=strings, prompt_token_ids=[1, 2, 3]
+            )
+        )
         deltas.append(choice["delta"])
         token += 1
         if control_tokens and finish is None and choice["delta"].get("tool_calls"):
-            outputs.append(types.SimpleNamespace(outputs=[completion("", [token], None)], strings=[],
-                                                 prompt_token_ids=[1, 2, 3]))
+            outputs.append(
+                types.SimpleNamespace(outputs=[completion("", [token], None)], strings=[], prompt_token_ids=[1, 2, 3])
+            )
             deltas.append(None)
             token += 1
     return outputs, deltas
@@ -115,8 +126,9 @@ class ParserServing(RecordedServing):
 
         self.parser_cls = ReplayParser
 
-    async def chat_completion_stream_generator(self, request, result_generator, request_id, model_name, conversation,
-                                               tokenizer, request_metadata):
+    async def chat_completion_stream_generator(
+        self, request, result_generator, request_id, model_name, conversation, tokenizer, request_metadata
+    ):
         completion_tokens, tools_streamed = 0, False
         try:
             parser = self.parser_cls(tokenizer, request.tools, chat_template_kwargs=None, model_config=None)
@@ -124,23 +136,36 @@ class ParserServing(RecordedServing):
                 self.seen.append(res)
                 output = res.outputs[0]
                 completion_tokens += len(output.token_ids)
-                delta = parser.parse_delta(delta_text=output.text, delta_token_ids=list(output.token_ids),
-                                           request=request, prompt_token_ids=res.prompt_token_ids,
-                                           finished=output.finish_reason is not None)
+                delta = parser.parse_delta(
+                    delta_text=output.text,
+                    delta_token_ids=list(output.token_ids),
+                    request=request,
+                    prompt_token_ids=res.prompt_token_ids,
+                    finished=output.finish_reason is not None,
+                )
                 if delta is not None and delta.tool_calls:
                     tools_streamed = True
                 if delta is None and output.finish_reason is None:
                     continue
                 strings = res.strings
                 if strings is None:  # generated: vLLM's chunk for the delta (and its role chunk first)
-                    strings = [*([ROLE] if len(self.seen) == 1 else []), self._dumped(res, delta, tools_streamed, request)]
+                    strings = [
+                        *([ROLE] if len(self.seen) == 1 else []),
+                        self._dumped(res, delta, tools_streamed, request),
+                    ]
                 for string in strings:
                     if output.finish_reason is not None and not tools_streamed:
                         string = string.replace('"finish_reason":"tool_calls"', '"finish_reason":"stop"')
                     yield string
             usage = {"prompt_tokens": 3, "completion_tokens": completion_tokens, "total_tokens": 3 + completion_tokens}
-            chunk = {"id": request_id, "object": "chat.completion.chunk", "created": 1, "model": model_name,
-                     "choices": [], "usage": usage}  # include_usage, as the plugin always asks
+            chunk = {
+                "id": request_id,
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": model_name,
+                "choices": [],
+                "usage": usage,
+            }  # include_usage, as the plugin always asks
             yield "data: " + orjson.dumps(chunk).decode() + "\n\n"
             yield "data: [DONE]\n\n"
         except Exception as exc:
@@ -157,19 +182,30 @@ class ParserServing(RecordedServing):
         delta = delta or DeltaMessage()
         if request.parallel_tool_calls is False and delta.tool_calls:
             delta.tool_calls = [call for call in delta.tool_calls if call.index == 0]
-        choice = {"index": 0, "delta": delta.model_dump(mode="json", exclude_unset=True),
-                  "logprobs": None, "finish_reason": None if finish is None else ("tool_calls" if tools_streamed else finish),
-                  "token_ids": None}  # fmt: skip
+        choice = {
+            "index": 0,
+            "delta": delta.model_dump(mode="json", exclude_unset=True),
+            "logprobs": None,
+            "finish_reason": None if finish is None else ("tool_calls" if tools_streamed else finish),
+            "token_ids": None,
+        }
         if finish is not None:
             choice["stop_reason"] = None
-        chunk = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "example-model",
-                 "choices": [choice]}
+        chunk = {
+            "id": "chatcmpl-x",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "example-model",
+            "choices": [choice],
+        }
         return "data: " + orjson.dumps(chunk).decode() + "\n\n"
 
 
 #: vLLM's role chunk, before the first generated delta's
-ROLE = ('data: {"id":"chatcmpl-x","object":"chat.completion.chunk","created":1,"model":"example-model",'
-        '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n')
+ROLE = (
+    'data: {"id":"chatcmpl-x","object":"chat.completion.chunk","created":1,"model":"example-model",'
+    '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+)
 
 
 def tool_request(**fields):
@@ -227,7 +263,9 @@ def test_a_text_only_delta_is_a_text_delta_and_other_deltas_are_chunks(anchor, c
     outputs, deltas = script_of(anchor, case, control_tokens=False)
     lane = asyncio.run(lane_items(ParserServing(outputs, deltas)))
     middle = lane[2:-2]
-    assert middle and all(isinstance(i, TextDelta) == (set(d) == {"content"}) for i, d in zip(middle, deltas[1:]))
+    assert middle and all(
+        isinstance(i, TextDelta) == (set(d) == {"content"}) for i, d in zip(middle, deltas[1:], strict=False)
+    )
 
 
 def test_a_parser_that_raises_on_the_lane_is_vllms_error_chunk_and_a_backend_error():
@@ -249,10 +287,17 @@ def test_parallel_calls_refused_keeps_only_the_first_calls_fragments():
     deltas = [*deltas[:4], {"tool_calls": [*deltas[4]["tool_calls"], *second["tool_calls"]]}, *deltas[5:]]
     lane = asyncio.run(lane_items(ParserServing(outputs, deltas), tool_request(parallel_tool_calls=False)))
     both = asyncio.run(lane_items(ParserServing(outputs, deltas)))
-    calls = [c for i in lane if isinstance(i, dict) for ch in i.get("choices", ()) for c in ch["delta"].get("tool_calls", ())]
+    calls = [
+        c for i in lane if isinstance(i, dict) for ch in i.get("choices", ()) for c in ch["delta"].get("tool_calls", ())
+    ]
     assert calls and {c["index"] for c in calls} == {0}
-    assert {c["index"] for i in both if isinstance(i, dict) for ch in i.get("choices", ())
-            for c in ch["delta"].get("tool_calls", ())} == {0, 1}
+    assert {
+        c["index"]
+        for i in both
+        if isinstance(i, dict)
+        for ch in i.get("choices", ())
+        for c in ch["delta"].get("tool_calls", ())
+    } == {0, 1}
 
 
 def test_a_parser_server_takes_the_lane_and_requests_with_tools_fit():
@@ -294,18 +339,30 @@ def parser_scripts(draw):
             deltas.append({"reasoning": draw(TEXT), "content": draw(TEXT)})
         elif kind == "name":
             names += 1
-            deltas.append({"content": None, "tool_calls": [{"id": f"call-{names}", "type": "function", "index": index,
-                                                            "function": {"name": "lookup"}}]})  # fmt: skip
+            deltas.append(
+                {
+                    "content": None,
+                    "tool_calls": [
+                        {"id": f"call-{names}", "type": "function", "index": index, "function": {"name": "lookup"}}
+                    ],
+                }
+            )
         else:
             deltas.append({"content": None, "tool_calls": [{"index": index, "function": {"arguments": draw(TEXT)}}]})
-    deltas.append(draw(st.sampled_from([{}, {"content": "."}, {"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}])))
+    deltas.append(
+        draw(st.sampled_from([{}, {"content": "."}, {"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}]))
+    )
     finish = draw(st.sampled_from(["stop", "length"]))
     outputs = []
     for position in range(len(deltas)):
         last = position == len(deltas) - 1
-        outputs.append(types.SimpleNamespace(
-            outputs=[completion("x", [100 + position], finish if last else None)],
-            strings=None, prompt_token_ids=[1, 2, 3]))  # fmt: skip
+        outputs.append(
+            types.SimpleNamespace(
+                outputs=[completion("x", [100 + position], finish if last else None)],
+                strings=None,
+                prompt_token_ids=[1, 2, 3],
+            )
+        )
     return outputs, deltas
 
 
@@ -323,7 +380,8 @@ def test_any_sequence_of_parser_deltas_gives_the_events_of_vllms_strings(script,
 def test_a_line_whose_generator_keeps_parser_state_keeps_vllms_generator():
     """0.22.x: ``parse_delta`` has no ``finished`` (vLLM's generator keeps text, token and reasoning state of its
     own beside the parser); 0.18.x: no ``parser_cls`` at all, ``tool_parser`` / ``reasoning_parser_cls``. (A generator
-    that does not create its parser through ``parser_cls`` fails the start-up self-check: tests/unit/test_self_check.py.)"""
+    that does not create its parser through ``parser_cls`` fails the start-up self-check:
+    tests/unit/test_self_check.py.)"""
     older = ParserServing([], [])
 
     class NoFinished:

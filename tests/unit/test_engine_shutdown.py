@@ -47,8 +47,11 @@ def test_the_nnrp_stop_finishes_before_the_engine_shuts_down():
         order.append("nnrp stop ends")
 
     assert shut_down_like_vllm(stop, grace_s=30.0) == [
-        "nnrp stop begins grace=30.0", "nnrp stop ends", "engine shutdown timeout=0", "engine shutdown timeout=1",
-    ]  # fmt: skip
+        "nnrp stop begins grace=30.0",
+        "nnrp stop ends",
+        "engine shutdown timeout=0",
+        "engine shutdown timeout=1",
+    ]
 
 
 def test_with_several_api_servers_the_drain_ends_before_vllms_process_manager_kills_the_process():
@@ -82,8 +85,10 @@ def test_a_stop_that_hangs_does_not_hold_the_engine_shutdown_past_the_budget(mon
 
     monkeypatch.setattr(shutdown_module, "STOP_BUDGET_S", 0.2)
     assert shut_down_like_vllm(stop) == [
-        "nnrp stop begins", "engine shutdown timeout=0", "engine shutdown timeout=1",
-    ]  # fmt: skip
+        "nnrp stop begins",
+        "engine shutdown timeout=0",
+        "engine shutdown timeout=1",
+    ]
 
 
 def test_a_shutdown_called_on_the_loop_itself_does_not_wait_for_the_loop():

@@ -1,10 +1,10 @@
 import orjson
 import pytest
 
+from tests.support import envelope
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.profile.errors import ProfileError
-from tests.support import envelope
 
 OPERATIONS = frozenset({CHAT_COMPLETIONS_CREATE})
 
@@ -70,9 +70,11 @@ def with_field(field: str, value: bytes) -> bytes:
     """A valid chat envelope whose ``field`` (``schema_version``, ``operation``, ``request_id``, ``body``,
     ``nnrp``, ``nnrp.timeout_ms`` or ``body.<key>``) holds the raw JSON ``value``."""
     parts = {
-        "schema_version": b'"openai-compatible/1"', "operation": b'"chat.completions.create"',
-        "body": b'{"messages":[]}', "nnrp": b"{}",
-    }  # fmt: skip
+        "schema_version": b'"openai-compatible/1"',
+        "operation": b'"chat.completions.create"',
+        "body": b'{"messages":[]}',
+        "nnrp": b"{}",
+    }
     if field.startswith("body."):
         parts["body"] = b'{"messages":[],"' + field[5:].encode() + b'":' + value + b"}"
     elif field == "nnrp.timeout_ms":
@@ -82,8 +84,17 @@ def with_field(field: str, value: bytes) -> bytes:
     return b"{" + b",".join(b'"' + k.encode() + b'":' + v for k, v in parts.items()) + b"}"
 
 
-FIELDS = ("schema_version", "operation", "request_id", "body", "nnrp", "nnrp.timeout_ms", "body.model",
-          "body.messages", "body.tools")  # fmt: skip
+FIELDS = (
+    "schema_version",
+    "operation",
+    "request_id",
+    "body",
+    "nnrp",
+    "nnrp.timeout_ms",
+    "body.model",
+    "body.messages",
+    "body.tools",
+)
 
 
 @pytest.mark.parametrize("field", FIELDS)

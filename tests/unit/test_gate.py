@@ -50,7 +50,8 @@ def surface(version="0.26.0", endpoint_plugins=None, build_app=None, chat=True, 
         version=version,
         version_tuple=version_tuple,
         endpoint_plugins=version_tuple[:2] >= (0, 26) if endpoint_plugins is None else endpoint_plugins,
-        build_app_params=build_app or (("args", "supported_tasks", "model_config") if newer else ("args", "supported_tasks")),
+        build_app_params=build_app
+        or (("args", "supported_tasks", "model_config") if newer else ("args", "supported_tasks")),
         chat_protocol=chat,
         relocated_launchers=relocated,
     )
@@ -171,13 +172,16 @@ def test_other_lines_stop_vllm_serve_with_version_and_anchors(fake_vllm, monkeyp
     assert "0.18.x, 0.22.x, 0.26.x–0.34.x lines only" in message
     assert "Fix:" in message and "\n" not in message
     newest = families.family_of(version) > (0, 34)
-    assert ('set "nnrp": {"allow_untested_vllm": true} in --additional-config to run it on the vllm-0.34 binding '
-            "behind its start-up self-checks" in message) == newest
+    assert (
+        'set "nnrp": {"allow_untested_vllm": true} in --additional-config to run it on the vllm-0.34 binding '
+        "behind its start-up self-checks" in message
+    ) == newest
 
 
 @pytest.mark.parametrize("version", ["0.35.0", "0.36.2"])
-def test_a_newer_line_starts_on_the_newest_binding_when_the_operator_allows_untested_vllm(fake_vllm, monkeypatch,
-                                                                                        version):
+def test_a_newer_line_starts_on_the_newest_binding_when_the_operator_allows_untested_vllm(
+    fake_vllm, monkeypatch, version
+):
     fake_vllm(version, relocated=True)
     config = orjson.dumps({"nnrp": {"allow_untested_vllm": True}}).decode()
     serve(monkeypatch, argv=(*SERVE, "--additional-config", config))
@@ -274,10 +278,14 @@ def test_older_lines_without_the_middleware_print_the_exact_flag(fake_vllm, monk
 
 
 def test_middleware_flag_with_equals_sign_and_in_yaml(tmp_path):
-    assert check(environ={}, argv=(*SERVE, f"--middleware={MIDDLEWARE_PATH}"), version="0.22.1").attach_path == MIDDLEWARE
+    assert (
+        check(environ={}, argv=(*SERVE, f"--middleware={MIDDLEWARE_PATH}"), version="0.22.1").attach_path == MIDDLEWARE
+    )
     config = tmp_path / "serve.yaml"
     config.write_text(f"model: m\nmiddleware: {MIDDLEWARE_PATH}\n")
-    assert check(environ={}, argv=("vllm", "serve", "--config", str(config)), version="0.18.1").attach_path == MIDDLEWARE
+    assert (
+        check(environ={}, argv=("vllm", "serve", "--config", str(config)), version="0.18.1").attach_path == MIDDLEWARE
+    )
     with pytest.raises(NNRPStartupError, match="--middleware"):
         check(argv=("vllm", "serve", "--middleware", "other.Middleware"), version="0.18.1")
 
@@ -332,8 +340,9 @@ def test_modes_without_a_python_api_server_stop_start_up(environ, argv, version)
         (ON, (*SERVE, "--headless"), "0.24.1"),  # a line without a binding: nothing runs here to refuse
     ],
 )
-def test_a_headless_node_with_nnrp_enabled_starts_and_says_nnrp_runs_with_the_api_server(environ, argv, version,
-                                                                                        caplog):
+def test_a_headless_node_with_nnrp_enabled_starts_and_says_nnrp_runs_with_the_api_server(
+    environ, argv, version, caplog
+):
     """Multi-node data parallelism runs one image on every node, ``--headless`` on those without an API server; with
     ``VLLM_PLUGINS=nnrp`` set everywhere, those nodes start (vLLM's own arguments, as ``vllm serve`` parses them)."""
     with caplog.at_level("INFO", logger="vllm.nnrp"):
@@ -373,8 +382,9 @@ REGISTRY = "vllm.model_executor.models.registry"
         (("-c",), None, False, False, False),  # any other Python program
     ],
 )
-def test_the_gate_runs_in_the_process_parsing_vllm_serve_arguments(argv, main_module, spawned, api_server_loaded,
-                                                                    expected):
+def test_the_gate_runs_in_the_process_parsing_vllm_serve_arguments(
+    argv, main_module, spawned, api_server_loaded, expected
+):
     assert general.is_serve_process(argv, main_module, spawned, api_server_loaded) is expected
 
 

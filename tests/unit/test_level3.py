@@ -13,11 +13,11 @@ import orjson
 import pytest
 
 from tests.support import FIXTURES
-from vllm_nnrp_plugin.vllm_binding.families import binding_for
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.vllm_binding.backend import VLLMBackend
 from vllm_nnrp_plugin.vllm_binding.endpoint import NNRPEndpointPlugin
+from vllm_nnrp_plugin.vllm_binding.families import binding_for
 from vllm_nnrp_plugin.vllm_binding.models import ModelsBinding
 
 VERSIONS = ("0.22.1", "0.26.0", "0.27.1", "0.32.0")
@@ -71,15 +71,24 @@ def test_models_list_refuses_a_body_with_parameters_and_has_nothing_to_abort():
         run(binding.create({"limit": 5, "after": "x"}, "nnrp-1"))
     assert info.value.code == E.INVALID_REQUEST and "(got after, limit)" in info.value.message
     assert binding.engine_request_ids("nnrp-1") == []
-    assert binding.operation() == {"name": "models.list", "streaming": False, "non_streaming": True,
-                                   "tool_calls": False, "cancellation": False}  # fmt: skip
+    assert binding.operation() == {
+        "name": "models.list",
+        "streaming": False,
+        "non_streaming": True,
+        "tool_calls": False,
+        "cancellation": False,
+    }
 
 
 def test_a_server_with_only_models_list_is_refused_at_start_up():
     """A classify/score server: ``openai_serving_models`` but neither chat nor embeddings."""
-    state = types.SimpleNamespace(engine_client=Engine(), openai_serving_models=ScriptedModels(),
-                                  openai_serving_chat=None, serving_embedding=None,
-                                  serving_classification=object())  # fmt: skip
+    state = types.SimpleNamespace(
+        engine_client=Engine(),
+        openai_serving_models=ScriptedModels(),
+        openai_serving_chat=None,
+        serving_embedding=None,
+        serving_classification=object(),
+    )
     with pytest.raises(NNRPStartupError, match=r"the operations served \(models.list\) make up no whole"):
         VLLMBackend(state, vllm_version="0.26.0", binding=binding_for((0, 26)))
 
@@ -129,8 +138,12 @@ def vllm_embed():
 
 
 def pooling_state(serving):
-    return types.SimpleNamespace(engine_client=Engine(), openai_serving_models=ScriptedModels(),
-                                 openai_serving_chat=None, serving_embedding=serving)  # fmt: skip
+    return types.SimpleNamespace(
+        engine_client=Engine(),
+        openai_serving_models=ScriptedModels(),
+        openai_serving_chat=None,
+        serving_embedding=serving,
+    )
 
 
 @pytest.mark.parametrize("case", ["embeddings-a-float", "embeddings-b-base64"])
@@ -143,7 +156,7 @@ def test_embeddings_answer_with_vllms_body_under_the_embd_engine_id(vllm_embed, 
     call = run(backend.create("embeddings.create", request_of(case, version), "nnrp-7", traceparent))
     assert call.body == recorded(case, version) and len(call.body["data"]) == 2
     assert call.body["usage"]["prompt_tokens"] == call.body["usage"]["total_tokens"] > 0
-    (request, raw_request), = serving.calls
+    ((request, raw_request),) = serving.calls
     assert request.input == request_of(case, version)["input"] and request.encoding_format == case.split("-")[-1]
     assert raw_request.headers["x-request-id"] == "nnrp-7" and raw_request.headers["traceparent"].startswith("00-aaaa")
     assert backend.engine_request_id("embeddings.create", "nnrp-7") == "embd-nnrp-7"
@@ -169,7 +182,9 @@ def test_an_unfinished_embedding_aborts_every_inputs_engine_request(vllm_embed):
 
 
 def test_the_capability_document_of_a_pooling_server_claims_level_3(vllm_embed):
-    document = VLLMBackend(pooling_state(ScriptedServingEmbedding()), vllm_version="0.26.0", binding=binding_for((0, 26))).capabilities()
+    document = VLLMBackend(
+        pooling_state(ScriptedServingEmbedding()), vllm_version="0.26.0", binding=binding_for((0, 26))
+    ).capabilities()
     assert document["compatibility_levels"] == [3]
     assert document["models"] == [{"id": "example-model", "owned_by": "vllm"}]
     assert [op["name"] for op in document["operations"]] == ["models.list", "embeddings.create"]
@@ -189,7 +204,11 @@ def test_vllms_errors_map_to_the_profiles_codes_with_vllms_message(vllm_embed, c
     if isinstance(exception, str):
         exception = getattr(pytest.importorskip("vllm.exceptions"), exception)
     message = recorded(case)["error"]["message"]
-    backend = VLLMBackend(pooling_state(ScriptedServingEmbedding(raises=exception(message))), vllm_version="0.26.0", binding=binding_for((0, 26)))
+    backend = VLLMBackend(
+        pooling_state(ScriptedServingEmbedding(raises=exception(message))),
+        vllm_version="0.26.0",
+        binding=binding_for((0, 26)),
+    )
     with pytest.raises(E.ProfileError) as info:
         run(backend.create("embeddings.create", request_of(case), "nnrp-3"))
     assert (info.value.code, info.value.message) == (code, message)
@@ -219,8 +238,13 @@ def test_bodies_vllm_cannot_answer_in_json_are_refused_before_vllm_is_called(vll
 
 LEVEL3_RECIPES = FIXTURES.parents[3] / "recipes" / "level3" / "manifest.json"
 MODELS_ENTRY = {"name": "models.list", "streaming": False, "non_streaming": True, "cancellation": False}
-EMBEDDINGS_ENTRY = {"name": "embeddings.create", "streaming": False, "non_streaming": True,
-                    "encoding_formats": ["float", "base64"], "dimensions": False}  # fmt: skip
+EMBEDDINGS_ENTRY = {
+    "name": "embeddings.create",
+    "streaming": False,
+    "non_streaming": True,
+    "encoding_formats": ["float", "base64"],
+    "dimensions": False,
+}
 
 
 def level3_plan(operations):
@@ -234,8 +258,9 @@ def level3_plan(operations):
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     recipes = suite.recipes(LEVEL3_RECIPES)
-    document = runtime_document(models=["example-model"], owned_by="vllm",
-                                operations=[operation(**op) for op in operations])  # fmt: skip
+    document = runtime_document(
+        models=["example-model"], owned_by="vllm", operations=[operation(**op) for op in operations]
+    )
     plan = build_plan(recipes, conformance_manifest(document), results_path="r.json", evidence_dir="e")
     suite.validate(plan, "execution-plan")
     return recipes, {case["id"].removeprefix("vllm-nnrp.level3.") for case in plan["cases"]}
@@ -245,7 +270,8 @@ def test_level3_recipes_are_planned_where_their_operations_are_served():
     chat = {"name": "chat.completions.create", "streaming": True, "non_streaming": True}
     recipes, pooling = level3_plan([MODELS_ENTRY, EMBEDDINGS_ENTRY])
     assert pooling == {r["id"].removeprefix("vllm-nnrp.level3.") for r in recipes} - {
-        "embeddings-unsupported-on-generate-server"}
+        "embeddings-unsupported-on-generate-server"
+    }
     _, generate = level3_plan([chat, MODELS_ENTRY])
     assert generate == {"models-list", "models-list-invalid-body", "embeddings-unsupported-on-generate-server"}
 
@@ -256,8 +282,11 @@ def test_recorded_vllm_bodies_pass_the_success_recipes(version):
     from vllm_nnrp_plugin.client.conformance.rules import case_problems
 
     recipes, _ = level3_plan([MODELS_ENTRY, EMBEDDINGS_ENTRY])
-    bodies = {"embeddings-two-inputs": "embeddings-a-float", "embeddings-base64": "embeddings-b-base64",
-              "models-list": "models-a-list"}  # fmt: skip
+    bodies = {
+        "embeddings-two-inputs": "embeddings-a-float",
+        "embeddings-base64": "embeddings-b-base64",
+        "models-list": "models-a-list",
+    }
     for recipe in recipes:
         name = recipe["id"].removeprefix("vllm-nnrp.level3.")
         if name in bodies:

@@ -1,10 +1,10 @@
-"""In-flight slots (vllm_nnrp_plugin/limits.py): a hard cap, refused instead of queued."""
+"""In-flight slots (vllm_nnrp_plugin/core/limits.py): a hard cap, refused instead of queued."""
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_nnrp_plugin.limits import Slots
+from vllm_nnrp_plugin.core.limits import Slots
 
 
 def test_slots_refuse_over_capacity_and_come_back():

@@ -39,9 +39,18 @@ def test_the_chat_lane_takes_a_lines_parser_only_where_its_binding_allows_it():
 class _Responses:
     parser = None
 
-    async def _process_simple_streaming_events(self, request, sampling_params, result_generator, context, model_name,
-                                               tokenizer, request_metadata, created_time,
-                                               _increment_sequence_number_and_return):  # fmt: skip
+    async def _process_simple_streaming_events(
+        self,
+        request,
+        sampling_params,
+        result_generator,
+        context,
+        model_name,
+        tokenizer,
+        request_metadata,
+        created_time,
+        _increment_sequence_number_and_return,
+    ):
         yield None
 
 

@@ -1,5 +1,5 @@
-"""Client-controlled values in log lines (:mod:`vllm_nnrp_plugin.log_safety`, the operation's log line), and the
-rate limit of refused-input log lines: plain data in, plain data out."""
+"""Client-controlled values in log lines (:mod:`vllm_nnrp_plugin.observability.log_safety`, the operation's log line),
+and the rate limit of refused-input log lines: plain data in, plain data out."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_nnrp_plugin import observation as obs
-from vllm_nnrp_plugin.log_safety import (
+from vllm_nnrp_plugin.observability import observation as obs
+from vllm_nnrp_plugin.observability.log_safety import (
     MAX_LOG_CHARS,
     RefusalLogLimiter,
     log_value,
@@ -81,9 +81,14 @@ def test_a_field_value_cannot_start_another_field():
 
 def test_the_operation_log_line_stays_one_bounded_line_whatever_the_model():
     record = obs.Observation(
-        connection_id=3, session_id=7, operation_id=11, frame_id=11, transport="tcp", submitted_ns=1,
+        connection_id=3,
+        session_id=7,
+        operation_id=11,
+        frame_id=11,
+        transport="tcp",
+        submitted_ns=1,
         submitted_unix_ns=1,
-    )  # fmt: skip
+    )
     model = "m\nFORGED forged line transport=tcp " + "x" * 900_000
     record.started(2, operation="chat.completions.create", model=model, request_id="chatcmpl-nnrp-1", diagnostics=False)
     line = obs.log_line(record)

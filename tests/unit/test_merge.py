@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import Operation
+from vllm_nnrp_plugin.core.operation import Operation
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import events as ev
 
 
@@ -29,8 +29,17 @@ def test_argument_fragments_of_one_call_merge_and_of_another_call_do_not():
 
 
 def operation() -> Operation:
-    return Operation(Observation(connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp",
-                                 submitted_ns=0, submitted_unix_ns=0))  # fmt: skip
+    return Operation(
+        Observation(
+            connection_id=1,
+            session_id=1,
+            operation_id=1,
+            frame_id=1,
+            transport="tcp",
+            submitted_ns=0,
+            submitted_unix_ns=0,
+        )
+    )
 
 
 @given(st.lists(st.tuples(st.sampled_from(["delta0", "delta1", "usage", "take"]), st.text(max_size=3)), max_size=40))
@@ -53,5 +62,7 @@ def test_whatever_is_merged_the_client_reads_the_same_text_per_choice_in_order(s
     assert [p.sequence for p in sent] == list(range(1, len(sent) + 1))
     assert sum(p.events for p in sent) == len([s for s in steps if s[0] != "take"])
     for index in (0, 1):
-        text = "".join(p.event["delta"] for p in sent if p.event["type"] == ev.OUTPUT_TEXT_DELTA and p.event["index"] == index)
+        text = "".join(
+            p.event["delta"] for p in sent if p.event["type"] == ev.OUTPUT_TEXT_DELTA and p.event["index"] == index
+        )
         assert text == decided[index]

@@ -4,7 +4,7 @@ import sys
 CHECK = """
 import sys
 sys.modules["vllm"] = None  # any `import vllm` now raises ImportError
-import vllm_nnrp_plugin.adapter, vllm_nnrp_plugin.service
+import vllm_nnrp_plugin.core.adapter, vllm_nnrp_plugin.service
 import vllm_nnrp_plugin.vllm_binding.endpoint, vllm_nnrp_plugin.vllm_binding.gate
 from vllm_nnrp_plugin.vllm_binding.general import register
 register()  # not inside a vLLM API server: does nothing, imports nothing
@@ -22,11 +22,11 @@ def test_the_package_imports_and_registers_without_vllm():
 
 CLIENT_ONLY = """
 import sys
-import vllm_nnrp_plugin.client.cli, vllm_nnrp_plugin.client.conformance.runner, vllm_nnrp_plugin.client.connection
-import vllm_nnrp_plugin.client.openai.transport, vllm_nnrp_plugin.client.profile_client
+import vllm_nnrp_plugin.client.cli, vllm_nnrp_plugin.client.conformance.runner, vllm_nnrp_plugin.client.aio.connection
+import vllm_nnrp_plugin.client.openai.transport, vllm_nnrp_plugin.client.native.profile_client
 from vllm_nnrp_plugin.client import *
 server_side = ("vllm_nnrp_plugin.nnrp_binding", "vllm_nnrp_plugin.vllm_binding", "vllm_nnrp_plugin.service",
-               "vllm_nnrp_plugin.adapter", "vllm_nnrp_plugin.operation")
+               "vllm_nnrp_plugin.core.adapter", "vllm_nnrp_plugin.core.operation")
 print(sorted(m for m in sys.modules if m.startswith(server_side)))
 """
 

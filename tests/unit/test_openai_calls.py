@@ -18,8 +18,13 @@ URL = "http://nnrp.invalid/v1"
 
 
 def call(method: str, path: str, body: dict | None = None, headers: dict | None = None, **extensions) -> Call:
-    request = httpx.Request(method, URL + path, content=orjson.dumps(body) if body is not None else b"",
-                            headers=headers, extensions=extensions)  # fmt: skip
+    request = httpx.Request(
+        method,
+        URL + path,
+        content=orjson.dumps(body) if body is not None else b"",
+        headers=headers,
+        extensions=extensions,
+    )
     return Call(request)
 
 
@@ -28,15 +33,25 @@ def completed(body: dict) -> ClientEvent:
 
 
 def refused(code: str, status: int = 400) -> ClientEvent:
-    return ClientEvent("result_push", {"type": "response.error", "error": {"code": code, "message": "no"}}, status=status)
+    return ClientEvent(
+        "result_push", {"type": "response.error", "error": {"code": code, "message": "no"}}, status=status
+    )
 
 
-@pytest.mark.parametrize("path, body, operation, stream", [
-    ("/chat/completions", {"model": "m", "messages": [], "stream": True}, "chat.completions.create", ChatChunkStream),
-    ("/responses", {"model": "m", "input": "x"}, "responses.create", None),
-    ("/responses", {"model": "m", "input": "x", "stream": True}, "responses.create", ResponsesEventStream),
-    ("/embeddings", {"model": "m", "input": "x"}, "embeddings.create", None),
-])
+@pytest.mark.parametrize(
+    "path, body, operation, stream",
+    [
+        (
+            "/chat/completions",
+            {"model": "m", "messages": [], "stream": True},
+            "chat.completions.create",
+            ChatChunkStream,
+        ),
+        ("/responses", {"model": "m", "input": "x"}, "responses.create", None),
+        ("/responses", {"model": "m", "input": "x", "stream": True}, "responses.create", ResponsesEventStream),
+        ("/embeddings", {"model": "m", "input": "x"}, "embeddings.create", None),
+    ],
+)
 def test_posts_become_one_submit_of_their_operation_with_the_body_as_is(path, body, operation, stream):
     planned = call("POST", path, body, timeout={"read": 2.5})
     assert planned.plan() is None
@@ -57,7 +72,9 @@ def test_models_list_where_served_is_vllms_list_else_the_capability_document_is_
     planned = call("GET", "/models")
     planned.plan()
     assert planned.envelope["operation"] == "models.list"
-    assert orjson.loads(planned.answer(completed(recorded_json("models-a-list"))).content) == recorded_json("models-a-list")
+    assert orjson.loads(planned.answer(completed(recorded_json("models-a-list"))).content) == recorded_json(
+        "models-a-list"
+    )
     planned = call("GET", "/models")
     planned.plan()
     assert planned.answer(refused("unsupported_operation")) is RESUBMIT
@@ -71,23 +88,35 @@ def test_an_operation_the_server_does_not_serve_is_404_with_vllms_error_shape():
     planned.plan()
     answer = planned.answer(refused("unsupported_operation"))
     assert answer.status_code == 404
-    assert orjson.loads(answer.content) == {"error": {"message": "no", "type": "NotFoundError", "param": None,
-                                                      "code": "unsupported_operation"}}  # fmt: skip
+    assert orjson.loads(answer.content) == {
+        "error": {"message": "no", "type": "NotFoundError", "param": None, "code": "unsupported_operation"}
+    }
     assert error_status({"error": {"code": "unsupported_operation"}}, 400) == 404
 
 
-@pytest.mark.parametrize("method, path, status", [
-    ("GET", "/responses", 405), ("GET", "/embeddings", 405), ("POST", "/models", 405), ("POST", "/completions", 404),
-    ("GET", "/responses/resp_1", 404),
-])
+@pytest.mark.parametrize(
+    "method, path, status",
+    [
+        ("GET", "/responses", 405),
+        ("GET", "/embeddings", 405),
+        ("POST", "/models", 405),
+        ("POST", "/completions", 404),
+        ("GET", "/responses/resp_1", 404),
+    ],
+)
 def test_other_routes_get_fastapis_answer_without_a_submit(method, path, status):
     planned = call(method, path, {})
     assert planned.plan().status_code == status and planned.envelope is None
 
 
 def test_a_bound_on_the_whole_operation_comes_from_the_header_or_the_transport():
-    planned = call("POST", "/chat/completions", {"model": "m", "messages": []}, timeout={"read": 2.5},
-                   headers={"X-NNRP-Timeout-Ms": "1500"})  # fmt: skip
+    planned = call(
+        "POST",
+        "/chat/completions",
+        {"model": "m", "messages": []},
+        timeout={"read": 2.5},
+        headers={"X-NNRP-Timeout-Ms": "1500"},
+    )
     assert planned.plan() is None and planned.envelope["nnrp"] == {"timeout_ms": 1500}
     assert planned.timeout_s == 2.5
     for bad in ("soon", "0", "-5", "1.5"):

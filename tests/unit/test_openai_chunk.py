@@ -42,8 +42,7 @@ def mapped(chunks: list[dict]) -> tuple[list[dict], dict]:
 
 def rendered(profile_events: list[dict], body: dict) -> list[dict]:
     """The chunks the SDK transport writes for these events (``[DONE]`` left out)."""
-    stream = sse.ChatChunkStream(completion_id="chatcmpl-x", created=1, model="example-model",
-                                        include_usage=False)  # fmt: skip
+    stream = sse.ChatChunkStream(completion_id="chatcmpl-x", created=1, model="example-model", include_usage=False)
     return [c for c in items(b"".join(stream.feed(e) for e in profile_events) + stream.finish(body)) if c != "[DONE]"]
 
 
@@ -126,7 +125,8 @@ def of_reasoning(event: dict) -> bool:
     """An event of a reasoning item (vLLM's ``response.reasoning_*`` and a ``reasoning`` item's added/done)."""
     kind = event["type"]
     return kind.startswith("response.reasoning_") or (
-        kind.startswith("response.output_item.") and event["item"]["type"] == "reasoning")  # fmt: skip
+        kind.startswith("response.output_item.") and event["item"]["type"] == "reasoning"
+    )
 
 
 def strip(event: dict) -> dict:
@@ -149,4 +149,5 @@ def test_responses_reasoning_items_reach_the_sdk_as_vllm_streamed_them(version):
     # non-streaming parse of the same text, without ``</think>``, lists a message instead of the reasoning)
     completed = vllm[-1]["response"]
     assert sdk_final(ours).output_text == "".join(
-        part["text"] for item in completed["output"] if item["type"] == "message" for part in item["content"])
+        part["text"] for item in completed["output"] if item["type"] == "message" for part in item["content"]
+    )

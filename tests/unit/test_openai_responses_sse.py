@@ -27,7 +27,7 @@ def blocks(sse_bytes: bytes) -> list[tuple[str, dict]]:
         if block.strip():
             name, data = block.split("\n")
             assert name.startswith("event: ") and data.startswith("data: ")
-            out.append((name[len("event: "):], orjson.loads(data[len("data: "):])))
+            out.append((name[len("event: ") :], orjson.loads(data[len("data: ") :])))
     return out
 
 
@@ -72,9 +72,12 @@ def test_tool_call_stream_has_vllms_function_call_events_and_the_sdk_assembles_t
     added, done = ours[2][1]["item"], ours[-2][1]["item"]
     streamed = next(d["item"] for d in vllm if d["type"] == "response.output_item.done")
     assert {k: done[k] for k in ("id", "call_id", "name", "arguments", "status")} == {
-        k: streamed[k] for k in ("id", "call_id", "name", "arguments", "status")}
+        k: streamed[k] for k in ("id", "call_id", "name", "arguments", "status")
+    }
     assert added["arguments"] == "" and added["status"] == "in_progress"
-    assert "".join(d["delta"] for n, d in ours if n == "response.function_call_arguments.delta") == streamed["arguments"]
+    assert (
+        "".join(d["delta"] for n, d in ours if n == "response.function_call_arguments.delta") == streamed["arguments"]
+    )
     final = sdk_final(ours)
     (call,) = [item for item in final.output if item.type == "function_call"]
     expected = vllm[-1]["response"]["output"][0]  # the completed Response's own item
@@ -87,12 +90,30 @@ def test_a_tool_call_error_ends_its_item_incomplete_so_the_stream_still_complete
     out = stream.feed(events.tool_call_started(0, "fc_1", "call_1", "lookup"))
     out += stream.feed(events.tool_call_delta(0, "fc_1", "call_1", '{"city": '))
     out += stream.feed(events.tool_call_error(0, "fc_1", "call_1", err))
-    body = {"id": "resp_vllm", "object": "response", "status": "incomplete", "output": [
-        {"type": "function_call", "id": "fc_2", "call_id": "call_2", "name": "lookup", "arguments": '{"city": ',
-         "status": "incomplete"}]}  # fmt: skip
+    body = {
+        "id": "resp_vllm",
+        "object": "response",
+        "status": "incomplete",
+        "output": [
+            {
+                "type": "function_call",
+                "id": "fc_2",
+                "call_id": "call_2",
+                "name": "lookup",
+                "arguments": '{"city": ',
+                "status": "incomplete",
+            }
+        ],
+    }
     sse = blocks(out + stream.finish(body))
-    assert sse[-2][1]["item"] == {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "lookup",
-                                  "arguments": '{"city": ', "status": "incomplete"}  # fmt: skip
+    assert sse[-2][1]["item"] == {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "lookup",
+        "arguments": '{"city": ',
+        "status": "incomplete",
+    }
     assert sdk_final(sse).status == "incomplete"
 
 
@@ -102,14 +123,32 @@ def test_an_error_after_the_stream_began_is_an_error_event_with_vllms_error_body
     out += stream.fail({"type": "response.error", "error": {"code": "backend_error", "message": "engine died"}}, 500)
     name, data = blocks(out)[-1]
     assert name == "error"
-    assert data == {"error": {"message": "engine died", "type": "InternalServerError", "param": None, "code": "backend_error"}}
+    assert data == {
+        "error": {"message": "engine died", "type": "InternalServerError", "param": None, "code": "backend_error"}
+    }
 
 
 def test_the_in_progress_response_repeats_the_requests_fields():
-    stream = ResponsesEventStream(response_id="resp_x", created_at=7, request={**REQUEST, "max_output_tokens": 9,
-                                  "instructions": "Be brief.", "tools": [{"type": "function", "name": "f"}]})  # fmt: skip
+    stream = ResponsesEventStream(
+        response_id="resp_x",
+        created_at=7,
+        request={
+            **REQUEST,
+            "max_output_tokens": 9,
+            "instructions": "Be brief.",
+            "tools": [{"type": "function", "name": "f"}],
+        },
+    )
     (_, created), (_, in_progress), _ = blocks(stream.feed(events.output_text_delta(0, "Hi")))[:3]
     assert created["response"] == in_progress["response"]
-    assert {k: created["response"][k] for k in ("id", "created_at", "max_output_tokens", "instructions", "tools", "tool_choice")} == {
-        "id": "resp_x", "created_at": 7, "max_output_tokens": 9, "instructions": "Be brief.",
-        "tools": [{"type": "function", "name": "f"}], "tool_choice": "auto"}  # fmt: skip
+    assert {
+        k: created["response"][k]
+        for k in ("id", "created_at", "max_output_tokens", "instructions", "tools", "tool_choice")
+    } == {
+        "id": "resp_x",
+        "created_at": 7,
+        "max_output_tokens": 9,
+        "instructions": "Be brief.",
+        "tools": [{"type": "function", "name": "f"}],
+        "tool_choice": "auto",
+    }

@@ -4,10 +4,9 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import (
-    TRANSITIONS,
+from vllm_nnrp_plugin.core.operation import (
     NOTHING,
+    TRANSITIONS,
     DropReason,
     Effect,
     Input,
@@ -18,6 +17,7 @@ from vllm_nnrp_plugin.operation import (
     State,
     Terminal,
 )
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile.errors import ProfileError
 
 A, R, D, X, S = State.ADMITTED, State.RUNNING, State.DECIDED, State.DROPPING, State.SENT
@@ -175,7 +175,9 @@ def test_a_sealed_push_is_the_encoded_terminal_and_a_drop_is_numbered_after_the_
     assert op.seal(Terminal(200, {}), now_ns=4_000_000) is None  # one terminal goes out, never two
     cancelled = operation()
     cancelled.take(cancelled.partial({"type": "a"}))
-    drop = cancelled.seal(cancelled.cancel(DropReason.PEER_CANCELLED, "client_cancelled", 2_000_000).terminal, 2_000_000)
+    drop = cancelled.seal(
+        cancelled.cancel(DropReason.PEER_CANCELLED, "client_cancelled", 2_000_000).terminal, 2_000_000
+    )
     assert isinstance(drop, ResultDrop) and drop.sequence == 2
     assert orjson.loads(drop.diagnostic) == {"type": "response.cancelled", "reason": "client_cancelled"}
 

@@ -4,7 +4,8 @@ one typed error — never an exception escaping, never two terminals.
 Covered: frame unwrapping (``wire_mapping.unwrap_typed_body``) and envelope decoding (``decode_envelope``) on arbitrary
 bytes and on mutated envelopes; chunk -> event mapping (``ChatStreamMapper``) on realistic and on arbitrary
 chunk streams, end to end through ``run_operation`` with the real :class:`Operation`; the operation's rules
-(:class:`Operation`) on arbitrary sequences of decisions and wire events. Example counts are bounded so the default test run stays fast.
+(:class:`Operation`) on arbitrary sequences of decisions and wire events. Example counts are bounded so the default
+test run stays fast.
 """
 
 from __future__ import annotations
@@ -22,16 +23,22 @@ from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.support import envelope  # noqa: E402
-from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
-from vllm_nnrp_plugin.controls import RuntimeControls
-from vllm_nnrp_plugin.profile.capabilities import operation_names, chat_operation, runtime_document
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import (
-    DropReason, Operation, PartialResult, ResultDrop, ResultPush, State, Terminal,
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.adapter import AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.core.controls import RuntimeControls
+from vllm_nnrp_plugin.core.operation import (
+    DropReason,
+    Operation,
+    PartialResult,
+    ResultDrop,
+    ResultPush,
+    State,
+    Terminal,
 )  # fmt: skip
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
+from vllm_nnrp_plugin.profile.capabilities import chat_operation, operation_names, runtime_document
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import vllm_chunks
@@ -41,7 +48,9 @@ CODES = {v for k, v in vars(E).items() if k.isupper() and isinstance(v, str)} - 
 MAX_BYTES = 4096
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False) | st.text(max_size=20)
+json_scalars = (
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False) | st.text(max_size=20)
+)
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
@@ -113,12 +122,19 @@ realistic_chunk = st.fixed_dictionaries(
             ),
             max_size=2,
         ),
-        "usage": st.none() | st.fixed_dictionaries(
-            {"prompt_tokens": st.integers(0, 9), "completion_tokens": st.integers(0, 9), "total_tokens": st.integers(0, 18)}
+        "usage": st.none()
+        | st.fixed_dictionaries(
+            {
+                "prompt_tokens": st.integers(0, 9),
+                "completion_tokens": st.integers(0, 9),
+                "total_tokens": st.integers(0, 18),
+            }
         ),
     },
 )
-error_chunk = st.fixed_dictionaries({"error": st.fixed_dictionaries({"message": st.text(max_size=10), "code": st.integers(400, 599)})})
+error_chunk = st.fixed_dictionaries(
+    {"error": st.fixed_dictionaries({"message": st.text(max_size=10), "code": st.integers(400, 599)})}
+)
 any_chunk = st.dictionaries(st.sampled_from(["id", "choices", "usage", "error", "x"]), json_values, max_size=4)
 chunk_streams = st.lists(st.one_of(realistic_chunk, realistic_chunk, error_chunk, any_chunk), max_size=12)
 
@@ -162,6 +178,7 @@ class RecordingSink:
     @functools.cached_property
     def controls(self):
         return RuntimeControls()
+
     def limit_time(self, timeout_ms):
         pass
 
@@ -220,7 +237,9 @@ def _check_one_terminal(sink: RecordingSink) -> dict[str, Any]:
 @FAST
 @given(chunk_streams)
 # a usage chunk whose usage is not an object once crashed the usage bookkeeping
-@example([{"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]}, {"choices": [], "usage": True}])
+@example(
+    [{"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]}, {"choices": [], "usage": True}]
+)
 def test_any_chunk_stream_gives_ordered_events_and_exactly_one_terminal(chunks):
     sink, payload = RecordingSink(), orjson.dumps(envelope({"messages": [], "stream": True}))
     backend = ScriptedBackend(chunks)

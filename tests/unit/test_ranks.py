@@ -28,7 +28,15 @@ def test_a_port_beyond_65535_is_a_clear_error():
 
 
 def test_tls_websocket_and_quic_addresses_keep_their_scheme_and_path():
-    listen = ("nnrps://127.0.0.1:9400", "ws://127.0.0.1:9401/nnrp", "wss://127.0.0.1:9402/nnrp", "quic://127.0.0.1:9403")
+    listen = (
+        "nnrps://127.0.0.1:9400",
+        "ws://127.0.0.1:9401/nnrp",
+        "wss://127.0.0.1:9402/nnrp",
+        "quic://127.0.0.1:9403",
+    )
     assert rank_listen(listen, 1, 2) == (
-        "nnrps://127.0.0.1:9401", "ws://127.0.0.1:9402/nnrp", "wss://127.0.0.1:9403/nnrp", "quic://127.0.0.1:9404",
-    )  # fmt: skip
+        "nnrps://127.0.0.1:9401",
+        "ws://127.0.0.1:9402/nnrp",
+        "wss://127.0.0.1:9403/nnrp",
+        "quic://127.0.0.1:9404",
+    )

@@ -8,7 +8,8 @@ The serving object here is a stand-in with the calling shape of vLLM 0.26–0.32
 ``SimpleStreamingEventProcessor`` with vLLM's state rules (``vllm/entrypoints/openai/responses/streaming_events.py``:
 ``resolve_target_state``, ``needs_transition``, ``split_delta``; a delta of the open item changes only
 ``accumulated_text``). Its parser replays deltas taken from real vLLM's Responses streams (the anchors' recordings
-in compat/fixtures/vllm/) or generated ones. Real vLLM is exercised end to end (tests/e2e/test_responses_lane_e2e.py)."""
+in compat/fixtures/vllm/) or generated ones. Real vLLM is exercised end to end
+(tests/e2e/test_responses_lane_e2e.py)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ from vllm_nnrp_plugin.vllm_binding.responses_lane import request_fits, responses
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "compat", "fixtures", "vllm")
 #: Responses stream recordings of the lines the lane serves
-RECORDINGS = sorted(p for p in glob.glob(os.path.join(FIXTURES, "*", "responses-*-stream-*.sse"))
-                    if not p.split(os.sep)[-2].startswith("0.18"))  # fmt: skip
+RECORDINGS = sorted(
+    p
+    for p in glob.glob(os.path.join(FIXTURES, "*", "responses-*-stream-*.sse"))
+    if not p.split(os.sep)[-2].startswith("0.18")
+)
 
 
 class _StateType(enum.Enum):
@@ -76,15 +80,25 @@ class SimpleStreamingEventProcessor:
         state = self.state
         if state.current_state != target:
             return True
-        return (target == _StateType.TOOL_CALL and tool_call is not None and state.tool_call_index is not None
-                and tool_call.index is not None and state.tool_call_index != tool_call.index)
+        return (
+            target == _StateType.TOOL_CALL
+            and tool_call is not None
+            and state.tool_call_index is not None
+            and tool_call.index is not None
+            and state.tool_call_index != tool_call.index
+        )
 
     def close_current(self):
         state = self.state
         if state.current_state == _StateType.NONE:
             return []
-        done = Event("response.output_item.done", output_index=state.output_index, item_id=state.current_item_id,
-                     text=state.accumulated_text, kind=state.current_state.name)
+        done = Event(
+            "response.output_item.done",
+            output_index=state.output_index,
+            item_id=state.current_item_id,
+            text=state.accumulated_text,
+            kind=state.current_state.name,
+        )
         state.output_index += 1
         state.current_state = _StateType.NONE
         return [done]
@@ -95,32 +109,66 @@ class SimpleStreamingEventProcessor:
         state.current_item_id, state.accumulated_text = f"item-{state.items}", ""
         if target == _StateType.TOOL_CALL:
             state.tool_call_index = tool_call.index
-        return [Event("response.output_item.added", output_index=state.output_index, item_id=state.current_item_id,
-                      kind=target.name, name=tool_call.function.name if tool_call else None)]
+        return [
+            Event(
+                "response.output_item.added",
+                output_index=state.output_index,
+                item_id=state.current_item_id,
+                kind=target.name,
+                name=tool_call.function.name if tool_call else None,
+            )
+        ]
 
     def emit_delta(self, delta, output, get_logprobs=None):
         state = self.state
         if state.current_state == _StateType.TOOL_CALL:
-            arguments = "".join(tc.function.arguments for tc in delta.tool_calls
-                                if tc.function is not None and tc.function.arguments)
+            arguments = "".join(
+                tc.function.arguments for tc in delta.tool_calls if tc.function is not None and tc.function.arguments
+            )
             if not arguments:
                 return []
             state.accumulated_text += arguments
-            return [Event("response.function_call_arguments.delta", output_index=state.output_index,
-                          item_id=state.current_item_id, delta=arguments)]
+            return [
+                Event(
+                    "response.function_call_arguments.delta",
+                    output_index=state.output_index,
+                    item_id=state.current_item_id,
+                    delta=arguments,
+                )
+            ]
         if state.current_state == _StateType.REASONING:
             state.accumulated_text += delta.reasoning
-            return [Event("response.reasoning_text.delta", content_index=state.content_index, delta=delta.reasoning,
-                          item_id=state.current_item_id, output_index=state.output_index)]
+            return [
+                Event(
+                    "response.reasoning_text.delta",
+                    content_index=state.content_index,
+                    delta=delta.reasoning,
+                    item_id=state.current_item_id,
+                    output_index=state.output_index,
+                )
+            ]
         state.accumulated_text += delta.content
-        return [Event("response.output_text.delta", content_index=state.content_index, delta=delta.content,
-                      item_id=state.current_item_id, output_index=state.output_index, logprobs=get_logprobs(output))]
+        return [
+            Event(
+                "response.output_text.delta",
+                content_index=state.content_index,
+                delta=delta.content,
+                item_id=state.current_item_id,
+                output_index=state.output_index,
+                logprobs=get_logprobs(output),
+            )
+        ]
 
 
 def split_delta(delta):
-    has_reasoning, has_content, has_tools = delta.reasoning is not None, delta.content is not None, bool(delta.tool_calls)
+    has_reasoning, has_content, has_tools = (
+        delta.reasoning is not None,
+        delta.content is not None,
+        bool(delta.tool_calls),
+    )
     if int(has_reasoning) + int(has_content) + int(has_tools) <= 1 and (
-            not has_tools or len({tc.index for tc in delta.tool_calls}) <= 1):
+        not has_tools or len({tc.index for tc in delta.tool_calls}) <= 1
+    ):
         return [delta]
     parts = []
     if has_reasoning:
@@ -172,9 +220,18 @@ class Serving:
         finally:
             self.closed["engine"] = True
 
-    async def _process_simple_streaming_events(self, request, sampling_params, result_generator, context,
-                                               model_name, tokenizer, request_metadata, created_time,
-                                               _increment_sequence_number_and_return):  # fmt: skip
+    async def _process_simple_streaming_events(
+        self,
+        request,
+        sampling_params,
+        result_generator,
+        context,
+        model_name,
+        tokenizer,
+        request_metadata,
+        created_time,
+        _increment_sequence_number_and_return,
+    ):
         processor = SimpleStreamingEventProcessor()
         number = _increment_sequence_number_and_return
         try:
@@ -185,8 +242,12 @@ class Serving:
                 self.seen.append(output.text)
                 if ctx.response_parser:
                     delta = ctx.response_parser.parse_delta(
-                        delta_text=output.text, delta_token_ids=list(output.token_ids), request=request,
-                        prompt_token_ids=ctx.last_output.prompt_token_ids, finished=output.finish_reason is not None)
+                        delta_text=output.text,
+                        delta_token_ids=list(output.token_ids),
+                        request=request,
+                        prompt_token_ids=ctx.last_output.prompt_token_ids,
+                        finished=output.finish_reason is not None,
+                    )
                 else:
                     delta = DeltaMessage(content=output.text)
                 if not delta:
@@ -218,8 +279,9 @@ class Serving:
             return event
 
         yield number(Event("response.created"))
-        async for event in self._process_simple_streaming_events(request, None, self._contexts(), self.context,
-                                                                 "m", None, None, 0, number):  # fmt: skip
+        async for event in self._process_simple_streaming_events(
+            request, None, self._contexts(), self.context, "m", None, None, 0, number
+        ):
             yield event
         yield number(Event("response.completed"))
 
@@ -259,7 +321,7 @@ def script_of(path):
     """(engine output texts, parser deltas) of a recorded Responses stream: one output per delta event (text,
     reasoning, a call's name when its item is added, its argument fragments), then a finish output."""
     with open(path, encoding="utf-8") as f:
-        items = [orjson.loads(line[len("data: "):]) for line in f.read().splitlines() if line.startswith("data: ")]
+        items = [orjson.loads(line[len("data: ") :]) for line in f.read().splitlines() if line.startswith("data: ")]
     texts, deltas, calls = [], [], {}
     for item in items:
         kind = item.get("type")
@@ -269,11 +331,19 @@ def script_of(path):
             deltas.append(DeltaMessage(reasoning=item["delta"]))
         elif kind == "response.output_item.added" and item["item"]["type"] == "function_call":
             calls[item["item"]["id"]] = index = len(calls)
-            deltas.append(DeltaMessage(tool_calls=[DeltaToolCall(index=index, function=DeltaFunctionCall(
-                name=item["item"]["name"]))]))
+            deltas.append(
+                DeltaMessage(
+                    tool_calls=[DeltaToolCall(index=index, function=DeltaFunctionCall(name=item["item"]["name"]))]
+                )
+            )
         elif kind == "response.function_call_arguments.delta":
-            deltas.append(DeltaMessage(tool_calls=[DeltaToolCall(index=calls[item["item_id"]], function=DeltaFunctionCall(
-                arguments=item["delta"]))]))
+            deltas.append(
+                DeltaMessage(
+                    tool_calls=[
+                        DeltaToolCall(index=calls[item["item_id"]], function=DeltaFunctionCall(arguments=item["delta"]))
+                    ]
+                )
+            )
         else:
             continue
         texts.append(f"t{len(texts)}")
@@ -291,30 +361,59 @@ def test_the_lane_gives_vllms_events_for_every_recorded_stream(path):
 
 
 def test_the_lane_takes_the_deltas_of_an_open_item_and_vllm_opens_and_closes_items():
-    deltas = [DeltaMessage(content="a"), DeltaMessage(content="b"), None, DeltaMessage(content=""),
-              DeltaMessage(reasoning="r"), DeltaMessage(reasoning="s"), DeltaMessage(content="c"), None]
+    deltas = [
+        DeltaMessage(content="a"),
+        DeltaMessage(content="b"),
+        None,
+        DeltaMessage(content=""),
+        DeltaMessage(reasoning="r"),
+        DeltaMessage(reasoning="s"),
+        DeltaMessage(content="c"),
+        None,
+    ]
     texts = [f"t{n}" for n in range(len(deltas))]
     (vllm_events, _, _), (lane_events, _, serving) = both(texts, deltas)
     assert lane_events == vllm_events
     assert serving.seen == ["t0", "t4", "t6", "t7"]  # the first output, the two that open an item, the finish
     kinds = [e["type"] for e in lane_events]
-    assert kinds == ["response.created", "response.output_item.added", "response.output_text.delta",
-                     "response.output_text.delta", "response.output_item.done", "response.output_item.added",
-                     "response.reasoning_text.delta", "response.reasoning_text.delta", "response.output_item.done",
-                     "response.output_item.added", "response.output_text.delta", "response.output_item.done",
-                     "response.completed"]  # fmt: skip
+    assert kinds == [
+        "response.created",
+        "response.output_item.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.output_text.delta",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [e["text"] for e in lane_events if e["type"] == "response.output_item.done"] == ["ab", "rs", "c"]
     assert [e["sequence_number"] for e in lane_events if "sequence_number" in e] == [0, 1, 4, 5, 6, 7, 8, 9, 11, 12]
 
 
 def test_the_lanes_own_text_delta_is_the_mappers_dict_and_its_reasoning_delta_is_vllms_whole_event():
-    deltas = [DeltaMessage(content="a"), DeltaMessage(content="b"), DeltaMessage(reasoning="r"),
-              DeltaMessage(reasoning="s"), None]
+    deltas = [
+        DeltaMessage(content="a"),
+        DeltaMessage(content="b"),
+        DeltaMessage(reasoning="r"),
+        DeltaMessage(reasoning="s"),
+        None,
+    ]
     texts = [f"t{n}" for n in range(len(deltas))]
     lane_events = both(texts, deltas)[1][0]
     assert lane_events[3] == {"type": "response.output_text.delta", "output_index": 0, "delta": "b"}
-    assert lane_events[7] == {"content_index": 0, "delta": "s", "item_id": "item-2", "output_index": 1,
-                              "sequence_number": 7, "type": "response.reasoning_text.delta"}  # fmt: skip
+    assert lane_events[7] == {
+        "content_index": 0,
+        "delta": "s",
+        "item_id": "item-2",
+        "output_index": 1,
+        "sequence_number": 7,
+        "type": "response.reasoning_text.delta",
+    }
 
 
 def test_a_server_without_a_parser_streams_the_output_text():
@@ -362,20 +461,33 @@ def test_vllms_object_is_unchanged_and_each_request_gets_its_own_view():
     assert "_process_simple_streaming_events" not in serving.__dict__
 
 
-TEXT = st.text(alphabet="ab<>{}\" ", max_size=3)
+TEXT = st.text(alphabet='ab<>{}" ', max_size=3)
 DELTA = st.one_of(
     st.none(),
     st.builds(lambda t: DeltaMessage(content=t), TEXT),
     st.builds(lambda t: DeltaMessage(reasoning=t), TEXT),
     st.builds(lambda r, c: DeltaMessage(reasoning=r, content=c), TEXT, TEXT),
     st.builds(lambda t: DeltaMessage(content=t, tool_calls=[]), TEXT),
-    st.builds(lambda i, name, args: DeltaMessage(tool_calls=[DeltaToolCall(
-        index=i, function=DeltaFunctionCall(name=name, arguments=args))]),
-        st.integers(0, 2), st.one_of(st.none(), st.just("lookup")), st.one_of(st.none(), TEXT)),
-    st.builds(lambda c, a: DeltaMessage(content=c, tool_calls=[DeltaToolCall(
-        index=0, function=DeltaFunctionCall(arguments=a)), DeltaToolCall(index=1, function=DeltaFunctionCall(
-            name="lookup"))]), TEXT, TEXT),
-)  # fmt: skip
+    st.builds(
+        lambda i, name, args: DeltaMessage(
+            tool_calls=[DeltaToolCall(index=i, function=DeltaFunctionCall(name=name, arguments=args))]
+        ),
+        st.integers(0, 2),
+        st.one_of(st.none(), st.just("lookup")),
+        st.one_of(st.none(), TEXT),
+    ),
+    st.builds(
+        lambda c, a: DeltaMessage(
+            content=c,
+            tool_calls=[
+                DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=a)),
+                DeltaToolCall(index=1, function=DeltaFunctionCall(name="lookup")),
+            ],
+        ),
+        TEXT,
+        TEXT,
+    ),
+)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
@@ -388,4 +500,3 @@ def test_any_sequence_of_parser_deltas_gives_vllms_events(deltas, without_parser
     (vllm_events, vllm_calls, _), (lane_events, lane_calls, _) = both(texts, deltas)
     assert lane_events == vllm_events
     assert lane_calls == vllm_calls
-

@@ -10,16 +10,16 @@ import json
 import orjson
 import pytest
 
-from vllm_nnrp_plugin.adapter import STREAM_MAPPERS, AdapterLimits, Call, run_operation
-from vllm_nnrp_plugin.controls import RuntimeControls
-from vllm_nnrp_plugin.observation import Observation
+from tests.support import FIXTURES, error_response
+from vllm_nnrp_plugin.core.adapter import STREAM_MAPPERS, AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.core.controls import RuntimeControls
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import chat_operation, operation, runtime_document
 from vllm_nnrp_plugin.profile.responses_stream import ResponsesStreamMapper
 from vllm_nnrp_plugin.vllm_binding.families import family_of, responses_stream_fails
 from vllm_nnrp_plugin.vllm_binding.serving import error_from_response
-from tests.support import FIXTURES, error_response
 
 VERSIONS = sorted(p.parent.name for p in FIXTURES.parent.glob("*/responses-a-stream-text.sse"))
 
@@ -27,7 +27,7 @@ VERSIONS = sorted(p.parent.name for p in FIXTURES.parent.glob("*/responses-a-str
 def recorded_events(case: str, version: str = "0.26.0") -> list[dict]:
     """The ``data:`` objects of a recorded ``/v1/responses`` SSE stream (``event: <type>\\ndata: <json>``)."""
     text = (FIXTURES.parent / version / f"{case}.sse").read_text()
-    return [orjson.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+    return [orjson.loads(line[len("data: ") :]) for line in text.splitlines() if line.startswith("data: ")]
 
 
 def recorded(case: str, version: str = "0.26.0") -> dict:
@@ -47,8 +47,11 @@ def output_text(response: dict) -> str:
 
 def profile_usage(response: dict) -> dict:
     usage = response["usage"]
-    return {"input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"],
-            "total_tokens": usage["total_tokens"]}
+    return {
+        "input_tokens": usage["input_tokens"],
+        "output_tokens": usage["output_tokens"],
+        "total_tokens": usage["total_tokens"],
+    }
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -97,7 +100,11 @@ def test_function_call_stream_is_started_deltas_completed_with_vllms_ids(version
     assert usage["type"] == "response.usage"
     (call,) = body["output"]  # vLLM's final Response: on 0.32 the streamed ids, before it new ones
     assert ((call["id"], call["call_id"]) == (ids["item_id"], ids["call_id"])) is (version >= "0.32")
-    assert call["type"] == "function_call" and call["name"] == "lookup" and json.loads(call["arguments"]) == json.loads(arguments)
+    assert (
+        call["type"] == "function_call"
+        and call["name"] == "lookup"
+        and json.loads(call["arguments"]) == json.loads(arguments)
+    )
     reference = recorded("responses-f-nonstream-tool-required", version)
     assert [(o["type"], o["name"], json.loads(o["arguments"])) for o in reference["output"]] == [
         ("function_call", "lookup", {"city": "Paris"})
@@ -173,8 +180,11 @@ def test_a_stream_ending_without_response_completed_is_a_backend_error():
 
 @pytest.mark.parametrize(
     "case, code",
-    [("responses-g-unknown-model-nonstream", "model_not_found"), ("responses-i-no-input-nonstream", "invalid_request"),
-     ("responses-j-bad-type-nonstream", "invalid_request")],
+    [
+        ("responses-g-unknown-model-nonstream", "model_not_found"),
+        ("responses-i-no-input-nonstream", "invalid_request"),
+        ("responses-j-bad-type-nonstream", "invalid_request"),
+    ],
 )
 def test_vllms_recorded_error_bodies_map_to_typed_errors(case, code):
     assert error_from_response(error_response(case)).code == code
@@ -211,16 +221,22 @@ def test_on_0_18_the_refused_stream_is_one_a_non_streaming_call_answers():
     assert [(o["type"], o["name"], json.loads(o["arguments"])) for o in reference["output"]] == [
         ("function_call", "lookup", {"city": "Paris"})
     ]
-    assert not responses_stream_fails((0, 18), recorded_request("responses-l-stream-tool-parameterless", "0.18.1"),
-                                      tool_parser=True)
+    assert not responses_stream_fails(
+        (0, 18), recorded_request("responses-l-stream-tool-parameterless", "0.18.1"), tool_parser=True
+    )
 
 
 @pytest.mark.parametrize(
     "change, fails",
-    [({}, True), ({"tool_choice": {"type": "function", "name": "lookup"}}, True), ({"tool_choice": "auto"}, False),
-     ({"tool_choice": "none"}, False), ({"tools": []}, False),
-     ({"tool_choice": "auto", "text": {"format": {"type": "json_schema", "name": "n", "schema": {}}}}, True),
-     ({"tool_choice": "auto", "text": {"format": {"type": "text"}}}, False)],
+    [
+        ({}, True),
+        ({"tool_choice": {"type": "function", "name": "lookup"}}, True),
+        ({"tool_choice": "auto"}, False),
+        ({"tool_choice": "none"}, False),
+        ({"tools": []}, False),
+        ({"tool_choice": "auto", "text": {"format": {"type": "json_schema", "name": "n", "schema": {}}}}, True),
+        ({"tool_choice": "auto", "text": {"format": {"type": "text"}}}, False),
+    ],
 )
 def test_on_0_18_a_stream_fails_when_its_text_format_is_a_json_schema(change, fails):
     body = {**recorded_request("responses-d-stream-tool-required", "0.18.1"), **change}
@@ -235,8 +251,15 @@ def test_on_0_18_a_stream_fails_when_its_text_format_is_a_json_schema(change, fa
 
 class ListSink:
     def __init__(self) -> None:
-        self.observation = Observation(connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp",
-                                       submitted_ns=0, submitted_unix_ns=0)
+        self.observation = Observation(
+            connection_id=1,
+            session_id=1,
+            operation_id=1,
+            frame_id=1,
+            transport="tcp",
+            submitted_ns=0,
+            submitted_unix_ns=0,
+        )
         self.events: list[dict] = []
 
     def partial(self, event):
@@ -251,6 +274,7 @@ class ListSink:
     @functools.cached_property
     def controls(self):
         return RuntimeControls()
+
     def limit_time(self, timeout_ms):
         pass
 
@@ -288,9 +312,14 @@ class RecordedResponses:
         self.aborted.append(request_id)
 
 
-DOCUMENT = runtime_document(models=["example-model"], owned_by="recorded", operations=[
-    chat_operation(tool_calls=True), operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=True),
-])  # fmt: skip
+DOCUMENT = runtime_document(
+    models=["example-model"],
+    owned_by="recorded",
+    operations=[
+        chat_operation(tool_calls=True),
+        operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=True),
+    ],
+)
 
 
 def serve(backend, body) -> ListSink:
@@ -307,7 +336,10 @@ def test_the_adapter_streams_a_response_through_the_registered_mapper():
     sink = serve(backend, {"model": "example-model", "input": "x", "stream": True})
     kinds = [e["type"] for e in sink.events]
     assert kinds[0] == "response.tool_call.started" and kinds[-3:] == [
-        "response.tool_call.completed", "response.usage", "response.completed"]
+        "response.tool_call.completed",
+        "response.usage",
+        "response.completed",
+    ]
     assert sink.events[-1]["body"] == items[-1]["response"]
     assert sink.observation.request_id.startswith("resp_nnrp-") and sink.observation.request_id.endswith("_0")
     assert (sink.observation.input_tokens, sink.observation.output_tokens) == (241, 36)
@@ -329,7 +361,6 @@ def test_the_adapter_returns_the_non_streaming_response_object():
     assert (sink.observation.input_tokens, sink.observation.output_tokens) == (35, 32)
 
 
-
 # -- the project's responses.create recipes (recipes/responses) -----------------------------------------------
 
 
@@ -346,10 +377,14 @@ def test_responses_recipes_validate_and_are_planned_only_for_a_level_2_server(to
     recipes = suite.recipes(FIXTURES.parents[3] / "recipes" / "responses" / "manifest.json")
     assert all(r["operation"] == RESPONSES_CREATE and "api.level2" in r["required_capabilities"] for r in recipes)
     level1 = runtime_document(models=["example-model"], owned_by="vllm", operations=[chat_operation(tool_calls=True)])
-    level2 = runtime_document(models=["example-model"], owned_by="vllm", operations=[
-        chat_operation(tool_calls=tool_calls),
-        operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=tool_calls),
-    ])  # fmt: skip
+    level2 = runtime_document(
+        models=["example-model"],
+        owned_by="vllm",
+        operations=[
+            chat_operation(tool_calls=tool_calls),
+            operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=tool_calls),
+        ],
+    )
     planned = {}
     for name, document in (("level1", level1), ("level2", level2)):
         plan = build_plan(recipes, conformance_manifest(document), results_path="r.json", evidence_dir="e")
@@ -387,5 +422,7 @@ def test_the_binding_hands_text_deltas_over_reduced_and_the_events_are_the_same(
     handed = asyncio.run(drain())
     deltas = [item for item in handed if item["type"] == "response.output_text.delta"]
     assert deltas and all(set(item) == {"type", "output_index", "delta"} for item in deltas)
-    assert [item for item in handed if item not in deltas] == [d for d in full if d["type"] != "response.output_text.delta"]
+    assert [item for item in handed if item not in deltas] == [
+        d for d in full if d["type"] != "response.output_text.delta"
+    ]
     assert run(handed) == run(full)

@@ -1,6 +1,6 @@
 """NNRP's runtime controls on the server side, as plain data and through the adapter: priority classes, SUPERSEDE,
-BUDGET_UPDATE, deadlines before dispatch and prefix-cache hits (:mod:`vllm_nnrp_plugin.controls`,
-:mod:`vllm_nnrp_plugin.operation`, :mod:`vllm_nnrp_plugin.vllm_binding.serving`, the engine tap). The same on
+BUDGET_UPDATE, deadlines before dispatch and prefix-cache hits (:mod:`vllm_nnrp_plugin.core.controls`,
+:mod:`vllm_nnrp_plugin.core.operation`, :mod:`vllm_nnrp_plugin.vllm_binding.serving`, the engine tap). The same on
 real vLLM: tests/e2e/test_runtime_controls_e2e.py."""
 
 from __future__ import annotations
@@ -14,37 +14,62 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.unit.test_properties import CAPABILITIES, MAX_BYTES
-from vllm_nnrp_plugin.adapter import AdapterLimits, Call, run_operation
-from vllm_nnrp_plugin.controls import RuntimeControls, priority_class_of
-from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.metrics import metrics_for
+from vllm_nnrp_plugin.core.adapter import AdapterLimits, Call, run_operation
+from vllm_nnrp_plugin.core.controls import RuntimeControls, priority_class_of
+from vllm_nnrp_plugin.core.limits import SessionLimits
+from vllm_nnrp_plugin.core.operation import DropReason, Operation, ResultDrop
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation, SessionLink
 from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
-from vllm_nnrp_plugin.observation import Observation
-from vllm_nnrp_plugin.operation import DropReason, Operation, ResultDrop
+from vllm_nnrp_plugin.observability.metrics import metrics_for
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.envelope import decode_envelope
 from vllm_nnrp_plugin.vllm_binding.serving import with_controls
 
-CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "example-model",
-         "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}  # fmt: skip
+CHUNK = {
+    "id": "c",
+    "object": "chat.completion.chunk",
+    "created": 0,
+    "model": "example-model",
+    "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}],
+}
 FINISH_CHUNK = {**CHUNK, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-USAGE_CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "example-model", "choices": [],
-               "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}  # fmt: skip
+USAGE_CHUNK = {
+    "id": "c",
+    "object": "chat.completion.chunk",
+    "created": 0,
+    "model": "example-model",
+    "choices": [],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
+}
 
 
 def envelope(**nnrp) -> bytes:
-    body = {"model": "example-model", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
-    return orjson.dumps({"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
-                         "body": body, "nnrp": nnrp})  # fmt: skip
+    body = {
+        "model": "example-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return orjson.dumps(
+        {"schema_version": "openai-compatible/1", "operation": "chat.completions.create", "body": body, "nnrp": nnrp}
+    )
 
 
 def server_operation(priority_class: int = 1) -> tuple[ServerOperation, SessionLink]:
     link = SessionLink(64, notify=lambda: None)
-    sop = ServerOperation(link, session_id=1, operation_id=5, frame_id=5, envelope=b"", transport="tcp",
-                          connection_id=1, now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns(),
-                          priority_class=priority_class)  # fmt: skip
+    sop = ServerOperation(
+        link,
+        session_id=1,
+        operation_id=5,
+        frame_id=5,
+        envelope=b"",
+        transport="tcp",
+        connection_id=1,
+        now_ns=time.monotonic_ns(),
+        now_unix_ns=time.time_ns(),
+        priority_class=priority_class,
+    )
     return sop, link
 
 
@@ -133,8 +158,10 @@ def test_a_token_budget_caps_every_max_tokens_field_or_sets_the_first():
 
 def test_the_envelope_priority_class_is_checked():
     ops = frozenset({"chat.completions.create"})
-    assert decode_envelope(envelope(priority_class="background"), operations=ops, max_bytes=MAX_BYTES).priority_class \
+    assert (
+        decode_envelope(envelope(priority_class="background"), operations=ops, max_bytes=MAX_BYTES).priority_class
         == "background"
+    )
     with pytest.raises(E.ProfileError) as err:
         decode_envelope(envelope(priority_class=["urgent"]), operations=ops, max_bytes=MAX_BYTES)
     assert err.value.code == E.INVALID_ENVELOPE and "priority_class" in err.value.message
@@ -144,8 +171,17 @@ def test_the_envelope_priority_class_is_checked():
 
 
 def rules() -> Operation:
-    return Operation(Observation(connection_id=1, session_id=1, operation_id=5, frame_id=5, transport="tcp",
-                                 submitted_ns=0, submitted_unix_ns=1_000_000_000_000))  # fmt: skip
+    return Operation(
+        Observation(
+            connection_id=1,
+            session_id=1,
+            operation_id=5,
+            frame_id=5,
+            transport="tcp",
+            submitted_ns=0,
+            submitted_unix_ns=1_000_000_000_000,
+        )
+    )
 
 
 def test_an_nnrp_deadline_before_any_output_is_the_deadline_drop_after_it_a_timeout():
@@ -153,8 +189,11 @@ def test_an_nnrp_deadline_before_any_output_is_the_deadline_drop_after_it_a_time
     op.bound(1_000_000_000_100)
     decision = op.time_out(5, started=False)
     terminal = decision.terminal
-    assert decision.stop and terminal.drop is DropReason.DEADLINE_EXPIRED and terminal.event == {"type": "response.cancelled",
-                                                                              "reason": "deadline_expired"}
+    assert (
+        decision.stop
+        and terminal.drop is DropReason.DEADLINE_EXPIRED
+        and terminal.event == {"type": "response.cancelled", "reason": "deadline_expired"}
+    )
     assert op.observation.cancel_source == "deadline"
     started = rules()
     started.bound(1_000_000_000_100)
@@ -222,8 +261,12 @@ def test_the_envelope_class_steers_the_backend_and_cached_tokens_reach_the_usage
     (controls,) = backend.calls
     assert controls is sop.controls and controls.priority_class == 0 and controls.dispatched
     usage = next(a.event for a in sent(link) if getattr(a, "event", {}).get("type") == "response.usage")
-    assert usage["usage"] == {"input_tokens": 9, "output_tokens": 1, "total_tokens": 10,
-                              "input_tokens_details": {"cached_tokens": 7}}  # fmt: skip
+    assert usage["usage"] == {
+        "input_tokens": 9,
+        "output_tokens": 1,
+        "total_tokens": 10,
+        "input_tokens_details": {"cached_tokens": 7},
+    }
     assert "prompt_tokens_details" not in sent(link)[-1].event["body"]["usage"]  # the body stays vLLM's
     assert sop.observation.cached_tokens == 7 and sop.observation.priority_class == "interactive"
     registry = CollectorRegistry()
@@ -243,8 +286,9 @@ def test_a_priority_update_that_came_before_the_task_wins_over_the_envelope():
 
 
 def output(token_ids, finished=False, cached=None):
-    completion = types.SimpleNamespace(index=0, text="x" * len(token_ids), token_ids=token_ids, finish_reason=None,
-                                       stop_reason=None)  # fmt: skip
+    completion = types.SimpleNamespace(
+        index=0, text="x" * len(token_ids), token_ids=token_ids, finish_reason=None, stop_reason=None
+    )
     return types.SimpleNamespace(outputs=[completion], finished=finished, num_cached_tokens=cached)
 
 

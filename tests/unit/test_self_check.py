@@ -17,14 +17,13 @@ import pytest
 from tests.unit.test_chunk_shapes import profile
 from tests.unit.test_engine_lane_parser import CASES, ParserServing, script_of, string_items
 from tests.unit.test_engine_lane_parser import tool_request as chat_request
-from tests.unit.test_responses_lane import ScriptedParser, Serving, script_of as responses_script
-from tests.unit.test_responses_lane import request
+from tests.unit.test_responses_lane import RECORDINGS, ScriptedParser, Serving, request
+from tests.unit.test_responses_lane import script_of as responses_script
+from vllm_nnrp_plugin.vllm_binding import self_check
+from vllm_nnrp_plugin.vllm_binding.engine_lane import lane_serving
 from vllm_nnrp_plugin.vllm_binding.responses import _event_dicts
 from vllm_nnrp_plugin.vllm_binding.responses_lane import responses_lane_serving
-from vllm_nnrp_plugin.vllm_binding.engine_lane import lane_serving
-from vllm_nnrp_plugin.vllm_binding import self_check
 from vllm_nnrp_plugin.vllm_binding.self_check import Case, canonical, lane_difference
-from tests.unit.test_responses_lane import RECORDINGS
 
 CHAT = [Case(f"{anchor}/{case}", {}, "") for anchor, case in CASES]
 
@@ -90,8 +89,9 @@ def test_a_changed_parser_signature_switches_the_chat_lane_off_with_the_differen
 
             class KeywordOnlyParser(replay):
                 def parse_delta(self, *, delta_text, delta_token_ids, request, prompt_token_ids=None, finished):
-                    return replay.parse_delta(self, delta_text, delta_token_ids, request, prompt_token_ids,
-                                              finished=finished)
+                    return replay.parse_delta(
+                        self, delta_text, delta_token_ids, request, prompt_token_ids, finished=finished
+                    )
 
             self.parser_cls = KeywordOnlyParser
 
@@ -149,8 +149,10 @@ def test_a_processor_moved_out_of_reach_switches_the_responses_lane_off():
             async for event in Serving._process_simple_streaming_events(self, *args):
                 yield event
 
-    assert asyncio.run(lane_difference(responses_runner(Moved), RESPONSES[:2])) == \
-        "the lane took no engine output itself (it hands every one to vLLM's own code on this vLLM)"
+    assert (
+        asyncio.run(lane_difference(responses_runner(Moved), RESPONSES[:2]))
+        == "the lane took no engine output itself (it hands every one to vLLM's own code on this vLLM)"
+    )
 
 
 def test_a_lane_that_hangs_or_raises_is_a_failed_check_not_a_failed_start():
@@ -165,8 +167,9 @@ def test_a_lane_that_hangs_or_raises_is_a_failed_check_not_a_failed_start():
         return [{"type": "x"}], 0
 
     cases = [Case("chat text", {}, "")]
-    assert asyncio.run(lane_difference(hangs, cases, timeout_s=0.05)) == \
-        "chat text: the lane did not finish within 0.05 s"
+    assert (
+        asyncio.run(lane_difference(hangs, cases, timeout_s=0.05)) == "chat text: the lane did not finish within 0.05 s"
+    )
     assert asyncio.run(lane_difference(raises, cases)) == "chat text: the lane raised KeyError: 'processor'"
 
 
@@ -176,15 +179,21 @@ def test_a_case_vllm_itself_cannot_run_is_skipped_and_all_skipped_is_a_failure()
             raise ValueError("not served")
         return [], 1
 
-    assert asyncio.run(lane_difference(vllm_fails, [Case("a", {}, "")])) == \
-        "vLLM's own path ran none of the self-check's requests"
+    assert (
+        asyncio.run(lane_difference(vllm_fails, [Case("a", {}, "")]))
+        == "vLLM's own path ran none of the self-check's requests"
+    )
 
 
 def test_ids_and_timestamps_are_canonical_and_everything_else_compared():
-    one = [{"id": "chatcmpl-1", "created": 5, "choices": [{"delta": {"tool_calls": [{"id": "call-a"}]}}]},
-           {"id": "chatcmpl-1", "item_id": "call-a"}]
-    two = [{"id": "chatcmpl-9", "created": 7, "choices": [{"delta": {"tool_calls": [{"id": "call-b"}]}}]},
-           {"id": "chatcmpl-9", "item_id": "call-b"}]
+    one = [
+        {"id": "chatcmpl-1", "created": 5, "choices": [{"delta": {"tool_calls": [{"id": "call-a"}]}}]},
+        {"id": "chatcmpl-1", "item_id": "call-a"},
+    ]
+    two = [
+        {"id": "chatcmpl-9", "created": 7, "choices": [{"delta": {"tool_calls": [{"id": "call-b"}]}}]},
+        {"id": "chatcmpl-9", "item_id": "call-b"},
+    ]
     assert canonical(one) == canonical(two)
     three = [two[0], {"id": "chatcmpl-9", "item_id": "chatcmpl-9"}]  # a different id structure
     assert canonical(one) != canonical(three)
@@ -195,8 +204,11 @@ def test_ids_and_timestamps_are_canonical_and_everything_else_compared():
 def test_the_cases_cover_text_tools_and_reasoning():
     names = [case.name for case in self_check.chat_cases("m", tool_parser=True)]
     assert names == ["chat text", "chat tool-call", "chat reasoning", "chat tool_choice auto", "chat tool_choice none"]
-    assert [c.name for c in self_check.responses_cases("m", tool_parser=False)] == \
-        ["Responses text", "Responses tool-call", "Responses reasoning"]
+    assert [c.name for c in self_check.responses_cases("m", tool_parser=False)] == [
+        "Responses text",
+        "Responses tool-call",
+        "Responses reasoning",
+    ]
 
 
 class _Tokenizer:

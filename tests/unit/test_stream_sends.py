@@ -10,8 +10,8 @@ import asyncio
 
 import orjson
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
 from vllm_nnrp_plugin.nnrp_binding.stream import StreamConnection
 from vllm_nnrp_plugin.nnrp_wire import events as ev
@@ -72,10 +72,16 @@ ENVELOPE = orjson.dumps({"operation": "chat.completions.create", "body": {"model
 def connected(operations: int):
     """A connection on the running loop with one open session and ``operations`` submitted operations."""
     handler, transport, client = Handler(), Transport(), ClientConnection()
-    protocol = StreamConnection(NNRPConnection(
-        handler, transport_name="tcp", limits=SessionLimits(max_in_flight=16, max_queued_events=64),
-        gate=SessionGate(8), flush_round=FlushRound(asyncio.get_running_loop()), on_lost=lambda c: None,
-    ))  # fmt: skip
+    protocol = StreamConnection(
+        NNRPConnection(
+            handler,
+            transport_name="tcp",
+            limits=SessionLimits(max_in_flight=16, max_queued_events=64),
+            gate=SessionGate(8),
+            flush_round=FlushRound(asyncio.get_running_loop()),
+            on_lost=lambda c: None,
+        )
+    )
     protocol.connection_made(transport)  # type: ignore[arg-type]
     client.open_session()
     protocol.data_received(client.data_to_send())
@@ -105,8 +111,11 @@ def test_partials_decided_in_one_iteration_go_out_each_in_its_own_packet_in_one_
         await asyncio.sleep(0)
         assert len(transport.writes) == 1
         assert partials(client, transport.writes[0]) == [
-            (a.operation_id, 1, "Hel"), (b.operation_id, 1, "One"), (a.operation_id, 2, "lo"), (b.operation_id, 2, " two")
-        ]  # fmt: skip
+            (a.operation_id, 1, "Hel"),
+            (b.operation_id, 1, "One"),
+            (a.operation_id, 2, "lo"),
+            (b.operation_id, 2, " two"),
+        ]
 
     asyncio.run(main())
 
@@ -129,7 +138,7 @@ def test_while_paused_deltas_wait_and_merge_and_after_resume_nothing_overtakes_t
         await asyncio.sleep(0)
         got = partials(client, b"".join(transport.writes))
         assert [(seq, text) for _, seq, text in got[:2]] == [(1, "Hel"), (2, "lo world")]
-        (_, seq, _), = got[2:]
+        ((_, seq, _),) = got[2:]
         assert seq == 3
         a.partial(events.output_text_delta(0, "!"))  # nothing waits any more: out at once again
         transport.writes.clear()

@@ -18,12 +18,19 @@ from tests.unit.test_chunk_shapes import ANCHORS, FIXTURES, sse_items
 from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper, TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import VLLMStream, normalise_chunk
 
-TEXT_CASES = ("a-stream-text", "b-stream-text-usage", "p-stream-logprobs", "r-stream-reasoning", "j2-stream-n2-seeded",
-              "d-stream-tool-required", "e-stream-tool-named")  # fmt: skip
+TEXT_CASES = (
+    "a-stream-text",
+    "b-stream-text-usage",
+    "p-stream-logprobs",
+    "r-stream-reasoning",
+    "j2-stream-n2-seeded",
+    "d-stream-tool-required",
+    "e-stream-tool-named",
+)
 
 
 def full_parse(item: str) -> list[dict]:
-    return normalise_chunk(orjson.loads(item[len("data: "):]))
+    return normalise_chunk(orjson.loads(item[len("data: ") :]))
 
 
 @pytest.mark.parametrize("anchor", ANCHORS)

@@ -23,7 +23,7 @@ import pytest
 
 from tests.support import FIXTURES, recorded_chunks
 from tests.unit.test_responses_stream import recorded_events
-from vllm_nnrp_plugin.adapter import STREAM_MAPPERS
+from vllm_nnrp_plugin.core.adapter import STREAM_MAPPERS
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile.tool_calls import tools_without_required_arguments
 
@@ -52,20 +52,41 @@ def answer(body: dict) -> tuple:
     return calls, choice["finish_reason"], choice["stop_reason"], usage
 
 
-@pytest.mark.parametrize("parameters", [None, {}, {"type": "object"}, {"type": "object", "properties": {}},
-                                        {"type": "object", "properties": {"tz": {"type": "string"}}, "required": [],
-                                         "additionalProperties": False, "title": "t", "description": "d"}])
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        None,
+        {},
+        {"type": "object"},
+        {"type": "object", "properties": {}},
+        {
+            "type": "object",
+            "properties": {"tz": {"type": "string"}},
+            "required": [],
+            "additionalProperties": False,
+            "title": "t",
+            "description": "d",
+        },
+    ],
+)
 def test_declarations_that_accept_an_empty_object(parameters):
     function = {"name": "f"} if parameters is None else {"name": "f", "parameters": parameters}
     assert tools_without_required_arguments([{"type": "function", "function": function}]) == {"f"}  # chat
     assert tools_without_required_arguments([{"type": "function", **function}]) == {"f"}  # Responses
 
 
-@pytest.mark.parametrize("parameters", [
-    {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
-    {"type": "object", "minProperties": 1}, {"anyOf": [{"type": "object"}]}, {"$ref": "#/$defs/x"},
-    {"type": "string"}, {"type": "object", "properties": []}, "{}",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
+        {"type": "object", "minProperties": 1},
+        {"anyOf": [{"type": "object"}]},
+        {"$ref": "#/$defs/x"},
+        {"type": "string"},
+        {"type": "object", "properties": []},
+        "{}",
+    ],
+)
 def test_declarations_that_do_not(parameters):
     tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
     assert tools_without_required_arguments(tools) == set()
@@ -79,8 +100,13 @@ def test_a_tool_declared_twice_accepts_empty_arguments_only_if_both_declarations
 
 def test_a_parameterless_call_whose_arguments_never_arrive_completes_with_vllms_non_streaming_arguments():
     chunks = recorded_chunks("l-stream-tool-parameterless", LEGACY)
-    assert not [c for c in chunks for d in c["choices"] for t in d["delta"].get("tool_calls", ())
-                if t["function"].get("arguments")]  # the shape: vLLM streamed no argument text at all
+    assert not [
+        c
+        for c in chunks
+        for d in c["choices"]
+        for t in d["delta"].get("tool_calls", ())
+        if t["function"].get("arguments")
+    ]  # the shape: vLLM streamed no argument text at all
     events, body = replay_chat("l-stream-tool-parameterless")
     started, delta, completed = events
     assert started["type"] == "response.tool_call.started" and started["name"] == "get_time"

@@ -12,8 +12,12 @@ from vllm_nnrp_plugin.profile.chat_stream import ChatStreamMapper
 from vllm_nnrp_plugin.profile.errors import BACKEND_ERROR, ProfileError
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, VLLMStream
 
-TOOL_TYPES = ("response.tool_call.started", "response.tool_call.delta", "response.tool_call.completed",
-              "response.tool_call.error")
+TOOL_TYPES = (
+    "response.tool_call.started",
+    "response.tool_call.delta",
+    "response.tool_call.completed",
+    "response.tool_call.error",
+)
 
 
 def run(chunks):
@@ -45,10 +49,18 @@ def test_required_tool_choice_stream_gives_started_deltas_completed_with_vllms_c
     (call_id,) = per_call
     assert call_id == "chatcmpl-tool-89caae1990ad0bd5"  # the id vLLM assigned
     started, *deltas, completed = events
-    assert started == {"type": "response.tool_call.started", "index": 0, "item_id": "tool_call_0_0",
-                       "call_id": call_id, "name": "lookup"}
-    fragments = [c["choices"][0]["delta"]["tool_calls"][0]["function"].get("arguments")
-                 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
+    assert started == {
+        "type": "response.tool_call.started",
+        "index": 0,
+        "item_id": "tool_call_0_0",
+        "call_id": call_id,
+        "name": "lookup",
+    }
+    fragments = [
+        c["choices"][0]["delta"]["tool_calls"][0]["function"].get("arguments")
+        for c in chunks
+        if c["choices"] and c["choices"][0]["delta"].get("tool_calls")
+    ]
     assert [d["arguments_delta"] for d in deltas] == [f for f in fragments if f]
     assert completed["type"] == "response.tool_call.completed" and completed["name"] == "lookup"
     assert orjson.loads(completed["arguments"]) == {"city": "Paris"}
@@ -64,7 +76,9 @@ def test_the_completed_arguments_equal_vllms_non_streaming_answer():
     assert_contract_order(events)
     completed = [e for e in events if e["type"] == "response.tool_call.completed"]
     reference = recorded_json("f-nonstream-tool-required")["choices"][0]["message"]["tool_calls"]
-    assert [orjson.loads(c["arguments"]) for c in completed] == [orjson.loads(r["function"]["arguments"]) for r in reference]
+    assert [orjson.loads(c["arguments"]) for c in completed] == [
+        orjson.loads(r["function"]["arguments"]) for r in reference
+    ]
 
 
 def test_named_tool_choice_completes_on_finish_reason_stop():
@@ -92,14 +106,16 @@ def test_interleaved_calls_keep_their_own_order():
     tool = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
     first = [c for c in tool if c["choices"][0]["delta"]["tool_calls"][0]["index"] == 0]
     second = [c for c in tool if c["choices"][0]["delta"]["tool_calls"][0]["index"] == 1]
-    mixed = [c for pair in zip(first, second) for c in pair]
+    mixed = [c for pair in zip(first, second, strict=False) for c in pair]
     events, _ = run([chunks[0], *mixed, chunks[-1]])
     per_call = assert_contract_order(events)
     assert len(per_call) == 2
     # they really interleave: the second call starts before the first completes
     kinds = [(e["type"], e["index"]) for e in events]
     assert kinds.index(("response.tool_call.started", 1)) < kinds.index(("response.tool_call.completed", 0))
-    completed = {e["index"]: orjson.loads(e["arguments"]) for e in events if e["type"] == "response.tool_call.completed"}
+    completed = {
+        e["index"]: orjson.loads(e["arguments"]) for e in events if e["type"] == "response.tool_call.completed"
+    }
     assert completed == {0: {"city": "Paris"}, 1: {"city": "Paris"}}
 
 
@@ -149,13 +165,19 @@ NAME = {"id": "chatcmpl-tool-a", "type": "function", "index": 0, "function": {"n
 
 def test_a_call_cut_by_the_budget_is_incomplete_although_vllm_streams_tool_calls():
     """vLLM 0.26 live: max_tokens 20 gives arguments '{' and finish_reason 'tool_calls' in the stream."""
-    items = sse(ROLE, chunk({"content": None, "tool_calls": [NAME]}),
-                chunk({"content": None, "tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}),
-                chunk({}, finish_reason="tool_calls"),
-                chunk(usage={"prompt_tokens": 196, "completion_tokens": 20, "total_tokens": 216}))
+    items = sse(
+        ROLE,
+        chunk({"content": None, "tool_calls": [NAME]}),
+        chunk({"content": None, "tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}),
+        chunk({}, finish_reason="tool_calls"),
+        chunk(usage={"prompt_tokens": 196, "completion_tokens": 20, "total_tokens": 216}),
+    )
     events, body = through_binding(items)
-    assert [e["type"] for e in events] == ["response.tool_call.started", "response.tool_call.delta",
-                                           "response.tool_call.error"]
+    assert [e["type"] for e in events] == [
+        "response.tool_call.started",
+        "response.tool_call.delta",
+        "response.tool_call.error",
+    ]
     assert events[-1]["error"]["code"] == "tool_call_incomplete"
     (choice,) = body["choices"]
     assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
@@ -165,8 +187,12 @@ def test_a_call_cut_by_the_budget_is_incomplete_although_vllm_streams_tool_calls
 def test_a_stop_string_inside_a_call_is_incomplete_and_the_body_says_stop_with_its_stop_reason():
     """vLLM streams ``finish_reason: "tool_calls"`` here; the body lists no call, so it says ``stop``."""
     fragment = {"index": 0, "function": {"arguments": '{"city": "'}}
-    items = sse(ROLE, chunk({"tool_calls": [NAME]}), chunk({"tool_calls": [fragment]}),
-                chunk({}, finish_reason="tool_calls", stop_reason="Paris"))
+    items = sse(
+        ROLE,
+        chunk({"tool_calls": [NAME]}),
+        chunk({"tool_calls": [fragment]}),
+        chunk({}, finish_reason="tool_calls", stop_reason="Paris"),
+    )
     events, body = through_binding(items)
     assert events[-1]["error"]["code"] == "tool_call_incomplete"
     (choice,) = body["choices"]
@@ -176,8 +202,10 @@ def test_a_stop_string_inside_a_call_is_incomplete_and_the_body_says_stop_with_i
 
 def test_a_name_entry_with_arguments_and_the_next_fragment_in_one_chunk_keep_their_order():
     """0.18/0.22 shape: the normaliser must not move the first fragment behind the next one."""
-    entries = [{**NAME, "function": {"name": "lookup", "arguments": '{"city": '}},
-               {"index": 0, "function": {"name": None, "arguments": '"Paris"}'}}]
+    entries = [
+        {**NAME, "function": {"name": "lookup", "arguments": '{"city": '}},
+        {"index": 0, "function": {"name": None, "arguments": '"Paris"}'}},
+    ]
     events, body = through_binding(sse(ROLE, chunk({"tool_calls": entries}), chunk({}, finish_reason="tool_calls")))
     assert [e.get("arguments_delta") for e in events[1:3]] == ['{"city": ', '"Paris"}']
     assert events[-1]["type"] == "response.tool_call.completed" and events[-1]["arguments"] == '{"city": "Paris"}'
@@ -185,14 +213,18 @@ def test_a_name_entry_with_arguments_and_the_next_fragment_in_one_chunk_keep_the
 
 def test_a_new_call_id_on_a_reused_index_is_a_new_call():
     second = {"id": "chatcmpl-tool-b", "type": "function", "index": 0, "function": {"name": "search"}}
-    items = sse(ROLE, chunk({"tool_calls": [NAME, {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]}),
-                chunk({"tool_calls": [second, {"index": 0, "function": {"arguments": '{"q": "x"}'}}]}),
-                chunk({}, finish_reason="tool_calls"))
+    items = sse(
+        ROLE,
+        chunk({"tool_calls": [NAME, {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]}),
+        chunk({"tool_calls": [second, {"index": 0, "function": {"arguments": '{"q": "x"}'}}]}),
+        chunk({}, finish_reason="tool_calls"),
+    )
     events, body = through_binding(items)
     per_call = assert_contract_order(events)
     assert list(per_call) == ["chatcmpl-tool-a", "chatcmpl-tool-b"]
-    completed = [(e["name"], e["arguments"], e["item_id"])
-                 for e in events if e["type"] == "response.tool_call.completed"]
+    completed = [
+        (e["name"], e["arguments"], e["item_id"]) for e in events if e["type"] == "response.tool_call.completed"
+    ]
     assert completed == [("lookup", '{"city": "Paris"}', "tool_call_0_0"), ("search", '{"q": "x"}', "tool_call_0_0_1")]
     assert [c["function"]["name"] for c in body["choices"][0]["message"]["tool_calls"]] == ["lookup", "search"]
 
@@ -200,11 +232,20 @@ def test_a_new_call_id_on_a_reused_index_is_a_new_call():
 def test_a_call_waits_for_its_name_and_ends_invalid_without_one():
     nameless = {"id": "chatcmpl-tool-a", "type": "function", "index": 0, "function": {"arguments": "{"}}
     named_later = {"index": 0, "function": {"name": "lookup", "arguments": "}"}}
-    events, _ = through_binding(sse(ROLE, chunk({"tool_calls": [nameless]}), chunk({"tool_calls": [named_later]}),
-                                    chunk({}, finish_reason="tool_calls")))
+    events, _ = through_binding(
+        sse(
+            ROLE,
+            chunk({"tool_calls": [nameless]}),
+            chunk({"tool_calls": [named_later]}),
+            chunk({}, finish_reason="tool_calls"),
+        )
+    )
     assert [(e["type"], e.get("name"), e.get("arguments_delta")) for e in events] == [
-        ("response.tool_call.started", "lookup", None), ("response.tool_call.delta", None, "{"),
-        ("response.tool_call.delta", None, "}"), ("response.tool_call.completed", "lookup", None)]
+        ("response.tool_call.started", "lookup", None),
+        ("response.tool_call.delta", None, "{"),
+        ("response.tool_call.delta", None, "}"),
+        ("response.tool_call.completed", "lookup", None),
+    ]
     events, body = through_binding(sse(ROLE, chunk({"tool_calls": [nameless]}), chunk({}, finish_reason="tool_calls")))
     assert [e["type"] for e in events] == ["response.tool_call.started", "response.tool_call.error"]
     assert events[-1]["error"]["code"] == "tool_call_invalid" and "tool_calls" not in body["choices"][0]["message"]

@@ -38,14 +38,16 @@ BUDGET = TokenBudget(max_tokens=50, max_model_len=2048)
 PROMPT_TOKENS = 196
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-json_scalars = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=6)
+json_scalars = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=6)
 json_values = st.recursive(
-    json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=6,
 )
 arguments_text = st.builds(
     lambda value, indent: json.dumps(value, indent=indent),
-    st.dictionaries(st.text(max_size=6), json_values, max_size=3), st.sampled_from([None, 1]),
+    st.dictionaries(st.text(max_size=6), json_values, max_size=3),
+    st.sampled_from([None, 1]),
 )
 
 
@@ -58,11 +60,19 @@ def fragments(draw, text: str) -> list[str]:
 
 
 #: declarations of a tool that accept ``{}`` as its arguments, and of one that does not
-ACCEPTS_EMPTY = [None, {}, {"type": "object"}, {"type": "object", "properties": {}},
-                 {"type": "object", "properties": {"tz": {"type": "string"}}, "required": [],
-                  "additionalProperties": False}]  # fmt: skip
-REFUSES_EMPTY = [{"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
-                 {"type": "object", "minProperties": 1}, {"anyOf": [{"type": "object"}]}, {"type": "string"}]
+ACCEPTS_EMPTY = [
+    None,
+    {},
+    {"type": "object"},
+    {"type": "object", "properties": {}},
+    {"type": "object", "properties": {"tz": {"type": "string"}}, "required": [], "additionalProperties": False},
+]
+REFUSES_EMPTY = [
+    {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
+    {"type": "object", "minProperties": 1},
+    {"anyOf": [{"type": "object"}]},
+    {"type": "string"},
+]
 LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": REFUSES_EMPTY[0]}}
 
 
@@ -82,8 +92,13 @@ def tool_call_streams(draw):
         used.append(index) if index not in used else None
         name = draw(st.sampled_from(["lookup", "search", "get_time", None]))
         parts = [] if draw(st.integers(0, 3)) == 0 else draw(fragments(draw(arguments_text)))
-        call = {"id": f"chatcmpl-tool-{number}", "index": index, "name": name, "fragments": parts,
-                "empty_ok": name == "get_time" and empty_ok}
+        call = {
+            "id": f"chatcmpl-tool-{number}",
+            "index": index,
+            "name": name,
+            "fragments": parts,
+            "empty_ok": name == "get_time" and empty_ok,
+        }
         calls.append(call)
         first = {"id": call["id"], "type": "function", "index": index, "function": {}}
         if name:
@@ -110,7 +125,7 @@ def tool_call_streams(draw):
     position = 0
     while position < len(entries):
         size = draw(st.integers(1, 3))  # several entries per chunk
-        group = [e for _, e in entries[position: position + size]]
+        group = [e for _, e in entries[position : position + size]]
         position += size
         delta = {"tool_calls": group}
         if shape == "0.26":
@@ -118,10 +133,25 @@ def tool_call_streams(draw):
         items.append(_chunk(delta))
     items.append(_chunk({}, finish_reason="tool_calls", stop_reason="Paris" if ending == "stop" else None))
     completion_tokens = BUDGET.max_tokens if ending == "budget" else BUDGET.max_tokens - 7
-    usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": completion_tokens,
-             "total_tokens": PROMPT_TOKENS + completion_tokens}
-    items.append("data: " + orjson.dumps({"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1,
-                                          "model": "m", "choices": [], "usage": usage}).decode() + "\n\n")
+    usage = {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": completion_tokens,
+        "total_tokens": PROMPT_TOKENS + completion_tokens,
+    }
+    items.append(
+        "data: "
+        + orjson.dumps(
+            {
+                "id": "chatcmpl-x",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "m",
+                "choices": [],
+                "usage": usage,
+            }
+        ).decode()
+        + "\n\n"
+    )
     items.append("data: [DONE]\n\n")
     return items, [c for c in calls if c["began"]], ending, tools
 
@@ -169,7 +199,7 @@ def test_generated_tool_call_streams_keep_every_invariant(generated):
         assert last["type"] in ("response.tool_call.completed", "response.tool_call.error")
         assert all(e["index"] == call["index"] and e["item_id"] == started["item_id"] for e in per_call[call["id"]])
         text = "".join(call["emitted"])
-        reused = any(c["index"] == call["index"] for c in calls[calls.index(call) + 1:])
+        reused = any(c["index"] == call["index"] for c in calls[calls.index(call) + 1 :])
         cut = ending != "complete" and not reused
         no_arguments = call["empty_ok"] and text == "" and not cut  # completes with "{}" as vLLM's parser gives it
         if last["type"] == "response.tool_call.completed":
@@ -187,8 +217,9 @@ def test_generated_tool_call_streams_keep_every_invariant(generated):
             if call["name"]:
                 assert [d["arguments_delta"] for d in deltas] == call["emitted"]
     (choice,) = body["choices"]
-    claimed = [(c["id"], c["function"]["name"], c["function"]["arguments"])
-               for c in choice["message"].get("tool_calls", ())]
+    claimed = [
+        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls", ())
+    ]
     assert claimed == [(e["call_id"], e["name"], e["arguments"]) for e in completed_calls]
     assert choice["finish_reason"] == ("length" if ending == "budget" else "tool_calls" if claimed else "stop")
     assert choice["stop_reason"] == ("Paris" if ending == "stop" else None)
@@ -200,8 +231,7 @@ def test_generated_tool_call_streams_keep_every_invariant(generated):
 def test_the_parser_gives_the_same_chunks_however_vllms_strings_are_split(generated, width):
     """vLLM yields one ``data:`` item per string; a string holding several items parses the same."""
     items, _, _, _ = generated
-    blocks = ["".join(items[i: i + width]) for i in range(0, len(items), width)]
+    blocks = ["".join(items[i : i + width]) for i in range(0, len(items), width)]
     merged, separate = VLLMStream(BUDGET), VLLMStream(BUDGET)
     assert [c for b in blocks for c in merged.feed(b)] == [c for item in items for c in separate.feed(item)]
     assert merged.done and separate.done
-

@@ -37,10 +37,15 @@ def test_zero_ids_are_not_eligible(trace_id, span_id):
 def test_observation_has_the_fixed_metadata_and_only_the_attribute_size():
     observation = TraceContext(91, 92, 90, 5, 3, 12, "operation").observation()
     assert observation == {
-        "trace_id": 91, "span_id": 92, "parent_span_id": 90, "stage_code": 5, "flags": 3,
-        "attribute_bytes": 12, "scope": "operation",
+        "trace_id": 91,
+        "span_id": 92,
+        "parent_span_id": 90,
+        "stage_code": 5,
+        "flags": 3,
+        "attribute_bytes": 12,
+        "scope": "operation",
         "traceparent": "00-0000000000000000000000000000005b-000000000000005c-01",
-    }  # fmt: skip
+    }
 
 
 # -- scoping by the session's policy ---------------------------------------------------------------------------

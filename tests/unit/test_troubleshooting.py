@@ -14,8 +14,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "troubleshooting.md"
 PACKAGE = ROOT / "vllm_nnrp_plugin"
 #: the start-up errors (every one an NNRPStartupError)
-STARTUP_ERRORS = {"NNRPStartupError", "ConfigError", "ListenError", "MetricsListenError", "RankAddressError",
-                  "EndpointError"}  # fmt: skip
+STARTUP_ERRORS = {
+    "NNRPStartupError",
+    "ConfigError",
+    "ListenError",
+    "MetricsListenError",
+    "RankAddressError",
+    "EndpointError",
+}
 #: modules whose ValueErrors are settings rules (cattrs validators, reported inside "invalid nnrp settings")
 RULES = {PACKAGE / "config.py"}
 #: a message's fixed pieces shorter than this are connecting words (", ", " of "), not worth quoting
@@ -38,7 +44,9 @@ def refusals() -> list[tuple[str, str]]:
             name = getattr(node.exc.func, "id", None)
             if name not in STARTUP_ERRORS and not (name == "ValueError" and path in RULES):
                 continue
-            pieces = [n.value for n in ast.walk(node.exc.args[0]) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            pieces = [
+                n.value for n in ast.walk(node.exc.args[0]) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            ]
             where = f"{path.relative_to(ROOT)}:{node.lineno}"
             found += [(where, normal(p)) for p in pieces if len(normal(p)) >= MIN_PIECE]
     return found
@@ -49,8 +57,12 @@ REFUSALS = refusals()
 
 def test_the_source_has_the_refusals_this_test_checks():
     where = {w.split(":")[0] for w, _ in REFUSALS}
-    assert {"vllm_nnrp_plugin/config.py", "vllm_nnrp_plugin/vllm_binding/gate.py",
-            "vllm_nnrp_plugin/nnrp_binding/exposure.py", "vllm_nnrp_plugin/metrics.py"} <= where, where
+    assert {
+        "vllm_nnrp_plugin/config.py",
+        "vllm_nnrp_plugin/vllm_binding/gate.py",
+        "vllm_nnrp_plugin/nnrp_binding/exposure.py",
+        "vllm_nnrp_plugin/observability/metrics.py",
+    } <= where, where
     assert len(REFUSALS) >= 30
 
 

@@ -3,8 +3,8 @@ from nnrp.core import MessageType, PayloadKind, build_typed_payload_frame, pack_
 from nnrp.runtime import PartialResultMetadata, decode_runtime_control_metadata
 from nnrp.schema import StreamSemantics
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.operation import DropReason, PartialResult, ResultDrop, ResultPush
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.operation import DropReason, PartialResult, ResultDrop, ResultPush
 from vllm_nnrp_plugin.profile.errors import ProfileError
 
 
@@ -56,7 +56,9 @@ def test_result_push_metadata_matches_its_typed_body():
 
 
 def test_result_drop_carries_the_cancelled_event():
-    metadata, diagnostic = wire_mapping.result_drop(7, ResultDrop(DropReason.PEER_CANCELLED, 4, b'{"type":"response.cancelled"}'))
+    metadata, diagnostic = wire_mapping.result_drop(
+        7, ResultDrop(DropReason.PEER_CANCELLED, 4, b'{"type":"response.cancelled"}')
+    )
     assert int(metadata.drop_reason_code) == 3  # PEER_CANCELLED
     assert int(metadata.source_role) == 2  # SERVER
     assert metadata.diagnostic_bytes == len(diagnostic) and metadata.result_sequence == 4
@@ -70,6 +72,8 @@ def test_every_drop_reason_has_the_nnrp_code_of_its_name(reason, code):
 
 def test_an_operation_longer_than_the_u16_millisecond_field_still_packs():
     """Found by the soak: operations queued > 65.5 s behind others made RESULT_PUSH.pack raise."""
-    metadata, _body = wire_mapping.result_push(ResultPush(200, b'{"type":"response.completed"}'), server_total_ms=70_000)
+    metadata, _body = wire_mapping.result_push(
+        ResultPush(200, b'{"type":"response.completed"}'), server_total_ms=70_000
+    )
     assert metadata.server_total_ms == 0xFFFF
     metadata.pack()

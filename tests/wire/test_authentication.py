@@ -7,7 +7,7 @@ import pytest
 from nnrp.core.enums import MessageType as T
 from nnrp.core.messages.control import ClientHelloMetadata, ServerHelloAckMetadata, SessionOpenMetadata
 
-from vllm_nnrp_plugin import auth_block
+from vllm_nnrp_plugin.contract import auth_block
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys, authenticator_for
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
@@ -29,11 +29,33 @@ def exchange(server: ServerConnection, client: ClientConnection) -> tuple[list, 
     return server_events, client_events
 
 
-def hello_packet(block: bytes = b"", *, auth_bytes: int | None = None, body: bytes | None = None, ext: int = 0) -> bytes:
+def hello_packet(
+    block: bytes = b"", *, auth_bytes: int | None = None, body: bytes | None = None, ext: int = 0
+) -> bytes:
     meta = ClientHelloMetadata(
-        1, 1, 1, 0x3, 0x73, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 500, 0, 0, 0,
-        len(block) if auth_bytes is None else auth_bytes, ext,
-    )  # fmt: skip
+        1,
+        1,
+        1,
+        0x3,
+        0x73,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0,
+        0,
+        0,
+        500,
+        0,
+        0,
+        0,
+        len(block) if auth_bytes is None else auth_bytes,
+        ext,
+    )
     return encode(T.CLIENT_HELLO, 0, 0, meta.pack(), block if body is None else body)
 
 

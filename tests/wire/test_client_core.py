@@ -13,7 +13,7 @@ import pytest
 from nnrp.core import MessageType as T
 from nnrp.runtime import PartialResultMetadata, PressureMetadata, ResultDropReasonMetadata, TraceContextMetadata
 
-from vllm_nnrp_plugin import wire_mapping
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.errors import LocalProtocolError
@@ -51,7 +51,7 @@ class Peer:
         self._c2s = self._s2c = 0
 
     def sends(self, n: int = 1) -> None:
-        expected = b"".join(self.packets["c2s"][self._c2s:self._c2s + n])
+        expected = b"".join(self.packets["c2s"][self._c2s : self._c2s + n])
         assert self.core.data_to_send().hex() == expected.hex()
         self._c2s += n
 
@@ -59,7 +59,7 @@ class Peer:
         self._c2s += n
 
     def feed(self, n: int = 1) -> list[object]:
-        data = b"".join(self.packets["s2c"][self._s2c:self._s2c + n])
+        data = b"".join(self.packets["s2c"][self._s2c : self._s2c + n])
         self._s2c += n
         return self.core.receive_data(data)
 
@@ -74,14 +74,24 @@ def test_basic_scenario_bytes_and_events():
     assert peer.feed(2) == [ev.SessionOpenAccepted(token, 7, 4, 2)]
     core.trace_context(7, 0, 91, 92, 90, stage_code=5, flags=3)
     peer.sends()
-    assert core.submit(7, wire_mapping.typed_body(b'{"hello":1}'), operation_id=101, trace_id=0x1122334455667788) == (1, 101)
+    assert core.submit(7, wire_mapping.typed_body(b'{"hello":1}'), operation_id=101, trace_id=0x1122334455667788) == (
+        1,
+        101,
+    )
     peer.sends()
     partials = peer.feed(1) + peer.feed(1)
-    assert [(e.operation_id, e.result_sequence, e.body) for e in partials] == [(101, 1, b'{"d":"He"}'), (101, 2, b'{"d":"llo"}')]
+    assert [(e.operation_id, e.result_sequence, e.body) for e in partials] == [
+        (101, 1, b'{"d":"He"}'),
+        (101, 2, b'{"d":"llo"}'),
+    ]
     (push,) = peer.feed()
     assert isinstance(push, ev.ResultPushed) and (push.frame_id, push.operation_id) == (1, 101)
-    assert wire_mapping.unwrap_typed_body(int(push.metadata.payload_kind_bitmap), push.metadata.payload_frame_count, push.body) \
-        == b'{"type":"response.completed"}'  # fmt: skip
+    assert (
+        wire_mapping.unwrap_typed_body(
+            int(push.metadata.payload_kind_bitmap), push.metadata.payload_frame_count, push.body
+        )
+        == b'{"type":"response.completed"}'
+    )
     assert core.submit(7, wire_mapping.typed_body(b'{"long":true}'), operation_id=202) == (2, 202)
     peer.sends()
     core.frame_cancel(7, 2)
@@ -116,9 +126,11 @@ def test_two_sessions_on_one_connection():
     peer.sends()
     got = peer.feed(4)
     assert [(type(e).__name__, e.session_id, e.operation_id) for e in got] == [
-        ("PartialResultReceived", 2, 2001), ("PartialResultReceived", 1, 1001),
-        ("ResultPushed", 2, 2001), ("ResultPushed", 1, 1001),
-    ]  # fmt: skip
+        ("PartialResultReceived", 2, 2001),
+        ("PartialResultReceived", 1, 1001),
+        ("ResultPushed", 2, 2001),
+        ("ResultPushed", 1, 1001),
+    ]
     core.close_session(2)
     peer.sends()
     assert core.submit(1, wire_mapping.typed_body(b'{"s":"A","n":2}'), operation_id=1002) == (2, 1002)
@@ -157,7 +169,7 @@ def test_native_server_control_frames():
     peer.sends()
     # PRIORITY_UPDATE and EXPIRE_AT: the native client's bytes but for control_sequence (the capture's driver
     # numbered them 10 and 11; this core counts per operation from 1)
-    priority, expire = peer.packets["c2s"][peer._c2s:peer._c2s + 2]
+    priority, expire = peer.packets["c2s"][peer._c2s : peer._c2s + 2]
     core.priority_update(21, 2, 0, 2)
     core.expire_at(21, 2, struct.unpack_from("<Q", expire, 60)[0])
     ours = core.data_to_send()
@@ -243,13 +255,32 @@ def opened(session_id: int = 5) -> ClientConnection:
 
 
 def open_ack(session_id: int, *, header: int | None = None, status: int = 0, body: bytes = b"", code: int = 0) -> bytes:
-    meta = struct.pack("<IHBBIIHHIIIIQIII", session_id, 2, 1, status, 4097, 3, 2, 4, 30000, 120000, 0, len(body),
-                       session_id, 0, code, 0)  # fmt: skip
+    meta = struct.pack(
+        "<IHBBIIHHIIIIQIII",
+        session_id,
+        2,
+        1,
+        status,
+        4097,
+        3,
+        2,
+        4,
+        30000,
+        120000,
+        0,
+        len(body),
+        session_id,
+        0,
+        code,
+        0,
+    )
     return encode(T.SESSION_OPEN_ACK, session_id if header is None else header, 0, meta, body)
 
 
 def partial(session_id: int, frame_id: int, op: int, seq: int = 1, body: bytes = b'{"type":"x"}') -> bytes:
-    return encode(T.PARTIAL_RESULT, session_id, frame_id, PartialResultMetadata(op, seq, 0, seq, len(body), 0).pack(), body)
+    return encode(
+        T.PARTIAL_RESULT, session_id, frame_id, PartialResultMetadata(op, seq, 0, seq, len(body), 0).pack(), body
+    )
 
 
 def push(session_id: int, frame_id: int) -> bytes:
@@ -283,21 +314,31 @@ def test_a_bad_packet_of_a_known_session_is_dropped():
     core = opened()
     drop = ResultDropReasonMetadata(1, 0, 3, 2, 0, 0).pack()
     got = core.receive_data(
-        credit(5, meta_len=36) + credit(5)  # probe bad-meta-len
+        credit(5, meta_len=36)
+        + credit(5)  # probe bad-meta-len
         + encode(T.PING, 5, 0)  # probe ping-from-server
         + partial(5, 1, 9)  # operation 9 is not frame 1's
         + encode(T.TRACE_CONTEXT, 5, 0, TraceContextMetadata(0x52, 1, 0, 0, 0, 0).pack(), trace_id=0x99)
         + encode(T.TRACE_CONTEXT, 5, 0, TraceContextMetadata(0x51, 1, 0, 0, 0, 0).pack())  # probe trace-header
         + encode(T.TRACE_CONTEXT, 5, 55, TraceContextMetadata(0x51, 1, 0, 0, 0, 0).pack(), trace_id=0x51)
         + encode(T.CREDIT_UPDATE, 0, 0, PressureMetadata(0, 4, 0, 0, 0, 0).pack())  # session 0 after the handshake
-        + push(5, 1) + encode(T.RESULT_DROP_REASON, 5, 1, drop)  # probe drop-after-push
+        + push(5, 1)
+        + encode(T.RESULT_DROP_REASON, 5, 1, drop)  # probe drop-after-push
         + credit(5)
-    )  # fmt: skip
+    )
     assert kinds(got) == [
-        "PacketRejected", "PressureReceived", "PacketRejected", "PacketRejected", "PacketRejected",
-        "TraceContextReceived", "PacketRejected", "PacketRejected", "ResultPushed", "PacketRejected",
+        "PacketRejected",
         "PressureReceived",
-    ]  # fmt: skip
+        "PacketRejected",
+        "PacketRejected",
+        "PacketRejected",
+        "TraceContextReceived",
+        "PacketRejected",
+        "PacketRejected",
+        "ResultPushed",
+        "PacketRejected",
+        "PressureReceived",
+    ]
     assert got[2].msg_type == T.PING and got[6].frame_id == 55 and got[7].session_id == 0
 
 
@@ -366,14 +407,17 @@ def test_open_ack_rules():
     core = opened(3)
     tokens = [core.open_session() for _ in range(4)]
     bad_length = bytearray(open_ack(8, body=b"xx"))
-    bad_length[-2 - 56 + 32:-2 - 56 + 36] = struct.pack("<I", 5)  # session_extension_bytes 5 for a 2-byte body
+    bad_length[-2 - 56 + 32 : -2 - 56 + 36] = struct.pack("<I", 5)  # session_extension_bytes 5 for a 2-byte body
     got = core.receive_data(open_ack(4, header=0) + open_ack(99) + open_ack(3) + bytes(bad_length))
     assert got[:2] == [ev.SessionOpenAccepted(tokens[0], 4, 4, 2), ev.SessionOpenAccepted(tokens[1], 99, 4, 2)]
     assert [(type(e).__name__, e.request, e.session_error_code) for e in got[2:]] == [
-        ("SessionOpenRejected", tokens[2], 0), ("SessionOpenRejected", tokens[3], 0)
+        ("SessionOpenRejected", tokens[2], 0),
+        ("SessionOpenRejected", tokens[3], 0),
     ]
     assert "used before" in got[2].diagnostic
-    assert core.receive_data(open_ack(7)) == [ev.PacketRejected(7, 0, T.SESSION_OPEN_ACK, "SESSION_OPEN_ACK with no open waiting")]
+    assert core.receive_data(open_ack(7)) == [
+        ev.PacketRejected(7, 0, T.SESSION_OPEN_ACK, "SESSION_OPEN_ACK with no open waiting")
+    ]
     assert kinds(core.receive_data(credit(4) + credit(99))) == ["PressureReceived", "PressureReceived"]
 
 

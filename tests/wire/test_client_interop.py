@@ -1,4 +1,4 @@
-"""Our asyncio client (``vllm_nnrp_plugin.client.connection``) against nnrp-py's NATIVE server, over TCP, a unix
+"""Our asyncio client (``vllm_nnrp_plugin.client.aio.connection``) against nnrp-py's NATIVE server, over TCP, a unix
 socket, WebSocket (``ws://…/nnrp``, ``wss://…/nnrp``) and QUIC (the TLS ones with a self-signed certificate the
 client trusts): hello, open, submit -> partial results -> RESULT_PUSH, FRAME_CANCEL -> RESULT_DROP_REASON (also
 by cancelling the task that iterates), two sessions on one connection, close; and connection loss."""
@@ -22,10 +22,10 @@ from nnrp.server import (
     listen_native_server,
 )
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.client import ClientConnectionError, connect
 from tests.support import self_signed, wait_until
 from tests.wire.native_accept import Acceptor
+from vllm_nnrp_plugin.client import ClientConnectionError, connect
+from vllm_nnrp_plugin.contract import wire_mapping
 
 DATA = pathlib.Path(__file__).parent / "data" / "captures"
 CANCELLED = b'{"type":"response.cancelled","reason":"client"}'
@@ -55,8 +55,10 @@ class NativeEcho:
         route = NativeServerProviderRoute(provider_endpoint=provider.format(tmp=tmp_path), security=security)
         self._options = NativeServerBootstrapOptions(
             endpoint="nnrps://127.0.0.1" if tls and transport != "quic" else "nnrp://127.0.0.1",
-            provider_routes={transport: route}, transport_policy=policy, session_defaults=NativeServerSessionOptions(),
-        )  # fmt: skip
+            provider_routes={transport: route},
+            transport_policy=policy,
+            session_defaults=NativeServerSessionOptions(),
+        )
         self._transport = transport
         #: nnrp-py's name of the carrier each accepted session used (``active_transport_name``)
         self.carriers_seen: set[str] = set()
@@ -115,15 +117,22 @@ class NativeEcho:
         submit = event.as_submit()
         if submit is not None:
             meta = submit.submit.metadata.value
-            request = orjson.loads(wire_mapping.unwrap_typed_body(int(meta.payload_kind_bitmap), meta.payload_frame_count,
-                                                          submit.submit.tail.body))  # fmt: skip
+            request = orjson.loads(
+                wire_mapping.unwrap_typed_body(
+                    int(meta.payload_kind_bitmap), meta.payload_frame_count, submit.submit.tail.body
+                )
+            )
             for seq in range(1, request["n"] + 1):
                 body = orjson.dumps({"type": "response.output_text.delta", "delta": f"t{seq}"})
-                await submit.send_partial_result(PartialResultMetadata(submit.operation_id, seq, 0, seq, len(body), 0), body)
+                await submit.send_partial_result(
+                    PartialResultMetadata(submit.operation_id, seq, 0, seq, len(body), 0), body
+                )
             if request.get("hold"):
                 held[id(session), submit.frame_id] = submit
             else:
-                await submit.send_result(_push_metadata(), wire_mapping.typed_body(b'{"type":"response.completed","n":%d}' % request["n"]))
+                await submit.send_result(
+                    _push_metadata(), wire_mapping.typed_body(b'{"type":"response.completed","n":%d}' % request["n"])
+                )
             return True
         runtime = event.as_runtime()
         if runtime is None:
@@ -131,8 +140,9 @@ class NativeEcho:
         kind = runtime.header.message_type
         if kind is MessageType.FRAME_CANCEL:
             op = held.pop((id(session), runtime.header.frame_id))
-            drop = ResultDropReasonMetadata(op.operation_id, 0, ResultDropReasonCode.PEER_CANCELLED, RuntimeRole.SERVER,
-                                            0, len(CANCELLED))  # fmt: skip
+            drop = ResultDropReasonMetadata(
+                op.operation_id, 0, ResultDropReasonCode.PEER_CANCELLED, RuntimeRole.SERVER, 0, len(CANCELLED)
+            )
             await op.send_result_drop(drop, CANCELLED)
         return kind is not MessageType.SESSION_CLOSE
 
@@ -144,17 +154,29 @@ def _native_security(tmp_path) -> tuple[NativeTransportServerSecurity, bytes]:
 
     _, key_file, der = self_signed(tmp_path)
     key = serialization.load_pem_private_key(pathlib.Path(key_file).read_bytes(), password=None)
-    pkcs8 = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
-                              serialization.NoEncryption())
+    pkcs8 = key.private_bytes(
+        serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return NativeTransportServerSecurity(certificate_der=der, private_key_pkcs8_der=pkcs8), der
 
 
 def _push_metadata() -> ResultPushMetadata:
     return ResultPushMetadata(
-        status_code=200, result_flags=ResultFlags(0), section_count=0, tile_count=0, active_profile_id=0,
-        reserved0=0, inference_ms=0, queue_ms=0, server_total_ms=0, reserved1=0, tile_base_id=0,
-        tile_index_bytes=0, payload_kind_bitmap=PayloadKind.STRUCTURED_EVENT, payload_frame_count=1,
-    )  # fmt: skip
+        status_code=200,
+        result_flags=ResultFlags(0),
+        section_count=0,
+        tile_count=0,
+        active_profile_id=0,
+        reserved0=0,
+        inference_ms=0,
+        queue_ms=0,
+        server_total_ms=0,
+        reserved1=0,
+        tile_base_id=0,
+        tile_index_bytes=0,
+        payload_kind_bitmap=PayloadKind.STRUCTURED_EVENT,
+        payload_frame_count=1,
+    )
 
 
 @pytest.fixture(scope="module", params=["tcp", "ipc", "ws", "wss", "quic"])
@@ -186,9 +208,11 @@ def test_open_submit_partials_push_close(native):
     session, op, events, closed_before = run(scenario())
     assert session.session_id >= 1 and (op.frame_id, op.operation_id) == (1, 1) and op.status_code == 200
     assert events == [
-        {"type": "response.output_text.delta", "delta": "t1"}, {"type": "response.output_text.delta", "delta": "t2"},
-        {"type": "response.output_text.delta", "delta": "t3"}, {"type": "response.completed", "n": 3},
-    ]  # fmt: skip
+        {"type": "response.output_text.delta", "delta": "t1"},
+        {"type": "response.output_text.delta", "delta": "t2"},
+        {"type": "response.output_text.delta", "delta": "t3"},
+        {"type": "response.completed", "n": 3},
+    ]
     assert wait_until(lambda: native.closed_sessions > closed_before)  # the native server saw SESSION_CLOSE
     assert native.carriers_seen == {native._transport}  # over the carrier asked for, nothing else
 
@@ -237,8 +261,9 @@ def test_cancelling_the_iterating_task_sends_frame_cancel(native):
 def test_two_sessions_on_one_connection(native):
     async def scenario():
         conn = await connect(native.uri, trusted_cert_der=native.der)
-        a, b = await asyncio.gather(conn.open_session(max_in_flight_operations=4),
-                                    conn.open_session(max_in_flight_operations=4))  # fmt: skip
+        a, b = await asyncio.gather(
+            conn.open_session(max_in_flight_operations=4), conn.open_session(max_in_flight_operations=4)
+        )
         ops = [s.submit({"n": n}) for s in (a, b) for n in (2, 5)]
         results = await asyncio.gather(*(op.result() for op in ops))
         await a.close()
@@ -248,15 +273,21 @@ def test_two_sessions_on_one_connection(native):
 
     a, b, ops, results, last = run(scenario())
     assert a.session_id != b.session_id
-    assert [(op.session.session_id, op.frame_id) for op in ops] == [(a.session_id, 1), (a.session_id, 2),
-                                                                    (b.session_id, 1), (b.session_id, 2)]  # fmt: skip
+    assert [(op.session.session_id, op.frame_id) for op in ops] == [
+        (a.session_id, 1),
+        (a.session_id, 2),
+        (b.session_id, 1),
+        (b.session_id, 2),
+    ]
     assert [r["n"] for r in results] == [2, 5, 2, 5] and last["n"] == 1
 
 
 def test_connection_loss_fails_pending_operations(tmp_path):
     """A server that answers the handshake from the tcp-basic capture, takes a submit, then hangs up."""
     records = [orjson.loads(line) for line in (DATA / "tcp-basic.jsonl").read_text().splitlines()]
-    handshake = b"".join(bytes.fromhex(r["hex"]) for r in records if r["dir"] == "s2c" and "hex" in r)[:(40 + 80) + (40 + 56)]
+    handshake = b"".join(bytes.fromhex(r["hex"]) for r in records if r["dir"] == "s2c" and "hex" in r)[
+        : (40 + 80) + (40 + 56)
+    ]
 
     async def scenario():
         async def handler(reader, writer):

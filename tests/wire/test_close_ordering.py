@@ -110,13 +110,22 @@ def test_every_operation_has_its_terminal_before_the_close_ack_and_nothing_follo
         elif shape in ("frame_cancel", "cancel") and mine:
             frame = data.draw(st.sampled_from(mine))
             if (sid, frame) in wire.running:
-                feed(w.frame_cancel(sid, frame) if shape == "frame_cancel"
-                     else w.control(T.CANCEL, sid, frame, submitted[(sid, frame)]))  # fmt: skip
+                feed(
+                    w.frame_cancel(sid, frame)
+                    if shape == "frame_cancel"
+                    else w.control(T.CANCEL, sid, frame, submitted[(sid, frame)])
+                )
         elif shape in ("drain", "abort"):
             last = max((submitted[(s, f)] for s, f in submitted if s == sid), default=0)
             closing[sid] = last
-            feed(w.session_close(sid, last, policy=0 if shape == "drain" else 1,
-                                 drain_timeout_ms=data.draw(st.sampled_from([0, 250]))))  # fmt: skip
+            feed(
+                w.session_close(
+                    sid,
+                    last,
+                    policy=0 if shape == "drain" else 1,
+                    drain_timeout_ms=data.draw(st.sampled_from([0, 250])),
+                )
+            )
         elif shape == "ping":
             feed(encode(T.PING, sid, 0))
 

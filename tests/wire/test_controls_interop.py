@@ -14,8 +14,8 @@ import orjson
 from nnrp.core import MessageType as T
 
 from tests.support import wait_until
-from vllm_nnrp_plugin import wire_mapping
 from vllm_nnrp_plugin.client import ProfileClient
+from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
 
@@ -52,11 +52,13 @@ class CoreServer:
                     if isinstance(event, ev.SessionOpenRequested):
                         server.accept_session(event.request)
                     elif isinstance(event, ev.OperationSuperseded):
-                        server.send_result_drop_reason(event.session_id, event.frame_id, event.operation_id, 0, 2,
-                                                       SUPERSEDED)  # fmt: skip
+                        server.send_result_drop_reason(
+                            event.session_id, event.frame_id, event.operation_id, 0, 2, SUPERSEDED
+                        )
                     elif isinstance(event, ev.DeadlineReceived):
-                        server.send_result_drop_reason(event.session_id, event.frame_id, event.operation_id, 0, 1,
-                                                       EXPIRED)  # fmt: skip
+                        server.send_result_drop_reason(
+                            event.session_id, event.frame_id, event.operation_id, 0, 1, EXPIRED
+                        )
                 out = server.data_to_send()
                 if out:
                     sock.sendall(out)

@@ -25,25 +25,49 @@ def test_golden_header_of_the_semantic_recipe() -> None:
     (recipe,) = [v for v in recipes if v["name"] == "preview4.header.all_caller_controlled_fields"]
     flags = {"ack_required": 0x01, "keyframe": 0x20}
     packed = HEADER_STRUCT.pack(
-        b"NNRP", recipe["version_major"], recipe["wire_format"], T.FRAME_SUBMIT, 40,
-        sum(flags[f] for f in recipe["flags"]), recipe["meta_len"], recipe["body_len"], recipe["session_id"],
-        recipe["frame_id"], recipe["view_id"], recipe["route_id"], recipe["trace_id"],
-    )  # fmt: skip
+        b"NNRP",
+        recipe["version_major"],
+        recipe["wire_format"],
+        T.FRAME_SUBMIT,
+        40,
+        sum(flags[f] for f in recipe["flags"]),
+        recipe["meta_len"],
+        recipe["body_len"],
+        recipe["session_id"],
+        recipe["frame_id"],
+        recipe["view_id"],
+        recipe["route_id"],
+        recipe["trace_id"],
+    )
     assert packed.hex() == GOLDEN
     # encode() writes the same header for a packet of those lengths
     meta, body = bytes(recipe["meta_len"]), bytes(recipe["body_len"])
     packet_bytes = encode(
-        T.FRAME_SUBMIT, recipe["session_id"], recipe["frame_id"], meta, body, trace_id=recipe["trace_id"],
-        flags=0x21, view_id=recipe["view_id"], route_id=recipe["route_id"],
-    )  # fmt: skip
+        T.FRAME_SUBMIT,
+        recipe["session_id"],
+        recipe["frame_id"],
+        meta,
+        body,
+        trace_id=recipe["trace_id"],
+        flags=0x21,
+        view_id=recipe["view_id"],
+        route_id=recipe["route_id"],
+    )
     assert packet_bytes[:40].hex() == GOLDEN
     # the reader accepts the header, waits for its 66051 + 263430 bytes, then returns the fields
     reader = PacketReader()
     assert reader.feed(packet_bytes[:40]) == []
     assert reader.buffered == 40
     (packet,) = reader.feed(packet_bytes[40:])
-    assert (packet.msg_type, packet.flags, packet.session_id, packet.frame_id, packet.view_id, packet.route_id,
-            packet.trace_id) == (0x10, 0x21, 0x11223344, 0x55667788, 0x99AA, 0xBBCC, 0x0102030405060708)  # fmt: skip
+    assert (
+        packet.msg_type,
+        packet.flags,
+        packet.session_id,
+        packet.frame_id,
+        packet.view_id,
+        packet.route_id,
+        packet.trace_id,
+    ) == (0x10, 0x21, 0x11223344, 0x55667788, 0x99AA, 0xBBCC, 0x0102030405060708)
     assert len(packet.meta) == 0x00010203 and len(packet.body) == 0x00040506
 
 
@@ -54,8 +78,15 @@ def test_golden_header_of_the_case_manifest_round_trips() -> None:
     magic, major, wire_format, msg_type, header_len, flags, meta_len, body_len, sid, frame, view, route, trace = fields
     reader = PacketReader()
     (packet,) = reader.feed(golden + bytes(meta_len + body_len))
-    assert (packet.msg_type, packet.flags, packet.session_id, packet.frame_id, packet.view_id, packet.route_id,
-            packet.trace_id) == (msg_type, flags, sid, frame, view, route, trace)  # fmt: skip
+    assert (
+        packet.msg_type,
+        packet.flags,
+        packet.session_id,
+        packet.frame_id,
+        packet.view_id,
+        packet.route_id,
+        packet.trace_id,
+    ) == (msg_type, flags, sid, frame, view, route, trace)
     assert raw(packet)[:40] == golden
 
 
@@ -107,9 +138,20 @@ def _header(**changes) -> bytes:
     fields = dict(magic=b"NNRP", major=1, wire=0, msg=int(T.PING), hlen=40, flags=0, meta=0, body=0)
     fields.update(changes)
     return HEADER_STRUCT.pack(
-        fields["magic"], fields["major"], fields["wire"], fields["msg"], fields["hlen"], fields["flags"],
-        fields["meta"], fields["body"], 1, 0, 0, 0, 0,
-    )  # fmt: skip
+        fields["magic"],
+        fields["major"],
+        fields["wire"],
+        fields["msg"],
+        fields["hlen"],
+        fields["flags"],
+        fields["meta"],
+        fields["body"],
+        1,
+        0,
+        0,
+        0,
+        0,
+    )
 
 
 @pytest.mark.parametrize(

@@ -97,7 +97,9 @@ def test_resume_is_rejected_as_the_native_server_rejects_a_stale_ticket() -> Non
 def test_profile_rejection_is_byte_equal_modulo_credit_and_resume_window() -> None:
     result = w.replay("tcp-session", 0, stop_after_c2s=2)
     _, rejection = w.split(result.produced)
-    assert w.raw(rejection) == normalized(result.expected[1] if len(result.expected) > 1 else w.split(w.stream("tcp-session", "s2c"))[1])
+    assert w.raw(rejection) == normalized(
+        result.expected[1] if len(result.expected) > 1 else w.split(w.stream("tcp-session", "s2c"))[1]
+    )
     assert rejection.body == b"requested profile is unsupported"
 
 
@@ -272,7 +274,9 @@ def test_core_rejections(changes: dict, code: int, text: bytes | None) -> None:
     (ack,) = w.sent(server)
     meta = SessionOpenAckMetadata.unpack(ack.meta)
     assert ack.session_id == 0 and meta.session_id == 0 and meta.session_status == 1 and meta.session_error_code == code
-    assert meta.resume_token_bytes == 0 and meta.session_flags_ack == 0 and meta.session_extension_bytes == len(ack.body)
+    assert (
+        meta.resume_token_bytes == 0 and meta.session_flags_ack == 0 and meta.session_extension_bytes == len(ack.body)
+    )
     if text is not None:
         assert ack.body == text
     assert not server.ended
@@ -309,7 +313,9 @@ def test_session_close_acks_and_forgets() -> None:
 # -- operations ----------------------------------------------------------------------------------------------
 
 
-def _rejected(server: ServerConnection, events: list, frame_id: int = 0) -> tuple[ev.PacketRejected, RecoverableErrorMetadata]:
+def _rejected(
+    server: ServerConnection, events: list, frame_id: int = 0
+) -> tuple[ev.PacketRejected, RecoverableErrorMetadata]:
     (event,) = events
     assert isinstance(event, ev.PacketRejected)
     (packet,) = w.sent(server)
@@ -493,7 +499,11 @@ def test_deadline_for_an_active_operation() -> None:
     _rejected(server, server.receive_data(w.scheduling(T.DEADLINE, sid, 3, 303, deadline=0)), 3)
     _rejected(server, server.receive_data(w.scheduling(T.DEADLINE, sid, 4, 303)), 4)
     _rejected(server, server.receive_data(w.scheduling(T.DEADLINE, sid, 3, 303, flags=4)), 3)
-    _rejected(server, server.receive_data(encode(T.DEADLINE, sid, 3, w.split(w.scheduling(T.DEADLINE, sid, 3, 303))[0].meta, b"x")), 3)
+    _rejected(
+        server,
+        server.receive_data(encode(T.DEADLINE, sid, 3, w.split(w.scheduling(T.DEADLINE, sid, 3, 303))[0].meta, b"x")),
+        3,
+    )
     _rejected(server, server.receive_data(w.scheduling(T.PRIORITY_UPDATE, sid, 3, 303, priority_class=7)), 3)
 
 
@@ -644,9 +654,12 @@ def test_sessions_are_independent() -> None:
     assert not server.send_partial_result(b, 1, 1, 2, b"B")
     assert server.send_partial_result(a, 1, 1, 2, b"A")
     assert [(p.msg_type, p.session_id) for p in w.sent(server)] == [
-        (T.PARTIAL_RESULT, b), (T.PARTIAL_RESULT, a), (T.RESULT_DROP_REASON, b), (T.SESSION_CLOSE_ACK, b),
+        (T.PARTIAL_RESULT, b),
         (T.PARTIAL_RESULT, a),
-    ]  # fmt: skip
+        (T.RESULT_DROP_REASON, b),
+        (T.SESSION_CLOSE_ACK, b),
+        (T.PARTIAL_RESULT, a),
+    ]
 
 
 # -- the application's calls ---------------------------------------------------------------------------------

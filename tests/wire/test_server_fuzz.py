@@ -33,10 +33,19 @@ FUZZ = settings(max_examples=150 * SCALE, deadline=None, suppress_health_check=[
 
 C2S = {name: w.stream(name, "c2s", 0) for name in w.CAPTURE_NAMES}
 META_LEN = {
-    T.CLIENT_HELLO: 64, T.SESSION_OPEN: 48, T.SESSION_CLOSE: 24, T.FRAME_SUBMIT: 72, T.TRANSPORT_PROBE: 16,
-    T.RESULT_HINT: 16, T.RESULT_PUSH: 64, T.PARTIAL_RESULT: 40, T.SESSION_OPEN_ACK: 56, T.SESSION_CLOSE_ACK: 16,
-    T.SERVER_HELLO_ACK: 80, T.BUDGET_UPDATE: 40,
-}  # fmt: skip
+    T.CLIENT_HELLO: 64,
+    T.SESSION_OPEN: 48,
+    T.SESSION_CLOSE: 24,
+    T.FRAME_SUBMIT: 72,
+    T.TRANSPORT_PROBE: 16,
+    T.RESULT_HINT: 16,
+    T.RESULT_PUSH: 64,
+    T.PARTIAL_RESULT: 40,
+    T.SESSION_OPEN_ACK: 56,
+    T.SESSION_CLOSE_ACK: 16,
+    T.SERVER_HELLO_ACK: 80,
+    T.BUDGET_UPDATE: 40,
+}
 KINDS = [int(k) for k in T]
 
 
@@ -286,13 +295,29 @@ def _covering(fuzz, *, shapes=(), events=(), outcomes=()) -> Coverage:
     if not seen.missing(shapes, events, outcomes):
         return seen
     gaps = seen.missing(shapes, events, outcomes)
-    raise AssertionError(f"in {seen.runs} runs the generator never produced {gaps}: shapes {dict(seen.shapes)}, "
-                         f"events {dict(seen.events)}, outcomes {dict(seen.outcomes)}")  # fmt: skip
+    raise AssertionError(
+        f"in {seen.runs} runs the generator never produced {gaps}: shapes {dict(seen.shapes)}, "
+        f"events {dict(seen.events)}, outcomes {dict(seen.outcomes)}"
+    )
 
 
 #: the packet shapes :func:`_random_packet` makes (``submit`` three times as often)
-SHAPES = ("submit", "cancel", "abort", "frame_cancel", "deadline", "expire", "priority", "supersede", "budget",
-          "trace", "close", "ping", "open", "random")  # fmt: skip
+SHAPES = (
+    "submit",
+    "cancel",
+    "abort",
+    "frame_cancel",
+    "deadline",
+    "expire",
+    "priority",
+    "supersede",
+    "budget",
+    "trace",
+    "close",
+    "ping",
+    "open",
+    "random",
+)
 #: every event class a ServerConnection without ``authenticate`` can report
 SERVER_EVENT_NAMES = tuple(cls.__name__ for cls in w.SERVER_EVENTS)
 
@@ -314,19 +339,30 @@ def _random_packet(draw, sessions: list[int], active: dict[tuple[int, int], int]
         return w.submit(session, frame, op, draw(st.binary(max_size=8)), trace_id=draw(st.sampled_from([0, 5])))
     if shape in ("cancel", "abort"):
         kind = T.CANCEL if shape == "cancel" else T.ABORT
-        return w.control(kind, session, frame, op, draw(st.sampled_from([b"", b"why"])), flags=draw(st.sampled_from([0, 0, 4])))
+        return w.control(
+            kind, session, frame, op, draw(st.sampled_from([b"", b"why"])), flags=draw(st.sampled_from([0, 0, 4]))
+        )
     if shape == "frame_cancel":
         return w.frame_cancel(session, frame)
     if shape in ("deadline", "expire", "priority"):
         kind = {"deadline": T.DEADLINE, "expire": T.EXPIRE_AT, "priority": T.PRIORITY_UPDATE}[shape]
         return w.scheduling(kind, session, frame, op, deadline=draw(st.sampled_from([0, 5, 5])))
     if shape == "supersede":
-        return w.supersede(session, frame, op, draw(st.integers(0, 5)), draw(st.sampled_from([b"", b"why"])),
-                           code=draw(st.sampled_from([2, 2, 0, 10])), flags=draw(st.sampled_from([0, 0, 2])))
+        return w.supersede(
+            session,
+            frame,
+            op,
+            draw(st.integers(0, 5)),
+            draw(st.sampled_from([b"", b"why"])),
+            code=draw(st.sampled_from([2, 2, 0, 10])),
+            flags=draw(st.sampled_from([0, 0, 2])),
+        )
     if shape == "budget":
         return w.budget_update(session, frame, op, draw(st.integers(0, 9)), flags=draw(st.sampled_from([0, 0, 4])))
     if shape == "trace":
-        return w.trace_context(session, draw(st.sampled_from([0, frame])), header_trace=draw(st.sampled_from([None, 0, 3])))
+        return w.trace_context(
+            session, draw(st.sampled_from([0, frame])), header_trace=draw(st.sampled_from([None, 0, 3]))
+        )
     if shape == "close":
         return w.session_close(session, op, policy=draw(st.sampled_from([0, 0, 1])))
     if shape == "ping":
@@ -387,9 +423,11 @@ def _closes_while_operations_run(data, count: int) -> None:
         packet = {
             "drain": lambda: w.session_close(7, 100 + count),
             "abort": lambda: w.session_close(7, 100 + count, policy=1),
-            "submit": lambda: w.submit(7, k, 100 + k), "cancel": lambda: w.control(T.CANCEL, 7, k, 100 + k),
-            "ping": lambda: encode(T.PING, 7, 0), "nothing": lambda: b"",
-        }[shape]()  # fmt: skip
+            "submit": lambda k=k: w.submit(7, k, 100 + k),
+            "cancel": lambda k=k: w.control(T.CANCEL, 7, k, 100 + k),
+            "ping": lambda: encode(T.PING, 7, 0),
+            "nothing": lambda: b"",
+        }[shape]()
         if packet:
             harness.feed(packet)
         else:
@@ -412,15 +450,25 @@ def _closes_while_operations_run(data, count: int) -> None:
 
 #: the packets :func:`_closes_while_operations_run` sends, and the events its run must provoke
 CLOSE_SHAPES = ("drain", "abort", "submit", "cancel", "ping", "nothing")
-CLOSE_EVENTS = ("SessionOpenRequested", "OperationSubmitted", "OperationCancelled", "SessionDraining",
-                "SessionClosed", "PacketRejected")  # fmt: skip
+CLOSE_EVENTS = (
+    "SessionOpenRequested",
+    "OperationSubmitted",
+    "OperationCancelled",
+    "SessionDraining",
+    "SessionClosed",
+    "PacketRejected",
+)
 
 
 def test_closes_while_operations_run_keep_the_invariants() -> None:
     """SESSION_CLOSE (drain or abort, once or twice) among submits, cancels and the application's sends: every
     operation of a draining session gets its terminal before the closing ack, and nothing follows that ack."""
-    _covering(_closes_while_operations_run, shapes=CLOSE_SHAPES, events=CLOSE_EVENTS,
-              outcomes=["drain closed by its last terminal"])  # fmt: skip
+    _covering(
+        _closes_while_operations_run,
+        shapes=CLOSE_SHAPES,
+        events=CLOSE_EVENTS,
+        outcomes=["drain closed by its last terminal"],
+    )
 
 
 def test_unknown_sessions_and_types_are_fatal_or_rejected_never_raised() -> None:

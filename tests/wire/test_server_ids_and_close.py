@@ -236,9 +236,19 @@ def test_an_abort_close_ends_every_operation_with_a_drop_before_the_ack() -> Non
     assert server.receive_data(w.session_close(sid, 102, policy=1)) == [ev.SessionClosed(sid, 1)]
     first, second, ack = w.sent(server)
     for packet, frame, operation, sequence in ((first, 2, 102, 3), (second, 1, 101, 1)):
-        assert (packet.msg_type, packet.session_id, packet.frame_id, packet.body) == (T.RESULT_DROP_REASON, sid, frame, b"")
+        assert (packet.msg_type, packet.session_id, packet.frame_id, packet.body) == (
+            T.RESULT_DROP_REASON,
+            sid,
+            frame,
+            b"",
+        )
         meta = ResultDropReasonMetadata.unpack(packet.meta)
-        assert (meta.operation_id, meta.result_sequence, meta.drop_reason_code, int(meta.source_role)) == (operation, sequence, 3, 2)
+        assert (meta.operation_id, meta.result_sequence, meta.drop_reason_code, int(meta.source_role)) == (
+            operation,
+            sequence,
+            3,
+            2,
+        )
     assert ack.msg_type == T.SESSION_CLOSE_ACK
     assert SessionCloseAckMetadata.unpack(ack.meta) == SessionCloseAckMetadata(2, 102, 0)
     assert not server.send_partial_result(sid, 2, 102, 3, b"late")

@@ -48,8 +48,8 @@ from nnrp.core.enums import MessageType as T
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Request
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
 from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
@@ -83,9 +83,16 @@ def silence_passes(protocol) -> None:
     nnrp._handshake_expired()
 
 
-
-def frame(opcode: int, payload: bytes, *, fin: bool = True, rsv: int = 0, key: bytes | None = b"\x5a\x0f\xc3\x81",
-          form: str | None = None, announce: int | None = None) -> bytes:  # fmt: skip
+def frame(
+    opcode: int,
+    payload: bytes,
+    *,
+    fin: bool = True,
+    rsv: int = 0,
+    key: bytes | None = b"\x5a\x0f\xc3\x81",
+    form: str | None = None,
+    announce: int | None = None,
+) -> bytes:
     """A client frame built by hand (RFC 6455 §5.2), for what wsproto's client would refuse to send. ``key``
     None: unmasked; ``form`` ``short`` / ``u16`` / ``u64`` forces a length encoding (None: the minimal one);
     ``announce``: the length the header states (default the payload's)."""
@@ -139,7 +146,7 @@ def messages(draw, payloads: list[bytes], *, controls: bool = True, at: tuple[in
     out, pings, features = bytearray(), [], Counter()
     for payload in payloads:
         cuts = sorted(draw(st.lists(st.integers(0, len(payload)), max_size=3)) + list(at))
-        pieces = [payload[a:b] for a, b in zip([0] + cuts, cuts + [len(payload)])]
+        pieces = [payload[a:b] for a, b in zip([0] + cuts, cuts + [len(payload)], strict=True)]
         features["fragmented"] += len(pieces) > 1
         for i, piece in enumerate(pieces):
             if controls and draw(st.integers(0, 3)) == 0:
@@ -254,7 +261,7 @@ def server_frames(data: bytes) -> list[tuple[int, bytes]]:
     while pos < len(data):
         assert len(data) - pos >= 2, "torn frame header"
         b0, b1 = data[pos], data[pos + 1]
-        assert b0 & 0x80 and not b0 & 0x70 and not b1 & 0x80, f"not final, plain, unmasked: {data[pos:pos + 2]!r}"
+        assert b0 & 0x80 and not b0 & 0x70 and not b1 & 0x80, f"not final, plain, unmasked: {data[pos : pos + 2]!r}"
         n, start = b1 & 0x7F, pos + 2
         if n == 126:
             (n,), start = struct.unpack_from("!H", data, start), start + 2
@@ -300,18 +307,34 @@ def parse_output(data: bytes, client: WSConnection) -> Output:
 
 def chunks(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c for c in cuts if 0 < c < len(data)})
-    return [data[a:b] for a, b in zip([0] + points, points + [len(data)])]
+    return [data[a:b] for a, b in zip([0] + points, points + [len(data)], strict=True)]
 
 
-async def _drive(client: WSConnection, data: bytes, cuts: list[int], *, eof: bool = False, expire: bool = False,
-                 stop: bool = False, open_until_eof: bool = False) -> Run:  # fmt: skip
+async def _drive(
+    client: WSConnection,
+    data: bytes,
+    cuts: list[int],
+    *,
+    eof: bool = False,
+    expire: bool = False,
+    stop: bool = False,
+    open_until_eof: bool = False,
+) -> Run:
     handler, transport = Handler(), Transport()
     gate, budget = SessionGate(8), BufferBudget(1 << 30)
-    protocol = WebSocketConnection(NNRPConnection(
-        handler, transport_name="websocket", limits=SessionLimits(max_in_flight=4, max_queued_events=64),
-        gate=gate, flush_round=FlushRound(asyncio.get_running_loop()), on_lost=lambda c: None,
-        bounds=CarrierBounds(max_packet_bytes=MAX_PACKET), budget=budget,
-    ), path=PATH)  # fmt: skip
+    protocol = WebSocketConnection(
+        NNRPConnection(
+            handler,
+            transport_name="websocket",
+            limits=SessionLimits(max_in_flight=4, max_queued_events=64),
+            gate=gate,
+            flush_round=FlushRound(asyncio.get_running_loop()),
+            on_lost=lambda c: None,
+            bounds=CarrierBounds(max_packet_bytes=MAX_PACKET),
+            budget=budget,
+        ),
+        path=PATH,
+    )
     errors = Errors()
     package_logger = logging.getLogger("vllm_nnrp_plugin")
     package_logger.addHandler(errors)
@@ -358,8 +381,11 @@ def _check_bounded(protocol: WebSocketConnection, budget: BufferBudget, transpor
         return
     connection = protocol._ws._ws.connection  # the carrier mapping's wsproto connection
     if connection is not None:  # wsproto internals: checked while they are where 1.3 keeps them
-        buffer = getattr(getattr(getattr(getattr(connection, "_proto", None), "_frame_decoder", None), "buffer", None),
-                         "buffer", None)  # fmt: skip
+        buffer = getattr(
+            getattr(getattr(getattr(connection, "_proto", None), "_frame_decoder", None), "buffer", None),
+            "buffer",
+            None,
+        )
         if buffer is not None:
             assert len(buffer) <= 14 + 125, len(buffer)
     elif protocol._ws._head is not None:
@@ -405,8 +431,9 @@ def reference(frames: bytes) -> tuple[int | None, list]:
 
 CONTROL_OPS = (0x8, 0x9, 0xA)
 RESERVED_OPS = (0x3, 0x4, 0x5, 0x6, 0x7, 0xB, 0xC, 0xD, 0xE, 0xF)
-BAD_CLOSE_CODES = st.one_of(st.integers(0, 999), st.sampled_from([1004, 1005, 1006, 1015, 1016, 2000, 2999]),
-                            st.integers(5000, 0xFFFF))  # fmt: skip
+BAD_CLOSE_CODES = st.one_of(
+    st.integers(0, 999), st.sampled_from([1004, 1005, 1006, 1015, 1016, 2000, 2999]), st.integers(5000, 0xFFFF)
+)
 UNKNOWN_TYPES = sorted(set(range(256)) - {int(k) for k in T})
 
 
@@ -431,8 +458,10 @@ def _text(draw) -> Case:
     if draw(st.booleans()):
         return Case(frame(0x1, text, key=draw(KEYS)), CLOSE_UNSUPPORTED_DATA)
     cut = draw(st.integers(0, len(text)))  # a fragmented text message
-    return Case(frame(0x1, text[:cut], fin=False, key=draw(KEYS)) + frame(0x0, text[cut:], key=draw(KEYS)),
-                CLOSE_UNSUPPORTED_DATA)  # fmt: skip
+    return Case(
+        frame(0x1, text[:cut], fin=False, key=draw(KEYS)) + frame(0x0, text[cut:], key=draw(KEYS)),
+        CLOSE_UNSUPPORTED_DATA,
+    )
 
 
 def _text_invalid_utf8(draw) -> Case:
@@ -453,13 +482,21 @@ def _unmasked(draw) -> Case:
 
 def _reserved_bits(draw) -> Case:
     opcode = draw(st.sampled_from([0x1, 0x2, 0x2, 0x9, 0xA]))
-    return Case(frame(opcode, draw(st.binary(max_size=60)), rsv=draw(st.integers(1, 7)), key=draw(KEYS)),
-                CLOSE_PROTOCOL_ERROR, ws_code=CLOSE_PROTOCOL_ERROR)  # fmt: skip
+    return Case(
+        frame(opcode, draw(st.binary(max_size=60)), rsv=draw(st.integers(1, 7)), key=draw(KEYS)),
+        CLOSE_PROTOCOL_ERROR,
+        ws_code=CLOSE_PROTOCOL_ERROR,
+    )
 
 
 def _reserved_opcode(draw) -> Case:
-    return Case(frame(draw(st.sampled_from(RESERVED_OPS)), draw(st.binary(max_size=60)), fin=draw(st.booleans()),
-                      key=draw(KEYS)), CLOSE_PROTOCOL_ERROR, ws_code=CLOSE_PROTOCOL_ERROR)  # fmt: skip
+    return Case(
+        frame(
+            draw(st.sampled_from(RESERVED_OPS)), draw(st.binary(max_size=60)), fin=draw(st.booleans()), key=draw(KEYS)
+        ),
+        CLOSE_PROTOCOL_ERROR,
+        ws_code=CLOSE_PROTOCOL_ERROR,
+    )
 
 
 def _fragmented_control(draw) -> Case:
@@ -472,8 +509,11 @@ def _fragmented_control(draw) -> Case:
 
 def _oversized_control(draw) -> Case:
     payload = draw(st.binary(min_size=126, max_size=400))
-    return Case(frame(draw(st.sampled_from(CONTROL_OPS)), payload, key=draw(KEYS)), CLOSE_PROTOCOL_ERROR,
-                ws_code=CLOSE_PROTOCOL_ERROR)  # fmt: skip
+    return Case(
+        frame(draw(st.sampled_from(CONTROL_OPS)), payload, key=draw(KEYS)),
+        CLOSE_PROTOCOL_ERROR,
+        ws_code=CLOSE_PROTOCOL_ERROR,
+    )
 
 
 def _non_minimal_length(draw, form: str) -> Case:
@@ -486,21 +526,31 @@ def _non_minimal_length(draw, form: str) -> Case:
 
 
 def _continuation_without_start(draw) -> Case:
-    return Case(frame(0x0, draw(st.binary(max_size=60)), fin=draw(st.booleans()), key=draw(KEYS)),
-                CLOSE_PROTOCOL_ERROR, ws_code=CLOSE_PROTOCOL_ERROR)  # fmt: skip
+    return Case(
+        frame(0x0, draw(st.binary(max_size=60)), fin=draw(st.booleans()), key=draw(KEYS)),
+        CLOSE_PROTOCOL_ERROR,
+        ws_code=CLOSE_PROTOCOL_ERROR,
+    )
 
 
 def _message_inside_message(draw) -> Case:
     start = nnrp_ping()[: draw(st.integers(0, 39))]  # the start of a packet: nothing the core refuses yet
-    return Case(frame(0x2, start, fin=False, key=draw(KEYS)) +
-                frame(draw(st.sampled_from([0x1, 0x2])), draw(st.binary(max_size=40)), key=draw(KEYS)),
-                CLOSE_PROTOCOL_ERROR, ws_code=CLOSE_PROTOCOL_ERROR, session="yes")  # fmt: skip
+    return Case(
+        frame(0x2, start, fin=False, key=draw(KEYS))
+        + frame(draw(st.sampled_from([0x1, 0x2])), draw(st.binary(max_size=40)), key=draw(KEYS)),
+        CLOSE_PROTOCOL_ERROR,
+        ws_code=CLOSE_PROTOCOL_ERROR,
+        session="yes",
+    )
 
 
 def _bad_close(draw, kind: str) -> Case:
     if kind == "one byte":
-        return Case(frame(0x8, draw(st.binary(min_size=1, max_size=1)), key=draw(KEYS)), CLOSE_PROTOCOL_ERROR,
-                    ws_code=CLOSE_PROTOCOL_ERROR)  # fmt: skip
+        return Case(
+            frame(0x8, draw(st.binary(min_size=1, max_size=1)), key=draw(KEYS)),
+            CLOSE_PROTOCOL_ERROR,
+            ws_code=CLOSE_PROTOCOL_ERROR,
+        )
     if kind == "code":
         payload = struct.pack("!H", draw(BAD_CLOSE_CODES)) + draw(st.text(max_size=20)).encode()
         return Case(frame(0x8, payload[:125], key=draw(KEYS)), CLOSE_PROTOCOL_ERROR, ws_code=CLOSE_PROTOCOL_ERROR)
@@ -518,8 +568,12 @@ def _over_the_limit(draw, kind: str) -> Case:
         return Case(messages(draw, [payload], controls=False).data, CLOSE_MESSAGE_TOO_BIG, session="yes")
     packet = encode(T.PING, SESSION, 0, b"", b"\x00" * (MAX_PACKET - 40))
     payload = packet + draw(st.binary(min_size=1, max_size=50))
-    return Case(messages(draw, [payload], controls=False, at=(len(packet),)).data, CLOSE_MESSAGE_TOO_BIG,
-                session="yes", answers=(T.ERROR_RECOVERABLE,))  # fmt: skip
+    return Case(
+        messages(draw, [payload], controls=False, at=(len(packet),)).data,
+        CLOSE_MESSAGE_TOO_BIG,
+        session="yes",
+        answers=(T.ERROR_RECOVERABLE,),
+    )
 
 
 def _ends_inside_a_packet(draw) -> Case:
@@ -560,15 +614,17 @@ def _refused_by_the_core(draw, kind: str) -> Case:
 
 
 def _submit_before_the_hello(draw) -> Case:
-    return Case(messages(draw, [w.submit(SESSION, 1, 1, BODY)], controls=False).data, CLOSE_PROTOCOL_ERROR,
-                session="no")
+    return Case(
+        messages(draw, [w.submit(SESSION, 1, 1, BODY)], controls=False).data, CLOSE_PROTOCOL_ERROR, session="no"
+    )
 
 
 def _truncated(draw) -> Case:
     """A frame cut short (in its header or its payload): the connection waits, bounded, until the end of
     stream, which closes it."""
-    whole = frame(0x2, draw(st.sampled_from([nnrp_ping(), w.submit(SESSION, 1, 1, BODY), nnrp_ping() * 50])),
-                  key=draw(KEYS))  # fmt: skip
+    whole = frame(
+        0x2, draw(st.sampled_from([nnrp_ping(), w.submit(SESSION, 1, 1, BODY), nnrp_ping() * 50])), key=draw(KEYS)
+    )
     return Case(whole[: draw(st.integers(1, len(whole) - 1))], None, session="yes", eof=True, open_until_eof=True)
 
 
@@ -591,19 +647,27 @@ MALFORMED = {
     "reserved opcode": _reserved_opcode,
     "fragmented control frame": _fragmented_control,
     "oversized control frame": _oversized_control,
-    **{f"non-minimal length ({form})": functools.partial(_non_minimal_length, form=form)
-       for form in ("u16", "u64", "msb")},
+    **{
+        f"non-minimal length ({form})": functools.partial(_non_minimal_length, form=form)
+        for form in ("u16", "u64", "msb")
+    },
     "continuation without a start": _continuation_without_start,
     "new message inside a fragmented one": _message_inside_message,
-    **{f"invalid close payload ({kind})": functools.partial(_bad_close, kind=kind)
-       for kind in ("one byte", "code", "utf-8")},
-    **{f"message over the packet limit ({kind})": functools.partial(_over_the_limit, kind=kind)
-       for kind in ("whole packets", "a packet of the limit, then more")},
+    **{
+        f"invalid close payload ({kind})": functools.partial(_bad_close, kind=kind)
+        for kind in ("one byte", "code", "utf-8")
+    },
+    **{
+        f"message over the packet limit ({kind})": functools.partial(_over_the_limit, kind=kind)
+        for kind in ("whole packets", "a packet of the limit, then more")
+    },
     "message ending inside a packet": _ends_inside_a_packet,
     "message ending inside the hello": _ends_inside_the_hello,
     "empty message": _empty_message,
-    **{f"bytes the core refuses ({kind})": functools.partial(_refused_by_the_core, kind=kind)
-       for kind in ("magic", "type", "session", "second hello", "oversized", "not NNRP")},
+    **{
+        f"bytes the core refuses ({kind})": functools.partial(_refused_by_the_core, kind=kind)
+        for kind in ("magic", "type", "session", "second hello", "oversized", "not NNRP")
+    },
     "submit before the hello": _submit_before_the_hello,
     "truncated frame, then end of stream": _truncated,
     "no session in time": _no_session_in_time,
@@ -648,8 +712,15 @@ def _malformed_inputs(category: str, data) -> None:
     trailer = frame(0x2, nnrp_ping(), key=draw(KEYS)) if unread and draw(st.booleans()) else b""  # never read
     client, request = upgrade(draw(st.sampled_from([PATH, PATH, PATH + "?k=v"])))
     stream = request + prefix.data + case.frames + trailer
-    run = drive(client, stream, cuts_of(draw, stream), eof=case.eof, expire=case.expire, stop=case.stop,
-                open_until_eof=case.open_until_eof)  # fmt: skip
+    run = drive(
+        client,
+        stream,
+        cuts_of(draw, stream),
+        eof=case.eof,
+        expire=case.expire,
+        stop=case.stop,
+        open_until_eof=case.open_until_eof,
+    )
     assert run.out.status == 101
     assert run.closed, category
     if case.code is None:
@@ -691,11 +762,19 @@ def _garbage(data) -> None:
     output; a close frame, if any, with a code a peer may send."""
     draw = data.draw
     prefix = _prefix(draw, "maybe")
-    noise = draw(st.one_of(
-        st.binary(max_size=200),
-        st.builds(frame, st.integers(0, 15), st.binary(max_size=200), fin=st.booleans(),
-                  rsv=st.sampled_from([0, 0, 0, 1, 4]), key=st.sampled_from([b"\x01\x02\x03\x04"] * 3 + [None])),
-    ))  # fmt: skip
+    noise = draw(
+        st.one_of(
+            st.binary(max_size=200),
+            st.builds(
+                frame,
+                st.integers(0, 15),
+                st.binary(max_size=200),
+                fin=st.booleans(),
+                rsv=st.sampled_from([0, 0, 0, 1, 4]),
+                key=st.sampled_from([b"\x01\x02\x03\x04"] * 3 + [None]),
+            ),
+        )
+    )
     client, request = upgrade()
     stream = request + prefix.data + noise
     run = drive(client, stream, cuts_of(draw, stream), eof=draw(st.booleans()))
@@ -763,8 +842,15 @@ def _well_formed(draw) -> tuple[list[bytes], Stream, bytes, tuple[int | None, st
     return packets, stream, close, answer
 
 
-WELL_FORMED_FEATURES = ("fragmented", "ping between frames", "ping between messages", "pong",
-                        "several packets in a message", "client close", "split into reads")  # fmt: skip
+WELL_FORMED_FEATURES = (
+    "fragmented",
+    "ping between frames",
+    "ping between messages",
+    "pong",
+    "several packets in a message",
+    "client close",
+    "split into reads",
+)
 
 
 @FUZZ
@@ -805,8 +891,9 @@ def test_well_formed_streams_split_anywhere_give_the_same_output() -> None:
 def test_the_answers_to_messages_in_the_same_read_as_the_clients_close_go_out_before_the_close() -> None:
     """A client that sends SESSION_CLOSE and its close frame at once still gets its acks (found by the fuzz)."""
     client, request = upgrade()
-    run = drive(client, request + frame(0x2, HELLO) + frame(0x2, OPEN) + frame(0x8, struct.pack("!H", 1000)),
-                [len(request)])  # fmt: skip
+    run = drive(
+        client, request + frame(0x2, HELLO) + frame(0x2, OPEN) + frame(0x8, struct.pack("!H", 1000)), [len(request)]
+    )
     assert run.out.close == (1000, "") and run.closed
     assert [p[6] for p in run.out.packets] == [T.SERVER_HELLO_ACK, T.SESSION_OPEN_ACK]
 

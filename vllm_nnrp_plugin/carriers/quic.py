@@ -1,7 +1,7 @@
 """NNRP over QUIC (``quic://``), sans-IO, for either side: the NNRP stream of an ``aioquic``
 :class:`~aioquic.quic.connection.QuicConnection` (TLS 1.3, loss recovery, flow control) and what its events mean
 for it. The asyncio shells (:mod:`vllm_nnrp_plugin.nnrp_binding.quic` for the server,
-:mod:`vllm_nnrp_plugin.client.quic` for the client) own the UDP socket, the timers and the NNRP connection.
+:mod:`vllm_nnrp_plugin.client.aio.quic` for the client) own the UDP socket, the timers and the NNRP connection.
 
 The mapping is nnrp-rs' (``crates/nnrp-transport-quic/src/lib.rs``: quinn, ``QuicTransport``), checked against
 nnrp-py 1.0.0rc4.post20's native client and server (``tests/test_quic.py``, ``tests/test_client_carriers.py``):
@@ -12,7 +12,7 @@ nnrp-py 1.0.0rc4.post20's native client and server (``tests/test_quic.py``, ``te
 * any other stream (a second bidirectional one, a unidirectional one, one the server opens) ends the connection
   with PROTOCOL_VIOLATION (RFC 9000 §20.1); a RESET_STREAM or STOP_SENDING on the NNRP stream ends it with
   NO_ERROR, as a lost peer;
-* ALPN is :data:`vllm_nnrp_plugin.endpoints.ALPN` (RFC 9001 §8.1); idle connections end after
+* ALPN is :data:`vllm_nnrp_plugin.contract.endpoints.ALPN` (RFC 9001 §8.1); idle connections end after
   :data:`IDLE_TIMEOUT_S` on both sides.
 
 aioquic 1.x internals read here (no public call gives them; ``tests/test_quic.py`` exercises each): a stream's
@@ -71,17 +71,20 @@ class NNRPStream:
         """What ``event`` means for the NNRP stream: :class:`StreamData`, :class:`StreamBroken`, ``None``
         (nothing), or the event itself when it is about the connection, not the stream (the shell's:
         ``HandshakeCompleted``, ``ConnectionTerminated``, …)."""
-        kind = type(event)
-        if kind is qe.StreamDataReceived:
-            if event.stream_id != NNRP_STREAM_ID:  # type: ignore[attr-defined]
-                return StreamBroken(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream, the "
-                                    "client's first bidirectional one", QuicFrameType.STREAM_BASE)  # fmt: skip
-            return StreamData(event.data, event.end_stream)  # type: ignore[attr-defined]
-        if kind is qe.StreamReset or kind is qe.StopSendingReceived:
-            if event.stream_id == NNRP_STREAM_ID:  # type: ignore[attr-defined]
+        if type(event) is qe.StreamDataReceived:
+            if event.stream_id != NNRP_STREAM_ID:
+                return StreamBroken(
+                    QuicErrorCode.PROTOCOL_VIOLATION,
+                    "NNRP/1 over QUIC uses one stream, the client's first bidirectional one",
+                    QuicFrameType.STREAM_BASE,
+                )
+            return StreamData(event.data, event.end_stream)
+        if type(event) is qe.StreamReset or type(event) is qe.StopSendingReceived:
+            if event.stream_id == NNRP_STREAM_ID:
                 return StreamBroken(QuicErrorCode.NO_ERROR, f"the {self._peer} reset the NNRP stream")
-            return StreamBroken(QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream",
-                                QuicFrameType.STREAM_BASE)  # fmt: skip
+            return StreamBroken(
+                QuicErrorCode.PROTOCOL_VIOLATION, "NNRP/1 over QUIC uses one stream", QuicFrameType.STREAM_BASE
+            )
         return event
 
     def send(self, data: bytes) -> None:

@@ -1,7 +1,7 @@
 """NNRP over WebSocket (``ws://``, ``wss://``), sans-IO, for either side: RFC 6455 through ``wsproto`` (the
 HTTP/1.1 Upgrade through h11, masking, frame parsing, the close handshake) and the NNRP mapping on top of it.
 Bytes in, events and bytes out; the asyncio shells (:mod:`vllm_nnrp_plugin.nnrp_binding.websocket` for the
-server, :mod:`vllm_nnrp_plugin.client.websocket` for the client) own the socket, the timers and the NNRP
+server, :mod:`vllm_nnrp_plugin.client.aio.websocket` for the client) own the socket, the timers and the NNRP
 connection the payload goes to.
 
 The mapping is nnrp-rs' (``crates/nnrp-transport-websocket/src/lib.rs``: tokio-tungstenite ``connect_async`` /
@@ -42,16 +42,32 @@ from wsproto.events import (
     Request,
     TextMessage,
 )
+from wsproto.events import Event as WSEvent
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from vllm_nnrp_plugin.nnrp_wire.framing import PacketBoundary, split_packets
 
 __all__ = [
-    "CLOSE_GOING_AWAY", "CLOSE_MESSAGE_TOO_BIG", "CLOSE_NO_STATUS", "CLOSE_NORMAL", "CLOSE_POLICY_VIOLATION",
-    "CLOSE_PROTOCOL_ERROR", "CLOSE_UNSUPPORTED_DATA", "CloseAnswered", "Failed", "Malformed", "NNRPWebSocket",
-    "Payload", "PeerClosed", "PingAnswered", "UpgradeRefused", "UpgradeRequested", "Upgraded", "binary_frames",
-]  # fmt: skip
+    "CLOSE_GOING_AWAY",
+    "CLOSE_MESSAGE_TOO_BIG",
+    "CLOSE_NO_STATUS",
+    "CLOSE_NORMAL",
+    "CLOSE_POLICY_VIOLATION",
+    "CLOSE_PROTOCOL_ERROR",
+    "CLOSE_UNSUPPORTED_DATA",
+    "CloseAnswered",
+    "Failed",
+    "Malformed",
+    "NNRPWebSocket",
+    "Payload",
+    "PeerClosed",
+    "PingAnswered",
+    "UpgradeRefused",
+    "UpgradeRequested",
+    "Upgraded",
+    "binary_frames",
+]
 
 #: close codes (RFC 6455 §7.4.1)
 CLOSE_NORMAL = int(CloseReason.NORMAL_CLOSURE)  # 1000
@@ -173,7 +189,14 @@ class Malformed:
 
 #: what :meth:`NNRPWebSocket.receive_data` yields
 Event = (
-    Payload | UpgradeRequested | Upgraded | UpgradeRefused | PingAnswered | PeerClosed | CloseAnswered | Failed
+    Payload
+    | UpgradeRequested
+    | Upgraded
+    | UpgradeRefused
+    | PingAnswered
+    | PeerClosed
+    | CloseAnswered
+    | Failed
     | Malformed
 )
 
@@ -214,35 +237,34 @@ class NNRPWebSocket:
         try:
             self._ws.receive_data(data)
             for event in self._ws.events():
-                kind = type(event)
-                if kind is BytesMessage:
-                    data = event.data  # type: ignore[attr-defined]
-                    self._message_bytes += len(data)
+                if type(event) is BytesMessage:
+                    payload = event.data
+                    self._message_bytes += len(payload)
                     if self._max is not None and self._message_bytes > self._max:
                         yield Failed(CLOSE_MESSAGE_TOO_BIG, f"a message over {self._max} bytes")
                         return
-                    if data:
-                        self._boundary.feed(data)
-                        yield Payload(data)
-                    if event.message_finished:  # type: ignore[attr-defined]
+                    if payload:
+                        self._boundary.feed(payload)
+                        yield Payload(payload)
+                    if event.message_finished:
                         if not self._boundary.at_boundary or not self._message_bytes:
                             yield Failed(CLOSE_PROTOCOL_ERROR, self._reasons["not_whole"])
                             return
                         self._message_bytes = 0
-                elif kind is Request:
-                    yield UpgradeRequested(event)  # type: ignore[arg-type]
-                elif kind is Ping:
-                    yield PingAnswered(self.send(event.response()))  # type: ignore[attr-defined]
-                elif kind is CloseConnection:
-                    yield self._close_received(event)  # type: ignore[arg-type]
+                elif type(event) is Request:
+                    yield UpgradeRequested(event)
+                elif type(event) is Ping:
+                    yield PingAnswered(self.send(event.response()))
+                elif type(event) is CloseConnection:
+                    yield self._close_received(event)
                     return
-                elif kind is TextMessage:
+                elif type(event) is TextMessage:
                     yield Failed(CLOSE_UNSUPPORTED_DATA, self._reasons["text"])
                     return
-                elif kind is AcceptConnection:
+                elif type(event) is AcceptConnection:
                     yield Upgraded()
-                elif kind is RejectConnection:
-                    yield UpgradeRefused(event.status_code)  # type: ignore[attr-defined]
+                elif type(event) is RejectConnection:
+                    yield UpgradeRefused(event.status_code)
                     return
                 # Pong, RejectData: nothing to do
         except RemoteProtocolError as exc:
@@ -268,11 +290,11 @@ class NNRPWebSocket:
         send = self._ws.send
         return b"".join([send(BytesMessage(data=packet)) for packet in split_packets(data)])
 
-    def send(self, event: object) -> bytes:
+    def send(self, event: WSEvent) -> bytes:
         """``wsproto``'s bytes of ``event``; ``b""`` when the state no longer allows it (a close frame already
         went out)."""
         try:
-            return self._ws.send(event)  # type: ignore[arg-type]
+            return self._ws.send(event)
         except LocalProtocolError:
             return b""
 

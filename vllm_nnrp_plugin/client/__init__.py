@@ -1,15 +1,20 @@
 """The client side: everything that talks to the plugin's NNRP listener from outside ``vllm serve``. The server side
 (:mod:`vllm_nnrp_plugin.service` and what it runs) never imports from here.
 
-* :mod:`.profile_client` — :class:`ProfileClient`: one session over nnrp-py's native client (every carrier,
-  WebSocket and QUIC included), the oracle of nnrp-py's own client; used by :mod:`.cli` and :mod:`.conformance`;
-* :mod:`.connection` — :func:`connect`: the project's asyncio client on its sans-IO wire core
-  (:mod:`vllm_nnrp_plugin.nnrp_wire.client`): :class:`Connection`, :class:`Session`, :class:`Operation`; over
-  TCP, TLS, unix sockets, and the carriers of :mod:`.websocket` (``ws://``, ``wss://``) and :mod:`.quic`
-  (``quic://``), on every one of which it sends vLLM's API key;
+* :mod:`.aio` — :func:`connect`: the project's asyncio client on its sans-IO wire core
+  (:mod:`vllm_nnrp_plugin.nnrp_wire.client`): :class:`Connection`, :class:`Session`, :class:`Operation`
+  (:mod:`.aio.connection`); over TCP, TLS, unix sockets, and the carriers of :mod:`.aio.websocket` (``ws://``,
+  ``wss://``) and :mod:`.aio.quic` (``quic://``), on every one of which it sends vLLM's API key;
+* :mod:`.native` — :class:`ProfileClient` (:mod:`.native.profile_client`): one session over nnrp-py's native
+  client (every carrier, WebSocket and QUIC included), the oracle of nnrp-py's own client; used by :mod:`.cli`
+  and :mod:`.conformance`;
 * :mod:`.openai` — the official ``openai`` SDK over NNRP: :class:`NNRPTransport` and :class:`AsyncNNRPTransport`
-  (``httpx`` / ``httpx2`` transports on :mod:`.connection`), with their SSE renderers and error mapping;
+  (``httpx`` / ``httpx2`` transports on :mod:`.aio`), with their SSE renderers and error mapping;
+* :mod:`.fleet` — a fleet of replicas: :mod:`.fleet.policy` which replica a call goes to (sans-IO, plain data)
+  and :class:`FleetPool` (:mod:`.fleet.pool`), its asyncio shell, which the ``openai`` transports and the CLI use
+  for several addresses;
 * :mod:`.errors` — :class:`ClientError`, the one base of every error both clients raise, and its subclasses;
+  :mod:`.events` — :class:`ClientEvent`, what both clients hand their callers for one event;
 * :mod:`.cli` — the ``vllm-nnrp`` command; :mod:`.conformance` — the conformance driver
   (``python -m vllm_nnrp_plugin.client.conformance``).
 
@@ -34,12 +39,12 @@ _EXPORTS = {
     "ClientTransportError": "errors",
     "SessionOpenError": "errors",
     "ClientEvent": "events",
-    "ProfileClient": "profile_client",
-    "Connection": "connection",
-    "Operation": "connection",
-    "Session": "connection",
-    "connect": "connection",
-    "FleetPool": "fleet_pool",
+    "ProfileClient": "native.profile_client",
+    "Connection": "aio.connection",
+    "Operation": "aio.connection",
+    "Session": "aio.connection",
+    "connect": "aio.connection",
+    "FleetPool": "fleet.pool",
     "AsyncNNRPTransport": "openai.transport",
     "NNRPTransport": "openai.transport",
 }

@@ -1,6 +1,6 @@
 """Every error the client side raises, in one hierarchy: ``except ClientError`` catches the failures of each
-client — :class:`~vllm_nnrp_plugin.client.profile_client.ProfileClient` (nnrp-py's native client) and
-:func:`~vllm_nnrp_plugin.client.connection.connect` (the asyncio client) with its sessions and operations. (The
+client — :class:`~vllm_nnrp_plugin.client.native.profile_client.ProfileClient` (nnrp-py's native client) and
+:func:`~vllm_nnrp_plugin.client.aio.connection.connect` (the asyncio client) with its sessions and operations. (The
 ``openai`` transports, :mod:`vllm_nnrp_plugin.client.openai`, answer the SDK with ``httpx`` errors instead, as its
 HTTP transport would.)
 
@@ -41,11 +41,11 @@ class ClientError(Exception):
 
 
 class ClientAddressError(ClientError, ValueError):
-    """The endpoint URI cannot be used: for :class:`~vllm_nnrp_plugin.client.profile_client.ProfileClient` not
-    one of the forms of :mod:`vllm_nnrp_plugin.endpoints`, or a TLS URI without ``trusted_cert_der``;
-    for :func:`~vllm_nnrp_plugin.client.connection.connect` none of ``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
+    """The endpoint URI cannot be used: for :class:`~vllm_nnrp_plugin.client.native.profile_client.ProfileClient` not
+    one of the forms of :mod:`vllm_nnrp_plugin.contract.endpoints`, or a TLS URI without ``trusted_cert_der``;
+    for :func:`~vllm_nnrp_plugin.client.aio.connection.connect` none of ``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
     ``unix:///ABSOLUTE/PATH``, ``ws://HOST:PORT[/PATH]``, ``wss://HOST:PORT[/PATH]``, ``quic://HOST:PORT``
-    (:data:`vllm_nnrp_plugin.client.connection.FORMS`; there also a :class:`ClientConnectionError`)."""
+    (:data:`vllm_nnrp_plugin.client.aio.connection.FORMS`; there also a :class:`ClientConnectionError`)."""
 
 
 class ClientConnectionError(ClientError, ConnectionError):
@@ -54,7 +54,7 @@ class ClientConnectionError(ClientError, ConnectionError):
 
 
 class _ConnectAddressError(ClientConnectionError, ClientAddressError):
-    """An endpoint URI :func:`~vllm_nnrp_plugin.client.connection.connect` cannot use: an address error, and a
+    """An endpoint URI :func:`~vllm_nnrp_plugin.client.aio.connection.connect` cannot use: an address error, and a
     connection error as everything else ``connect`` raises."""
 
 

@@ -29,7 +29,7 @@ class ClientEvent:
 
 
 def operation_event(op: Any, event: dict[str, Any], *, terminal: bool) -> ClientEvent:
-    """``event`` of the asyncio client's operation ``op`` (:class:`vllm_nnrp_plugin.client.connection.Operation`)
+    """``event`` of the asyncio client's operation ``op`` (:class:`vllm_nnrp_plugin.client.aio.connection.Operation`)
     as a :class:`ClientEvent`: a partial result, or (``terminal``) the RESULT_PUSH with its status code or the
     drop with its reason code."""
     if not terminal:

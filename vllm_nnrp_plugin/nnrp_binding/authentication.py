@@ -22,7 +22,7 @@ import hashlib
 import secrets
 from collections.abc import Iterable
 
-from vllm_nnrp_plugin.auth_block import bearer_key
+from vllm_nnrp_plugin.contract.auth_block import bearer_key
 
 #: carriers the operating system authenticates (:mod:`.exposure`: socket file permissions)
 KEY_FREE_TRANSPORTS = frozenset({"ipc"})
@@ -30,8 +30,8 @@ KEY_FREE_TRANSPORTS = frozenset({"ipc"})
 
 class APIKeys:
     """vLLM's API keys as SHA-256 digests. Call it with an authentication block
-    (:mod:`vllm_nnrp_plugin.auth_block`): True when it holds one of the keys; raises
-    :class:`~vllm_nnrp_plugin.auth_block.AuthBlockError` (a ``ValueError``) when the block is malformed."""
+    (:mod:`vllm_nnrp_plugin.contract.auth_block`): True when it holds one of the keys; raises
+    :class:`~vllm_nnrp_plugin.contract.auth_block.AuthBlockError` (a ``ValueError``) when the block is malformed."""
 
     __slots__ = ("_digests",)
 

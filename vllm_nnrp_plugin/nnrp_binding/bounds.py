@@ -119,4 +119,3 @@ class ViolationBudget:
             return False
         self._tokens -= 1
         return True
-

@@ -17,8 +17,9 @@ Everything here runs on the loop, so every piece of state has one owner and noth
   encodes every waiting action of every one of its sessions and hands all its bytes to its carrier in one
   :meth:`Carrier.send` (one ``transport.write``; TCP_NODELAY is set on accepted TCP sockets, :mod:`.stream`);
 * write back-pressure: while the carrier's buffer is above its high-water mark (``pause_writing``) nothing
-  is sent at once, nothing is taken from the outboxes and nothing is read from the client; deltas decided meanwhile join the one still waiting
-  (:mod:`vllm_nnrp_plugin.operation`) and an outbox holding ``max_queued_events`` decided events ends the
+  is sent at once, nothing is taken from the outboxes and nothing is read from the client; deltas decided meanwhile join
+  the one still waiting
+  (:mod:`vllm_nnrp_plugin.core.operation`) and an outbox holding ``max_queued_events`` decided events ends the
   operation that overflows it with ``client_too_slow`` — the same bound as on every carrier;
 * per-session rules (admission, BACKPRESSURE / CREDIT_UPDATE, cancels, deadlines, trace context, a terminal
   freeing its window) are :class:`.session_policy.SessionPolicy`'s, the same for every carrier;
@@ -51,19 +52,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from vllm_nnrp_plugin import draining
-from vllm_nnrp_plugin.limits import SessionLimits
-from vllm_nnrp_plugin.log_safety import RefusalLogLimiter, loggable
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.nnrp_binding.server_operation import (
-    PRESSURE,
-    SendProbe,
-    ServerOperation,
-    SessionLink,
-    envelope_of,
-)
 from nnrp.core.enums import ErrorCode
 
+from vllm_nnrp_plugin.contract import draining, wire_mapping
+from vllm_nnrp_plugin.core.limits import SessionLimits
+from vllm_nnrp_plugin.core.operation import PartialResult, ResultDrop, ResultPush
 from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds, ViolationBudget, handshake_recheck
 from vllm_nnrp_plugin.nnrp_binding.handler import (
     PRESSURE_LEVEL_FULL,
@@ -71,11 +64,18 @@ from vllm_nnrp_plugin.nnrp_binding.handler import (
     RETRY_AFTER_MS,
     SessionHandler,
 )
+from vllm_nnrp_plugin.nnrp_binding.server_operation import (
+    PRESSURE,
+    SendProbe,
+    ServerOperation,
+    SessionLink,
+    envelope_of,
+)
 from vllm_nnrp_plugin.nnrp_binding.session_policy import SessionPolicy
-from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_SESSION_LIMIT_REACHED
 from vllm_nnrp_plugin.nnrp_wire import events as ev
+from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_SESSION_LIMIT_REACHED
 from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
-from vllm_nnrp_plugin.operation import PartialResult, ResultDrop, ResultPush
+from vllm_nnrp_plugin.observability.log_safety import RefusalLogLimiter, loggable
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class StreamSession:
         limits: SessionLimits,
         mark: Callable[[StreamSession], None],
         send_now: Callable[[StreamSession, ServerOperation, PartialResult], None],
-        send_credit: Callable[[int, int], None],
+        send_credit: Callable[[int, int], object],
         probe: SendProbe | None,
         *,
         paused: bool,
@@ -239,8 +239,11 @@ class NNRPConnection:
         self._on_lost = on_lost
         self._probe = probe
         self.connection_id = next(_CONNECTION_IDS)
-        self._core = ServerConnection(max_in_flight_per_session=limits.max_in_flight,
-                                      max_packet_bytes=bounds.max_packet_bytes, authenticate=authenticate)  # fmt: skip
+        self._core = ServerConnection(
+            max_in_flight_per_session=limits.max_in_flight,
+            max_packet_bytes=bounds.max_packet_bytes,
+            authenticate=authenticate,
+        )
         self._core.drain_sessions = True  # a drained SESSION_CLOSE: every operation still gets its terminal
         self._refusals = RefusalLogLimiter()
         self._violations = ViolationBudget()  # submits beyond the granted credit, over all its sessions
@@ -268,9 +271,9 @@ class NNRPConnection:
     def heard(self) -> None:
         """The client sent something (a read): its silence, which the handshake timeout bounds, ends now."""
         if self._handshake_timer is not None:
-            self._heard_at = self._loop.time()  # type: ignore[union-attr]
+            self._heard_at = self._loop.time()  # type: ignore[union-attr]  # the timer runs on the loop
 
-    def feed(self, data: bytes) -> bool:
+    def feed(self, data: bytes | bytearray) -> bool:
         """NNRP bytes from the client: every event they complete is handled at once. False when the rest of
         the input is not to be read: the connection ended for flooding, or handling it failed (a bug: logged,
         and the connection is aborted)."""
@@ -283,7 +286,7 @@ class NNRPConnection:
             else:  # a large read goes to the core in slices: one that floods stops costing at the next slice
                 view = memoryview(data)
                 for start in range(0, len(data), FEED_BYTES):
-                    for event in self._core.receive_data(view[start : start + FEED_BYTES]):  # type: ignore[arg-type]
+                    for event in self._core.receive_data(view[start : start + FEED_BYTES]):
                         if self._ending:
                             return False
                         self._handle(event)
@@ -295,8 +298,11 @@ class NNRPConnection:
     def failed_input(self) -> None:
         """Handling the client's input failed (a bug, in the wire core or the carrier's shell): only this
         connection ends, logged once."""
-        logger.exception("NNRP connection %d on %s: handling its input failed; the connection is closed",
-                         self.connection_id, self.transport_name)  # fmt: skip
+        logger.exception(
+            "NNRP connection %d on %s: handling its input failed; the connection is closed",
+            self.connection_id,
+            self.transport_name,
+        )
         self.abort()
 
     def read_done(self) -> None:
@@ -312,9 +318,13 @@ class NNRPConnection:
         self._buffered = buffered
         if within or not buffered:
             return True
-        logger.warning("NNRP connection %d on %s closed: its incomplete packet takes the buffered bytes of all "
-                       "connections over nnrp.max_buffered_bytes (%d)", self.connection_id, self.transport_name,
-                       self._budget.limit)  # fmt: skip
+        logger.warning(
+            "NNRP connection %d on %s closed: its incomplete packet takes the buffered bytes of all "
+            "connections over nnrp.max_buffered_bytes (%d)",
+            self.connection_id,
+            self.transport_name,
+            self._budget.limit,
+        )
         self.abort()
         return False
 
@@ -333,8 +343,12 @@ class NNRPConnection:
         self._cancel_handshake_timer()
         left_out = self._refusals.take_suppressed()
         if left_out:
-            logger.info("NNRP connection %d on %s: %d more packets refused (not logged)", self.connection_id,
-                        self.transport_name, left_out)  # fmt: skip
+            logger.info(
+                "NNRP connection %d on %s: %d more packets refused (not logged)",
+                self.connection_id,
+                self.transport_name,
+                left_out,
+            )
         self._lose_all("client_disconnected")
         self._dirty.clear()
         self._budget.change(-self._buffered)
@@ -383,12 +397,20 @@ class NNRPConnection:
         again = handshake_recheck(now - self._started_at, now - self._heard_at, waiting, self._handshake_timeout_s)
         if again is not None:
             if waiting:
-                logger.debug("NNRP connection %d on %s: %d bytes of its handshake wait to be read; kept",
-                             self.connection_id, self.transport_name, waiting)  # fmt: skip
+                logger.debug(
+                    "NNRP connection %d on %s: %d bytes of its handshake wait to be read; kept",
+                    self.connection_id,
+                    self.transport_name,
+                    waiting,
+                )
             self._handshake_timer = loop.call_later(again, self._handshake_expired)
             return
-        logger.debug("NNRP connection %d on %s: no session, client silent for %.1f s; closed", self.connection_id,
-                     self.transport_name, now - self._heard_at)  # fmt: skip
+        logger.debug(
+            "NNRP connection %d on %s: no session, client silent for %.1f s; closed",
+            self.connection_id,
+            self.transport_name,
+            now - self._heard_at,
+        )
         self._handler.on_handshake_timeout(self.transport_name)
         self._end("handshake_timeout")
 
@@ -420,13 +442,18 @@ class NNRPConnection:
             self._carrier.abort()
 
     def drain(self, retry_after_ms: int) -> None:
-        """The server drains (:mod:`vllm_nnrp_plugin.draining`): no new session from now on, and every open
+        """The server drains (:mod:`vllm_nnrp_plugin.contract.draining`): no new session from now on, and every open
         session gets one BACKPRESSURE (credit 0, level paused, reason draining, ``retry_after_ms``); the
         operations running go on (a submit that still comes is refused by the service)."""
         self._stopping = True
         for session in self._sessions.values():
-            self._core.send_backpressure(session.session_id, 0, draining.PRESSURE_LEVEL_PAUSED,
-                                         draining.PRESSURE_REASON_DRAINING, min(retry_after_ms, 0xFFFFFFFF))
+            self._core.send_backpressure(
+                session.session_id,
+                0,
+                draining.PRESSURE_LEVEL_PAUSED,
+                draining.PRESSURE_REASON_DRAINING,
+                min(retry_after_ms, 0xFFFFFFFF),
+            )
         self.flush()
 
     def shut_down(self) -> None:
@@ -443,45 +470,57 @@ class NNRPConnection:
     def _handle(self, event: object) -> None:
         kind = type(event)
         if kind is ev.OperationSubmitted:
-            self._on_submit(event)  # type: ignore[arg-type]
+            self._on_submit(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.OperationCancelled:
-            self._on_cancel(event)  # type: ignore[arg-type]
+            self._on_cancel(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.DeadlineReceived:
-            self._on_deadline(event)  # type: ignore[arg-type]
+            self._on_deadline(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.TraceContextReceived:
-            self._on_trace_context(event)  # type: ignore[arg-type]
+            self._on_trace_context(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.OperationSuperseded or kind is ev.PriorityUpdated or kind is ev.BudgetUpdated:
             self._on_control(event)
         elif kind is ev.SessionOpenRequested:
-            self._on_open(event)  # type: ignore[arg-type]
+            self._on_open(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.SessionClosed:
-            session = self._sessions.pop(event.session_id, None)  # type: ignore[attr-defined]
+            session = self._sessions.pop(event.session_id, None)  # type: ignore[attr-defined]  # narrowed by `kind` above
             if session is not None:
                 self._end_session(session, "client_closed_session")
         elif kind is ev.AuthenticationFailed:
-            self._handler.on_auth_refused(self.transport_name, event.presented)  # type: ignore[attr-defined]
+            self._handler.on_auth_refused(self.transport_name, event.presented)  # type: ignore[attr-defined]  # narrowed by `kind` above
         elif kind is ev.SessionDraining:
-            self._on_draining(event)  # type: ignore[arg-type]
+            self._on_draining(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.PacketRejected:
-            self._log_refusal(event)  # type: ignore[arg-type]
+            self._log_refusal(event)  # type: ignore[arg-type]  # narrowed by `kind` above
         elif kind is ev.ConnectionEnded:
-            if event.error is not None:  # type: ignore[attr-defined]
-                logger.warning("NNRP connection %d on %s closed: %s", self.connection_id, self.transport_name,
-                               loggable(event.error))  # type: ignore[attr-defined]  # fmt: skip
+            if event.error is not None:  # type: ignore[attr-defined]  # narrowed by `kind` above
+                logger.warning(
+                    "NNRP connection %d on %s closed: %s",
+                    self.connection_id,
+                    self.transport_name,
+                    loggable(event.error),  # type: ignore[attr-defined]  # narrowed by `kind` above
+                )
             self._lose_all("client_disconnected")
             self._write()
-            self._end("ended" if event.error is None else "failed")  # type: ignore[attr-defined]
+            self._end("ended" if event.error is None else "failed")  # type: ignore[attr-defined]  # narrowed by `kind` above
 
     def _log_refusal(self, event: ev.PacketRejected) -> None:
         """One INFO line per refused packet, at most ``RefusalLogLimiter``'s per window and connection; the
         rest are counted into one summary line (and the last one at the connection's end)."""
         write, left_out = self._refusals.admit(time.monotonic())
         if left_out:
-            logger.info("NNRP connection %d on %s: %d more packets refused (not logged)", self.connection_id,
-                        self.transport_name, left_out)  # fmt: skip
+            logger.info(
+                "NNRP connection %d on %s: %d more packets refused (not logged)",
+                self.connection_id,
+                self.transport_name,
+                left_out,
+            )
         if write:
-            logger.info("NNRP packet refused on connection %d session %d: %s", self.connection_id, event.session_id,
-                        loggable(event.reason))  # fmt: skip
+            logger.info(
+                "NNRP packet refused on connection %d session %d: %s",
+                self.connection_id,
+                event.session_id,
+                loggable(event.reason),
+            )
 
     def _on_draining(self, draining: ev.SessionDraining) -> None:
         """SESSION_CLOSE with the drain policy while operations run (NNRP/1-preview3 §7.1C): the session takes
@@ -506,22 +545,33 @@ class NNRPConnection:
 
     def _on_open(self, request: ev.SessionOpenRequested) -> None:
         if self._stopping:
-            self._core.reject_session(request.request, SESSION_ERROR_SESSION_LIMIT_REACHED, draining.DRAINING_DIAGNOSTIC)
+            self._core.reject_session(
+                request.request, SESSION_ERROR_SESSION_LIMIT_REACHED, draining.DRAINING_DIAGNOSTIC
+            )
             return
         if not self._gate.try_open():
             self._core.reject_session(
-                request.request, SESSION_ERROR_SESSION_LIMIT_REACHED,
+                request.request,
+                SESSION_ERROR_SESSION_LIMIT_REACHED,
                 f"{self._gate.max_sessions} NNRP sessions are open (nnrp.max_sessions)",
-            )  # fmt: skip
+            )
             return
         session_id = self._core.accept_session(request.request)
         if not session_id:  # the connection ended meanwhile, or no session id is left on it: refused by the core
             self._gate.closed()
             return
         self._cancel_handshake_timer()
-        session = StreamSession(session_id, self._handler, self._limits, self._mark, self._send_now,
-                                self._core.send_credit_update, self._probe, paused=self._paused,
-                                priority_class=request.priority_class)  # fmt: skip
+        session = StreamSession(
+            session_id,
+            self._handler,
+            self._limits,
+            self._mark,
+            self._send_now,
+            self._core.send_credit_update,
+            self._probe,
+            paused=self._paused,
+            priority_class=request.priority_class,
+        )
         self._sessions[session_id] = session
         self._handler.on_session(self.transport_name, True)
 
@@ -534,12 +584,17 @@ class NNRPConnection:
             return
         metadata: Any = submitted.metadata
         sop = ServerOperation(
-            session.link, session_id=session.session_id, operation_id=submitted.operation_id,
+            session.link,
+            session_id=session.session_id,
+            operation_id=submitted.operation_id,
             frame_id=submitted.frame_id,
             envelope=envelope_of(metadata.payload_kind_bitmap, metadata.payload_frame_count, submitted.body),
-            transport=self.transport_name, connection_id=self.connection_id,
-            now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns(), priority_class=session.priority_class,
-        )  # fmt: skip
+            transport=self.transport_name,
+            connection_id=self.connection_id,
+            now_ns=time.monotonic_ns(),
+            now_unix_ns=time.time_ns(),
+            priority_class=session.priority_class,
+        )
         session.policy.submit(sop)  # a refusal goes out with this read's flush
 
     def _end_for_violations(self, session: StreamSession, frame_id: int) -> None:
@@ -551,11 +606,14 @@ class NNRPConnection:
         ends: nothing more of its input is handled, its operations stop as for a lost client (their vLLM
         requests are aborted). Counted and logged by the handler (``credit_violations``)."""
         self._ending = True
-        detail = (f"connection {self.connection_id} kept submitting beyond its granted credit of "
-                  f"{self._limits.max_in_flight} operations per session (nnrp.max_in_flight_per_session) "
-                  f"after {self._violations.burst} refusals; closed")  # fmt: skip
-        self._core.send_recoverable_error(session.session_id, frame_id, int(ErrorCode.LIMIT_EXCEEDED),
-                                          f"submits beyond the granted credit: {detail}")  # fmt: skip
+        detail = (
+            f"connection {self.connection_id} kept submitting beyond its granted credit of "
+            f"{self._limits.max_in_flight} operations per session (nnrp.max_in_flight_per_session) "
+            f"after {self._violations.burst} refusals; closed"
+        )
+        self._core.send_recoverable_error(
+            session.session_id, frame_id, int(ErrorCode.LIMIT_EXCEEDED), f"submits beyond the granted credit: {detail}"
+        )
         self._handler.on_connection_ended(self.transport_name, "credit_violations", detail)
         self.flush()
         self._end("violation")
@@ -574,7 +632,7 @@ class NNRPConnection:
         """SUPERSEDE, PRIORITY_UPDATE, BUDGET_UPDATE for an active operation: the session's policy applies it."""
         session = self._sessions.get(event.session_id)
         sop = session.policy.ops.get(event.operation_id) if session is not None else None
-        if sop is None:
+        if sop is None or session is None:
             return
         kind = type(event)
         if kind is ev.OperationSuperseded:
@@ -673,7 +731,9 @@ class NNRPConnection:
             return  # discarded: a drop was decided, or the terminal went out
         probe = self._probe
         started = time.monotonic_ns() if probe is not None else 0  # one clock read per event unless measured
-        if self._core.send_partial_result(session.session_id, sop.frame_id, sop.operation_id, taken.sequence, taken.body):
+        if self._core.send_partial_result(
+            session.session_id, sop.frame_id, sop.operation_id, taken.sequence, taken.body
+        ):
             ended = time.monotonic_ns()
             sop.observation.event_sent(ended)
             if probe is not None:
@@ -692,7 +752,11 @@ class NNRPConnection:
 
     def _send_drop(self, session: StreamSession, sop: ServerOperation, drop: ResultDrop) -> None:
         self._core.send_result_drop_reason(
-            session.session_id, sop.frame_id, sop.operation_id, drop.sequence, wire_mapping.drop_code(drop.reason),
+            session.session_id,
+            sop.frame_id,
+            sop.operation_id,
+            drop.sequence,
+            wire_mapping.drop_code(drop.reason),
             drop.diagnostic,
         )
 

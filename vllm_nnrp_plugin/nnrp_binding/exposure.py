@@ -24,7 +24,7 @@ import urllib.parse
 
 import attrs
 
-from vllm_nnrp_plugin.endpoints import ALPN, Carrier, is_loopback
+from vllm_nnrp_plugin.contract.endpoints import ALPN, Carrier, is_loopback
 from vllm_nnrp_plugin.errors import NNRPStartupError
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ def server_ssl_context(exposure: Exposure) -> ssl.SSLContext:
     ``nnrp/1``. Raises :class:`ListenError`."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    assert exposure.tls_cert_file is not None  # load_config refuses a TLS address without a certificate
     try:
         context.load_cert_chain(exposure.tls_cert_file, exposure.tls_key_file)
     except (OSError, ssl.SSLError, ValueError) as exc:

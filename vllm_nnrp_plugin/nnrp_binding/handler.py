@@ -31,6 +31,9 @@ class SessionHandler(Protocol):
     def on_deadline(self, sop: ServerOperation, deadline_unix_ms: int) -> None:
         """An NNRP DEADLINE (wall-clock ms) for a submitted operation."""
 
+    def on_terminal(self, sop: ServerOperation) -> None:
+        """``sop``'s terminal went out (or never can): its admission slot is free."""
+
     def on_finished(self, sop: ServerOperation) -> None:
         """``sop.observation`` is complete: the terminal went out after the operation's task had ended."""
 

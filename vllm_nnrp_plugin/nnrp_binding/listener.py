@@ -40,19 +40,19 @@ import os
 import socket
 import ssl
 import urllib.parse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.contract.endpoints import ALPN_WEBSOCKET, Carrier
+from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.nnrp_binding import exposure
-from vllm_nnrp_plugin.endpoints import ALPN_WEBSOCKET, Carrier
 from vllm_nnrp_plugin.nnrp_binding.authentication import APIKeys, authenticator_for
 from vllm_nnrp_plugin.nnrp_binding.bounds import ACCEPT_PAUSE_S, BufferBudget, CarrierBounds
-from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
-from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
-from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
 from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
+from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
+from vllm_nnrp_plugin.nnrp_binding.handler import SessionHandler
+from vllm_nnrp_plugin.nnrp_binding.server_operation import SendProbe
 from vllm_nnrp_plugin.nnrp_binding.stream import StreamConnection
 from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection, allowed_origins
 
@@ -77,7 +77,8 @@ class ListenerHooks:
 
 
 class Listener:
-    """Serves ``carriers`` (:class:`~vllm_nnrp_plugin.endpoints.Carrier` s of every form) until :meth:`close`."""
+    """Serves ``carriers`` (:class:`~vllm_nnrp_plugin.contract.endpoints.Carrier` s of every form) until
+    :meth:`close`."""
 
     def __init__(
         self,
@@ -163,8 +164,9 @@ class Listener:
         door = _Door(None, carrier.label, None, authenticator_for(carrier.transport, self._keys))
         host = carrier.host or "127.0.0.1"
         port = urllib.parse.urlsplit(carrier.provider_uri).port
+        assert port is not None  # parse_endpoint refuses a network address without a port
         try:
-            transport, server = await self._loop.create_datagram_endpoint(  # type: ignore[union-attr]
+            transport, server = await self._loop.create_datagram_endpoint(  # type: ignore[union-attr]  # start() set it
                 lambda: NNRPQuicServer(configuration, lambda: self._attach_quic(door)),
                 local_addr=(host, port),
             )
@@ -186,16 +188,21 @@ class Listener:
     def _listen(self, sock: socket.socket, carrier: Carrier, tls: ssl.SSLContext | None) -> None:
         sock.listen(BACKLOG)
         self._listening.append(sock)
-        door = _Door(sock, carrier.label, tls, authenticator_for(carrier.transport, self._keys),
-                     urllib.parse.urlsplit(carrier.provider_uri).path if carrier.transport == "websocket" else None)
-        self._loop.add_reader(sock.fileno(), self._accept, door)  # type: ignore[union-attr]
+        door = _Door(
+            sock,
+            carrier.label,
+            tls,
+            authenticator_for(carrier.transport, self._keys),
+            urllib.parse.urlsplit(carrier.provider_uri).path if carrier.transport == "websocket" else None,
+        )
+        self._loop.add_reader(sock.fileno(), self._accept, door)  # type: ignore[union-attr]  # start() set it
 
     def _accept(self, door: _Door) -> None:
         """Every connection waiting on ``door``'s socket, each with the bytes it already sent unless TLS (module
         docstring); over ``max_connections`` each is closed at once."""
         while True:
             try:
-                conn, _ = door.sock.accept()
+                conn, _ = door.sock.accept()  # type: ignore[union-attr]  # a stream door: it has a socket
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # out of file descriptors, ...: pause instead of spinning on a readable socket
@@ -213,27 +220,31 @@ class Listener:
             else:
                 conn.setblocking(False)
                 first = b""
-            task = self._loop.create_task(self._adopt(conn, door, first))  # type: ignore[union-attr]
+            task = self._loop.create_task(self._adopt(conn, door, first))  # type: ignore[union-attr]  # start() set it
             self._adopting.add(task)
             task.add_done_callback(self._adopting.discard)
 
     def _pause_accepting(self, door: _Door, exc: OSError) -> None:
         """Accepting on ``door`` failed (out of descriptors, ...): off the loop for :data:`ACCEPT_PAUSE_S`, one log
         line and one count per pause."""
-        fd = door.sock.fileno()
+        fd = door.sock.fileno()  # type: ignore[union-attr]  # a stream door: it has a socket
         if fd in self._paused_accepts:
             return
-        logger.warning("NNRP cannot accept connections on %s (%s); accepting pauses for %.1f s",
-                       door.name, exc.strerror or exc, ACCEPT_PAUSE_S)  # fmt: skip
+        logger.warning(
+            "NNRP cannot accept connections on %s (%s); accepting pauses for %.1f s",
+            door.name,
+            exc.strerror or exc,
+            ACCEPT_PAUSE_S,
+        )
         self._handler.on_connection_refused(door.name, "no_descriptor")
-        self._loop.remove_reader(fd)  # type: ignore[union-attr]
+        self._loop.remove_reader(fd)  # type: ignore[union-attr]  # start() set it
 
         def resume() -> None:
             del self._paused_accepts[fd]
             if door.sock in self._listening:
-                self._loop.add_reader(fd, self._accept, door)  # type: ignore[union-attr]
+                self._loop.add_reader(fd, self._accept, door)  # type: ignore[union-attr]  # start() set it
 
-        self._paused_accepts[fd] = self._loop.call_later(ACCEPT_PAUSE_S, resume)  # type: ignore[union-attr]
+        self._paused_accepts[fd] = self._loop.call_later(ACCEPT_PAUSE_S, resume)  # type: ignore[union-attr]  # start() set it
 
     async def _adopt(self, conn: socket.socket, door: _Door, first: bytes) -> None:
         """``conn`` becomes a transport of the loop (after its TLS handshake, bounded by the handshake timeout)
@@ -243,9 +254,11 @@ class Listener:
         if self._closed:
             conn.close()
             return
-        tls = {} if door.tls is None else {"ssl": door.tls, "ssl_handshake_timeout": self._bounds.handshake_timeout_s}
+        tls: dict[str, Any] = (
+            {} if door.tls is None else {"ssl": door.tls, "ssl_handshake_timeout": self._bounds.handshake_timeout_s}
+        )
         try:
-            await self._loop.connect_accepted_socket(  # type: ignore[union-attr]
+            await self._loop.connect_accepted_socket(  # type: ignore[union-attr]  # start() set it
                 lambda: self._protocol(door, first), sock=conn, **tls
             )
         except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
@@ -262,16 +275,24 @@ class Listener:
         if door.websocket_path is None:
             return StreamConnection(nnrp, first=first, tcp_nodelay=self._tcp_nodelay)
         origins = allowed_origins(self._exposure.ws_allowed_origins, door.keys is not None)
-        return WebSocketConnection(nnrp, path=door.websocket_path, origins=origins, first=first,
-                                   tcp_nodelay=self._tcp_nodelay)  # fmt: skip
+        return WebSocketConnection(
+            nnrp, path=door.websocket_path, origins=origins, first=first, tcp_nodelay=self._tcp_nodelay
+        )
 
     def _connection(self, door: _Door) -> NNRPConnection:
         """A new NNRP connection on ``door``, counted until it is lost."""
         connection = NNRPConnection(
-            self._handler, transport_name=door.name, limits=self._limits, gate=self._gate,
-            flush_round=self._round, on_lost=self._connections.discard, probe=self._probe,
-            authenticate=door.keys, bounds=self._bounds, budget=self._budget,
-        )  # fmt: skip
+            self._handler,
+            transport_name=door.name,
+            limits=self._limits,
+            gate=self._gate,
+            flush_round=self._round,  # type: ignore[arg-type]  # start() made it
+            on_lost=self._connections.discard,
+            probe=self._probe,
+            authenticate=door.keys,
+            bounds=self._bounds,
+            budget=self._budget,
+        )
         self._connections.add(connection)
         return connection
 
@@ -342,7 +363,7 @@ def _first_bytes(conn: socket.socket) -> bytes | None:
         return None
 
 
-def _bound_socket(carrier: Carrier, family: int, address: object) -> socket.socket:
+def _bound_socket(carrier: Carrier, family: int, address: str | tuple[Any, ...]) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         if family != socket.AF_UNIX:

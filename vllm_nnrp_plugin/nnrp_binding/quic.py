@@ -57,9 +57,9 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 
 from vllm_nnrp_plugin.carriers.quic import IDLE_TIMEOUT_S, NNRPStream, StreamBroken, StreamData
-from vllm_nnrp_plugin.endpoints import ALPN
-from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
+from vllm_nnrp_plugin.contract.endpoints import ALPN
 from vllm_nnrp_plugin.nnrp_binding.connection import WRITE_HIGH_WATER, WRITE_LOW_WATER, NNRPConnection
+from vllm_nnrp_plugin.nnrp_binding.exposure import Exposure, ListenError
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ def server_configuration(exposure: Exposure) -> QuicConfiguration:
     """The server's QUIC configuration: ALPN ``nnrp/1`` (see the module docstring for clients offering none),
     the PEM certificate chain and key, no datagrams. Raises :class:`ListenError`."""
     configuration = QuicConfiguration(is_client=False, alpn_protocols=[ALPN], idle_timeout=IDLE_TIMEOUT_S)
+    assert exposure.tls_cert_file is not None  # load_config refuses a TLS address without a certificate
     try:
         configuration.load_cert_chain(exposure.tls_cert_file, exposure.tls_key_file)
     except (OSError, ValueError, TypeError) as exc:
@@ -91,7 +92,7 @@ class _AlpnWhenOffered(tls.Context):
     ALPN instead of refused (aioquic 1.x refuses it whenever the server lists protocols): nnrp-py's native
     QUIC client offers none. A client that offers ALPN still gets ``nnrp/1`` or ``no_application_protocol``."""
 
-    def _server_handle_hello(self, input_buf, initial_buf, handshake_buf, *rest):  # type: ignore[override]
+    def _server_handle_hello(self, input_buf, initial_buf, handshake_buf, *rest):
         start = input_buf.tell()
         offered = tls.pull_client_hello(input_buf).alpn_protocols
         input_buf.seek(start)
@@ -108,7 +109,7 @@ def _alpn_when_offered(quic: QuicConnection) -> None:
         initialize(peer_cid)
         quic.tls.__class__ = _AlpnWhenOffered
 
-    quic._initialize = _initialize  # type: ignore[method-assign]
+    quic._initialize = _initialize  # type: ignore[method-assign]  # aioquic's first-datagram hook
 
 
 class NNRPQuicConnection(QuicConnectionProtocol):
@@ -118,8 +119,9 @@ class NNRPQuicConnection(QuicConnectionProtocol):
     client has not acknowledged; ``hold_input`` holds input. ``attach()``: the listener's factory of the NNRP
     connection (``None``: over ``max_connections``, refused). On the loop only."""
 
-    def __init__(self, quic: QuicConnection, *, attach: Callable[[], NNRPConnection | None],
-                 stream_handler: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self, quic: QuicConnection, *, attach: Callable[[], NNRPConnection | None], stream_handler: Any = None
+    ) -> None:
         super().__init__(quic, stream_handler=stream_handler)
         _alpn_when_offered(quic)
         self.paused_reading = False
@@ -146,8 +148,11 @@ class NNRPQuicConnection(QuicConnectionProtocol):
         super().datagram_received(data, addr)
         if self._refused:
             self._refused = False
-            self._quic.close(error_code=QuicErrorCode.CONNECTION_REFUSED, frame_type=QuicFrameType.PADDING,
-                             reason_phrase="max_connections")  # fmt: skip
+            self._quic.close(
+                error_code=QuicErrorCode.CONNECTION_REFUSED,
+                frame_type=QuicFrameType.PADDING,
+                reason_phrase="max_connections",
+            )
             self.transmit()
             return
         if self._finishing is not None:  # a clean end waits for the acknowledgement of its last packets
@@ -158,12 +163,11 @@ class NNRPQuicConnection(QuicConnectionProtocol):
 
     def quic_event_received(self, event: qe.QuicEvent) -> None:
         meant = self.nnrp_stream.event(event)
-        kind = type(meant)
-        if kind is StreamData:
-            self._on_stream_data(meant.data, meant.end)  # type: ignore[union-attr]
-        elif kind is StreamBroken:
-            self.fail(meant.code, meant.reason, frame_type=meant.frame_type)  # type: ignore[union-attr]
-        elif kind is qe.ConnectionTerminated:
+        if type(meant) is StreamData:
+            self._on_stream_data(meant.data, meant.end)
+        elif type(meant) is StreamBroken:
+            self.fail(meant.code, meant.reason, frame_type=meant.frame_type)
+        elif type(meant) is qe.ConnectionTerminated:
             self._lose()
             self.on_terminated(self)
 
@@ -176,7 +180,9 @@ class NNRPQuicConnection(QuicConnectionProtocol):
         if self.paused_reading:
             self._held_bytes += len(data)
             if self._held_bytes > nnrp.max_packet_bytes:
-                self.fail(QuicErrorCode.NO_ERROR, "input held while the client does not read went over the packet limit")
+                self.fail(
+                    QuicErrorCode.NO_ERROR, "input held while the client does not read went over the packet limit"
+                )
                 return
             self._held.append(data)
             if end:
@@ -257,8 +263,11 @@ class NNRPQuicConnection(QuicConnectionProtocol):
             return  # nothing waits for the client: an idle client is the idle timeout's
         silent_s = self._loop.time() - self._heard_at
         if silent_s >= PEER_SILENT_S:
-            self.fail(QuicErrorCode.NO_ERROR, f"the client sent nothing for {silent_s:.1f} s while packets waited for "
-                      "its acknowledgement; taken for gone")  # fmt: skip
+            self.fail(
+                QuicErrorCode.NO_ERROR,
+                f"the client sent nothing for {silent_s:.1f} s while packets waited for "
+                "its acknowledgement; taken for gone",
+            )
         else:
             self._silence_check = self._loop.call_later(PEER_SILENT_S - silent_s, self._check_silence)
 
@@ -338,7 +347,8 @@ class NNRPQuicServer(QuicServer):
         return connection
 
     async def shut_down(self, grace_s: float = CLOSE_GRACE_S) -> None:
-        """After the NNRP connections were shut down (their last packets and FIN queued, :meth:`NNRPQuicConnection.finish`):
+        """After the NNRP connections were shut down (their last packets and FIN queued,
+        :meth:`NNRPQuicConnection.finish`):
         close the connections with nothing to finish at once, give the others up to ``grace_s`` seconds to have
         everything acknowledged and close (aioquic paces its packets: the UDP socket must stay open until they
         went), then close every connection left and the UDP socket."""

@@ -1,6 +1,6 @@
 """One submitted NNRP operation as the adapter sees it, and the session outbox its events wait in.
 
-:class:`ServerOperation` is the operation's lifecycle (:class:`vllm_nnrp_plugin.operation.Operation`, whose
+:class:`ServerOperation` is the operation's lifecycle (:class:`vllm_nnrp_plugin.core.operation.Operation`, whose
 table decides) plus the :class:`SessionLink` it shares with its session; it carries out what the table decides:
 a terminal to queue goes into the link's outbox, a stop to the operation's owner (the service). Both belong to
 vLLM's event loop, whatever the carrier: the adapter and the service decide there, and the connection
@@ -18,12 +18,18 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from vllm_nnrp_plugin import observation as obs
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.controls import BALANCED, RuntimeControls
-from vllm_nnrp_plugin.operation import (
-    Decision, DropReason, Operation, PartialResult, ResultDrop, ResultPush, Terminal,
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.core.controls import BALANCED, RuntimeControls
+from vllm_nnrp_plugin.core.operation import (
+    Decision,
+    DropReason,
+    Operation,
+    PartialResult,
+    ResultDrop,
+    ResultPush,
+    Terminal,
 )  # fmt: skip
+from vllm_nnrp_plugin.observability import observation as obs
 from vllm_nnrp_plugin.profile import trace
 from vllm_nnrp_plugin.profile.errors import ProfileError
 
@@ -85,10 +91,10 @@ class SessionLink:
 class ServerOperation:
     """One submitted operation, owned by vLLM's event loop: ``operation_id`` (u64) and ``frame_id`` (u32) are
     the client's; ``transport`` is the carrier (``tcp``, ``tls``, ``ipc``, ``websocket``, ``quic``);
-    ``observation`` is its record; ``rules`` its :class:`~vllm_nnrp_plugin.operation.Operation` (read
+    ``observation`` is its record; ``rules`` its :class:`~vllm_nnrp_plugin.core.operation.Operation` (read
     ``rules.state`` freely; change it only through this object's methods, which carry out what the rules
     decide); ``owner`` is set by whoever runs its backend work; ``controls`` its
-    :class:`~vllm_nnrp_plugin.controls.RuntimeControls` (made with its session's ``priority_class``)."""
+    :class:`~vllm_nnrp_plugin.core.controls.RuntimeControls` (made with its session's ``priority_class``)."""
 
     __slots__ = ("operation_id", "frame_id", "transport", "envelope", "owner", "rules", "controls", "_abort",
                  "_link")  # fmt: skip
@@ -271,7 +277,7 @@ class ServerOperation:
 
 def envelope_of(payload_kind_bitmap: int, payload_frame_count: int, body: bytes) -> bytes | ProfileError:
     """The JSON envelope inside a submit's typed body, or the ``invalid_frame`` error that body raises
-    (:func:`vllm_nnrp_plugin.wire_mapping.unwrap_typed_body`)."""
+    (:func:`vllm_nnrp_plugin.contract.wire_mapping.unwrap_typed_body`)."""
     try:
         return wire_mapping.unwrap_typed_body(payload_kind_bitmap, payload_frame_count, body)
     except ProfileError as err:

@@ -16,16 +16,16 @@ core reports into these calls and sends what the session's outbox holds.
 * **SUPERSEDE** ends the operation with the ``superseded`` drop and stops its vLLM request, as a cancel does
   (the newer operation it names runs as submitted).
 * **DEADLINE** / **EXPIRE_AT** (wall-clock ms) bound the named operation; a DEADLINE that came before its submit
-  waits for it (:class:`vllm_nnrp_plugin.operation.EarlyDeadlines`).
+  waits for it (:class:`vllm_nnrp_plugin.core.operation.EarlyDeadlines`).
 * **PRIORITY_UPDATE** and **BUDGET_UPDATE** change the operation's runtime controls
-  (:class:`vllm_nnrp_plugin.controls.RuntimeControls`): a priority class before dispatch, a lower token budget
+  (:class:`vllm_nnrp_plugin.core.controls.RuntimeControls`): a priority class before dispatch, a lower token budget
   at any time (the vLLM binding applies it).
 * **TRACE_CONTEXT** (``openai-compatible/1`` profile, trace-context section): at session scope (frame 0) the
   default context of the session's operations dispatched later; at operation scope it overrides that
   operation's until it is dispatched. Ineligible contexts (zero ids) are ignored.
 
 What each of these does to the operation itself (its terminal, the stop of its vLLM request) is the operation's
-lifecycle table's to decide (:data:`vllm_nnrp_plugin.operation.TRANSITIONS`); this module decides which operation
+lifecycle table's to decide (:data:`vllm_nnrp_plugin.core.operation.TRANSITIONS`); this module decides which operation
 and when. Everything here runs on vLLM's event loop: the handler (the service) is called directly.
 """
 
@@ -35,10 +35,10 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
-from vllm_nnrp_plugin.limits import SessionLimits
+from vllm_nnrp_plugin.core.limits import SessionLimits
+from vllm_nnrp_plugin.core.operation import DropReason, EarlyDeadlines
 from vllm_nnrp_plugin.nnrp_binding.handler import CANCEL_DETAIL, SessionHandler
 from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation, SessionLink
-from vllm_nnrp_plugin.operation import DropReason, EarlyDeadlines
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
 
@@ -68,7 +68,7 @@ class SessionPolicy:
         limits: SessionLimits,
         link: SessionLink,
         *,
-        send_credit: Callable[[int], None],
+        send_credit: Callable[[int], object],
     ) -> None:
         self._handler = handler
         self._limits = limits

@@ -31,7 +31,7 @@ class StreamConnection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = transport  # type: ignore[assignment]  # a stream protocol gets a Transport
         prepare(transport, self._tcp_nodelay)
         self.nnrp.attach(self)
         first, self._first = self._first, b""
@@ -89,7 +89,7 @@ class StreamConnection(asyncio.Protocol):
 def prepare(transport: asyncio.BaseTransport, tcp_nodelay: bool) -> None:
     """An accepted socket's transport as every connection over it wants it: the write buffer limits of
     :mod:`.connection`, and TCP_NODELAY on a TCP socket when ``tcp_nodelay``."""
-    transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
+    transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]  # a stream transport
     sock = transport.get_extra_info("socket")
     if tcp_nodelay and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

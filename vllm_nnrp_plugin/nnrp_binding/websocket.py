@@ -8,7 +8,7 @@ close handshake).
 What the server side adds to the mapping:
 
 * the handshake is a plain RFC 6455 Upgrade, ``GET <path>`` of the client's route (``/nnrp`` unless the address
-  names another path, :func:`vllm_nnrp_plugin.endpoints.parse_endpoint`), no ``Sec-WebSocket-Protocol`` and no
+  names another path, :func:`vllm_nnrp_plugin.contract.endpoints.parse_endpoint`), no ``Sec-WebSocket-Protocol`` and no
   extension (no ``permessage-deflate``); this server answers a request for another path with 404 and selects no
   subprotocol or extension whatever the client offers; a bad request gets the HTTP answer ``wsproto`` suggests;
 * a message is taken up to the packet limit (``bounds.max_packet_bytes``, advertised in SERVER_HELLO_ACK);
@@ -39,9 +39,9 @@ from wsproto.events import Request
 from wsproto.utilities import RemoteProtocolError
 
 from vllm_nnrp_plugin.carriers import websocket as mapping
-from vllm_nnrp_plugin.log_safety import loggable
 from vllm_nnrp_plugin.nnrp_binding.connection import NNRPConnection
 from vllm_nnrp_plugin.nnrp_binding.stream import prepare, unread_bytes
+from vllm_nnrp_plugin.observability.log_safety import loggable
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +76,15 @@ class WebSocketConnection(asyncio.Protocol):
     values it accepts (:func:`allowed_origins`; default none); ``first``: bytes the listener read from the socket
     as it accepted it, taken as the first read; ``tcp_nodelay``: set TCP_NODELAY."""
 
-    def __init__(self, nnrp: NNRPConnection, *, path: str, origins: frozenset[str] = frozenset(), first: bytes = b"",
-                 tcp_nodelay: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        nnrp: NNRPConnection,
+        *,
+        path: str,
+        origins: frozenset[str] = frozenset(),
+        first: bytes = b"",
+        tcp_nodelay: bool = True,
+    ) -> None:
         self.nnrp = nnrp
         self._path = path
         self._origins = origins
@@ -90,7 +97,7 @@ class WebSocketConnection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = transport  # type: ignore[assignment]  # a stream protocol gets a Transport
         prepare(transport, self._tcp_nodelay)
         self.nnrp.attach(self)
         first, self._first = self._first, b""
@@ -102,22 +109,21 @@ class WebSocketConnection(asyncio.Protocol):
         nnrp.heard()
         try:
             for event in self._ws.receive_data(data):
-                kind = type(event)
-                if kind is mapping.Payload:
-                    if not nnrp.feed(event.data) or not self._open:  # type: ignore[union-attr]
+                if type(event) is mapping.Payload:
+                    if not nnrp.feed(event.data) or not self._open:
                         return
-                elif kind is mapping.UpgradeRequested:
-                    self._on_request(event.request)  # type: ignore[union-attr]
-                elif kind is mapping.PingAnswered:
-                    self._write_raw(event.answer)  # type: ignore[union-attr]
-                elif kind is mapping.PeerClosed:
-                    self._on_close(event)  # type: ignore[arg-type]
+                elif type(event) is mapping.UpgradeRequested:
+                    self._on_request(event.request)
+                elif type(event) is mapping.PingAnswered:
+                    self._write_raw(event.answer)
+                elif type(event) is mapping.PeerClosed:
+                    self._on_close(event)
                     return
-                elif kind is mapping.Failed:
-                    self._fail(event.code, event.reason)  # type: ignore[union-attr]
+                elif type(event) is mapping.Failed:
+                    self._fail(event.code, event.reason)
                     return
-                elif kind is mapping.Malformed:  # a bad Upgrade request: the HTTP answer wsproto suggests, then close
-                    self._reject(event.error)  # type: ignore[union-attr]
+                elif type(event) is mapping.Malformed:  # a bad Upgrade request: wsproto's HTTP answer, then close
+                    self._reject(event.error)
                     return
         except RemoteProtocolError as exc:  # a bad Upgrade request read while answering one
             self._reject(exc)
@@ -149,16 +155,24 @@ class WebSocketConnection(asyncio.Protocol):
     def _on_request(self, request: Request) -> None:
         nnrp = self.nnrp
         if request.target.split("?", 1)[0] != self._path:
-            logger.debug("NNRP connection %d on %s: Upgrade for %s refused (not %s)", nnrp.connection_id,
-                         nnrp.transport_name, loggable(request.target), self._path)  # fmt: skip
+            logger.debug(
+                "NNRP connection %d on %s: Upgrade for %s refused (not %s)",
+                nnrp.connection_id,
+                nnrp.transport_name,
+                loggable(request.target),
+                self._path,
+            )
             self._write_raw(self._ws.reject(404))
             self._end_transport(None)
             return
         origin = _origin_refused(request, self._origins)
         if origin is not None:
-            logger.info("NNRP connection %d on %s: WebSocket Upgrade from origin %s refused (403; "
-                        "nnrp.ws_allowed_origins)", nnrp.connection_id, nnrp.transport_name,
-                        loggable(origin))  # fmt: skip
+            logger.info(
+                "NNRP connection %d on %s: WebSocket Upgrade from origin %s refused (403; nnrp.ws_allowed_origins)",
+                nnrp.connection_id,
+                nnrp.transport_name,
+                loggable(origin),
+            )
             nnrp.refused("origin")
             self._write_raw(self._ws.reject(403))
             self._end_transport(None)
@@ -177,14 +191,23 @@ class WebSocketConnection(asyncio.Protocol):
     def _fail(self, code: int, reason: str) -> None:
         """Fail the WebSocket connection (RFC 6455 §7.1.7): a close frame with ``code``, every operation stops,
         the transport closes."""
-        logger.info("NNRP connection %d on %s closed (WebSocket %d): %s", self.nnrp.connection_id,
-                    self.nnrp.transport_name, code, loggable(reason))  # fmt: skip
+        logger.info(
+            "NNRP connection %d on %s closed (WebSocket %d): %s",
+            self.nnrp.connection_id,
+            self.nnrp.transport_name,
+            code,
+            loggable(reason),
+        )
         self._end_transport(code, reason)
         self.nnrp.lose()
 
     def _reject(self, exc: RemoteProtocolError) -> None:
-        logger.debug("NNRP connection %d on %s: bad WebSocket Upgrade: %s", self.nnrp.connection_id,
-                     self.nnrp.transport_name, loggable(str(exc)))  # fmt: skip
+        logger.debug(
+            "NNRP connection %d on %s: bad WebSocket Upgrade: %s",
+            self.nnrp.connection_id,
+            self.nnrp.transport_name,
+            loggable(str(exc)),
+        )
         self._write_raw(self._ws.reject_malformed(exc))
         self._end_transport(None)
 
@@ -234,5 +257,9 @@ class WebSocketConnection(asyncio.Protocol):
         return unread_bytes(self._transport)
 
 
-_CLOSE_CODES = {"handshake_timeout": mapping.CLOSE_POLICY_VIOLATION, "violation": mapping.CLOSE_POLICY_VIOLATION,
-                "shutdown": mapping.CLOSE_GOING_AWAY, "failed": mapping.CLOSE_PROTOCOL_ERROR}  # fmt: skip
+_CLOSE_CODES = {
+    "handshake_timeout": mapping.CLOSE_POLICY_VIOLATION,
+    "violation": mapping.CLOSE_POLICY_VIOLATION,
+    "shutdown": mapping.CLOSE_GOING_AWAY,
+    "failed": mapping.CLOSE_PROTOCOL_ERROR,
+}

@@ -128,7 +128,7 @@ class _Session:
 class ClientConnection:
     """The client side of one NNRP/1 connection (module docstring). ``max_packet_bytes``: the largest packet
     accepted from the server (header + metadata + body, bytes). ``auth_block``: the authentication block the
-    CLIENT_HELLO carries as its body (``auth_bytes`` long; :mod:`vllm_nnrp_plugin.auth_block`), ``b""`` for
+    CLIENT_HELLO carries as its body (``auth_bytes`` long; :mod:`vllm_nnrp_plugin.contract.auth_block`), ``b""`` for
     none; the server's verdict is :attr:`auth_status` once the SERVER_HELLO_ACK came."""
 
     def __init__(self, *, max_packet_bytes: int = MAX_PACKET_BYTES, auth_block: bytes = b"") -> None:
@@ -177,7 +177,7 @@ class ClientConnection:
             packets = self._reader.feed(data)
         except FramingError as exc:
             return [self._end(str(exc))]
-        out = []
+        out: list[object] = []
         for packet in packets:
             try:
                 event = self._receive(packet)
@@ -191,9 +191,15 @@ class ClientConnection:
     # -- calls ---------------------------------------------------------------------------------------------
 
     def open_session(
-        self, *, requested_session_id: int = 0, max_in_flight_operations: int = 16, profile_id: int = 2,
-        schema: tuple[int, int] = (4097, 3), default_deadline_ms: int = 500, priority_class: int = 1,
-    ) -> int:  # fmt: skip
+        self,
+        *,
+        requested_session_id: int = 0,
+        max_in_flight_operations: int = 16,
+        profile_id: int = 2,
+        schema: tuple[int, int] = (4097, 3),
+        default_deadline_ms: int = 500,
+        priority_class: int = 1,
+    ) -> int:
         """Queue a SESSION_OPEN (after the CLIENT_HELLO on the first call); returns the request token that
         the answering :class:`~.events.SessionOpenAccepted` / ``SessionOpenRejected`` carries. Opens are
         answered in order. ``requested_session_id`` 0 lets the server choose; ``schema`` is (schema_id,
@@ -205,23 +211,55 @@ class ClientConnection:
         if priority_class not in PRIORITY_CLASSES:
             raise LocalProtocolError(f"priority_class {priority_class!r} must be 0, 1 or 2")
         metadata = SessionOpenMetadata(
-            requested_session_id, profile_id, priority_class, 0, schema[0], schema[1], default_deadline_ms,
-            max_in_flight_operations, _LEASE_TTL_HINT_MS, 0, 0, 0, requested_session_id,
-        )  # fmt: skip
+            requested_session_id,
+            profile_id,
+            priority_class,
+            0,
+            schema[0],
+            schema[1],
+            default_deadline_ms,
+            max_in_flight_operations,
+            _LEASE_TTL_HINT_MS,
+            0,
+            0,
+            0,
+            requested_session_id,
+        )
         packed = metadata.pack()
         if self._hello is None:
             self._hello = ClientHelloMetadata(
-                1, 1, _OFFER_WIRE_FORMATS, _OFFER_PROFILES, _OFFER_PAYLOAD_KINDS, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0,
-                default_deadline_ms, 0, 0, requested_session_id, len(self._auth_block), 0,
-            )  # fmt: skip
+                1,
+                1,
+                _OFFER_WIRE_FORMATS,
+                _OFFER_PROFILES,
+                _OFFER_PAYLOAD_KINDS,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                1,
+                0,
+                0,
+                0,
+                default_deadline_ms,
+                0,
+                0,
+                requested_session_id,
+                len(self._auth_block),
+                0,
+            )
             self._out.append(encode(_T.CLIENT_HELLO, 0, 0, self._hello.pack(), self._auth_block))
         self._out.append(encode(_T.SESSION_OPEN, 0, 0, packed))
         token = next(self._tokens)
         self._opens.append(token)
         return token
 
-    def submit(self, session_id: int, body: bytes, *, operation_id: int | None = None, trace_id: int = 0
-    ) -> tuple[int, int]:  # fmt: skip
+    def submit(
+        self, session_id: int, body: bytes, *, operation_id: int | None = None, trace_id: int = 0
+    ) -> tuple[int, int]:
         """Queue a FRAME_SUBMIT of ``body`` (a body region holding one STRUCTURED_EVENT typed frame); returns
         ``(frame_id, operation_id)``. ``operation_id`` (u64) defaults to the session's last + 1; ``trace_id``
         goes into the header. Raises :class:`LocalProtocolError` for a session that is not open (or
@@ -237,9 +275,26 @@ class ClientConnection:
             )
         frame_id = session.next_frame
         metadata = FrameSubmitMetadata(
-            0, 0, 0, 0, 0, 0, 0, InputProfile.UNSPECIFIED, TileIndexMode.RAW_U16, 0, 0, 0, 0, 0, 0, 0, operation_id,
-            payload_kind_bitmap=_STRUCTURED_EVENT, payload_frame_count=1,
-        )  # fmt: skip
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            InputProfile.UNSPECIFIED,
+            TileIndexMode.RAW_U16,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            operation_id,
+            payload_kind_bitmap=_STRUCTURED_EVENT,
+            payload_frame_count=1,
+        )
         self._out.append(encode(_T.FRAME_SUBMIT, session_id, frame_id, metadata.pack(), body, trace_id=trace_id))
         session.next_frame = frame_id + 1
         session.last_operation_id = operation_id
@@ -322,9 +377,16 @@ class ClientConnection:
         self._out.append(encode(_T.BUDGET_UPDATE, session_id, frame_id, packed))
 
     def trace_context(
-        self, session_id: int, frame_id: int, trace_id: int, span_id: int, parent_span_id: int,
-        stage_code: int = 0, flags: int = 0, attributes: bytes = b"",
-    ) -> None:  # fmt: skip
+        self,
+        session_id: int,
+        frame_id: int,
+        trace_id: int,
+        span_id: int,
+        parent_span_id: int,
+        stage_code: int = 0,
+        flags: int = 0,
+        attributes: bytes = b"",
+    ) -> None:
         """Queue a TRACE_CONTEXT: session scope for ``frame_id`` 0, else the active operation's. ``trace_id``
         and ``span_id`` non-zero; ``flags`` bit 0 sampled, bit 1 error; ``attributes`` the opaque body.
         Raises :class:`LocalProtocolError` (unknown scope, zero ids), ``ValueError`` for other flag bits."""
@@ -334,8 +396,9 @@ class ClientConnection:
         if not trace_id or not span_id:
             raise LocalProtocolError("TRACE_CONTEXT needs a non-zero trace_id and span_id")
         metadata = TraceContextMetadata(trace_id, span_id, parent_span_id, stage_code, flags, len(attributes))
-        self._out.append(encode(_T.TRACE_CONTEXT, session.session_id, frame_id, metadata.pack(), attributes,
-                                trace_id=trace_id))  # fmt: skip
+        self._out.append(
+            encode(_T.TRACE_CONTEXT, session.session_id, frame_id, metadata.pack(), attributes, trace_id=trace_id)
+        )
 
     def close_session(self, session_id: int) -> None:
         """Queue a SESSION_CLOSE; :class:`~.events.SessionCloseAcked` ends the session. Its operations'
@@ -404,10 +467,28 @@ class ClientConnection:
         if packet.body:
             raise FatalError("SERVER_HELLO_ACK must have an empty body")
         if len(packet.meta) < SERVER_HELLO_ACK_STRUCT.size:
-            raise FatalError(f"SERVER_HELLO_ACK metadata is {len(packet.meta)} bytes, under {SERVER_HELLO_ACK_STRUCT.size}")
-        (version, wire_format, auth_status, reserved0, _sid, profiles, kinds, codecs, compression, dtypes, layouts,
-         digests, objects, *_rest, server_flags) = SERVER_HELLO_ACK_STRUCT.unpack_from(packet.meta)  # fmt: skip
+            raise FatalError(
+                f"SERVER_HELLO_ACK metadata is {len(packet.meta)} bytes, under {SERVER_HELLO_ACK_STRUCT.size}"
+            )
+        (
+            version,
+            wire_format,
+            auth_status,
+            reserved0,
+            _sid,
+            profiles,
+            kinds,
+            codecs,
+            compression,
+            dtypes,
+            layouts,
+            digests,
+            objects,
+            *_rest,
+            server_flags,
+        ) = SERVER_HELLO_ACK_STRUCT.unpack_from(packet.meta)
         hello = self._hello
+        assert hello is not None  # _receive takes a SERVER_HELLO_ACK only after CLIENT_HELLO was queued
         offered = (
             ("accepted_profile_bitmap", profiles, hello.supported_profile_bitmap),
             ("accepted_payload_kind_bitmap", kinds, hello.supported_payload_kind_bitmap),
@@ -419,7 +500,9 @@ class ClientConnection:
             ("cache_object_bitmap", objects, hello.cache_object_bitmap),
         )
         if reserved0 or server_flags & ~0x1:
-            raise FatalError(f"SERVER_HELLO_ACK reserved0 {reserved0} / server_flags {server_flags:#x} (only 0x1 allowed)")
+            raise FatalError(
+                f"SERVER_HELLO_ACK reserved0 {reserved0} / server_flags {server_flags:#x} (only 0x1 allowed)"
+            )
         if not hello.min_version_major <= version <= hello.max_version_major:
             raise FatalError(f"SERVER_HELLO_ACK selected version {version}, outside the offer")
         if wire_format > 15 or not hello.supported_wire_format_bitmap >> wire_format & 1:
@@ -442,7 +525,7 @@ class ClientConnection:
         if len(packet.body) != ack.body_length:
             return _refused(token, f"body is {len(packet.body)} bytes, the metadata declares {ack.body_length}")
         if ack.session_status in (SESSION_STATUS_REJECTED, SESSION_STATUS_RETRY_LATER):
-            diagnostic = packet.body[ack.resume_token_bytes:].decode("utf-8", "replace")
+            diagnostic = packet.body[ack.resume_token_bytes :].decode("utf-8", "replace")
             return ev.SessionOpenRejected(token, ack.session_error_code, diagnostic)
         if ack.session_status == SESSION_STATUS_RESUMED:
             return _refused(token, "status resumed for an open that resumed nothing")
@@ -480,9 +563,14 @@ class ClientConnection:
         if self._lookup(session, packet, meta.operation_id).frame_cancelled:
             raise PacketError("PROGRESS after this client's FRAME_CANCEL")
         return ev.ProgressReceived(
-            session.session_id, packet.frame_id, meta.operation_id, meta.progress_sequence, meta.stage_code,
-            meta.percent_x100, packet.body,
-        )  # fmt: skip
+            session.session_id,
+            packet.frame_id,
+            meta.operation_id,
+            meta.progress_sequence,
+            meta.stage_code,
+            meta.percent_x100,
+            packet.body,
+        )
 
     def _on_push(self, session: _Session, packet: Packet) -> object:
         meta = layouts.result_push(packet)
@@ -495,9 +583,14 @@ class ClientConnection:
         op = self._lookup(session, packet, meta.operation_id)
         del session.operations[packet.frame_id]
         return ev.ResultDropReasonReceived(
-            session.session_id, packet.frame_id, op.operation_id, meta.result_sequence, int(meta.drop_reason_code),
-            int(meta.source_role), packet.body,
-        )  # fmt: skip
+            session.session_id,
+            packet.frame_id,
+            op.operation_id,
+            meta.result_sequence,
+            int(meta.drop_reason_code),
+            int(meta.source_role),
+            packet.body,
+        )
 
     def _on_drop(self, session: _Session, packet: Packet) -> object:
         layouts.header_only(packet)
@@ -509,23 +602,41 @@ class ClientConnection:
         meta = layouts.trace_context(packet)
         operation_id = self._lookup(session, packet, None).operation_id if packet.frame_id else None
         return ev.TraceContextReceived(
-            session.session_id, packet.frame_id, operation_id, meta.trace_id, meta.span_id, meta.parent_span_id,
-            meta.stage_code, meta.flags, meta.body_bytes,
-        )  # fmt: skip
+            session.session_id,
+            packet.frame_id,
+            operation_id,
+            meta.trace_id,
+            meta.span_id,
+            meta.parent_span_id,
+            meta.stage_code,
+            meta.flags,
+            meta.body_bytes,
+        )
 
     def _on_pressure(self, session: _Session, packet: Packet) -> object:
         meta = layouts.pressure(packet)
         return ev.PressureReceived(
-            session.session_id, packet.msg_type, meta.scope_id, meta.credit_window, meta.pressure_level,
-            meta.pressure_reason, meta.retry_after_ms,
-        )  # fmt: skip
+            session.session_id,
+            packet.msg_type,
+            meta.scope_id,
+            meta.credit_window,
+            meta.pressure_level,
+            meta.pressure_reason,
+            meta.retry_after_ms,
+        )
 
     def _on_recoverable(self, session: _Session, packet: Packet) -> object:
         meta = layouts.recoverable_error(packet)
         return ev.ErrorRecoverableReceived(
-            session.session_id, packet.frame_id, meta.error_code, meta.error_scope, meta.recovery_action,
-            meta.retry_after_ms, meta.related_frame_id, packet.body,
-        )  # fmt: skip
+            session.session_id,
+            packet.frame_id,
+            meta.error_code,
+            meta.error_scope,
+            meta.recovery_action,
+            meta.retry_after_ms,
+            meta.related_frame_id,
+            packet.body,
+        )
 
     def _on_retry_after(self, session: _Session, packet: Packet) -> object:
         meta = layouts.retry_after(packet)

@@ -111,12 +111,23 @@ class SessionOpenAckMetadata:
         self._validate()
         try:
             return self.STRUCT.pack(
-                self.session_id, self.accepted_profile_id, self.accepted_priority_class, self.session_status,
-                self.schema_id, self.schema_version, self.granted_operation_credit,
-                self.max_in_flight_operations, self.lease_ttl_ms, self.resume_window_ms,
-                self.resume_token_bytes, self.session_extension_bytes, self.server_session_tag,
-                self.route_scope_id, self.session_error_code, self.session_flags_ack,
-            )  # fmt: skip
+                self.session_id,
+                self.accepted_profile_id,
+                self.accepted_priority_class,
+                self.session_status,
+                self.schema_id,
+                self.schema_version,
+                self.granted_operation_credit,
+                self.max_in_flight_operations,
+                self.lease_ttl_ms,
+                self.resume_window_ms,
+                self.resume_token_bytes,
+                self.session_extension_bytes,
+                self.server_session_tag,
+                self.route_scope_id,
+                self.session_error_code,
+                self.session_flags_ack,
+            )
         except struct.error as exc:
             raise ValueError(f"SESSION_OPEN_ACK field out of range: {exc}") from None
 

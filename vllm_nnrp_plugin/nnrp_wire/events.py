@@ -15,6 +15,8 @@ Ids follow NNRP/1: ``session_id`` u32 (the header's), ``frame_id`` u32 (the oper
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 # -- server side ---------------------------------------------------------------------------------------------
@@ -95,7 +97,7 @@ class OperationSubmitted:
     frame_id: int
     operation_id: int
     trace_id: int
-    metadata: object
+    metadata: Any
     body: bytes
 
 
@@ -246,7 +248,7 @@ class ResultPushed:
     session_id: int
     frame_id: int
     operation_id: int
-    metadata: object
+    metadata: Any
     body: bytes
 
 

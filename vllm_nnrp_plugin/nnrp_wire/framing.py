@@ -21,14 +21,22 @@ clocks.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from nnrp.core.enums import MessageType
 from nnrp.core.header import HEADER_LENGTH, HEADER_MAGIC, HEADER_STRUCT
 
 __all__ = [
-    "HEADER_LENGTH", "MAX_PACKET_BYTES", "FramingError", "Packet", "PacketBoundary", "PacketReader", "encode",
-    "packet_length", "split_packets",
-]  # fmt: skip
+    "HEADER_LENGTH",
+    "MAX_PACKET_BYTES",
+    "FramingError",
+    "Packet",
+    "PacketBoundary",
+    "PacketReader",
+    "encode",
+    "packet_length",
+    "split_packets",
+]
 
 #: the largest packet (header + metadata + body, bytes) either native peer accepts; also what a server
 #: advertises in SERVER_HELLO_ACK ``max_body_bytes``
@@ -38,7 +46,7 @@ HEADER_FLAG_MASK = 0x3F
 KNOWN_MESSAGE_TYPES = frozenset(int(kind) for kind in MessageType)
 
 _unpack_header = HEADER_STRUCT.unpack_from
-_pack_header = HEADER_STRUCT.pack
+_pack_header: Callable[..., bytes] = HEADER_STRUCT.pack
 #: ``meta_len``, ``body_len`` (u32 little-endian) of a common header, at :data:`_LENGTHS_AT` from its start
 _unpack_lengths = struct.Struct("<II").unpack_from
 _LENGTHS_AT = 12
@@ -102,9 +110,20 @@ def encode(
     """The bytes of one packet. Raises ``struct.error`` when a field does not fit its width."""
     return (
         _pack_header(
-            HEADER_MAGIC, 1, 0, msg_type, HEADER_LENGTH, flags, len(meta), len(body),
-            session_id, frame_id, view_id, route_id, trace_id,
-        )  # fmt: skip
+            HEADER_MAGIC,
+            1,
+            0,
+            msg_type,
+            HEADER_LENGTH,
+            flags,
+            len(meta),
+            len(body),
+            session_id,
+            frame_id,
+            view_id,
+            route_id,
+            trace_id,
+        )
         + meta
         + body
     )
@@ -126,7 +145,7 @@ class PacketReader:
         """Bytes received that are not part of a returned packet yet."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[Packet]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Add ``data``; return the packets it completed, in order. Raises :class:`FramingError` (again on
         every later call) once the stream broke a header rule; packets completed before the bad one in the
         same ``data`` are lost with the connection."""
@@ -138,8 +157,21 @@ class PacketReader:
         offset = 0
         size = len(buffer)
         while size - offset >= HEADER_LENGTH:
-            (magic, major, wire_format, msg_type, header_len, flags, meta_len, body_len,
-             session_id, frame_id, view_id, route_id, trace_id) = _unpack_header(buffer, offset)  # fmt: skip
+            (
+                magic,
+                major,
+                wire_format,
+                msg_type,
+                header_len,
+                flags,
+                meta_len,
+                body_len,
+                session_id,
+                frame_id,
+                view_id,
+                route_id,
+                trace_id,
+            ) = _unpack_header(buffer, offset)
             error = _header_error(magic, major, wire_format, msg_type, header_len, flags, meta_len, body_len, self._max)
             if error is not None:
                 self._failed = FramingError(error)
@@ -149,10 +181,19 @@ class PacketReader:
             if end > size:
                 break
             meta_end = offset + HEADER_LENGTH + meta_len
-            packets.append(Packet(
-                msg_type, flags, session_id, frame_id, view_id, route_id, trace_id,
-                bytes(buffer[offset + HEADER_LENGTH:meta_end]), bytes(buffer[meta_end:end]),
-            ))  # fmt: skip
+            packets.append(
+                Packet(
+                    msg_type,
+                    flags,
+                    session_id,
+                    frame_id,
+                    view_id,
+                    route_id,
+                    trace_id,
+                    bytes(buffer[offset + HEADER_LENGTH : meta_end]),
+                    bytes(buffer[meta_end:end]),
+                )
+            )
             offset = end
         if offset:
             del buffer[:offset]
@@ -192,7 +233,8 @@ def packet_length(data: bytes | bytearray | memoryview, offset: int = 0) -> int:
     ``offset`` of ``data``. Nothing of the header is checked (that is :class:`PacketReader`'s). Raises
     ``struct.error`` when fewer than the 20 bytes up to ``body_len`` are there."""
     meta_len, body_len = _unpack_lengths(data, offset + _LENGTHS_AT)
-    return HEADER_LENGTH + meta_len + body_len
+    length: int = HEADER_LENGTH + meta_len + body_len  # HEADER_LENGTH: nnrp-py's, untyped
+    return length
 
 
 def split_packets(data: bytes) -> list[bytes]:
@@ -229,7 +271,7 @@ class PacketBoundary:
     def at_boundary(self) -> bool:
         return not self._rest and not self._head
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
         pos, end = 0, len(data)
         while pos < end:
             if self._rest:

@@ -7,7 +7,7 @@ Sources: nnrp-rs ``crates/nnrp-runtime/src/server.rs`` (``accept``, hello, probe
 acks' values), ``crates/nnrp-core/src/control.rs`` (``ClientHello::validate``, ``TransportProbe``),
 ``crates/nnrp-core/src/session.rs`` (``SessionOpen::parse``, ``SessionClose``), ``crates/nnrp-core/src/recovery.rs``
 (resume);
-the authentication block: :mod:`vllm_nnrp_plugin.auth_block`. Byte for byte the native server of nnrp-py
+the authentication block: :mod:`vllm_nnrp_plugin.contract.auth_block`. Byte for byte the native server of nnrp-py
 1.0.0rc4.post20 where a native client can tell, with these deliberate differences:
 
 * resume is never granted and every resume attempt is rejected (``token_ttl_ms`` and ``resume_window_ms`` 0,
@@ -16,7 +16,7 @@ the authentication block: :mod:`vllm_nnrp_plugin.auth_block`. Byte for byte the 
 * ``max_concurrent_frames`` (hello), ``granted_operation_credit`` and ``max_in_flight_operations`` (open ack)
   are the connection's ``max_in_flight_per_session`` (the native server sends its 4 / 2 / 4);
 * authentication (the block's encoding and ``auth_status`` values are this deployment's,
-  :mod:`vllm_nnrp_plugin.auth_block`): the native server neither reads ``auth_bytes`` nor sets ``auth_status``;
+  :mod:`vllm_nnrp_plugin.contract.auth_block`): the native server neither reads ``auth_bytes`` nor sets ``auth_status``;
   here, with ``authenticate`` set, a session opens only with an accepted key (``auth_failed`` otherwise);
 * session ids are unique per connection (the native registry is server-wide), never reused on it.
 
@@ -39,7 +39,7 @@ from nnrp.core.messages.control import (
 )
 from nnrp.runtime.types import ResultDropReasonMetadata
 
-from ..auth_block import (
+from ..contract.auth_block import (
     AUTH_STATUS_ACCEPTED,
     AUTH_STATUS_MISSING,
     AUTH_STATUS_NOT_REQUIRED,
@@ -158,7 +158,8 @@ class Handshake:
         sent, as the native server.
 
         The body is the authentication block (NNRP/1-preview1 §6.2.1: ``auth_block`` belongs to the body,
-        after the control extension block; layout and ``auth_status`` values: :mod:`vllm_nnrp_plugin.auth_block`).
+        after the control extension block; layout and ``auth_status`` values:
+        :mod:`vllm_nnrp_plugin.contract.auth_block`).
         Without ``authenticate`` it is ignored and ``auth_status`` is 0; with it, the verdict is ``auth_status``
         (accepted, rejected, or missing), and after a failure the connection's sessions need a block of their
         own (:meth:`session_open`); a block over ``MAX_AUTH_BYTES`` or one ``authenticate`` calls malformed
@@ -169,7 +170,9 @@ class Handshake:
             raise FatalError(f"CLIENT_HELLO meta_len {len(packet.meta)} (must be 64)")
         hello = ClientHelloMetadata.unpack(packet.meta)
         if not hello.min_version_major <= 1 <= hello.max_version_major:
-            raise FatalError(f"CLIENT_HELLO version window {hello.min_version_major}..{hello.max_version_major} excludes 1")
+            raise FatalError(
+                f"CLIENT_HELLO version window {hello.min_version_major}..{hello.max_version_major} excludes 1"
+            )
         if not hello.supported_wire_format_bitmap & 1:
             raise FatalError("CLIENT_HELLO does not offer wire format 0")
         if not hello.supported_profile_bitmap or not hello.supported_payload_kind_bitmap:
@@ -183,7 +186,9 @@ class Handshake:
         self._authenticated = auth_status in (AUTH_STATUS_NOT_REQUIRED, AUTH_STATUS_ACCEPTED)
         accepted_profiles = hello.supported_profile_bitmap & self._profile_bitmap
         if not accepted_profiles:
-            raise FatalError(f"CLIENT_HELLO profile bitmap {hello.supported_profile_bitmap:#x} has no profile in common")
+            raise FatalError(
+                f"CLIENT_HELLO profile bitmap {hello.supported_profile_bitmap:#x} has no profile in common"
+            )
         ack = ServerHelloAckMetadata(
             selected_version_major=1,
             selected_wire_format=0,
@@ -214,14 +219,14 @@ class Handshake:
         self._queue(_T.SERVER_HELLO_ACK, 0, 0, ack.pack())
         self.done = True
 
-    def session_open(self, packet: Packet, events: list) -> None:
+    def session_open(self, packet: Packet, events: list[object]) -> None:
         """SESSION_OPEN (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` session open handling,
         ``crates/nnrp-core/src/session.rs`` ``SessionOpen::parse``, ``crates/nnrp-core/src/recovery.rs``).
         Malformed (``meta_len`` ≠ 48, reserved0, unknown ``session_flags`` bits or priority, ``body_len`` ≠
         token + auth + extension lengths, session extension bytes at all, auth bytes when the server requires
         none, a malformed or oversized auth block, a token without flag 0x01 or without a requested id) → the
         connection ends. Then, answered by the core: no accepted key when one is required (neither the hello's
-        nor the block after the resume token: :mod:`vllm_nnrp_plugin.auth_block`) → rejected ``auth_failed``
+        nor the block after the resume token: :mod:`vllm_nnrp_plugin.contract.auth_block`) → rejected ``auth_failed``
         with :class:`~.events.AuthenticationFailed`, before anything else about the session is decided; a
         resume → rejected ``resume_rejected``;
         a profile not offered → ``profile_unsupported``; a schema not offered → ``schema_unsupported``; a
@@ -290,7 +295,7 @@ class Handshake:
         )
 
     def _check_auth(self, block: bytes, where: str) -> int:
-        """The ``auth_status`` of ``block`` (:mod:`vllm_nnrp_plugin.auth_block`); raises
+        """The ``auth_status`` of ``block`` (:mod:`vllm_nnrp_plugin.contract.auth_block`); raises
         :class:`~.errors.FatalError` for a block that is oversized or that ``authenticate`` calls malformed."""
         if self._authenticate is None:
             return AUTH_STATUS_NOT_REQUIRED
@@ -330,7 +335,9 @@ class Handshake:
         ``crates/nnrp-runtime/src/server.rs`` rejection ack; the native client turns it into an open error with
         that code and keeps the connection."""
         body = diagnostic.encode("utf-8")
-        self._queue(_T.SESSION_OPEN_ACK, 0, 0, self._ack(request, 0, SESSION_STATUS_REJECTED, error_code, len(body)), body)
+        self._queue(
+            _T.SESSION_OPEN_ACK, 0, 0, self._ack(request, 0, SESSION_STATUS_REJECTED, error_code, len(body)), body
+        )
 
     # -- the application's answers to SessionOpenRequested --------------------------------------------------
 
@@ -376,7 +383,7 @@ class Handshake:
 
     # -- the client's SESSION_CLOSE ------------------------------------------------------------------------
 
-    def close(self, session: Session, packet: Packet, events: list, *, drain_sessions: bool) -> None:
+    def close(self, session: Session, packet: Packet, events: list[object], *, drain_sessions: bool) -> None:
         """SESSION_CLOSE (the layout: :func:`.layouts.session_close`). The one SESSION_CLOSE_ACK has header
         session = the session, frame 0, close_status closed, ``last_operation_id`` echoed (nnrp-rs
         ``crates/nnrp-runtime/src/server.rs`` close ack).
@@ -416,8 +423,12 @@ class Handshake:
             )
             return
         for op in self._registry.close(session):  # submit order
-            self._queue(_T.RESULT_DROP_REASON, sid, op.frame_id, _DROP_REASON_STRUCT.pack(
-                op.operation_id, op.sequence + 1, _DROP_PEER_CANCELLED, ROLE_SERVER, 0, 0, 0))  # fmt: skip
+            self._queue(
+                _T.RESULT_DROP_REASON,
+                sid,
+                op.frame_id,
+                _DROP_REASON_STRUCT.pack(op.operation_id, op.sequence + 1, _DROP_PEER_CANCELLED, ROLE_SERVER, 0, 0, 0),
+            )
         events.append(SessionClosed(sid, int(metadata.close_reason)))
         ack = SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, metadata.last_operation_id).pack()
         self._queue(_T.SESSION_CLOSE_ACK, sid, 0, ack)
@@ -426,5 +437,10 @@ class Handshake:
         """The last operation of ``session``, draining after the client's SESSION_CLOSE, got its terminal (the
         registry closed the session): queue the closing ack right behind it, ``last_operation_id`` as the client's
         SESSION_CLOSE said."""
-        self._queue(_T.SESSION_CLOSE_ACK, session.session_id, 0,
-                    SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, session.draining).pack())  # fmt: skip
+        assert session.draining is not None  # the registry closes only a draining session
+        self._queue(
+            _T.SESSION_CLOSE_ACK,
+            session.session_id,
+            0,
+            SessionCloseAckMetadata(CLOSE_STATUS_CLOSED, session.draining).pack(),
+        )

@@ -84,7 +84,8 @@ _PARTIAL = PartialResultMetadata.STRUCT
 def message_name(msg_type: int) -> str:
     """``msg_type``'s name in nnrp-py's ``MessageType``, or ``msg_type 0x..`` for a value it does not know."""
     try:
-        return MessageType(msg_type).name
+        name: str = MessageType(msg_type).name  # nnrp-py's enum, untyped
+        return name
     except ValueError:
         return f"msg_type {msg_type:#04x}"
 
@@ -316,4 +317,5 @@ def session_close_ack(packet: Packet) -> SessionCloseAckMetadata:
     ``crates/nnrp-core/src/session.rs`` ``SessionCloseAck``; :class:`~.codecs.SessionCloseAckMetadata`)."""
     if packet.body:
         raise PacketError("SESSION_CLOSE_ACK has an empty body")
-    return metadata(SessionCloseAckMetadata, packet, "SESSION_CLOSE_ACK")
+    meta: SessionCloseAckMetadata = metadata(SessionCloseAckMetadata, packet, "SESSION_CLOSE_ACK")
+    return meta

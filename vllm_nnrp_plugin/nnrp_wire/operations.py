@@ -64,8 +64,16 @@ class Session:
     ``last_operation_id`` of the client's SESSION_CLOSE (drain) while operations ran, echoed by the closed ack
     that follows the last terminal; None while the session is open."""
 
-    __slots__ = ("session_id", "ops", "reservations", "reserved_frames", "finished", "finished_frames",
-                 "finished_ops", "draining")  # fmt: skip
+    __slots__ = (
+        "session_id",
+        "ops",
+        "reservations",
+        "reserved_frames",
+        "finished",
+        "finished_frames",
+        "finished_ops",
+        "draining",
+    )
 
     def __init__(self, session_id: int) -> None:
         self.session_id = session_id

@@ -87,7 +87,9 @@ MAX_DIAGNOSTIC_BYTES = 512
 _T = MessageType
 _pack_header = HEADER_STRUCT.pack
 # the hot path: header + PARTIAL_RESULT metadata in one pack (same bytes as HEADER_STRUCT + PartialResultMetadata)
-_PARTIAL_STRUCT = struct.Struct("<" + HEADER_STRUCT.format.lstrip("<") + PartialResultMetadata.STRUCT.format.lstrip("<"))
+_PARTIAL_STRUCT = struct.Struct(
+    "<" + HEADER_STRUCT.format.lstrip("<") + PartialResultMetadata.STRUCT.format.lstrip("<")
+)
 _pack_partial = _PARTIAL_STRUCT.pack
 _PARTIAL_META_LEN = PartialResultMetadata.STRUCT.size
 _PROGRESS_STRUCT = ProgressMetadata.STRUCT
@@ -112,7 +114,7 @@ class ServerConnection:
     ``profiles`` are the profile ids sessions may open (hello bitmap bit N-1 for profile N, nnrp-rs
     ``server.rs`` profile bitmap); ``schemas`` the accepted ``(schema_id, schema_version)`` pairs.
     ``authenticate``: ``None`` when the server requires no key; else a pure function that is given an
-    authentication block (:mod:`vllm_nnrp_plugin.auth_block`) and returns whether it holds an accepted key,
+    authentication block (:mod:`vllm_nnrp_plugin.contract.auth_block`) and returns whether it holds an accepted key,
     raising ``ValueError`` when the block is malformed (the connection then ends, as for any malformed hello).
     """
 
@@ -144,9 +146,14 @@ class ServerConnection:
             max_reservations=max_in_flight_per_session, finished_memory=max(64, 4 * max_in_flight_per_session)
         )
         self._handshake = Handshake(
-            self._queue, self._operations, credit=min(max_in_flight_per_session, 0xFFFF),
-            max_packet_bytes=max_packet_bytes, profiles=profiles, schemas=schemas, authenticate=authenticate,
-        )  # fmt: skip
+            self._queue,
+            self._operations,
+            credit=min(max_in_flight_per_session, 0xFFFF),
+            max_packet_bytes=max_packet_bytes,
+            profiles=profiles,
+            schemas=schemas,
+            authenticate=authenticate,
+        )
         self._active = self._operations.by_frame  # (session_id, frame_id) → active operation, read by the sends
 
     # -- state ---------------------------------------------------------------------------------------------
@@ -185,13 +192,13 @@ class ServerConnection:
 
     # -- input ---------------------------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[object]:
         """Feed bytes read from the transport (``b""``: the peer's end of stream); return the events they
         completed, in order. Never raises: whatever the bytes are, the worst outcome is
         :class:`~.events.ConnectionEnded`, after which this returns ``[]``."""
         if self._ended:
             return []
-        events: list = []
+        events: list[object] = []
         if not data:
             buffered = self._reader.buffered
             self._end(events, None if not buffered else f"end of stream inside a packet ({buffered} bytes buffered)")
@@ -208,19 +215,24 @@ class ServerConnection:
                 self._end(events, str(exc))
             except Exception as exc:  # noqa: BLE001 - never raise on peer input; a bug ends only this connection
                 kind = message_name(packet.msg_type)  # never the packet itself: it is the client's
-                self._end(events, f"internal error ({type(exc).__name__}) handling {kind} of session "
-                                  f"{packet.session_id} frame {packet.frame_id}")  # fmt: skip
+                self._end(
+                    events,
+                    f"internal error ({type(exc).__name__}) handling {kind} of session "
+                    f"{packet.session_id} frame {packet.frame_id}",
+                )
             if self._ended:
                 break
         return events
 
-    def _end(self, events: list, error: str | None) -> None:
+    def _end(self, events: list[object], error: str | None) -> None:
         self._ended = True
         self._operations.clear()
         self._handshake.end()
         events.append(ConnectionEnded(error))
 
-    def _queue(self, msg_type: int, session_id: int, frame_id: int, meta: bytes, body: bytes = b"", trace_id: int = 0) -> None:
+    def _queue(
+        self, msg_type: int, session_id: int, frame_id: int, meta: bytes, body: bytes = b"", trace_id: int = 0
+    ) -> None:
         out = self._out
         out += _pack_header(
             HEADER_MAGIC, 1, 0, msg_type, HEADER_LENGTH, 0, len(meta), len(body), session_id, frame_id, 0, 0, trace_id
@@ -229,7 +241,7 @@ class ServerConnection:
         if body:
             out += body
 
-    def _dispatch(self, packet: framing.Packet, events: list) -> None:
+    def _dispatch(self, packet: framing.Packet, events: list[object]) -> None:
         msg_type = packet.msg_type
         if not self._handshake.done:
             # nnrp-rs crates/nnrp-runtime/src/server.rs: the first non-probe packet must be CLIENT_HELLO
@@ -273,7 +285,7 @@ class ServerConnection:
         except LateControl:
             pass
 
-    def _reject(self, packet: framing.Packet, rejection: PacketError, events: list) -> None:
+    def _reject(self, packet: framing.Packet, rejection: PacketError, events: list[object]) -> None:
         """PacketRejected + ERROR_RECOVERABLE (frame scope when the header names a frame, else session scope;
         header frame = ``related_frame_id`` as nnrp-rs ``server.rs`` ``send_recoverable_error``; source_role
         server, no retry, the reason as the diagnostic). The session goes on."""
@@ -287,9 +299,17 @@ class ServerConnection:
         no retry; ``diagnostic`` as UTF-8, cut at :data:`MAX_DIAGNOSTIC_BYTES`."""
         body = diagnostic.encode("utf-8", "replace")[:MAX_DIAGNOSTIC_BYTES]
         meta = RecoverableErrorMetadata(
-            error_code, _SCOPE_FRAME if frame_id else _SCOPE_SESSION, _RECOVERY_UNSPECIFIED, ROLE_SERVER, 0, 0,
-            session_id, frame_id, 0, len(body),
-        ).pack()  # fmt: skip
+            error_code,
+            _SCOPE_FRAME if frame_id else _SCOPE_SESSION,
+            _RECOVERY_UNSPECIFIED,
+            ROLE_SERVER,
+            0,
+            0,
+            session_id,
+            frame_id,
+            0,
+            len(body),
+        ).pack()
         self._queue(_T.ERROR_RECOVERABLE, session_id, frame_id, meta, body)
 
     # -- the application's answers to SessionOpenRequested --------------------------------------------------
@@ -313,7 +333,7 @@ class ServerConnection:
 
     # -- session scope: client packets ---------------------------------------------------------------------
 
-    def _on_frame_submit(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_frame_submit(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """FRAME_SUBMIT: the layout (:func:`.layouts.frame_submit`), then the identity rules of
         :meth:`.operations.OperationRegistry.submit` (refused like any duplicate: ERROR_RECOVERABLE
         ``INVALID_STATE``, the session goes on) → :class:`~.events.OperationSubmitted`; when it binds a pre-submit
@@ -327,7 +347,7 @@ class ServerConnection:
         if deadline is not None:
             events.append(DeadlineReceived(sid, frame_id, operation_id, deadline, False))
 
-    def _on_frame_cancel(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_frame_cancel(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """FRAME_CANCEL: header-only (:func:`.layouts.header_only`), the header frame bound to an active
         operation (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` FRAME_CANCEL arm). After it no PARTIAL_RESULT or
         PROGRESS is sent for the operation; a terminal is still expected. A second cancel of the same operation is
@@ -337,7 +357,7 @@ class ServerConnection:
         self._operations.frame_cancel(op)
         events.append(OperationCancelled(session.session_id, op.frame_id, op.operation_id, int(_T.FRAME_CANCEL), b""))
 
-    def _on_cancel(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_cancel(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """CANCEL / ABORT: the layout (:func:`.layouts.control_request`), an active operation whose frame is the
         header frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` CANCEL/ABORT arms). The first cancel of an
         operation is reported; a repeated one is rejected (:meth:`.operations.OperationRegistry.cancel`)."""
@@ -345,9 +365,11 @@ class ServerConnection:
         metadata = layouts.control_request(packet)
         op = self._operations.target(session, packet.frame_id, metadata.operation_id, name)
         self._operations.cancel(op, name)
-        events.append(OperationCancelled(session.session_id, op.frame_id, op.operation_id, packet.msg_type, packet.body))
+        events.append(
+            OperationCancelled(session.session_id, op.frame_id, op.operation_id, packet.msg_type, packet.body)
+        )
 
-    def _on_scheduling(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_scheduling(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """DEADLINE / PRIORITY_UPDATE / EXPIRE_AT: the layout (:func:`.layouts.scheduling`). For an active
         operation the header frame must be its frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` scheduling
         arm); DEADLINE and EXPIRE_AT → :class:`~.events.DeadlineReceived` (submitted True; EXPIRE_AT bounds the
@@ -366,12 +388,13 @@ class ServerConnection:
             return
         op = self._operations.target(session, packet.frame_id, operation_id, name)
         if msg_type == _T.PRIORITY_UPDATE:
-            events.append(PriorityUpdated(sid, op.frame_id, op.operation_id, metadata.priority_class,
-                                          metadata.priority_delta))  # fmt: skip
+            events.append(
+                PriorityUpdated(sid, op.frame_id, op.operation_id, metadata.priority_class, metadata.priority_delta)
+            )
         else:
             events.append(DeadlineReceived(sid, op.frame_id, op.operation_id, metadata.deadline_unix_ms, True))
 
-    def _on_supersede(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_supersede(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """SUPERSEDE: the layout (:func:`.layouts.supersede`), and ``old_operation_id`` an active operation whose
         frame is the header frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` SUPERSEDE arm,
         ``require_operation_frame``). The operation is cancelled as by CANCEL (a repeated SUPERSEDE or cancel of
@@ -379,10 +402,18 @@ class ServerConnection:
         metadata = layouts.supersede(packet)
         op = self._operations.target(session, packet.frame_id, metadata.old_operation_id, "SUPERSEDE")
         self._operations.cancel(op, "SUPERSEDE")
-        events.append(OperationSuperseded(session.session_id, op.frame_id, op.operation_id,
-                                          metadata.new_operation_id, metadata.drop_reason_code, packet.body))  # fmt: skip
+        events.append(
+            OperationSuperseded(
+                session.session_id,
+                op.frame_id,
+                op.operation_id,
+                metadata.new_operation_id,
+                metadata.drop_reason_code,
+                packet.body,
+            )
+        )
 
-    def _on_budget_update(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_budget_update(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """BUDGET_UPDATE: the layout (:func:`.layouts.budget_update`), an active operation whose frame is the
         header frame (nnrp-rs ``crates/nnrp-runtime/src/server.rs`` BUDGET_UPDATE arm) →
         :class:`~.events.BudgetUpdated`."""
@@ -390,12 +421,17 @@ class ServerConnection:
         op = self._operations.target(session, packet.frame_id, metadata.operation_id, "BUDGET_UPDATE")
         events.append(
             BudgetUpdated(
-                session.session_id, op.frame_id, op.operation_id, metadata.token_budget,
-                metadata.compute_budget_units, metadata.memory_budget_bytes, metadata.bandwidth_budget_bytes,
-            )  # fmt: skip
+                session.session_id,
+                op.frame_id,
+                op.operation_id,
+                metadata.token_budget,
+                metadata.compute_budget_units,
+                metadata.memory_budget_bytes,
+                metadata.bandwidth_budget_bytes,
+            )
         )
 
-    def _on_trace_context(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_trace_context(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """TRACE_CONTEXT: the layout (:func:`.layouts.trace_context`); header frame 0 = session scope, else the
         frame of an active operation (shipped build: "TRACE_CONTEXT references an unknown operation frame")."""
         metadata = layouts.trace_context(packet)
@@ -404,19 +440,26 @@ class ServerConnection:
             operation_id = self._operations.at_frame(session, packet.frame_id, "TRACE_CONTEXT").operation_id
         events.append(
             TraceContextReceived(
-                session.session_id, packet.frame_id, operation_id, metadata.trace_id, metadata.span_id,
-                metadata.parent_span_id, metadata.stage_code, metadata.flags, metadata.body_bytes,
-            )  # fmt: skip
+                session.session_id,
+                packet.frame_id,
+                operation_id,
+                metadata.trace_id,
+                metadata.span_id,
+                metadata.parent_span_id,
+                metadata.stage_code,
+                metadata.flags,
+                metadata.body_bytes,
+            )
         )
 
-    def _on_ping(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_ping(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """PING → PONG on the same session and frame; PONG is taken and ignored. Both header-only (nnrp-rs
         ``crates/nnrp-runtime/src/server.rs`` ``receive_ping``/``send_ping``)."""
         layouts.header_only(packet)
         if packet.msg_type == _T.PING:
             self._queue(_T.PONG, session.session_id, packet.frame_id, b"")
 
-    def _on_session_close(self, session: Session, packet: framing.Packet, events: list) -> None:
+    def _on_session_close(self, session: Session, packet: framing.Packet, events: list[object]) -> None:
         """SESSION_CLOSE: :meth:`.handshake.Handshake.close`, draining as :attr:`drain_sessions` says."""
         self._handshake.close(session, packet, events, drain_sessions=self.drain_sessions)
 
@@ -435,7 +478,9 @@ class ServerConnection:
 
     # -- output: results and session-scope controls --------------------------------------------------------
 
-    def send_partial_result(self, session_id: int, frame_id: int, operation_id: int, sequence: int, body: bytes) -> bool:
+    def send_partial_result(
+        self, session_id: int, frame_id: int, operation_id: int, sequence: int, body: bytes
+    ) -> bool:
         """PARTIAL_RESULT (``result_sequence = delta_sequence = sequence``, object 0, flags 0, the inline body;
         nnrp-rs ``crates/nnrp-core/src/control.rs`` ``PartialResult``: with no object the body must not be
         empty). False when the operation is not active or the client FRAME_CANCELled it."""
@@ -448,9 +493,26 @@ class ServerConnection:
         size = len(body)
         try:
             header = _pack_partial(
-                HEADER_MAGIC, 1, 0, 0x38, 40, 0, _PARTIAL_META_LEN, size, session_id, frame_id, 0, 0, 0,
-                operation_id, sequence, 0, sequence, size, 0,
-            )  # fmt: skip
+                HEADER_MAGIC,
+                1,
+                0,
+                0x38,
+                40,
+                0,
+                _PARTIAL_META_LEN,
+                size,
+                session_id,
+                frame_id,
+                0,
+                0,
+                0,
+                operation_id,
+                sequence,
+                0,
+                sequence,
+                size,
+                0,
+            )
         except struct.error as exc:
             raise LocalProtocolError(f"PARTIAL_RESULT field out of range: {exc}") from None
         op.sequence = sequence
@@ -505,7 +567,9 @@ class ServerConnection:
             _check_u64("RESULT_DROP_REASON", operation_id, sequence)
             return False
         try:
-            meta = _DROP_REASON_STRUCT.pack(operation_id, sequence, drop_reason_code, ROLE_SERVER, 0, len(diagnostic), 0)
+            meta = _DROP_REASON_STRUCT.pack(
+                operation_id, sequence, drop_reason_code, ROLE_SERVER, 0, len(diagnostic), 0
+            )
         except struct.error as exc:
             raise LocalProtocolError(f"RESULT_DROP_REASON field out of range: {exc}") from None
         self._queue(_T.RESULT_DROP_REASON, session_id, frame_id, meta, diagnostic)
@@ -520,7 +584,9 @@ class ServerConnection:
         ``Pressure``). False when the session is not open."""
         if not 1 <= pressure_level <= 3:
             raise LocalProtocolError(f"BACKPRESSURE pressure_level {pressure_level!r} must be 1..3")
-        return self._send_pressure(_T.BACKPRESSURE, session_id, credit_window, pressure_level, pressure_reason, retry_after_ms)
+        return self._send_pressure(
+            _T.BACKPRESSURE, session_id, credit_window, pressure_level, pressure_reason, retry_after_ms
+        )
 
     def send_credit_update(self, session_id: int, credit_window: int) -> bool:
         """CREDIT_UPDATE for the session (header frame 0, ``scope_id`` 0, level/reason/retry 0, flags 0). False

@@ -5,7 +5,7 @@ Everything here takes plain data (bytes, dicts) and returns plain data. Source o
 ``openai-compatible-1.json``) as exercised by the public ``nnrp-conformance`` suite
 (``profiles/openai-compatible/1/``, ``schemas/api-profile-*.schema.json``). Modules cite its sections by name:
 "Request envelope", "Events", "Capability documents", "Wire mapping" (implemented in
-:mod:`vllm_nnrp_plugin.wire_mapping`), "TRACE_CONTEXT → traceparent".
+:mod:`vllm_nnrp_plugin.contract.wire_mapping`), "TRACE_CONTEXT → traceparent".
 """
 
 PROFILE = "openai-compatible"

@@ -46,15 +46,25 @@ OPENAI_CHUNK_EXTENSION = {
 
 
 def operation(
-    name: str, *, streaming: bool, non_streaming: bool, tool_calls: bool = False, cancellation: bool = True, **options: Any
+    name: str,
+    *,
+    streaming: bool,
+    non_streaming: bool,
+    tool_calls: bool = False,
+    cancellation: bool = True,
+    **options: Any,
 ) -> dict[str, Any]:
     """One entry of the document's ``operations``: ``{name, streaming, non_streaming, tool_calls, cancellation}``
     plus operation-specific ``options`` (e.g. ``encoding_formats`` of ``embeddings.create``), which only the
     runtime document carries (:func:`conformance_manifest` drops them: the suite's schema forbids them)."""
     return {
-        "name": name, "streaming": streaming, "non_streaming": non_streaming, "tool_calls": tool_calls,
-        "cancellation": cancellation, **options,
-    }  # fmt: skip
+        "name": name,
+        "streaming": streaming,
+        "non_streaming": non_streaming,
+        "tool_calls": tool_calls,
+        "cancellation": cancellation,
+        **options,
+    }
 
 
 def chat_operation(*, tool_calls: bool) -> dict[str, Any]:
@@ -90,16 +100,20 @@ def runtime_document(*, models: list[str], owned_by: str, operations: list[dict[
     }
 
 
-def with_limits(document: dict[str, Any], *, max_in_flight: int, max_in_flight_per_session: int,
-                max_sessions: int) -> dict[str, Any]:
+def with_limits(
+    document: dict[str, Any], *, max_in_flight: int | None, max_in_flight_per_session: int, max_sessions: int
+) -> dict[str, Any]:
     """``document`` with the server's admission limits as ``limits: {max_in_flight, max_in_flight_per_session,
     max_sessions}`` (operations per API-server process, per session, open sessions per process: the
     ``nnrp.*`` settings of the same names). The profile's document names no limits; this top-level key is
     the server's own addition, which clients that do not know it ignore and :func:`conformance_manifest`
     leaves out (the suite's manifest schema allows no other keys). Clients size their fan-out by it
-    (:mod:`vllm_nnrp_plugin.client.openai.pool`)."""
-    limits = {"max_in_flight": max_in_flight, "max_in_flight_per_session": max_in_flight_per_session,
-              "max_sessions": max_sessions}  # fmt: skip
+    (:mod:`vllm_nnrp_plugin.client.aio.pool`)."""
+    limits = {
+        "max_in_flight": max_in_flight,
+        "max_in_flight_per_session": max_in_flight_per_session,
+        "max_sessions": max_sessions,
+    }
     return {**document, "limits": limits}
 
 

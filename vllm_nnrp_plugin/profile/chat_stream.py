@@ -51,7 +51,7 @@ the operation.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, final
 
 import attrs
 
@@ -72,6 +72,7 @@ def usage_asked(body: dict[str, Any]) -> bool:
     return flag is True or (type(flag) is int and flag == 1)
 
 
+@final  # no subclasses: feed tells it from a dict by its exact class
 @attrs.define(slots=True)
 class TextDelta:
     """A normal-form chunk whose only news is text: :meth:`chunk` — ``template`` (an earlier chunk of the same
@@ -112,11 +113,11 @@ class ChatStreamMapper:
         Raises :class:`ProfileError` ``backend_error`` for an error chunk (vLLM's mid-stream
         ``data: {"error": {...}}``).
         """
-        if chunk.__class__ is TextDelta:
-            state = self._choices.get(chunk.index)  # type: ignore[union-attr]
+        if type(chunk) is TextDelta:
+            state = self._choices.get(chunk.index)
             if state is None or self._head is None:  # not after its template: the general path
-                return self.feed(chunk.chunk())  # type: ignore[union-attr]
-            content = chunk.content  # type: ignore[union-attr]
+                return self.feed(chunk.chunk())
+            content = chunk.content
             state.content_seen = True
             state.text.append(content)
             return [events.output_text_delta(state.index, content)]
@@ -236,8 +237,12 @@ class _ToolCall:
             return out
         problem = "has no function name" if not self.name else "has arguments that are not one complete JSON value"
         if cut:
-            err = E.ProfileError(E.TOOL_CALL_INCOMPLETE, f"generation stopped (token budget or stop condition) "
-                                 f"before tool call {self.call_id} was complete: it {problem}", E.SERVER_ERROR)
+            err = E.ProfileError(
+                E.TOOL_CALL_INCOMPLETE,
+                f"generation stopped (token budget or stop condition) "
+                f"before tool call {self.call_id} was complete: it {problem}",
+                E.SERVER_ERROR,
+            )
         else:
             err = E.ProfileError(E.TOOL_CALL_INVALID, f"tool call {self.call_id} {problem}", E.SERVER_ERROR)
         return self.end_with(err)
@@ -252,8 +257,18 @@ class _ToolCall:
 
 
 class _Choice:
-    __slots__ = ("index", "text", "content_seen", "reasoning", "logprobs", "finish_reason", "stop_reason", "calls",
-                 "latest", "no_argument_tools")
+    __slots__ = (
+        "index",
+        "text",
+        "content_seen",
+        "reasoning",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "calls",
+        "latest",
+        "no_argument_tools",
+    )
 
     def __init__(self, index: int, no_argument_tools: frozenset[str]) -> None:
         self.index = index
@@ -305,8 +320,13 @@ class _Choice:
             ]
         finish_reason = "stop" if self.finish_reason == "tool_calls" and not completed else self.finish_reason
         logprobs = {"content": self.logprobs} if self.logprobs else None
-        return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
-                "stop_reason": self.stop_reason}
+        return {
+            "index": self.index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+            "stop_reason": self.stop_reason,
+        }
 
 
 def _stream_error(error: object) -> E.ProfileError:
@@ -314,5 +334,6 @@ def _stream_error(error: object) -> E.ProfileError:
     if not isinstance(error, dict):
         return E.backend_error(str(error))
     status = error.get("code")
-    return E.backend_error(str(error.get("message") or "backend error in stream"),
-                           status if isinstance(status, int) else 500)
+    return E.backend_error(
+        str(error.get("message") or "backend error in stream"), status if isinstance(status, int) else 500
+    )

@@ -5,9 +5,9 @@ Shape: ``{"schema_version": "openai-compatible/1", "operation": str, "body": {..
 object carries NNRP-side hints and is never forwarded into ``body``. Read here: ``nnrp.timeout_ms``
 (positive integer, ms from the submit) bounds the operation; ``nnrp.priority_class`` (``interactive``,
 ``balanced`` or ``background``: NNRP/1's priority classes) is the operation's own priority class, over its
-session's (an extension of this adapter, :mod:`vllm_nnrp_plugin.controls`); the adapter reads
-``nnrp.diagnostics`` (``true``: the terminal event carries the operation's diagnostics); others (the conformance harness's
-``cancel_after_events`` …) are ignored.
+session's (an extension of this adapter, :mod:`vllm_nnrp_plugin.core.controls`); the adapter reads
+``nnrp.diagnostics`` (``true``: the terminal event carries the operation's diagnostics); others (the conformance
+harness's ``cancel_after_events`` …) are ignored.
 
 Codes (the profile freezes only ``missing_messages`` and ``unsupported_operation`` here; the others are this
 adapter's, docs/wire-mapping.md "Error codes"): bytes that are not UTF-8 JSON → ``invalid_json``; JSON that breaks
@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import orjson
 
-from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
-from vllm_nnrp_plugin.log_safety import loggable
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
+from vllm_nnrp_plugin.observability.log_safety import loggable
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
 from vllm_nnrp_plugin.profile import errors as E
 
@@ -58,7 +58,8 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
     Raises :class:`ProfileError` with code ``envelope_too_large`` (413), ``invalid_json``,
     ``invalid_envelope``, ``unsupported_schema_version``, ``unsupported_operation`` or
     ``missing_messages`` (all 400); ``invalid_envelope`` also for an ``nnrp.timeout_ms`` that is not a
-    positive integer, an ``nnrp.priority_class`` that is not a class name, and for nesting deeper than :data:`MAX_NESTING` (also past orjson's own limit of 1024,
+    positive integer, an ``nnrp.priority_class`` that is not a class name, and for nesting deeper than
+    :data:`MAX_NESTING` (also past orjson's own limit of 1024,
     which it reports as a parse error). Raises nothing else for any ``payload``.
     """
     if len(payload) > max_bytes:
@@ -112,11 +113,18 @@ def decode_envelope(payload: bytes, *, operations: frozenset[str], max_bytes: in
     priority_class = hints.get("priority_class")
     if priority_class is not None and priority_class not in PRIORITY_CLASSES:
         raise E.ProfileError(
-            E.INVALID_ENVELOPE, f"envelope nnrp.priority_class must be one of {', '.join(PRIORITY_CLASSES)}, got "
-            f"{_preview(priority_class)}"
-        )  # fmt: skip
-    return Envelope(operation=operation, body=body, request_id=request_id, nnrp=hints, timeout_ms=timeout_ms,
-                    priority_class=priority_class)  # fmt: skip
+            E.INVALID_ENVELOPE,
+            f"envelope nnrp.priority_class must be one of {', '.join(PRIORITY_CLASSES)}, got "
+            f"{_preview(priority_class)}",
+        )
+    return Envelope(
+        operation=operation,
+        body=body,
+        request_id=request_id,
+        nnrp=hints,
+        timeout_ms=timeout_ms,
+        priority_class=priority_class,
+    )
 
 
 def _too_deep() -> E.ProfileError:

@@ -1,4 +1,5 @@
-"""Profile events (the profile's "Events" section of ``openai-compatible-1.json``): builders returning plain dicts, and their JSON encoding.
+"""Profile events (the profile's "Events" section of ``openai-compatible-1.json``): builders returning plain dicts, and
+their JSON encoding.
 
 Non-terminal events (``response.output_text.delta``, ``response.tool_call.*``, ``response.usage``) travel one
 per PARTIAL_RESULT; terminals (``response.completed``, ``response.error``, ``response.cancelled``) end the operation.
@@ -51,20 +52,36 @@ def tool_call_started(index: int, item_id: str, call_id: str, name: str) -> dict
 
 def tool_call_delta(index: int, item_id: str, call_id: str, arguments_delta: str) -> dict[str, Any]:
     """``response.tool_call.delta``: one fragment of the call's JSON arguments, in arrival order."""
-    return {"type": TOOL_CALL_DELTA, "index": index, "item_id": item_id, "call_id": call_id,
-            "arguments_delta": arguments_delta}
+    return {
+        "type": TOOL_CALL_DELTA,
+        "index": index,
+        "item_id": item_id,
+        "call_id": call_id,
+        "arguments_delta": arguments_delta,
+    }
 
 
 def tool_call_completed(index: int, item_id: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
     """``response.tool_call.completed``: the last event of a call; ``arguments`` is the concatenated JSON text."""
-    return {"type": TOOL_CALL_COMPLETED, "index": index, "item_id": item_id, "call_id": call_id, "name": name,
-            "arguments": arguments}
+    return {
+        "type": TOOL_CALL_COMPLETED,
+        "index": index,
+        "item_id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
 
 
 def tool_call_error(index: int, item_id: str, call_id: str, err: ProfileError) -> dict[str, Any]:
     """``response.tool_call.error``: the last event of a call that did not complete (same error shape)."""
-    return {"type": TOOL_CALL_ERROR, "index": index, "item_id": item_id, "call_id": call_id,
-            "error": {"type": err.type, "code": err.code, "message": err.message}}
+    return {
+        "type": TOOL_CALL_ERROR,
+        "index": index,
+        "item_id": item_id,
+        "call_id": call_id,
+        "error": {"type": err.type, "code": err.code, "message": err.message},
+    }
 
 
 def usage(openai_usage: dict[str, Any]) -> dict[str, Any]:
@@ -118,9 +135,12 @@ def merge(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
     if kind == OUTPUT_TEXT_DELTA and len(first) == 3 and first["index"] == then["index"]:
         return {"type": kind, "index": first["index"], "delta": first["delta"] + then["delta"]}
     if (
-        kind == TOOL_CALL_DELTA and len(first) == 5 and first["index"] == then["index"]
-        and first["item_id"] == then["item_id"] and first["call_id"] == then["call_id"]
-    ):  # fmt: skip
+        kind == TOOL_CALL_DELTA
+        and len(first) == 5
+        and first["index"] == then["index"]
+        and first["item_id"] == then["item_id"]
+        and first["call_id"] == then["call_id"]
+    ):
         return {**first, "arguments_delta": first["arguments_delta"] + then["arguments_delta"]}
     return None
 

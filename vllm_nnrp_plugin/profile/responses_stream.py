@@ -49,7 +49,6 @@ from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events
 from vllm_nnrp_plugin.profile.tool_calls import ending_arguments, is_one_json_value
 
-
 #: the events that end a Response stream with the Response object: ``response.completed``, and
 #: ``response.incomplete`` (openai's ``ResponseIncompleteEvent``), which vLLM 0.33+ sends instead when the Response's
 #: status is ``incomplete`` (``max_output_tokens`` cut it; ``responses_stream_generator`` in
@@ -77,6 +76,7 @@ class ResponsesStreamMapper:
         Raises :class:`ProfileError` ``backend_error`` for vLLM's mid-stream error event.
         """
         kind = item.get("type")
+        call: _Call | None  # the function call the event names, None when none is known
         if _is_reasoning(item):
             return [events.output_text_delta(item["output_index"], "", item)]
         if kind == "response.output_text.delta":
@@ -114,10 +114,15 @@ class ResponsesStreamMapper:
         self._pending.clear()
         usage = response.get("usage")
         if usage:
-            out.append(events.usage({
-                "prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens"),
-                "total_tokens": usage.get("total_tokens"),
-            }))  # fmt: skip
+            out.append(
+                events.usage(
+                    {
+                        "prompt_tokens": usage.get("input_tokens"),
+                        "completion_tokens": usage.get("output_tokens"),
+                        "total_tokens": usage.get("total_tokens"),
+                    }
+                )
+            )
         return out
 
     def finish(self) -> list[dict[str, Any]]:
@@ -174,11 +179,17 @@ class _Call:
 
 def _invalid_arguments(call: _Call, cut: bool) -> E.ProfileError:
     if cut:
-        return E.ProfileError(E.TOOL_CALL_INCOMPLETE, f"generation stopped (token budget) before tool call "
-                              f"{call.call_id} was complete: its arguments are not one complete JSON value",
-                              E.SERVER_ERROR)  # fmt: skip
-    return E.ProfileError(E.TOOL_CALL_INVALID, f"tool call {call.call_id} has arguments that are not one complete "
-                          "JSON value", E.SERVER_ERROR)  # fmt: skip
+        return E.ProfileError(
+            E.TOOL_CALL_INCOMPLETE,
+            f"generation stopped (token budget) before tool call "
+            f"{call.call_id} was complete: its arguments are not one complete JSON value",
+            E.SERVER_ERROR,
+        )
+    return E.ProfileError(
+        E.TOOL_CALL_INVALID,
+        f"tool call {call.call_id} has arguments that are not one complete JSON value",
+        E.SERVER_ERROR,
+    )
 
 
 def _is_reasoning(item: dict[str, Any]) -> bool:
@@ -194,7 +205,9 @@ def _is_reasoning(item: dict[str, Any]) -> bool:
 def _stream_error(item: dict[str, Any]) -> E.ProfileError:
     """vLLM's streamed error: ``{"type": "error", "code", "message"}`` (the Responses error event) or
     ``{"error": {"message", "code"}}`` (its generic streaming error body); always ``backend_error``."""
-    error = item.get("error") if isinstance(item.get("error"), dict) else item
+    nested = item.get("error")
+    error = nested if isinstance(nested, dict) else item
     status = error.get("code")
-    return E.backend_error(str(error.get("message") or "backend error in Responses stream"),
-                           status if isinstance(status, int) else 500)
+    return E.backend_error(
+        str(error.get("message") or "backend error in Responses stream"), status if isinstance(status, int) else 500
+    )

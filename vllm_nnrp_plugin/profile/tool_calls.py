@@ -20,8 +20,9 @@ from typing import Any
 
 #: JSON-schema keywords that do not constrain which members an object has (annotations and the ones the
 #: empty-object rule checks itself)
-_OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "title", "description",
-                              "$schema"})  # fmt: skip
+_OBJECT_KEYWORDS = frozenset(
+    {"type", "properties", "required", "additionalProperties", "title", "description", "$schema"}
+)
 
 
 def is_one_json_value(text: str) -> bool:
@@ -51,7 +52,8 @@ def tools_without_required_arguments(tools: object) -> frozenset[str]:
     for tool in tools if isinstance(tools, list) else ():
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
             continue
-        declared = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        function = tool.get("function")
+        declared = function if isinstance(function, dict) else tool
         name = declared.get("name")
         if isinstance(name, str):
             verdicts[name] = verdicts.get(name, True) and _accepts_empty_object(declared.get("parameters"))

@@ -67,9 +67,14 @@ def received(frame_id: int, metadata: Any) -> TraceContext | None:
     ``TraceContextMetadata`` names): session scope for frame 0, operation scope for any other frame; ``None``
     when it is not eligible (a zero id: the frame is ignored)."""
     context = TraceContext(
-        metadata.trace_id, metadata.span_id, metadata.parent_span_id, metadata.stage_code, metadata.flags,
-        metadata.body_bytes, SESSION if frame_id == 0 else OPERATION,
-    )  # fmt: skip
+        metadata.trace_id,
+        metadata.span_id,
+        metadata.parent_span_id,
+        metadata.stage_code,
+        metadata.flags,
+        metadata.body_bytes,
+        SESSION if frame_id == 0 else OPERATION,
+    )
     return context if context.eligible else None
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_nnrp_plugin.adapter import Call
-from vllm_nnrp_plugin.controls import PRIORITY_CLASSES, RuntimeControls
+from vllm_nnrp_plugin.core.adapter import Call
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES, RuntimeControls
 from vllm_nnrp_plugin.errors import NNRPStartupError
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile.capabilities import runtime_document
@@ -30,7 +30,6 @@ from vllm_nnrp_plugin.vllm_binding.embeddings import EmbeddingsBinding
 from vllm_nnrp_plugin.vllm_binding.families import Binding, family_of
 from vllm_nnrp_plugin.vllm_binding.models import ModelsBinding
 from vllm_nnrp_plugin.vllm_binding.responses import ResponsesBinding
-
 
 #: how an operation's streams reach the profile mapper, for the start-up log: (label, on the lane with vLLM's
 #: parser, on the lane without one, off the lane — ``{}`` the reason; :mod:`.engine_lane`, :mod:`.responses_lane`)
@@ -53,15 +52,22 @@ STREAM_PATHS = {
 
 
 class VLLMBackend:
-    """:class:`vllm_nnrp_plugin.adapter.Backend` over ``app.state`` (its serving objects, ``engine_client``,
+    """:class:`vllm_nnrp_plugin.core.adapter.Backend` over ``app.state`` (its serving objects, ``engine_client``,
     ``openai_serving_models``) of vLLM ``vllm_version`` served by the line ``binding`` (the start-up gate's decision,
     :mod:`.gate`), serving
     ``operations`` (profile operation names; None: every operation the serving objects offer). Raises
     ``NNRPStartupError`` when ``operations`` names one this server does not serve, or what is served makes up
     no whole profile level."""
 
-    def __init__(self, state: Any, operations: tuple[str, ...] | None = None, *, vllm_version: str, binding: Binding,
-                 priorities: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self,
+        state: Any,
+        operations: tuple[str, ...] | None = None,
+        *,
+        vllm_version: str,
+        binding: Binding,
+        priorities: tuple[int, ...] | None = None,
+    ) -> None:
         self._engine = state.engine_client
         self._models = state.openai_serving_models
         #: vLLM ``priority`` by NNRP priority class, when the server schedules by priority (else ``None``)
@@ -110,11 +116,15 @@ class VLLMBackend:
     def priority_note(self) -> str:
         """What NNRP priority classes do on this server, for the start-up log."""
         if self.priorities is None:
-            return ("ignored: vLLM schedules first come, first served (start vllm serve with --scheduling-policy "
-                    "priority to use them)")
-        return "vLLM request priority " + ", ".join(
-            f"{name} {value}" for name, value in zip(PRIORITY_CLASSES, self.priorities, strict=True)
-        ) + " (a request body's own priority wins)"
+            return (
+                "ignored: vLLM schedules first come, first served (start vllm serve with --scheduling-policy "
+                "priority to use them)"
+            )
+        return (
+            "vLLM request priority "
+            + ", ".join(f"{name} {value}" for name, value in zip(PRIORITY_CLASSES, self.priorities, strict=True))
+            + " (a request body's own priority wins)"
+        )
 
     def model_ids(self) -> list[str]:
         """Served model names (``--served-model-name``, else ``--model``)."""
@@ -125,7 +135,11 @@ class VLLMBackend:
         return self._capabilities
 
     async def create(
-        self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+        self,
+        operation: str,
+        body: dict[str, Any],
+        request_id: str,
+        traceparent: str | None = None,
         controls: RuntimeControls | None = None,
     ) -> Call:
         """Run ``operation`` through its binding (the adapter only dispatches advertised operations)."""

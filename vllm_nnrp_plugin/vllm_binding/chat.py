@@ -4,7 +4,7 @@
 ``app.state.openai_serving_chat.create_chat_completion(request, raw_request)`` — the object behind
 ``/v1/chat/completions`` — returns an ``ErrorResponse``, a ``ChatCompletionResponse``, or an async generator
 of ``"data: <json>\\n\\n"`` strings ending with ``data: [DONE]``; it may also raise. All four outcomes map to
-:class:`~vllm_nnrp_plugin.adapter.Call` or :class:`ProfileError`. The engine knows the request as
+:class:`~vllm_nnrp_plugin.core.adapter.Call` or :class:`ProfileError`. The engine knows the request as
 ``"chatcmpl-" + request_id``.
 
 A stream takes the engine lane (:mod:`.engine_lane`) where it can: vLLM formats its first, finish and usage
@@ -24,11 +24,11 @@ import inspect
 import typing
 from typing import Any
 
-from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.core.adapter import Call
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE
 from vllm_nnrp_plugin.profile.capabilities import chat_operation
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_body, vllm_chunks
-from vllm_nnrp_plugin.controls import RuntimeControls
 from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, has_parser, lane_serving, serving_fits
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 from vllm_nnrp_plugin.vllm_binding.families import Binding, has_tool_parser
@@ -72,7 +72,11 @@ class ChatBinding:
         cases = chat_cases(model, has_tool_parser(self._serving))
         off = await prove(self._serving, cases, self._run_case, CHAT_COMPLETIONS_CREATE)
         if off is not None:
-            self.lane_off, self.lane_parser, self._views = f"the start-up self-check failed: {off}", False, self._vllm_views
+            self.lane_off, self.lane_parser, self._views = (
+                f"the start-up self-check failed: {off}",
+                False,
+                self._vllm_views,
+            )
 
     async def _run_case(self, body: dict[str, Any], request_id: str, lane: bool, engine: Any) -> Call:
         return await self._create(self._lane_views if lane else self._vllm_views, body, request_id, None, None, engine)
@@ -82,8 +86,13 @@ class ChatBinding:
         vLLM refuses ``--enable-auto-tool-choice`` without one): only then does it answer ``tool_choice``."""
         return chat_operation(tool_calls=has_tool_parser(self._serving))
 
-    async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None,
-                     controls: RuntimeControls | None = None) -> Call:
+    async def create(
+        self,
+        body: dict[str, Any],
+        request_id: str,
+        traceparent: str | None = None,
+        controls: RuntimeControls | None = None,
+    ) -> Call:
         """Validate ``body`` as vLLM's ``ChatCompletionRequest`` and run it under ``request_id``, with
         ``traceparent`` (W3C header value) as the parent of vLLM's span when given, steered by the operation's
         runtime ``controls`` (priority, token budget: :func:`~.serving.with_controls`, :mod:`.engine_tap`).
@@ -99,8 +108,15 @@ class ChatBinding:
         """
         return await self._create(self._views, body, request_id, traceparent, controls)
 
-    async def _create(self, views: Any, body: dict[str, Any], request_id: str, traceparent: str | None,
-                      controls: RuntimeControls | None, engine: Any = None) -> Call:
+    async def _create(
+        self,
+        views: Any,
+        body: dict[str, Any],
+        request_id: str,
+        traceparent: str | None,
+        controls: RuntimeControls | None,
+        engine: Any = None,
+    ) -> Call:
         """:meth:`create` on the views ``views`` (``engine``: the engine client to run on, vLLM's when ``None``)."""
         body = with_controls(body, controls, self._priorities, _MAX_TOKENS)
         request = validate(self._request_cls.model_validate, {**body, "request_id": request_id}, self.name)
@@ -110,12 +126,13 @@ class ChatBinding:
                 include_usage=True,
                 continuous_usage_stats=bool(asked and asked.continuous_usage_stats) or (request.n or 1) > 1,
             )
-        result = await call_serving(views(controls, engine), "create_chat_completion", request, traceparent,
-                                    "/v1/chat/completions")
+        result = await call_serving(
+            views(controls, engine), "create_chat_completion", request, traceparent, "/v1/chat/completions"
+        )
         if result.__class__ is EngineStream:
             return Call(stream=result.items(self._token_budget(request)))
         if inspect.isasyncgen(result):
-            return Call(stream=vllm_chunks(result, self._token_budget(request)))
+            return Call(stream=vllm_chunks(result, self._token_budget(request)))  # type: ignore[arg-type]  # of SSE str
         if hasattr(result, "choices"):
             return Call(body=normalise_body(result.model_dump(mode="json")))
         raise error_from_response(result)
@@ -131,7 +148,8 @@ class ChatBinding:
         return TokenBudget(min(caps) if caps else None, getattr(model_config, "max_model_len", None))
 
     def engine_request_id(self, request_id: str) -> str:
-        """``chatcmpl-`` + ``request_id`` (``OpenAIServingChat.create_chat_completion`` prefixes ``request.request_id``)."""
+        """``chatcmpl-`` + ``request_id`` (``OpenAIServingChat.create_chat_completion`` prefixes
+        ``request.request_id``)."""
         return f"chatcmpl-{request_id}"
 
     def engine_request_ids(self, request_id: str) -> list[str]:

@@ -129,13 +129,13 @@ class VLLMStream:
                 return [TextDelta(lane.index, text, lane.template)]
         # vLLM's generator yields one "data: <json>\n\n" per chunk: that shape is parsed without splitting
         if item.startswith(_DATA) and item.endswith("\n\n") and item.count("\n") == 2:
-            return self._line(item[len(_DATA):-2].rstrip("\r"))
+            return self._line(item[len(_DATA) : -2].rstrip("\r"))
         out: list[Item] = []
         # SSE lines end at "\n"; not str.splitlines(), which also breaks at U+0085, U+2028 and U+2029,
         # characters JSON text carries unescaped (model_dump_json leaves them as they are)
         for line in item.split("\n"):
             if not self.done and line.startswith(_DATA):
-                out.extend(self._line(line[len(_DATA):].rstrip("\r")))
+                out.extend(self._line(line[len(_DATA) :].rstrip("\r")))
         return out
 
     def _line(self, data: str) -> list[Item]:
@@ -155,7 +155,7 @@ class VLLMStream:
     def end(self) -> list[Item]:
         """The chunks still held back (the stream ended without the usage they waited for)."""
         held, self._held = self._held, []
-        return held
+        return held  # type: ignore[return-value]  # handed over, not shared: a list of chunks is one of items
 
     def _truthful(self, chunk: Chunk) -> list[Item]:
         choices = chunk.get("choices")
@@ -198,8 +198,12 @@ def _is_middle(chunk: Chunk) -> bool:
         return False
     (choice,) = choices
     delta = choice.get("delta") if isinstance(choice, dict) else None
-    return (isinstance(delta, dict) and "role" not in delta and choice.get("logprobs") is None
-            and choice.get("finish_reason") is None)
+    return (
+        isinstance(delta, dict)
+        and "role" not in delta
+        and choice.get("logprobs") is None
+        and choice.get("finish_reason") is None
+    )
 
 
 class _TextLane:
@@ -225,11 +229,15 @@ class _TextLane:
         if not isinstance(choices, list) or len(choices) != 1 or chunk.get("usage") is not None:
             return None
         (choice,) = choices
-        if not isinstance(choice, dict) or choice.get("logprobs") is not None or choice.get("finish_reason") is not None:
+        if (
+            not isinstance(choice, dict)
+            or choice.get("logprobs") is not None
+            or choice.get("finish_reason") is not None
+        ):
             return None
         delta = choice.get("delta")
         content = delta.get("content") if isinstance(delta, dict) else None
-        if not isinstance(content, str) or not content or len(delta) != 1:  # type: ignore[arg-type]
+        if not isinstance(content, str) or not content or len(delta) != 1:  # type: ignore[arg-type]  # a str content came from a dict delta
             return None
         start = data.find(cls._MARK)
         if start < 0:
@@ -246,7 +254,7 @@ class _TextLane:
         if len(item) <= self._start + self._end or not (item.startswith(self.head) and item.endswith(self.tail)):
             return None
         try:
-            text = orjson.loads(item[self._start:len(item) - self._end])
+            text = orjson.loads(item[self._start : len(item) - self._end])
         except orjson.JSONDecodeError:
             return None
         return text if text.__class__ is str and text else None
@@ -254,7 +262,7 @@ class _TextLane:
 
 def _string_end(data: str, start: int) -> int | None:
     """The index after the JSON string that starts at ``data[start]`` (``None``: no string starts there)."""
-    if data[start:start + 1] != '"':
+    if data[start : start + 1] != '"':
         return None
     at = start + 1
     while (at := data.find('"', at)) >= 0:

@@ -34,8 +34,14 @@ class HandOverParser:
         self.skip = 0
         self.tool_call_seen = False
 
-    def parse_delta(self, delta_text: str, delta_token_ids: list[int], request: Any,
-                    prompt_token_ids: list[int] | None = None, **kwargs: Any) -> Any:
+    def parse_delta(
+        self,
+        delta_text: str,
+        delta_token_ids: list[int],
+        request: Any,
+        prompt_token_ids: list[int] | None = None,
+        **kwargs: Any,
+    ) -> Any:
         error = self.error
         if error is not None:
             self.error = None
@@ -45,7 +51,7 @@ class HandOverParser:
             self.pending = None
         else:
             if self.skip:
-                delta_token_ids, self.skip = delta_token_ids[self.skip:], 0
+                delta_token_ids, self.skip = delta_token_ids[self.skip :], 0
             delta = self.parser.parse_delta(delta_text, delta_token_ids, request, prompt_token_ids, **kwargs)
         if delta is not None and delta.tool_calls:
             self.tool_call_seen = True

@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin.adapter import Call
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.adapter import Call
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import EMBEDDINGS_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation
@@ -71,12 +71,20 @@ class EmbeddingsBinding:
         if dimensions and model_config.matryoshka_dimensions:
             dimensions = list(model_config.matryoshka_dimensions)
         return operation(
-            EMBEDDINGS_CREATE, streaming=False, non_streaming=True,
-            encoding_formats=list(ENCODING_FORMATS), dimensions=dimensions,
-        )  # fmt: skip
+            EMBEDDINGS_CREATE,
+            streaming=False,
+            non_streaming=True,
+            encoding_formats=list(ENCODING_FORMATS),
+            dimensions=dimensions,
+        )
 
-    async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None,
-                     controls: RuntimeControls | None = None) -> Call:
+    async def create(
+        self,
+        body: dict[str, Any],
+        request_id: str,
+        traceparent: str | None = None,
+        controls: RuntimeControls | None = None,
+    ) -> Call:
         """Validate ``body`` as vLLM's ``EmbeddingRequest`` and run it under ``request_id`` (engine ids
         ``embd-<request_id>-<i>``), with ``traceparent`` (W3C header value) as the parent of vLLM's span, at the
         ``priority`` of the operation's class (:func:`~.serving.with_controls`; no token budget applies).

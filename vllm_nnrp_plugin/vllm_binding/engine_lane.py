@@ -57,7 +57,7 @@ import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile.chat_stream import TextDelta
 from vllm_nnrp_plugin.vllm_binding.chunk_shapes import Chunk, Item, TokenBudget, VLLMStream
 from vllm_nnrp_plugin.vllm_binding.driven_generator import Feed, HandOverParser, Pump
@@ -129,8 +129,9 @@ def lane_serving(serving: Any) -> Callable[[RuntimeControls | None], Any]:
     vllm_generator = type(serving).chat_completion_stream_generator
     parser = has_parser(serving)
 
-    def chat_completion_stream_generator(self: Any, request: Any, result_generator: Any, *args: Any,
-                                         **kwargs: Any) -> Any:
+    def chat_completion_stream_generator(
+        self: Any, request: Any, result_generator: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         if not request_fits(request, parser):
             return vllm_generator(self, request, result_generator, *args, **kwargs)
         feed = Feed()
@@ -235,8 +236,14 @@ class EngineStream:
 
     __slots__ = ("_pump", "_outputs", "_feed", "_turn", "_report")
 
-    def __init__(self, strings: AsyncGenerator[str, None], outputs: AsyncIterator[Any], feed: Feed,
-                 turn: _ParserTurn | None = None, report: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        strings: AsyncGenerator[str, None],
+        outputs: AsyncIterator[Any],
+        feed: Feed,
+        turn: _ParserTurn | None = None,
+        report: Callable[[int], None] | None = None,
+    ) -> None:
         self._pump = Pump(strings)
         self._outputs = outputs
         self._feed = feed
@@ -280,8 +287,12 @@ class EngineStream:
                         wrapper = middle.parser
                         try:
                             delta = wrapper.parser.parse_delta(
-                                completion.text, ids, turn.request,  # type: ignore[union-attr]
-                                output.prompt_token_ids, finished=False)
+                                completion.text,
+                                ids,
+                                turn.request,  # type: ignore[union-attr]  # a parser middle comes with its turn
+                                output.prompt_token_ids,
+                                finished=False,
+                            )
                         except Exception as exc:  # vLLM's generator reports it, as when its own parse raises
                             wrapper.error = exc
                         else:

@@ -6,17 +6,18 @@ sampling_params, request_id, …)`` (``vllm/entrypoints/openai/chat_completion/s
 on ``AsyncLLM.generate`` 0.18–0.32, ``vllm/v1/engine/async_llm.py``) and read its ``RequestOutput`` objects.
 :func:`view_maker` makes, per request, an object that shares the serving object's state (its ``__dict__``) and
 methods but whose ``engine_client`` is an :class:`_TappedEngine` for that request's
-:class:`~vllm_nnrp_plugin.controls.RuntimeControls`. vLLM's own HTTP routes keep the serving object itself:
+:class:`~vllm_nnrp_plugin.core.controls.RuntimeControls`. vLLM's own HTTP routes keep the serving object itself:
 nothing in vLLM is patched. The tapped ``generate`` hands every output on unchanged, and on the way:
 
 * the first output marks the request started in the engine (``engine_started``) and gives its prefix-cache hits
   (``RequestOutput.num_cached_tokens``, reported whatever ``--enable-prompt-tokens-details`` says);
 * with a token budget (a BUDGET_UPDATE after dispatch), the first output that brings the request's output tokens
-  to the budget ends it: a copy of that output is handed on as the engine's last, ``finish_reason`` ``length`` — what the
-  engine itself reports when ``max_tokens`` ends a request (``vllm/v1/core/sched/utils.py`` ``check_stop``) — so
+  to the budget ends it: a copy of that output is handed on as the engine's last, ``finish_reason`` ``length`` — what
+  the engine itself reports when ``max_tokens`` ends a request (``vllm/v1/core/sched/utils.py`` ``check_stop``) — so
   vLLM's own generator writes the finish chunk and usage, and the engine request is aborted first
   (``AsyncLLM.abort``) when the operation's lifecycle says so (its ``BUDGET`` input:
-  :meth:`~vllm_nnrp_plugin.controls.RuntimeControls.end_at_budget`). Outputs count by request: a request of one choice streamed with ``DELTA`` or
+  :meth:`~vllm_nnrp_plugin.core.controls.RuntimeControls.end_at_budget`). Outputs count by request: a request of one
+  choice streamed with ``DELTA`` or
   ``CUMULATIVE`` outputs; a non-streaming request (``FINAL_ONLY``: one output at the end) or one of ``n`` > 1
   choices takes a budget only before dispatch. An output that carries several tokens (speculative decoding)
   is kept whole, so such a stream may end a few tokens past the budget.
@@ -28,7 +29,7 @@ import copy
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 
 
 def view_maker(serving: Any, namespace: dict[str, Any] | None = None) -> Callable[[RuntimeControls | None], Any]:
@@ -45,7 +46,7 @@ def view_maker(serving: Any, namespace: dict[str, Any] | None = None) -> Callabl
     view_cls = type(base.__name__, (base,), body)
 
     def make(controls: RuntimeControls | None = None, engine: Any = None) -> Any:
-        view = object.__new__(view_cls)
+        view: Any = object.__new__(view_cls)  # a view of vLLM's serving object
         view.__dict__ = serving.__dict__
         if controls is None:
             view._nnrp_engine = engine
@@ -90,8 +91,9 @@ def _counting(sampling_params: Any) -> int:
     return {RequestOutputKind.DELTA: 1, RequestOutputKind.CUMULATIVE: 2}.get(kind, 0)
 
 
-async def _tapped(outputs: Any, engine: Any, request_id: str, counting: int,
-                  controls: RuntimeControls) -> AsyncIterator[Any]:
+async def _tapped(
+    outputs: Any, engine: Any, request_id: str, counting: int, controls: RuntimeControls
+) -> AsyncIterator[Any]:
     """``outputs`` handed on (module docstring); closing this generator closes ``outputs`` (vLLM's ``generate``
     aborts an unfinished request when closed)."""
     produced = 0

@@ -35,9 +35,27 @@ from vllm_nnrp_plugin.vllm_binding.lines.surface import (
     family_of,
 )
 
-__all__ = ["API_SERVER_MAIN_MODULES", "BINDINGS", "ENDPOINT_PLUGIN", "MIDDLEWARE", "MIDDLEWARE_FLAG", "MIDDLEWARE_PATH",
-           "Binding", "Surface", "api_keys", "binding_for", "family_of", "has_tool_parser", "is_untested", "line_name",
-           "read_surface", "responses_lane_off", "responses_stream_fails", "select_binding", "stream_parser_off"]
+__all__ = [
+    "API_SERVER_MAIN_MODULES",
+    "BINDINGS",
+    "ENDPOINT_PLUGIN",
+    "MIDDLEWARE",
+    "MIDDLEWARE_FLAG",
+    "MIDDLEWARE_PATH",
+    "Binding",
+    "Surface",
+    "api_keys",
+    "binding_for",
+    "family_of",
+    "has_tool_parser",
+    "is_untested",
+    "line_name",
+    "read_surface",
+    "responses_lane_off",
+    "responses_stream_fails",
+    "select_binding",
+    "stream_parser_off",
+]
 
 DISABLE_HINT = (
     'or disable NNRP (remove nnrp from VLLM_PLUGINS and --middleware, or set "nnrp": {"enabled": false} in '
@@ -91,10 +109,19 @@ def select_binding(surface: Surface, allow_untested: bool = False) -> Binding:
     if binding is None:
         lines = ", ".join(line_ranges(sorted(f for b in BINDINGS for f in b.families)))
         untested = UNTESTED_LINES.get(family)
-        why = (f"is not yet tested: {untested}" if untested is not None
-               else f"is not supported: this release has bindings for the {lines} lines only")
-        opt_in = (f', set "nnrp": {{"allow_untested_vllm": true}} in --additional-config to run it on the '
-                  f"{BINDINGS[-1].name} binding behind its start-up self-checks") if is_untested(family) else ""
+        why = (
+            f"is not yet tested: {untested}"
+            if untested is not None
+            else f"is not supported: this release has bindings for the {lines} lines only"
+        )
+        opt_in = (
+            (
+                f', set "nnrp": {{"allow_untested_vllm": true}} in --additional-config to run it on the '
+                f"{BINDINGS[-1].name} binding behind its start-up self-checks"
+            )
+            if is_untested(family)
+            else ""
+        )
         raise NNRPStartupError(
             f"vllm-nnrp-plugin: vLLM {surface.version} {why} (tested anchors: {anchors}). Fix: install one of "
             f"the tested anchors{opt_in}, {DISABLE_HINT}."
@@ -163,7 +190,6 @@ def has_tool_parser(serving: object) -> bool:
     return parser is not None and getattr(parser, "tool_parser_cls", None) is not None
 
 
-
 def stream_parser_off(serving: object, binding: Binding) -> str | None:
     """Why the chat engine lane cannot drive the tool-call or reasoning parser of vLLM's chat serving object
     ``serving`` on ``binding``'s lines (``None``: it may, once its start-up self-check passes, :mod:`.self_check`):
@@ -186,9 +212,20 @@ def stream_parser_off(serving: object, binding: Binding) -> str | None:
 
 #: the parameters of ``OpenAIServingResponses._process_simple_streaming_events`` the Responses lane takes, in vLLM's
 #: order (0.22–0.34; ``vllm/entrypoints/openai/responses/serving.py``)
-RESPONSES_PROCESSOR_PARAMETERS = ("self", "request", "sampling_params", "result_generator", "context", "model_name",
-                                  "tokenizer", "request_metadata", "created_time",
-                                  "_increment_sequence_number_and_return")  # fmt: skip
+RESPONSES_PROCESSOR_PARAMETERS = (
+    "self",
+    "request",
+    "sampling_params",
+    "result_generator",
+    "context",
+    "model_name",
+    "tokenizer",
+    "request_metadata",
+    "created_time",
+    "_increment_sequence_number_and_return",
+)
+
+
 def responses_lane_off(serving: object, binding: Binding) -> str | None:
     """Why the Responses lane (:mod:`.responses_lane`) cannot drive the Responses streams of vLLM's serving object
     ``serving`` (``OpenAIServingResponses``) on ``binding``'s lines (``None``: it may, once its start-up self-check

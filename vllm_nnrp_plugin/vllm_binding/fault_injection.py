@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vllm_nnrp_plugin.adapter import Backend, Call
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.adapter import Backend, Call
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import errors as E
 
 logger = logging.getLogger(__name__)
@@ -34,13 +34,19 @@ class BackendErrorInjector:
         return self._backend.capabilities()
 
     async def create(
-        self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+        self,
+        operation: str,
+        body: dict[str, Any],
+        request_id: str,
+        traceparent: str | None = None,
         controls: RuntimeControls | None = None,
     ) -> Call:
         """Raises :class:`ProfileError` ``backend_error`` for :attr:`model`, else delegates."""
         if body.get("model") == self.model:
-            raise E.backend_error(f"injected backend failure for model {self.model!r} "
-                                  "(nnrp.fault_injection_backend_error_model, test only)")
+            raise E.backend_error(
+                f"injected backend failure for model {self.model!r} "
+                "(nnrp.fault_injection_backend_error_model, test only)"
+            )
         return await self._backend.create(operation, body, request_id, traceparent, controls)
 
     def engine_request_id(self, operation: str, request_id: str) -> str:

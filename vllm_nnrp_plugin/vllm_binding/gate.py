@@ -46,8 +46,10 @@ from vllm_nnrp_plugin.vllm_binding.families import (
 HEADLESS_FLAG = "--headless"
 NO_API_SERVER_FLAGS = (HEADLESS_FLAG, "--grpc")
 #: the start-up line of a ``--headless`` node with NNRP enabled (the same environment is usually set on every node)
-HEADLESS_NOTE = ("NNRP runs where vLLM's API server runs: this --headless node serves no API, so NNRP does nothing "
-                 "here (it listens on the node that runs vllm serve without --headless)")
+HEADLESS_NOTE = (
+    "NNRP runs where vLLM's API server runs: this --headless node serves no API, so NNRP does nothing "
+    "here (it listens on the node that runs vllm serve without --headless)"
+)
 RUST_FRONTEND_ENV = "VLLM_USE_RUST_FRONTEND"
 logger = logging.getLogger("vllm.nnrp")  # vLLM's logger's handlers: this runs at argument parsing, before ours exist
 ENDPOINT_PLUGIN_FIX = "export VLLM_PLUGINS=nnrp (or add nnrp to the list it already holds)"
@@ -114,7 +116,8 @@ def startup_check(environ: Mapping[str, str], argv: Sequence[str], surface: Surf
 
     Raises :class:`NNRPStartupError` for a vLLM without a binding or failing its probes
     (:func:`select_binding`), a mode where NNRP is wanted but cannot attach (``--grpc``,
-    ``VLLM_USE_RUST_FRONTEND``: the API is served by something else in this process), invalid settings or listen addresses, or no attach path (0.18/0.22 without the
+    ``VLLM_USE_RUST_FRONTEND``: the API is served by something else in this process), invalid settings or listen
+    addresses, or no attach path (0.18/0.22 without the
     ``--middleware`` flag; 0.26–0.32 with neither ``VLLM_PLUGINS=nnrp`` nor the flag) — each with the exact fix.
     """
     block = _nnrp_block(argv)
@@ -215,5 +218,5 @@ def _flag_values(argv: Sequence[str], flags: tuple[str, ...]) -> list[tuple[str,
             if arg == flag and i + 1 < len(argv):
                 found.append((flag, argv[i + 1]))
             elif arg.startswith(flag + "="):
-                found.append((flag, arg[len(flag) + 1:]))
+                found.append((flag, arg[len(flag) + 1 :]))
     return found

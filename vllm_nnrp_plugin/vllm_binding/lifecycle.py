@@ -41,8 +41,8 @@ def claim(state: Any, attach_path: str) -> bool:
 
 
 async def start_service(state: Any, attach_path: str) -> None:
-    """Start the NNRP service (listeners, sessions, the backend of every operation the server serves) on ``state`` (vLLM's complete
-    ``app.state``) and keep it there.
+    """Start the NNRP service (listeners, sessions, the backend of every operation the server serves) on ``state``
+    (vLLM's complete ``app.state``) and keep it there.
 
     Settings: ``state.vllm_config.additional_config["nnrp"]`` plus the environment (:func:`load_config`); the
     middleware path counts as enabling unless ``nnrp.enabled`` is explicitly false. The vLLM version and family
@@ -67,23 +67,32 @@ async def start_service(state: Any, attach_path: str) -> None:
     # the standalone /metrics (nnrp.metrics_listen) is served once, by rank 0, from the registry that
     # aggregates every rank (vLLM sets PROMETHEUS_MULTIPROC_DIR when it runs several API servers)
     config = attrs.evolve(
-        config, listen=rank_listen(config.listen, rank, count), metrics_listen=config.metrics_listen if rank == 0 else None
+        config,
+        listen=rank_listen(config.listen, rank, count),
+        metrics_listen=config.metrics_listen if rank == 0 else None,
     )
     if config.max_in_flight_per_session is None:  # a session's credit: what vLLM's scheduler runs at once
         config = attrs.evolve(config, max_in_flight_per_session=state.vllm_config.scheduler_config.max_num_seqs)
     keys = _keys(state, config)
-    backend = VLLMBackend(state, config.operations, vllm_version=decision.vllm_version, binding=decision.binding,
-                          priorities=config.vllm_priorities())
+    backend = VLLMBackend(
+        state,
+        config.operations,
+        vllm_version=decision.vllm_version,
+        binding=decision.binding,
+        priorities=config.vllm_priorities(),
+    )
     await backend.prove_lanes()
     served = with_fault_injection(backend, config.fault_injection_backend_error_model)  # test only, off by default
     service = NNRPService(config, served, asyncio.get_running_loop(), keys=keys)
     bound = await service.start()
     setattr(state, _SERVICE, service)
     undo = stop_before_engine_shutdown(
-        state.engine_client, asyncio.get_running_loop(), service.drain,
+        state.engine_client,
+        asyncio.get_running_loop(),
+        service.drain,
         grace_s=config.drain_timeout_ms / 1000,  # running operations finish first (nnrp.drain_timeout_ms)
         killed_at_timeout=count > 1,
-    )  # fmt: skip
+    )
     setattr(state, _UNDO_SHUTDOWN_HOOK, undo)
     logger.info(
         "NNRP listening on %s (vLLM %s, binding %s, attach path %s, API server %d of %d, models: %s)",
@@ -102,7 +111,8 @@ async def start_service(state: Any, attach_path: str) -> None:
             "NNRP runs on vLLM %s, a line newer than every one this release was tested on (nnrp.allow_untested_vllm "
             "is true): the %s binding's start-up probes passed and the engine lanes kept above passed their "
             "self-checks on this vLLM, but nothing else of this line was tested",
-            decision.vllm_version, decision.binding.name,
+            decision.vllm_version,
+            decision.binding.name,
         )
     logger.info("NNRP priority classes: %s", backend.priority_note())
     if service.metrics_address is not None:
@@ -123,7 +133,8 @@ def _keys(state: Any, config: NNRPConfig) -> APIKeys | None:
         return None
     logger.info(
         "NNRP requires vLLM's API key (%d configured; --api-key / VLLM_API_KEY) on tcp://, nnrps://, ws://, "
-        "wss:// and quic://; unix:// sockets are authenticated by their file permissions; nnrp-py's native client cannot send a "
+        "wss:// and quic://; unix:// sockets are authenticated by their file permissions; "
+        "nnrp-py's native client cannot send a "
         "key and is refused",
         len(keys),
     )

@@ -1,4 +1,5 @@
-"""The explicit-configuration attach path: ``vllm serve --middleware vllm_nnrp_plugin.vllm_binding.middleware.NNRPMiddleware``.
+"""The explicit-configuration attach path:
+``vllm serve --middleware vllm_nnrp_plugin.vllm_binding.middleware.NNRPMiddleware``.
 
 vLLM 0.18 and 0.22 have no API-server plugin hook; their documented ``--middleware`` flag (also on 0.26 to 0.32,
 also ``middleware: <path>`` in a ``--config`` YAML file) makes vLLM call ``app.add_middleware(NNRPMiddleware)``.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_nnrp_plugin.adapter import Call
+from vllm_nnrp_plugin.core.adapter import Call
 from vllm_nnrp_plugin.profile import MODELS_LIST
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation
@@ -34,8 +34,9 @@ class ModelsBinding:
         """The capability entry: non-streaming only; nothing to cancel (the answer is immediate)."""
         return operation(MODELS_LIST, streaming=False, non_streaming=True, cancellation=False)
 
-    async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None,
-                     controls: Any = None) -> Call:
+    async def create(
+        self, body: dict[str, Any], request_id: str, traceparent: str | None = None, controls: Any = None
+    ) -> Call:
         """vLLM's ``ModelList`` as a dict (JSON types, as ``GET /v1/models`` sends it; no engine request, so
         ``controls`` steer nothing).
 

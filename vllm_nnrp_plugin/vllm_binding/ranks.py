@@ -45,6 +45,7 @@ def _for_rank(uri: str, rank: int, count: int) -> str:
     if parts.scheme == "unix":
         path = pathlib.PurePosixPath(parts.path)
         return f"unix://{path.with_name(f'{path.stem}-{rank}{path.suffix}')}"
+    assert parts.port is not None and parts.hostname is not None  # load_config refused a TCP URI without them
     port = parts.port + rank
     if port > MAX_PORT:
         raise RankAddressError(

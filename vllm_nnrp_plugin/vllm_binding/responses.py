@@ -30,8 +30,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from vllm_nnrp_plugin.adapter import Call
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.adapter import Call
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import operation
@@ -54,8 +54,9 @@ class ResponsesBinding:
 
     name = RESPONSES_CREATE
 
-    def __init__(self, serving: Any, family: tuple[int, int], binding: Binding,
-                 priorities: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self, serving: Any, family: tuple[int, int], binding: Binding, priorities: tuple[int, ...] | None = None
+    ) -> None:
         from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
         self._request_cls = ResponsesRequest
@@ -85,13 +86,22 @@ class ResponsesBinding:
         cases = responses_cases(model, self._tool_parser)
         off = await prove(self._serving, cases, self._run_case, RESPONSES_CREATE)
         if off is not None:
-            self.lane_off, self.lane_parser, self._views = f"the start-up self-check failed: {off}", False, self._vllm_views
+            self.lane_off, self.lane_parser, self._views = (
+                f"the start-up self-check failed: {off}",
+                False,
+                self._vllm_views,
+            )
 
     async def _run_case(self, body: dict[str, Any], request_id: str, lane: bool, engine: Any) -> Call:
         return await self._create(self._lane_views if lane else self._vllm_views, body, request_id, None, None, engine)
 
-    async def create(self, body: dict[str, Any], request_id: str, traceparent: str | None = None,
-                     controls: RuntimeControls | None = None) -> Call:
+    async def create(
+        self,
+        body: dict[str, Any],
+        request_id: str,
+        traceparent: str | None = None,
+        controls: RuntimeControls | None = None,
+    ) -> Call:
         """Validate ``body`` as vLLM's ``ResponsesRequest`` and run it under ``resp_<request_id>``, with
         ``traceparent`` (W3C header value) as the parent of vLLM's span when given, steered by the operation's
         runtime ``controls`` (priority, token budget as ``max_output_tokens``: :func:`~.serving.with_controls`,
@@ -103,20 +113,33 @@ class ResponsesBinding:
         """
         return await self._create(self._views, body, request_id, traceparent, controls)
 
-    async def _create(self, views: Any, body: dict[str, Any], request_id: str, traceparent: str | None,
-                      controls: RuntimeControls | None, engine: Any = None) -> Call:
+    async def _create(
+        self,
+        views: Any,
+        body: dict[str, Any],
+        request_id: str,
+        traceparent: str | None,
+        controls: RuntimeControls | None,
+        engine: Any = None,
+    ) -> Call:
         """:meth:`create` on the views ``views`` (``engine``: the engine client to run on, vLLM's when ``None``)."""
         body = with_controls(body, controls, self._priorities, ("max_output_tokens",))
         request = validate(self._request_cls.model_validate, {**body, "request_id": f"resp_{request_id}"}, self.name)
         if request.background:
-            raise E.ProfileError(E.INVALID_REQUEST, "background responses are not served over NNRP: the operation "
-                                 "is the request (cancel it, or set nnrp.timeout_ms)")  # fmt: skip
+            raise E.ProfileError(
+                E.INVALID_REQUEST,
+                "background responses are not served over NNRP: the operation "
+                "is the request (cancel it, or set nnrp.timeout_ms)",
+            )
         if responses_stream_fails(self._family, body, self._tool_parser):
-            raise E.ProfileError(E.INVALID_REQUEST, f"vLLM {self._family[0]}.{self._family[1]}.x cannot stream a "
-                                 "response whose text format is a JSON schema (text.format json_schema, or the "
-                                 "schema of the calls a tool_choice of \"required\" or a named function forces): "
-                                 "its stream fails before its first event. Send it with stream: false, or serve "
-                                 "it with vLLM 0.22 or later")  # fmt: skip
+            raise E.ProfileError(
+                E.INVALID_REQUEST,
+                f"vLLM {self._family[0]}.{self._family[1]}.x cannot stream a "
+                "response whose text format is a JSON schema (text.format json_schema, or the "
+                'schema of the calls a tool_choice of "required" or a named function forces): '
+                "its stream fails before its first event. Send it with stream: false, or serve "
+                "it with vLLM 0.22 or later",
+            )
         result = await call_serving(views(controls, engine), "create_responses", request, traceparent, "/v1/responses")
         if inspect.isasyncgen(result):
             return Call(stream=_event_dicts(result))

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.vllm_binding.driven_generator import Feed, HandOverParser, Pump
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 
@@ -62,9 +62,18 @@ def responses_lane_serving(serving: Any) -> Callable[[RuntimeControls | None], A
     otherwise. ``serving`` itself is not changed: vLLM's HTTP routes keep using it."""
     vllm_processor = type(serving)._process_simple_streaming_events
 
-    def _process_simple_streaming_events(self: Any, request: Any, sampling_params: Any, result_generator: Any,
-                                         context: Any, model_name: Any, tokenizer: Any, request_metadata: Any,
-                                         created_time: Any, _increment_sequence_number_and_return: Any) -> Any:  # fmt: skip
+    def _process_simple_streaming_events(
+        self: Any,
+        request: Any,
+        sampling_params: Any,
+        result_generator: Any,
+        context: Any,
+        model_name: Any,
+        tokenizer: Any,
+        request_metadata: Any,
+        created_time: Any,
+        _increment_sequence_number_and_return: Any,
+    ) -> Any:
         rest = (model_name, tokenizer, request_metadata, created_time, _increment_sequence_number_and_return)
         if not request_fits(request):
             return vllm_processor(self, request, sampling_params, result_generator, context, *rest)
@@ -89,9 +98,15 @@ class _Numbered:
         self.sequence_number = -1
 
 
-async def _lane(events: AsyncGenerator[Any, None], contexts: AsyncIterator[Any], feed: Feed,
-                parser: HandOverParser | None, request: Any, number: Callable[[Any], Any],
-                report: Callable[[int], None] | None = None) -> AsyncIterator[Any]:  # fmt: skip
+async def _lane(
+    events: AsyncGenerator[Any, None],
+    contexts: AsyncIterator[Any],
+    feed: Feed,
+    parser: HandOverParser | None,
+    request: Any,
+    number: Callable[[Any], Any],
+    report: Callable[[int], None] | None = None,
+) -> AsyncIterator[Any]:
     """The Responses events of one stream (module docstring): vLLM's processor ``events`` reading ``feed``, the
     contexts ``contexts`` (vLLM's ``result_generator``), the request's ``parser`` (``None``: the server has none)
     and vLLM's ``number`` (``_increment_sequence_number_and_return``). Closing this generator, or reaching its end,
@@ -123,10 +138,15 @@ async def _lane(events: AsyncGenerator[Any, None], contexts: AsyncIterator[Any],
                     else:
                         ids = output.token_ids
                         try:
-                            delta = parse(output.text, ids if ids.__class__ is list else list(ids), request,
-                                          last.prompt_token_ids, finished=False)  # fmt: skip
+                            delta = parse(
+                                output.text,
+                                ids if ids.__class__ is list else list(ids),
+                                request,
+                                last.prompt_token_ids,
+                                finished=False,
+                            )
                         except Exception as exc:  # vLLM's processor raises it, as when its own parse raises
-                            parser.error = exc  # type: ignore[union-attr]
+                            parser.error = exc  # type: ignore[union-attr]  # parse is set with the parser
                             text = thought = None
                             other = True
                         else:
@@ -148,12 +168,17 @@ async def _lane(events: AsyncGenerator[Any, None], contexts: AsyncIterator[Any],
                         elif state.current_state is reasoning:
                             state.accumulated_text += thought
                             taken += 1
-                            yield {"content_index": state.content_index, "delta": thought,
-                                   "item_id": state.current_item_id, "output_index": state.output_index,
-                                   "sequence_number": number(_Numbered()).sequence_number, "type": REASONING_DELTA}  # fmt: skip
+                            yield {
+                                "content_index": state.content_index,
+                                "delta": thought,
+                                "item_id": state.current_item_id,
+                                "output_index": state.output_index,
+                                "sequence_number": number(_Numbered()).sequence_number,
+                                "type": REASONING_DELTA,
+                            }
                             continue
                     if delta is not None:
-                        parser.pending = delta  # type: ignore[union-attr]
+                        parser.pending = delta  # type: ignore[union-attr]  # a delta comes from the parser
             feed.output = ctx
             for event in await pump.yielded():
                 yield event
@@ -178,7 +203,7 @@ async def _lane(events: AsyncGenerator[Any, None], contexts: AsyncIterator[Any],
 def _processor_state(events: AsyncGenerator[Any, None]) -> Any:
     """The ``SimpleStreamingState`` of the ``processor`` vLLM's processor generator ``events`` made, or ``None``
     when its frame has no such local (the generator ended, or the line names it otherwise)."""
-    frame = events.ag_frame
+    frame = events.ag_frame  # type: ignore[attr-defined]  # vLLM's is a native async generator: it has a frame
     processor = None if frame is None else frame.f_locals.get("processor")
     state = getattr(processor, "state", None)
     return state if hasattr(state, "accumulated_text") else None

@@ -9,7 +9,7 @@ no engine or model work, on a few requests (:func:`chat_cases`, :func:`responses
 ``create_chat_completion`` / ``create_responses`` run on a view of the serving object whose engine client is a
 :class:`ScriptedEngine`, which answers ``generate`` with :data:`OUTPUT_TEXTS` split into the server's own tokens (and
 hands every other call to vLLM's engine client). Each request runs twice, on vLLM's path and on the lane, and the two
-event sequences are compared after the profile's stream mapper (:data:`vllm_nnrp_plugin.adapter.STREAM_MAPPERS`),
+event sequences are compared after the profile's stream mapper (:data:`vllm_nnrp_plugin.core.adapter.STREAM_MAPPERS`),
 ids and timestamps made canonical (:func:`canonical`). A difference, an exception, a run that outlasts
 :data:`CASE_TIMEOUT_S`, an engine generator left open, or a lane that took no output itself (it would only add
 work) switches the lane off with the reason (the start-up log names it); streams then take vLLM's own path: a
@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from vllm_nnrp_plugin.adapter import STREAM_MAPPERS
+from vllm_nnrp_plugin.core.adapter import STREAM_MAPPERS
 
 #: longest a self-check run may take (a lane whose feed leaks out of vLLM's frame would otherwise hang), seconds
 CASE_TIMEOUT_S = 10.0
@@ -53,8 +53,13 @@ class Case:
 def chat_cases(model: str, tool_parser: bool) -> list[Case]:
     """The chat requests of the check: every output text with a plain streamed request (usage asked), and, on a server
     with a tool-call parser, the tool-call text with ``tool_choice`` ``auto`` and ``none``."""
-    base = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "stream": True,
-            "stream_options": {"include_usage": True}, "max_tokens": 256}  # fmt: skip
+    base = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 256,
+    }
     cases = [Case(f"chat {name}", base, text) for name, text in OUTPUT_TEXTS.items()]
     if tool_parser:
         tools = [{"type": "function", "function": {"name": "get_weather", "parameters": _WEATHER_PARAMETERS}}]
@@ -71,8 +76,11 @@ def responses_cases(model: str, tool_parser: bool) -> list[Case]:
     cases = [Case(f"Responses {name}", base, text) for name, text in OUTPUT_TEXTS.items()]
     if tool_parser:
         tools = [{"type": "function", "name": "get_weather", "parameters": _WEATHER_PARAMETERS}]
-        cases.append(Case("Responses tool_choice auto", {**base, "tools": tools, "tool_choice": "auto"},
-                          OUTPUT_TEXTS["tool-call"]))  # fmt: skip
+        cases.append(
+            Case(
+                "Responses tool_choice auto", {**base, "tools": tools, "tool_choice": "auto"}, OUTPUT_TEXTS["tool-call"]
+            )
+        )
     return cases
 
 
@@ -112,7 +120,7 @@ async def lane_difference(run: Runner, cases: Sequence[Case], timeout_s: float =
 
 def first_difference(expected: list[Any], got: list[Any]) -> str | None:
     """Where the lane's events ``got`` first differ from vLLM's ``expected``, or ``None``."""
-    for index, (want, have) in enumerate(zip(expected, got)):
+    for index, (want, have) in enumerate(zip(expected, got, strict=False)):
         if want != have:
             return f"event {index} is {_short(have)} on the lane, {_short(want)} on vLLM's path"
     if len(expected) != len(got):
@@ -181,12 +189,24 @@ class ScriptedEngine:
             last = len(self._pieces) - 1
             for n, (text, token_ids) in enumerate(self._pieces):
                 await asyncio.sleep(0)
-                completion = CompletionOutput(index=0, text=text, token_ids=list(token_ids), cumulative_logprob=None,
-                                              logprobs=None, finish_reason="stop" if n == last else None,
-                                              stop_reason=None)  # fmt: skip
-                yield RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=prompt_token_ids,
-                                    prompt_logprobs=None, outputs=[completion], finished=n == last,
-                                    num_cached_tokens=0)  # fmt: skip
+                completion = CompletionOutput(
+                    index=0,
+                    text=text,
+                    token_ids=list(token_ids),
+                    cumulative_logprob=None,
+                    logprobs=None,
+                    finish_reason="stop" if n == last else None,
+                    stop_reason=None,
+                )
+                yield RequestOutput(
+                    request_id=request_id,
+                    prompt=None,
+                    prompt_token_ids=prompt_token_ids,
+                    prompt_logprobs=None,
+                    outputs=[completion],
+                    finished=n == last,
+                    num_cached_tokens=0,
+                )
         finally:
             self._open -= 1
 
@@ -233,7 +253,7 @@ CaseRunner = Callable[[dict[str, Any], str, bool, Any], Awaitable[Any]]
 async def prove(serving: Any, cases: Sequence[Case], run_case: CaseRunner, operation: str) -> str | None:
     """Why the lane of the profile ``operation`` on vLLM's serving object ``serving`` failed its self-check over
     ``cases`` (:func:`lane_difference`), else ``None``. ``run_case`` runs one case (the binding's call on either path,
-    an :class:`~vllm_nnrp_plugin.adapter.Call`); its events are the profile stream mapper's. Never raises."""
+    an :class:`~vllm_nnrp_plugin.core.adapter.Call`); its events are the profile stream mapper's. Never raises."""
     try:
         tokenizer = await tokenizer_of(serving)
     except Exception as exc:  # noqa: BLE001 - no way to script outputs: the check cannot pass

@@ -11,7 +11,7 @@ import asyncio
 import re
 from typing import Any
 
-from vllm_nnrp_plugin.controls import RuntimeControls
+from vllm_nnrp_plugin.core.controls import RuntimeControls
 from vllm_nnrp_plugin.profile import errors as E
 
 _FIELD = re.compile(r"\w+")  # a field name or a list index
@@ -28,10 +28,12 @@ def validate(parse: Any, body: dict[str, Any], operation: str) -> Any:
 
 
 def with_controls(
-    body: dict[str, Any], controls: RuntimeControls | None, priorities: tuple[int, ...] | None,
+    body: dict[str, Any],
+    controls: RuntimeControls | None,
+    priorities: tuple[int, ...] | None,
     max_tokens_fields: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """``body`` as the operation's runtime controls (:mod:`vllm_nnrp_plugin.controls`) dispatch it (a new dict when
+    """``body`` as the operation's runtime controls (:mod:`vllm_nnrp_plugin.core.controls`) dispatch it (a new dict when
     something changes; ``body`` itself is never changed), recording the ``priority`` vLLM runs it with:
 
     * ``priorities`` (vLLM ``priority`` by NNRP class value; ``None`` when the server does not schedule by priority,
@@ -75,7 +77,7 @@ def error_from_body(error: dict[str, Any]) -> E.ProfileError:
     404 on ``model`` -> ``model_not_found``; other 4xx -> ``invalid_request``; else ``backend_error``."""
     code = error.get("code")
     status = int(code) if isinstance(code, int) else 500
-    message = str(error.get("message")) or error.get("type")
+    message = str(error.get("message") or error.get("type"))
     if status == 404 and (error.get("param") == "model" or error.get("type") == "NotFoundError"):
         return E.ProfileError(E.MODEL_NOT_FOUND, message, E.INVALID_REQUEST_ERROR, 404)
     if 400 <= status < 500:

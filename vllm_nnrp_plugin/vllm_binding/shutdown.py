@@ -2,12 +2,13 @@
 
 vLLM's API server reacts to SIGTERM/SIGINT by calling ``engine_client.shutdown(timeout=...)`` in an executor thread
 (``serve_http`` in ``vllm/entrypoints/launcher.py``; ``vllm/entrypoints/launchers/launcher.py`` on 0.32) and only
-afterwards lets uvicorn, and so our router lifespan, exit (with several API-server processes, vLLM's process manager kills them ``--shutdown-timeout`` s after the
+afterwards lets uvicorn, and so our router lifespan, exit (with several API-server processes, vLLM's process manager
+kills them ``--shutdown-timeout`` s after the
 signal, default 0, possibly before their lifespan exit runs at all). Left alone, every in-flight NNRP stream would
 end against a dead engine. Hooking the signal itself does not work: vLLM runs on uvloop, whose signal handlers
 cannot be read and chained. So :func:`stop_before_engine_shutdown` wraps the engine client's ``shutdown`` on this
 instance: the wrapper runs the service's drain and graceful stop on the loop (no new connection, session or
-operation, said on the wire (:mod:`vllm_nnrp_plugin.draining`); running operations finish within
+operation, said on the wire (:mod:`vllm_nnrp_plugin.contract.draining`); running operations finish within
 ``nnrp.drain_timeout_ms``; then one ``server_shutdown`` terminal per operation left, vLLM requests aborted), waits
 at most the grace plus :data:`STOP_BUDGET_S`, then calls vLLM's ``shutdown`` unchanged (its own ``--shutdown-timeout``
 drain included). Per process: each API-server process has its own engine client, loop, lifespan and service.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def drain_grace(grace_s: float, vllm_timeout_s: float | None, *, killed_at_timeo
 def stop_before_engine_shutdown(
     engine_client: Any,
     loop: asyncio.AbstractEventLoop,
-    drain: Callable[[float], Awaitable[None]],
+    drain: Callable[[float], Coroutine[Any, Any, None]],
     *,
     grace_s: float,
     killed_at_timeout: bool,
@@ -71,7 +72,9 @@ def stop_before_engine_shutdown(
             if grace < grace_s:
                 logger.info(
                     "NNRP drain shortened to %.0f s: vLLM stops this API-server process %s s after the signal "
-                    "(--shutdown-timeout)", grace, vllm_timeout,
+                    "(--shutdown-timeout)",
+                    grace,
+                    vllm_timeout,
                 )
             future = asyncio.run_coroutine_threadsafe(drain(grace), loop)
             budget = grace + STOP_BUDGET_S

@@ -7,7 +7,8 @@
   ``${NAME}`` placeholders are substituted (pure);
 * :mod:`.rules` checks one case's events against its ``expect`` and a results file against its plan with the
   suite's validation rules (pure);
-* :mod:`.driver` runs every selected case over NNRP with :class:`vllm_nnrp_plugin.client.profile_client.ProfileClient`;
+* :mod:`.driver` runs every selected case over NNRP with
+  :class:`vllm_nnrp_plugin.client.native.profile_client.ProfileClient`;
 * :mod:`.runner` (``vllm-nnrp conformance`` / ``python -m vllm_nnrp_plugin.client.conformance``) ties them together and
   exits non-zero unless every selected case passed.
 """

@@ -23,11 +23,15 @@ import orjson
 
 from vllm_nnrp_plugin.client.conformance.rules import case_problems
 from vllm_nnrp_plugin.client.errors import ClientTimeout
-from vllm_nnrp_plugin.client.profile_client import ProfileClient
+from vllm_nnrp_plugin.client.native.profile_client import ProfileClient
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 
 HARNESS_KEYS = ("cancel_after_events", "raw_payload", "envelope_override")
-_TERMINALS = {"response.completed": "success", "response.error": "error", "response.cancelled": "cancelled"}
+_TERMINALS: dict[str | None, str] = {
+    "response.completed": "success",
+    "response.error": "error",
+    "response.cancelled": "cancelled",
+}
 
 
 def submission(case: dict[str, Any]) -> tuple[bytes | dict[str, Any], int | None]:
@@ -37,7 +41,11 @@ def submission(case: dict[str, Any]) -> tuple[bytes | dict[str, Any], int | None
     controls = {key: hints.pop(key) for key in HARNESS_KEYS if key in hints}
     if "raw_payload" in controls:
         return controls["raw_payload"].encode(), controls.get("cancel_after_events")
-    envelope: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "operation": case["operation"], "body": request["body"]}
+    envelope: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "operation": case["operation"],
+        "body": request["body"],
+    }
     if hints:
         envelope["nnrp"] = hints
     envelope.update(controls.get("envelope_override", {}))
@@ -59,9 +67,12 @@ def run_case(client: ProfileClient, case: dict[str, Any], *, timeout_s: float) -
             cancelled = True
         for event in client.events(op, timeout_s=timeout_s):
             if event.frame == "result_drop":
-                events.append(event.event or {"type": "response.cancelled", "reason": f"drop_reason_{event.drop_reason}"})
+                events.append(
+                    event.event or {"type": "response.cancelled", "reason": f"drop_reason_{event.drop_reason}"}
+                )
                 terminal = "cancelled"
                 break
+            assert event.event is not None  # only a drop may come without a profile event
             events.append(event.event)
             if event.terminal:
                 terminal = _TERMINALS.get(event.event.get("type"), "error")
@@ -77,9 +88,12 @@ def run_case(client: ProfileClient, case: dict[str, Any], *, timeout_s: float) -
         "outcome": "failed" if problems else "passed",
         "terminal": terminal,
         "events": events,
-        "diagnostics": {"selected_operation": case["operation"], "elapsed_ms": int((time.monotonic() - started) * 1000),
-                        "model": case["request"]["body"].get("model")},
-    }  # fmt: skip
+        "diagnostics": {
+            "selected_operation": case["operation"],
+            "elapsed_ms": int((time.monotonic() - started) * 1000),
+            "model": case["request"]["body"].get("model"),
+        },
+    }
     if problems:
         result["message"] = "; ".join(problems)
     return result

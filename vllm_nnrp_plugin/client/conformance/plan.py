@@ -55,12 +55,16 @@ def build_plan(
     for recipe in recipes:
         status = recipe.get("status", "mandatory")
         required = list(recipe.get("required_capabilities", []))
-        feature = features.setdefault(recipe["operation"], {
-            "feature": recipe["operation"], "required_capabilities": [],
-            "summary": {"selected_cases": 0, "not_claimed_cases": 0, "informational_cases": 0},
-            "statuses": {"mandatory_cases": 0, "optional_cases": 0, "experimental_cases": 0, "deprecated_cases": 0},
-            "case_ids": [],
-        })  # fmt: skip
+        feature = features.setdefault(
+            recipe["operation"],
+            {
+                "feature": recipe["operation"],
+                "required_capabilities": [],
+                "summary": {"selected_cases": 0, "not_claimed_cases": 0, "informational_cases": 0},
+                "statuses": {"mandatory_cases": 0, "optional_cases": 0, "experimental_cases": 0, "deprecated_cases": 0},
+                "case_ids": [],
+            },
+        )
         feature["statuses"][f"{status}_cases"] += 1
         if status not in PLANNED:
             feature["summary"]["informational_cases"] += 1
@@ -74,12 +78,16 @@ def build_plan(
             if token not in feature["required_capabilities"]:
                 feature["required_capabilities"].append(token)
         parameters = recipe.get("parameters", {})
-        cases.append({
-            "id": recipe["id"], "operation": recipe["operation"], "status": status,
-            "required_capabilities": required,
-            "request": substitute(recipe["request"], parameters),
-            "expect": substitute(recipe["expect"], parameters),
-        })  # fmt: skip
+        cases.append(
+            {
+                "id": recipe["id"],
+                "operation": recipe["operation"],
+                "status": status,
+                "required_capabilities": required,
+                "request": substitute(recipe["request"], parameters),
+                "expect": substitute(recipe["expect"], parameters),
+            }
+        )
     return {
         "profile": manifest["profile"],
         "schema_version": manifest["schema_version"],

@@ -21,8 +21,11 @@ def matches(expected: Any, actual: Any) -> bool:
     if isinstance(expected, dict):
         return isinstance(actual, dict) and all(k in actual and matches(v, actual[k]) for k, v in expected.items())
     if isinstance(expected, list):
-        return (isinstance(actual, list) and len(actual) >= len(expected)
-                and all(matches(e, a) for e, a in zip(expected, actual)))  # fmt: skip
+        return (
+            isinstance(actual, list)
+            and len(actual) >= len(expected)
+            and all(matches(e, a) for e, a in zip(expected, actual, strict=False))
+        )
     return type(expected) is type(actual) and expected == actual
 
 
@@ -78,7 +81,9 @@ def results_problems(plan: dict[str, Any], results: dict[str, Any]) -> tuple[dic
         seen.add(case_id)
         summary[f"{result['outcome']}_cases"] += 1
         if result["outcome"] == "passed":
-            problems += [f"{case_id}: {p}" for p in
-                         case_problems(cases[case_id]["expect"], result["terminal"], result.get("events", []))]
+            problems += [
+                f"{case_id}: {p}"
+                for p in case_problems(cases[case_id]["expect"], result["terminal"], result.get("events", []))
+            ]
     problems += [f"no result for selected case {case_id}" for case_id in cases if case_id not in seen]
     return summary, problems

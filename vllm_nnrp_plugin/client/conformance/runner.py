@@ -29,21 +29,41 @@ from vllm_nnrp_plugin.profile.capabilities import conformance_manifest
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", required=True, help="a plain (non-TLS) address of the server: tcp://HOST:PORT, "
-                        "unix:///PATH or ws://HOST:PORT/PATH")
-    parser.add_argument("--suite", help=f"nnrp-conformance directory (default ${ROOT_ENV}, else ../shared/nnrp-conformance)")
-    parser.add_argument("--recipes", action="append", default=[], type=pathlib.Path,
-                        help="extra recipe directory with a manifest.json (repeatable)")
-    parser.add_argument("--no-suite", action="store_true",
-                        help="run without the nnrp-conformance suite: only the --recipes directories, their documents "
-                        "not validated against the suite's schemas (which are the suite's; get the suite to check "
-                        "them)")
-    parser.add_argument("--no-suite-recipes", action="store_true",
-                        help="run only the --recipes directories, not the suite's openai-compatible/1 recipes "
-                        "(e.g. against a deployment that serves more than Level 1, where the suite's Level-1 "
-                        "cases do not apply)")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("conformance-results"),
-                        help="where capabilities.json, plan.json and results.json go (default ./conformance-results)")
+    parser.add_argument(
+        "--endpoint",
+        required=True,
+        help="a plain (non-TLS) address of the server: tcp://HOST:PORT, unix:///PATH or ws://HOST:PORT/PATH",
+    )
+    parser.add_argument(
+        "--suite", help=f"nnrp-conformance directory (default ${ROOT_ENV}, else ../shared/nnrp-conformance)"
+    )
+    parser.add_argument(
+        "--recipes",
+        action="append",
+        default=[],
+        type=pathlib.Path,
+        help="extra recipe directory with a manifest.json (repeatable)",
+    )
+    parser.add_argument(
+        "--no-suite",
+        action="store_true",
+        help="run without the nnrp-conformance suite: only the --recipes directories, their documents "
+        "not validated against the suite's schemas (which are the suite's; get the suite to check "
+        "them)",
+    )
+    parser.add_argument(
+        "--no-suite-recipes",
+        action="store_true",
+        help="run only the --recipes directories, not the suite's openai-compatible/1 recipes "
+        "(e.g. against a deployment that serves more than Level 1, where the suite's Level-1 "
+        "cases do not apply)",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("conformance-results"),
+        help="where capabilities.json, plan.json and results.json go (default ./conformance-results)",
+    )
     parser.add_argument("--case-timeout", type=float, default=120.0, help="seconds per case (default 120)")
 
 
@@ -93,12 +113,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     _write(out / "capabilities.json", manifest)
     _write(out / "plan.json", plan)
-    print(f"server {args.endpoint}: models {[m['id'] for m in document['models']]}, "
-          f"{len(plan['cases'])} of {len(recipes)} recipes selected")
+    print(
+        f"server {args.endpoint}: models {[m['id'] for m in document['models']]}, "
+        f"{len(plan['cases'])} of {len(recipes)} recipes selected"
+    )
     results = {
-        "profile": plan["profile"], "schema_version": plan["schema_version"], "adapter": plan["adapter"],
+        "profile": plan["profile"],
+        "schema_version": plan["schema_version"],
+        "adapter": plan["adapter"],
         "results": asyncio.run(run_cases(args.endpoint, plan["cases"], timeout_s=args.case_timeout)),
-    }  # fmt: skip
+    }
     _write(results_path, results)
     for result in results["results"]:
         print(summary_line(result))
@@ -119,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _capabilities(endpoint: str) -> dict:
-    from vllm_nnrp_plugin.client.profile_client import ProfileClient
+    from vllm_nnrp_plugin.client.native.profile_client import ProfileClient
 
     client = await ProfileClient.connect(endpoint)
     try:

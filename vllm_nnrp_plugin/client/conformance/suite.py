@@ -42,10 +42,14 @@ class Suite:
 
     def __init__(self, root: pathlib.Path | None) -> None:
         self.root = root
-        self.schemas = {} if root is None else {
-            name: read_json(root / "schemas" / f"api-profile-{name}.schema.json")
-            for name in ("suite", "recipe", "capabilities", "execution-plan", "case-results")
-        }  # fmt: skip
+        self.schemas = (
+            {}
+            if root is None
+            else {
+                name: read_json(root / "schemas" / f"api-profile-{name}.schema.json")
+                for name in ("suite", "recipe", "capabilities", "execution-plan", "case-results")
+            }
+        )
 
     def validate(self, document: Any, schema: str) -> None:
         """Raises ``jsonschema.ValidationError`` unless ``document`` matches ``api-profile-<schema>`` (no check

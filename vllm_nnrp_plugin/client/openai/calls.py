@@ -49,23 +49,30 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin.auth_block import bearer_key, block_of_authorization
 from vllm_nnrp_plugin.client.errors import ClientError
-from vllm_nnrp_plugin.client.openai import sse
 from vllm_nnrp_plugin.client.events import ClientEvent
+from vllm_nnrp_plugin.client.openai import sse
 from vllm_nnrp_plugin.client.openai.responses_sse import ResponsesEventStream
-from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
-from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, EMBEDDINGS_CREATE, MODELS_LIST, RESPONSES_CREATE
-from vllm_nnrp_plugin.profile import SCHEMA_VERSION, events
+from vllm_nnrp_plugin.contract.auth_block import bearer_key, block_of_authorization
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
+from vllm_nnrp_plugin.profile import (
+    CHAT_COMPLETIONS_CREATE,
+    EMBEDDINGS_CREATE,
+    MODELS_LIST,
+    RESPONSES_CREATE,
+    SCHEMA_VERSION,
+    events,
+)
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
 from vllm_nnrp_plugin.profile.chat_stream import usage_asked
 
 #: the operation of each POST path
 _POST_OPERATIONS = {
-    sse.CHAT_PATH: CHAT_COMPLETIONS_CREATE, sse.RESPONSES_PATH: RESPONSES_CREATE,
+    sse.CHAT_PATH: CHAT_COMPLETIONS_CREATE,
+    sse.RESPONSES_PATH: RESPONSES_CREATE,
     sse.EMBEDDINGS_PATH: EMBEDDINGS_CREATE,
-}  # fmt: skip
+}
 #: :meth:`Call.answer`'s "submit :attr:`Call.envelope` again" (``models.list`` refused: fetch the capabilities)
 RESUBMIT: Any = object()
 #: the request header naming the operation's priority class (``nnrp.priority_class``)
@@ -82,8 +89,9 @@ def library(request: Any) -> ModuleType:
 
 
 def _json(status: int, body: Any, request: Any) -> Any:
-    return library(request).Response(status, headers={"content-type": "application/json"},
-                                     content=orjson.dumps(body), request=request)  # fmt: skip
+    return library(request).Response(
+        status, headers={"content-type": "application/json"}, content=orjson.dumps(body), request=request
+    )
 
 
 def _envelope(operation: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -117,27 +125,42 @@ class Call:
         """:meth:`answer`, or for a stream the 200 response whose body ``stream(first)`` makes, or None."""
         response = self.answer(first)
         if response is None and self.stream is not None:
-            response = self.lib.Response(200, headers={"content-type": "text/event-stream"}, stream=stream(first),
-                                         request=self.request)  # fmt: skip
+            response = self.lib.Response(
+                200, headers={"content-type": "text/event-stream"}, stream=stream(first), request=self.request
+            )
         return response
 
     def plan(self) -> Any:
         """Set :attr:`envelope` (what to submit) and return None, or return the immediate answer."""
         priority = self.request.headers.get(PRIORITY_HEADER)
         if priority is not None and priority not in PRIORITY_CLASSES:
-            return _json(400, {"error": {"message": f"{PRIORITY_HEADER}: {priority!r} is not one of "
-                                         f"{', '.join(PRIORITY_CLASSES)}", "type": "BadRequestError", "param": None,
-                                         "code": E.INVALID_REQUEST}}, self.request)  # fmt: skip
+            return _json(
+                400,
+                {
+                    "error": {
+                        "message": f"{PRIORITY_HEADER}: {priority!r} is not one of {', '.join(PRIORITY_CLASSES)}",
+                        "type": "BadRequestError",
+                        "param": None,
+                        "code": E.INVALID_REQUEST,
+                    }
+                },
+                self.request,
+            )
         total_ms = self._operation_timeout_ms()
         if isinstance(total_ms, str):
-            return _json(400, {"error": {"message": total_ms, "type": "BadRequestError", "param": None,
-                                         "code": E.INVALID_REQUEST}}, self.request)  # fmt: skip
+            return _json(
+                400,
+                {"error": {"message": total_ms, "type": "BadRequestError", "param": None, "code": E.INVALID_REQUEST}},
+                self.request,
+            )
         answer = self._plan()
-        if answer is None and priority is not None:
+        if answer is not None or self.envelope is None:  # answered at once: nothing to submit
+            return answer
+        if priority is not None:
             self.envelope["nnrp"] = {**self.envelope.get("nnrp", {}), "priority_class": priority}
-        if answer is None and total_ms is not None:
+        if total_ms is not None:
             self.envelope["nnrp"] = {**self.envelope.get("nnrp", {}), "timeout_ms": total_ms}
-        return answer
+        return None
 
     def _operation_timeout_ms(self) -> int | str | None:
         """The whole operation's bound asked for (ms): the ``X-NNRP-Timeout-Ms`` header, else the transport's
@@ -166,8 +189,18 @@ class Call:
         try:
             body = orjson.loads(self.request.content)
         except orjson.JSONDecodeError as exc:
-            return _json(400, {"error": {"message": f"invalid JSON body: {exc}", "type": "BadRequestError",
-                                         "param": None, "code": E.INVALID_JSON}}, self.request)  # fmt: skip
+            return _json(
+                400,
+                {
+                    "error": {
+                        "message": f"invalid JSON body: {exc}",
+                        "type": "BadRequestError",
+                        "param": None,
+                        "code": E.INVALID_JSON,
+                    }
+                },
+                self.request,
+            )
         self.envelope = _envelope(self.operation, body)
         if "x-request-id" in self.request.headers:
             self.envelope["request_id"] = self.request.headers["x-request-id"]
@@ -177,10 +210,15 @@ class Call:
 
     def _stream_of(self, body: dict[str, Any]) -> sse.ChatChunkStream | ResponsesEventStream:
         if self.operation == RESPONSES_CREATE:
-            return ResponsesEventStream(response_id=f"resp_nnrp-{uuid.uuid4().hex}", created_at=int(time.time()),
-                                        request=body)  # fmt: skip
-        return sse.ChatChunkStream(completion_id=f"chatcmpl-nnrp-{uuid.uuid4().hex}", created=int(time.time()),
-                                          model=body.get("model"), include_usage=usage_asked(body))  # fmt: skip
+            return ResponsesEventStream(
+                response_id=f"resp_nnrp-{uuid.uuid4().hex}", created_at=int(time.time()), request=body
+            )
+        return sse.ChatChunkStream(
+            completion_id=f"chatcmpl-nnrp-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=body.get("model"),
+            include_usage=usage_asked(body),
+        )
 
     def unauthorized(self) -> Any:
         """vLLM's answer to a request without a valid API key (``AuthenticationMiddleware``: 401,
@@ -190,7 +228,8 @@ class Call:
 
     def api_key(self) -> str | None:
         """The key of the request's ``Authorization: Bearer <key>`` header (what the SDK's ``api_key`` set), or
-        None. Raises :class:`~vllm_nnrp_plugin.auth_block.AuthBlockError` for another scheme or an unusable key."""
+        None. Raises :class:`~vllm_nnrp_plugin.contract.auth_block.AuthBlockError` for another scheme or an unusable
+        key."""
         block = block_of_authorization(self.request.headers.get("authorization"))
         return bearer_key(block) if block else None
 
@@ -199,8 +238,9 @@ class Call:
         for the read timeout (of :attr:`lib`)."""
         self.ended = True
         if exc is None:
-            return self.lib.ReadTimeout(f"no event from the NNRP server for {self.timeout_s:g} s (the read timeout)",
-                                        request=self.request)  # fmt: skip
+            return self.lib.ReadTimeout(
+                f"no event from the NNRP server for {self.timeout_s:g} s (the read timeout)", request=self.request
+            )
         return self.lib.ReadError(f"NNRP: {exc}", request=self.request)
 
     def refused(self, item: Item) -> bool:
@@ -221,7 +261,9 @@ class Call:
         if item.terminal:
             self.ended = True
         if item.frame == "result_drop":
-            raise self.lib.ReadError(f"NNRP operation dropped (reason {item.drop_reason}): {event}", request=self.request)
+            raise self.lib.ReadError(
+                f"NNRP operation dropped (reason {item.drop_reason}): {event}", request=self.request
+            )
         if event.get("type") == events.ERROR and (event.get("error") or {}).get("code") == E.REQUEST_TIMEOUT:
             raise self.lib.ReadTimeout(event["error"].get("message") or E.REQUEST_TIMEOUT, request=self.request)
         return event
@@ -231,6 +273,7 @@ class Call:
         starts with ``item``), or :data:`RESUBMIT` with the next :attr:`envelope`. Raises an ``httpx`` transport
         error."""
         event = self._event(item)
+        assert not isinstance(item, ClientError)  # _event raised it
         if not item.terminal:
             return None
         if event.get("type") == events.ERROR:
@@ -248,6 +291,7 @@ class Call:
         """The SSE bytes of one streamed item. Raises an ``httpx`` transport error for a failure or a drop."""
         assert self.stream is not None
         event = self._event(item)
+        assert not isinstance(item, ClientError)  # _event raised it
         if not item.terminal:
             return self.stream.feed(event)
         if event.get("type") == events.ERROR:

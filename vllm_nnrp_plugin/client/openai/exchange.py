@@ -9,7 +9,7 @@ its private loop thread), as httpcore's sync and async pools are shells around o
     items = await exchange.items()                   # a stream's next events (at least one)
     exchange.abandon()                               # the caller stopped listening: FRAME_CANCEL
 
-* **Submit**: a slot of a pooled session (:meth:`vllm_nnrp_plugin.client.openai.pool.Pool.acquire`, waiting at most the
+* **Submit**: a slot of a pooled session (:meth:`vllm_nnrp_plugin.client.aio.pool.Pool.acquire`, waiting at most the
   request's pool timeout: ``PoolTimeout``), then FRAME_SUBMIT, and for a traced call its own TRACE_CONTEXT in the
   same write. The server reads both in one ``data_received`` and dispatches the operation to vLLM in a task that
   runs in a later loop iteration (:mod:`vllm_nnrp_plugin.nnrp_binding.connection`, ``_on_submit`` →
@@ -31,7 +31,7 @@ its private loop thread), as httpcore's sync and async pools are shells around o
   request) — each of the request's library (``httpx`` or ``httpx2``), which the SDK raises as
   ``APIConnectionError`` / ``APITimeoutError``.
 * **Cancelling** the task that awaits :meth:`respond` or :meth:`items` raises ``CancelledError`` in it and sends
-  FRAME_CANCEL (the wait is the operation's own, :meth:`vllm_nnrp_plugin.client.connection.Operation.batch`; the
+  FRAME_CANCEL (the wait is the operation's own, :meth:`vllm_nnrp_plugin.client.aio.connection.Operation.batch`; the
   timeout is ``asyncio.timeout``, which never swallows a cancel as 3.11's ``asyncio.wait_for`` can, CPython
   gh-86296).
 """
@@ -45,11 +45,11 @@ from typing import Any
 
 from opentelemetry import trace as otel_trace
 
-from vllm_nnrp_plugin.client.connection import Operation
+from vllm_nnrp_plugin.client.aio.connection import Operation
+from vllm_nnrp_plugin.client.aio.pool import Pool
 from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
-from vllm_nnrp_plugin.client.openai.calls import RESUBMIT, Call, Item
-from vllm_nnrp_plugin.client.openai.pool import Pool
 from vllm_nnrp_plugin.client.events import operation_event
+from vllm_nnrp_plugin.client.openai.calls import RESUBMIT, Call, Item
 
 __all__ = ["REFUSAL_RETRIES", "Exchange", "trace_of_caller"]
 
@@ -138,6 +138,7 @@ class Exchange:
         except ClientError as exc:
             call.ended = True
             raise call.lib.ConnectError(f"NNRP: {exc}", request=call.request) from exc
+        assert call.envelope is not None  # planned without an answer: there is an envelope to submit
         try:
             self.op = lane.session.submit(call.envelope, trace=self.trace)
         except ClientError as exc:  # the connection was lost just now
@@ -149,6 +150,7 @@ class Exchange:
     async def _next(self) -> Item:
         if not self._ready:
             op, call = self.op, self.call
+            assert op is not None  # _submit ran first
             try:
                 async with asyncio.timeout(call.timeout_s):
                     events = await op.batch()

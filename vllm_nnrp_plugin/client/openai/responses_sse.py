@@ -47,10 +47,17 @@ from vllm_nnrp_plugin.profile import events
 #: the keys of a replayed vLLM event (``openai_chunk``) that :meth:`ResponsesEventStream._event` writes itself
 _RENUMBERED = frozenset({"type", "sequence_number"})
 #: request fields the in-progress Response repeats, with vLLM's default when the request has none
-_REQUEST_FIELDS = {
-    "instructions": None, "max_output_tokens": None, "metadata": None, "parallel_tool_calls": True,
-    "previous_response_id": None, "temperature": None, "tool_choice": "auto", "tools": [], "top_p": None,
-}  # fmt: skip
+_REQUEST_FIELDS: dict[str, Any] = {
+    "instructions": None,
+    "max_output_tokens": None,
+    "metadata": None,
+    "parallel_tool_calls": True,
+    "previous_response_id": None,
+    "temperature": None,
+    "tool_choice": "auto",
+    "tools": [],
+    "top_p": None,
+}
 
 
 class ResponsesEventStream:
@@ -63,11 +70,18 @@ class ResponsesEventStream:
 
     def __init__(self, *, response_id: str, created_at: int, request: dict[str, Any]) -> None:
         self._id = response_id
-        self._initial = {
-            "id": response_id, "object": "response", "created_at": created_at, "model": request.get("model"),
-            "status": "in_progress", "output": [], "error": None, "incomplete_details": None, "usage": None,
+        self._initial: dict[str, Any] = {
+            "id": response_id,
+            "object": "response",
+            "created_at": created_at,
+            "model": request.get("model"),
+            "status": "in_progress",
+            "output": [],
+            "error": None,
+            "incomplete_details": None,
+            "usage": None,
             **{key: request.get(key, default) for key, default in _REQUEST_FIELDS.items()},
-        }  # fmt: skip
+        }
         self._sequence = 0
         self._texts: dict[int, str] = {}  # output index -> text of an open message item
         self._calls: dict[str, dict[str, Any]] = {}  # item id -> its function_call item (open ones)
@@ -81,7 +95,8 @@ class ResponsesEventStream:
         if self._sequence:
             return b""
         return self._event("response.created", response=self._initial) + self._event(
-            "response.in_progress", response=self._initial)  # fmt: skip
+            "response.in_progress", response=self._initial
+        )
 
     def _message_id(self, index: int) -> str:
         return f"msg_{self._id}_{index}"
@@ -108,8 +123,9 @@ class ResponsesEventStream:
         item = {"type": "message", "id": item_id, "role": "assistant", "status": "in_progress", "content": []}
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         out += self._event("response.output_item.added", output_index=index, item=item)
-        return out + self._event("response.content_part.added", item_id=item_id, output_index=index, content_index=0,
-                                 part=part)  # fmt: skip
+        return out + self._event(
+            "response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=part
+        )
 
     def _end_call(self, event: dict[str, Any], status: str) -> bytes:
         item = self._calls.pop(event["item_id"], None)
@@ -118,8 +134,13 @@ class ResponsesEventStream:
         if status == "completed":
             item["arguments"] = event["arguments"]
         item["status"] = status
-        done = self._event("response.function_call_arguments.done", item_id=item["id"], output_index=event["index"],
-                           name=item["name"], arguments=item["arguments"])  # fmt: skip
+        done = self._event(
+            "response.function_call_arguments.done",
+            item_id=item["id"],
+            output_index=event["index"],
+            name=item["name"],
+            arguments=item["arguments"],
+        )
         return done + self._event("response.output_item.done", output_index=event["index"], item=item)
 
     def feed(self, event: dict[str, Any]) -> bytes:
@@ -136,19 +157,33 @@ class ResponsesEventStream:
             index = event["index"]
             out += self._open_text(index)
             self._texts[index] += event["delta"]
-            out += self._event("response.output_text.delta", item_id=self._message_id(index), output_index=index,
-                               content_index=0, delta=event["delta"], logprobs=[])  # fmt: skip
+            out += self._event(
+                "response.output_text.delta",
+                item_id=self._message_id(index),
+                output_index=index,
+                content_index=0,
+                delta=event["delta"],
+                logprobs=[],
+            )
         elif kind == events.TOOL_CALL_STARTED:
             out += self._close_texts()
             item = self._calls[event["item_id"]] = {
-                "type": "function_call", "id": event["item_id"], "call_id": event["call_id"], "name": event["name"],
-                "arguments": "", "status": "in_progress",
-            }  # fmt: skip
+                "type": "function_call",
+                "id": event["item_id"],
+                "call_id": event["call_id"],
+                "name": event["name"],
+                "arguments": "",
+                "status": "in_progress",
+            }
             out += self._event("response.output_item.added", output_index=event["index"], item=dict(item))
         elif kind == events.TOOL_CALL_DELTA and event["item_id"] in self._calls:
             self._calls[event["item_id"]]["arguments"] += event["arguments_delta"]
-            out += self._event("response.function_call_arguments.delta", item_id=event["item_id"],
-                               output_index=event["index"], delta=event["arguments_delta"])  # fmt: skip
+            out += self._event(
+                "response.function_call_arguments.delta",
+                item_id=event["item_id"],
+                output_index=event["index"],
+                delta=event["arguments_delta"],
+            )
         elif kind == events.TOOL_CALL_COMPLETED:
             out += self._end_call(event, "completed")
         elif kind == events.TOOL_CALL_ERROR:

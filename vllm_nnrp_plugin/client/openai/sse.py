@@ -44,10 +44,15 @@ EMBEDDINGS_PATH = "/embeddings"
 #: the paths of vLLM's that the transport maps to profile operations
 SERVED_PATHS = (CHAT_PATH, RESPONSES_PATH, EMBEDDINGS_PATH, MODELS_PATH)
 #: the status of a terminal ``response.error`` whose RESULT_PUSH status is not an HTTP error status
-_STATUS_BY_CODE = {
-    E.MODEL_NOT_FOUND: 404, E.ENVELOPE_TOO_LARGE: 413, E.TOO_MANY_REQUESTS: 429, E.CLIENT_TOO_SLOW: 429,
-    E.BACKEND_ERROR: 500, E.SERVER_SHUTDOWN: 503, E.REQUEST_TIMEOUT: 504,
-}  # fmt: skip
+_STATUS_BY_CODE: dict[str | None, int] = {
+    E.MODEL_NOT_FOUND: 404,
+    E.ENVELOPE_TOO_LARGE: 413,
+    E.TOO_MANY_REQUESTS: 429,
+    E.CLIENT_TOO_SLOW: 429,
+    E.BACKEND_ERROR: 500,
+    E.SERVER_SHUTDOWN: 503,
+    E.REQUEST_TIMEOUT: 504,
+}
 
 
 def sse(item: dict[str, Any]) -> bytes:
@@ -81,10 +86,14 @@ def error_reply(error_event: dict[str, Any], status: int | None) -> tuple[int, d
     ``response.error`` (``status``: its RESULT_PUSH status code, or None)."""
     http_status = error_status(error_event, status)
     error = error_event.get("error") or {}
-    return http_status, {"error": {
-        "message": error.get("message") or "error", "type": error_type(http_status), "param": None,
-        "code": error.get("code"),
-    }}  # fmt: skip
+    return http_status, {
+        "error": {
+            "message": error.get("message") or "error",
+            "type": error_type(http_status),
+            "param": None,
+            "code": error.get("code"),
+        }
+    }
 
 
 def route_reply(path: str, method: str) -> tuple[int, dict[str, Any]]:
@@ -97,10 +106,13 @@ def route_reply(path: str, method: str) -> tuple[int, dict[str, Any]]:
 def model_list(document: dict[str, Any], created: int) -> dict[str, Any]:
     """``GET /v1/models`` from the capability document's ``models`` (``{"id", "owned_by"}`` each): an OpenAI
     ``list`` of ``model`` objects (``created``: Unix seconds)."""
-    return {"object": "list", "data": [
-        {"id": m["id"], "object": "model", "created": created, "owned_by": m.get("owned_by", "vllm")}
-        for m in document.get("models") or ()
-    ]}  # fmt: skip
+    return {
+        "object": "list",
+        "data": [
+            {"id": m["id"], "object": "model", "created": created, "owned_by": m.get("owned_by", "vllm")}
+            for m in document.get("models") or ()
+        ],
+    }
 
 
 def _choice_of(item_id: str) -> int:
@@ -120,8 +132,13 @@ class ChatChunkStream:
         self._include_usage = include_usage
         self._roles_sent: set[int] = set()
 
-    def _chunk(self, choice: int, delta: dict[str, Any], finish: dict[str, Any] | None = None,
-               logprobs: dict[str, Any] | None = None) -> bytes:  # fmt: skip
+    def _chunk(
+        self,
+        choice: int,
+        delta: dict[str, Any],
+        finish: dict[str, Any] | None = None,
+        logprobs: dict[str, Any] | None = None,
+    ) -> bytes:
         out = b""
         if choice not in self._roles_sent:
             self._roles_sent.add(choice)
@@ -147,8 +164,12 @@ class ChatChunkStream:
                 return self._replay(event["index"], event["openai_chunk"])
             return self._chunk(event["index"], {"content": event["delta"]})
         if kind == events.TOOL_CALL_STARTED:
-            call = {"id": event["call_id"], "type": "function", "index": event["index"],
-                    "function": {"name": event["name"]}}  # fmt: skip
+            call = {
+                "id": event["call_id"],
+                "type": "function",
+                "index": event["index"],
+                "function": {"name": event["name"]},
+            }
             return self._chunk(_choice_of(event["item_id"]), {"tool_calls": [call]})
         if kind == events.TOOL_CALL_DELTA:
             call = {"index": event["index"], "function": {"arguments": event["arguments_delta"]}}

@@ -9,14 +9,14 @@ vLLM's HTTP server would.
 (``AsyncNNRPTransport`` with ``httpx2.AsyncClient`` / ``httpx.AsyncClient`` and ``AsyncOpenAI``; ``httpx.Client``
 works as well: each answer is made by the library of the request, :func:`vllm_nnrp_plugin.client.openai.calls.library`.)
 The ``api_key`` the SDK was given travels as it would over HTTPS: the ``Authorization: Bearer <key>`` header the
-SDK builds becomes the connection's authentication block (:mod:`vllm_nnrp_plugin.auth_block`; one pool of sessions
-per key), and a server that requires another key answers 401, which the SDK raises as ``AuthenticationError``.
+SDK builds becomes the connection's authentication block (:mod:`vllm_nnrp_plugin.contract.auth_block`; one pool of
+sessions per key), and a server that requires another key answers 401, which the SDK raises as ``AuthenticationError``.
 The host in ``base_url`` is never contacted; the transport speaks to the NNRP endpoint given through the project's
-asyncio client (:func:`vllm_nnrp_plugin.client.connection.connect`): ``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
+asyncio client (:func:`vllm_nnrp_plugin.client.aio.connection.connect`): ``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
 ``unix:///PATH``, ``ws://HOST:PORT[/PATH]``, ``wss://HOST:PORT[/PATH]`` or ``quic://HOST:PORT`` (the TLS ones —
 ``nnrps``, ``wss``, ``quic`` — trust ``trusted_cert_der``, the server certificate or its CA in DER, else
 ``tls_ca_file``, a PEM file of CA or server certificates, else the system's trust store: the same as
-:func:`~vllm_nnrp_plugin.client.connection.connect`).
+:func:`~vllm_nnrp_plugin.client.aio.connection.connect`).
 
 * ``POST …/chat/completions``, ``POST …/responses``, ``POST …/embeddings`` → one ``chat.completions.create``,
   ``responses.create``, ``embeddings.create`` submit; streamed answers flow as the events arrive
@@ -25,19 +25,19 @@ asyncio client (:func:`vllm_nnrp_plugin.client.connection.connect`): ``tcp://HOS
   document on a server without it). Anything else → FastAPI's 404/405. The routing and the answers are
   :mod:`vllm_nnrp_plugin.client.openai.calls`; the exchange (submit, refusals, timeouts, cancel) is
   :mod:`vllm_nnrp_plugin.client.openai.exchange`; the sessions it runs on are
-  :mod:`vllm_nnrp_plugin.client.openai.pool`.
+  :mod:`vllm_nnrp_plugin.client.aio.pool`.
 * ``response.error`` → its HTTP status and vLLM's error body (so the SDK raises ``NotFoundError``,
   ``BadRequestError``, ``RateLimitError``, ``InternalServerError``, …), except ``request_timeout``, which is
   ``ReadTimeout`` (the SDK's ``APITimeoutError``), as when the SDK's own timeout fires over HTTP.
 * Fan-out: concurrent calls share the transport's sessions and connections, which grow with the calls by the
-  server's credit (``max_connections``, ``max_sessions_per_connection``: :mod:`vllm_nnrp_plugin.client.openai.pool`),
+  server's credit (``max_connections``, ``max_sessions_per_connection``: :mod:`vllm_nnrp_plugin.client.aio.pool`),
   and calls beyond that wait their turn (the request's pool timeout) instead of being refused.
 * A fleet: several endpoints (a list, or one string of comma-separated ones; a list of one for a balancer's
   address or a host name with several addresses) run one pool per replica: each call goes to the replica with
   the most free capacity, a replica that refuses, drains or is lost gets no call until it is back, and a call
   whose replica went away before it produced anything is submitted once more on another; a stream that already
   produced events ends with ``ReadError`` (``APIConnectionError``) as over HTTP
-  (:mod:`vllm_nnrp_plugin.client.fleet_pool`).
+  (:mod:`vllm_nnrp_plugin.client.fleet.pool`).
 * Closing the response (``stream.close()``, leaving ``with``, a cancelled asyncio task) before its terminal sends
   a FRAME_CANCEL, so the server aborts the vLLM request. Cancelling the task that awaits or iterates a call
   always raises ``CancelledError`` in it.
@@ -77,12 +77,12 @@ from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
 
-from vllm_nnrp_plugin.auth_block import AuthBlockError
+from vllm_nnrp_plugin.client.aio.pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
+from vllm_nnrp_plugin.client.fleet.pool import FleetPool, check_spec, is_fleet
 from vllm_nnrp_plugin.client.openai.calls import Call, Item
 from vllm_nnrp_plugin.client.openai.exchange import Exchange, trace_of_caller
-from vllm_nnrp_plugin.client.fleet_pool import FleetPool, check_spec, is_fleet
-from vllm_nnrp_plugin.client.openai.pool import MAX_CONNECTIONS, MAX_SESSIONS_PER_CONNECTION, Pool
-from vllm_nnrp_plugin.controls import priority_class_of
+from vllm_nnrp_plugin.contract.auth_block import AuthBlockError
+from vllm_nnrp_plugin.core.controls import priority_class_of
 
 __all__ = ["AsyncNNRPTransport", "NNRPTransport"]
 
@@ -94,8 +94,8 @@ EXIT_WAIT_S = 1.0
 
 def _check_uri(uri: str | Sequence[str]) -> None:
     """Raises :class:`~vllm_nnrp_plugin.client.errors.ClientAddressError` (a ``ValueError``) for an endpoint
-    :func:`~vllm_nnrp_plugin.client.connection.connect` cannot use, naming the forms it can; several endpoints
-    (a list, or one comma-separated string: a fleet, :mod:`vllm_nnrp_plugin.client.fleet_pool`) are each checked."""
+    :func:`~vllm_nnrp_plugin.client.aio.connection.connect` cannot use, naming the forms it can; several endpoints
+    (a list, or one comma-separated string: a fleet, :mod:`vllm_nnrp_plugin.client.fleet.pool`) are each checked."""
     check_spec(uri)
 
 
@@ -103,11 +103,16 @@ class _Transport:
     """What both transports share: the endpoint and the pool's settings."""
 
     def __init__(
-        self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
-        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
-        tls_ca_file: str | os.PathLike[str] | None = None, priority_class: str = "balanced",
+        self,
+        uri: str,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION,
+        trusted_cert_der: bytes | None = None,
+        tls_ca_file: str | os.PathLike[str] | None = None,
+        priority_class: str = "balanced",
         operation_timeout_s: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         _check_uri(uri)
         priority_class_of(priority_class)
         if tls_ca_file is not None:
@@ -119,14 +124,18 @@ class _Transport:
         self._uri = uri
         #: the bound on every call's whole operation (s; None: only the read timeout's silence bound)
         self.operation_timeout_s = operation_timeout_s
-        self._pool_options = {"max_connections": max_connections,
-                              "max_sessions_per_connection": max_sessions_per_connection,
-                              "trusted_cert_der": trusted_cert_der, "tls_ca_file": tls_ca_file,
-                              "priority_class": priority_class}  # fmt: skip
+        self._pool_options: dict[str, Any] = {
+            "max_connections": max_connections,
+            "max_sessions_per_connection": max_sessions_per_connection,
+            "trusted_cert_der": trusted_cert_der,
+            "tls_ca_file": tls_ca_file,
+            "priority_class": priority_class,
+        }
 
-    def _new_pool(self, api_key: str | None) -> Pool | FleetPool:
+    def _new_pool(self, api_key: str | None) -> Pool:
         if is_fleet(self._uri):  # several addresses, or a list: one pool per replica, calls moved when unstarted
-            return FleetPool(self._uri, api_key=api_key, **self._pool_options)
+            # a FleetPool serves where a Pool does: the same acquire/release/aclose/abort/loop
+            return FleetPool(self._uri, api_key=api_key, **self._pool_options)  # type: ignore[return-value]  # duck-typed
         return Pool(self._uri, api_key=api_key, **self._pool_options)
 
 
@@ -176,14 +185,15 @@ def _stop_at_exit() -> None:
 class NNRPTransport(_Transport):
     """A sync ``httpx.Client`` / ``httpx2.Client`` transport to an NNRP endpoint (module docstring). Thread-safe.
     ``max_connections`` / ``max_sessions_per_connection``: the pool's bounds
-    (:mod:`vllm_nnrp_plugin.client.openai.pool`). ``trusted_cert_der`` (DER bytes) or ``tls_ca_file`` (path of a
+    (:mod:`vllm_nnrp_plugin.client.aio.pool`). ``trusted_cert_der`` (DER bytes) or ``tls_ca_file`` (path of a
     PEM file of CA or server certificates, e.g. the ``nnrp.crt`` of docs/operating.md's TLS walk-through): what
     ``nnrps://``, ``wss://`` and ``quic://`` trust instead of the system's store, as for
-    :func:`~vllm_nnrp_plugin.client.connection.connect`. ``priority_class``: the NNRP priority class of every
+    :func:`~vllm_nnrp_plugin.client.aio.connection.connect`. ``priority_class``: the NNRP priority class of every
     session (``"interactive"``, ``"balanced"``, ``"background"``). ``operation_timeout_s``: a bound on each
     call's whole operation (s; by default none: the SDK's read timeout bounds the silence between events, as
     over HTTP). Raises ``ValueError`` for an endpoint that is none of
-    :data:`vllm_nnrp_plugin.client.connection.FORMS` (a :class:`~vllm_nnrp_plugin.client.errors.ClientAddressError`),
+    :data:`vllm_nnrp_plugin.client.aio.connection.FORMS` (a
+    :class:`~vllm_nnrp_plugin.client.errors.ClientAddressError`),
     another priority class, or a ``tls_ca_file`` that cannot be read."""
 
     def __init__(self, uri: str, **pool_options: Any) -> None:

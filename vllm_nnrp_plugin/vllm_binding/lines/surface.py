@@ -34,7 +34,6 @@ def family_of(version: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-
 @attrs.frozen
 class Surface:
     """What the installed vLLM offers, as read by :func:`read_surface`.
@@ -110,9 +109,7 @@ BUILD_APP_022 = Probe(
     "build_app(args, supported_tasks, model_config) (0.22+ shape)",
     lambda s: "model_config" in s.build_app_params,
 )
-RELOCATED = Probe(
-    f"the relocated {RELOCATED_APP_MODULE}.build_app layout (0.29+)", lambda s: s.relocated_launchers
-)
+RELOCATED = Probe(f"the relocated {RELOCATED_APP_MODULE}.build_app layout (0.29+)", lambda s: s.relocated_launchers)
 ENDPOINT_PLUGINS = Probe("vllm.plugins.load_endpoint_plugins", lambda s: s.endpoint_plugins)
 NO_ENDPOINT_PLUGINS = Probe(
     "no vllm.plugins.load_endpoint_plugins (the 0.18/0.22 lines have none)", lambda s: not s.endpoint_plugins

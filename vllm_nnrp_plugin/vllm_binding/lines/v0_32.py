@@ -10,4 +10,6 @@
 
 from vllm_nnrp_plugin.vllm_binding.lines.surface import ENDPOINT_PLUGIN, MIDDLEWARE, RELOCATED_LAYOUT, Binding
 
-BINDING = Binding("vllm-0.32", ("0.29.0", "0.30.0", "0.31.0", "0.32.0"), (ENDPOINT_PLUGIN, MIDDLEWARE), RELOCATED_LAYOUT)
+BINDING = Binding(
+    "vllm-0.32", ("0.29.0", "0.30.0", "0.31.0", "0.32.0"), (ENDPOINT_PLUGIN, MIDDLEWARE), RELOCATED_LAYOUT
+)

@@ -1,5 +1,7 @@
-"""The openai transports' fan-out: NNRP sessions on connections to one endpoint, on one event loop, sized by the
-server's credit, so that N concurrent calls of one client all run, as over HTTP, instead of being refused.
+"""A fan-out of the asyncio client: NNRP sessions on connections to one endpoint, on one event loop, sized by the
+server's credit, so that N concurrent calls of one client all run, as over HTTP, instead of being refused. What the
+``openai`` transports (:mod:`vllm_nnrp_plugin.client.openai`) run on, one per replica under a fleet
+(:mod:`vllm_nnrp_plugin.client.fleet.pool`).
 
 ::
 
@@ -48,9 +50,9 @@ from typing import Any
 
 from nnrp.core.enums import MessageType
 
-from vllm_nnrp_plugin.client.connection import Connection, Session, connect
+from vllm_nnrp_plugin.client.aio.connection import Connection, Session, connect
 from vllm_nnrp_plugin.client.errors import ClientConnectionError, ClientError
-from vllm_nnrp_plugin.controls import priority_class_of
+from vllm_nnrp_plugin.core.controls import priority_class_of
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
@@ -115,7 +117,7 @@ class _Link:
 
 
 class Pool:
-    """Sessions to ``uri`` (any form of :func:`vllm_nnrp_plugin.client.connection.connect`: ``tcp://``,
+    """Sessions to ``uri`` (any form of :func:`vllm_nnrp_plugin.client.aio.connection.connect`: ``tcp://``,
     ``unix://``, ``ws://``, and the TLS ones ``nnrps://``, ``wss://``, ``quic://`` with ``trusted_cert_der`` (DER),
     ``tls_ca_file`` (PEM) or the system's trust store) for one client and one ``api_key`` (sent by
     every connection it makes), on the running loop it is made on (module docstring for the policy). Every
@@ -123,10 +125,16 @@ class Pool:
     for another)."""
 
     def __init__(
-        self, uri: str, *, max_connections: int = MAX_CONNECTIONS,
-        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION, trusted_cert_der: bytes | None = None,
-        tls_ca_file: str | None = None, api_key: str | None = None, priority_class: str = "balanced",
-    ) -> None:  # fmt: skip
+        self,
+        uri: str,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        max_sessions_per_connection: int = MAX_SESSIONS_PER_CONNECTION,
+        trusted_cert_der: bytes | None = None,
+        tls_ca_file: str | None = None,
+        api_key: str | None = None,
+        priority_class: str = "balanced",
+    ) -> None:
         priority_class_of(priority_class)
         self.priority_class = priority_class
         self.uri = uri
@@ -322,10 +330,15 @@ class Pool:
     async def _connect(self) -> None:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                conn = await connect(self.uri, api_key=self.api_key, trusted_cert_der=self.trusted_cert_der,
-                                     tls_ca_file=self.tls_ca_file)  # fmt: skip
+                conn = await connect(
+                    self.uri, api_key=self.api_key, trusted_cert_der=self.trusted_cert_der, tls_ca_file=self.tls_ca_file
+                )
         except (ClientError, TimeoutError) as exc:
-            exc = exc if isinstance(exc, ClientError) else ClientConnectionError(f"cannot connect to {self.uri}: timed out")
+            exc = (
+                exc
+                if isinstance(exc, ClientError)
+                else ClientConnectionError(f"cannot connect to {self.uri}: timed out")
+            )
             self._connecting -= 1
             self._fail_if_stranded(exc)
             return
@@ -412,7 +425,7 @@ class Pool:
         if lane.in_flight or self._closed or self._is_first(lane) or lane not in link.lanes:
             return
         link.lanes.remove(lane)
-        if not link.lanes and link is not (self._links[:1] or [None])[0] and not link.opening:
+        if not link.lanes and link is not (self._links[0] if self._links else None) and not link.opening:
             with contextlib.suppress(ValueError):
                 self._links.remove(link)
             self._spawn(link.conn.close())

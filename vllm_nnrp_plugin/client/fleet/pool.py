@@ -1,5 +1,5 @@
-"""The asyncio shell of :mod:`vllm_nnrp_plugin.client.fleet`: one pool of sessions
-(:class:`vllm_nnrp_plugin.client.openai.pool.Pool`) per replica, a call placed on the replica with the most free
+"""The asyncio shell of :mod:`vllm_nnrp_plugin.client.fleet.policy`: one pool of sessions
+(:class:`vllm_nnrp_plugin.client.aio.pool.Pool`) per replica, a call placed on the replica with the most free
 capacity, and a call whose replica went away before it produced anything submitted once more elsewhere.
 
 ::
@@ -14,19 +14,21 @@ It is also what the ``openai`` transports run on when given several addresses or
 (:mod:`vllm_nnrp_plugin.client.openai.transport`): :meth:`FleetPool.acquire` / :meth:`FleetPool.release` are the
 single-replica pool's, and the lane it hands out submits :class:`FailoverOperation` s.
 
-* **Placement and health**: :class:`vllm_nnrp_plugin.client.fleet.Fleet` with each replica's :class:`~.fleet.Load`
-  read from its pool (the first session's grant, the pool's operations in flight, its BACKPRESSURE holds).
+* **Placement and health**: :class:`vllm_nnrp_plugin.client.fleet.policy.Fleet` with each replica's
+  :class:`~vllm_nnrp_plugin.client.fleet.policy.Load` read from its pool (the first session's grant, the pool's
+  operations in flight, its BACKPRESSURE holds).
   A replica whose connect or first session fails is out (the call tries the next replica at once; a wrong API
   key is not a replica's fault and is raised); one that sends the drain BACKPRESSURE
-  (:mod:`vllm_nnrp_plugin.draining`) is draining: its pool is retired (running operations finish on it; it is
-  closed once they did) and the next call there opens a fresh pool.
+  (:mod:`vllm_nnrp_plugin.contract.draining`) is draining: its pool is retired (running operations finish on it;
+  it is closed once they did) and the next call there opens a fresh pool.
 * **Failover**: :class:`FailoverOperation` reads the first event of its operation; when the first read says the
-  replica went away (:func:`vllm_nnrp_plugin.client.fleet.unstarted_failure`) the same envelope is submitted on
-  another replica (at most :func:`~.fleet.max_attempts` submits), transparently to the reader. Once an event
-  was read, a failure is the reader's (``ClientConnectionError``; the SDK's ``APIConnectionError``): never
-  retried.
+  replica went away (:func:`vllm_nnrp_plugin.client.fleet.policy.unstarted_failure`) the same envelope is
+  submitted on another replica (at most :func:`~vllm_nnrp_plugin.client.fleet.policy.max_attempts` submits),
+  transparently to the reader. Once an event was read, a failure is the reader's (``ClientConnectionError``; the
+  SDK's ``APIConnectionError``): never retried.
 * **Names**: a ``tcp://`` / ``ws://`` address whose host is a name is resolved (``loop.getaddrinfo``) before the
-  first call and again every :data:`~.fleet.RESOLVE_EVERY_S`; each address found is a replica. A failed
+  first call and again every :data:`~vllm_nnrp_plugin.client.fleet.policy.RESOLVE_EVERY_S`; each address found is a
+  replica. A failed
   resolution keeps the last addresses (the first one failing fails the call with ``ClientConnectionError``).
 
 Everything runs on the loop the pool is made on (no locks). Time: ``time.monotonic`` seconds.
@@ -40,11 +42,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from vllm_nnrp_plugin import draining
-from vllm_nnrp_plugin.client import fleet as policy
-from vllm_nnrp_plugin.client.connection import address_of
+from vllm_nnrp_plugin.client.aio.connection import address_of
+from vllm_nnrp_plugin.client.aio.pool import Lane, Pool
 from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientConnectionError, ClientError
-from vllm_nnrp_plugin.client.openai.pool import Lane, Pool
+from vllm_nnrp_plugin.client.fleet import policy
+from vllm_nnrp_plugin.contract import draining
 
 __all__ = ["FailoverOperation", "FleetLane", "FleetPool", "check_spec", "is_fleet"]
 
@@ -53,8 +55,8 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
 def check_spec(spec: str | Sequence[str]) -> tuple[str, ...]:
-    """The addresses of ``spec`` (:func:`vllm_nnrp_plugin.client.fleet.addresses_of`), each checked as
-    :func:`vllm_nnrp_plugin.client.connection.connect` would. Raises
+    """The addresses of ``spec`` (:func:`vllm_nnrp_plugin.client.fleet.policy.addresses_of`), each checked as
+    :func:`vllm_nnrp_plugin.client.aio.connection.connect` would. Raises
     :class:`~vllm_nnrp_plugin.client.errors.ClientAddressError` (a ``ValueError``)."""
     addresses = policy.addresses_of(spec)
     for address in addresses:
@@ -84,12 +86,13 @@ class _ReplicaPool(Pool):
 
     def _pressure(self, lane: Lane, event: Any) -> None:
         super()._pressure(lane, event)
-        if draining.is_drain_signal(event.kind == _BACKPRESSURE_KIND, event.credit_window, event.pressure_level,
-                                    event.pressure_reason):  # fmt: skip
+        if draining.is_drain_signal(
+            event.kind == _BACKPRESSURE_KIND, event.credit_window, event.pressure_level, event.pressure_reason
+        ):
             self._on_drain(self)
 
     def load(self, now: float) -> policy.Load:
-        """What NNRP told the client about this replica (:class:`vllm_nnrp_plugin.client.fleet.Load`)."""
+        """What NNRP told the client about this replica (:class:`vllm_nnrp_plugin.client.fleet.policy.Load`)."""
         lanes = [lane for link in self._live_links() for lane in link.lanes]
         if not lanes:
             return policy.Load(None, self.in_flight)
@@ -109,14 +112,14 @@ class FleetLane:
 
     def submit(self, envelope: dict[str, Any] | bytes, **options: Any) -> FailoverOperation:
         """Submit ``envelope`` on this lane's session (``options`` as
-        :meth:`vllm_nnrp_plugin.client.connection.Session.submit`); raises as that method (the slot is then
+        :meth:`vllm_nnrp_plugin.client.aio.connection.Session.submit`); raises as that method (the slot is then
         given back)."""
         return FailoverOperation(self.fleet_pool, self, envelope, options)
 
 
 class FleetPool:
     """Sessions to a fleet of replicas (module docstring). ``spec``: a list of NNRP addresses or a string of
-    comma-separated ones; ``options``: every replica pool's (:class:`vllm_nnrp_plugin.client.openai.pool.Pool`:
+    comma-separated ones; ``options``: every replica pool's (:class:`vllm_nnrp_plugin.client.aio.pool.Pool`:
     ``api_key``, ``trusted_cert_der``, ``priority_class``, ``max_connections``,
     ``max_sessions_per_connection``); ``resolve``: ``await resolve(host, port)`` → addresses (default
     ``loop.getaddrinfo``). Made on the running loop that runs it. Raises ``ValueError`` for an unusable spec."""
@@ -149,14 +152,15 @@ class FleetPool:
         return sum(pool.in_flight for pool in [*self._pools.values(), *self._retired])
 
     def loads(self) -> dict[str, policy.Load]:
-        """Each replica's :class:`~vllm_nnrp_plugin.client.fleet.Load` now."""
+        """Each replica's :class:`~vllm_nnrp_plugin.client.fleet.policy.Load` now."""
         now = time.monotonic()
         return {a: (self._pools[a].load(now) if a in self._pools else policy.Load()) for a in self.fleet.addresses}
 
-    async def submit(self, envelope: dict[str, Any] | bytes, *, timeout_s: float | None = None,
-                     **options: Any) -> FailoverOperation:  # fmt: skip
+    async def submit(
+        self, envelope: dict[str, Any] | bytes, *, timeout_s: float | None = None, **options: Any
+    ) -> FailoverOperation:
         """Submit ``envelope`` on the replica with the most free capacity (waiting at most ``timeout_s`` for a
-        slot); ``options`` as :meth:`vllm_nnrp_plugin.client.connection.Session.submit`. The operation gives
+        slot); ``options`` as :meth:`vllm_nnrp_plugin.client.aio.connection.Session.submit`. The operation gives
         its slot back when its terminal arrived. Raises as :meth:`acquire`."""
         lane = await self.acquire(timeout_s)
         try:
@@ -167,8 +171,9 @@ class FleetPool:
         op.when_done(lambda: self.release(lane))
         return op
 
-    async def acquire(self, timeout_s: float | None = None, *, exclude: Sequence[str] = (),
-                      **options: Any) -> FleetLane:  # fmt: skip
+    async def acquire(
+        self, timeout_s: float | None = None, *, exclude: Sequence[str] = (), **options: Any
+    ) -> FleetLane:
         """A slot on the replica :meth:`Fleet.choose` picks (not one of ``exclude``), trying the next one
         at once when a replica cannot give one (it is then out). ``timeout_s``: the longest wait for a slot
         on the replica chosen (s; None: unbounded); ``options``: passed to the replica pool's ``acquire``.
@@ -308,13 +313,14 @@ class FleetPool:
 
 
 class FailoverOperation:
-    """One call's operation over a fleet: :class:`vllm_nnrp_plugin.client.connection.Operation`'s reading API
+    """One call's operation over a fleet: :class:`vllm_nnrp_plugin.client.aio.connection.Operation`'s reading API
     (``async for``, :meth:`batch`, :meth:`result`, :meth:`cancel`, :meth:`when_done`, ``finished``, ``done``,
     ``status_code``, ``drop_reason_code``; the runtime controls act on the current submit) over one submit, or
     more when the replica of the first went away before it produced anything (module docstring)."""
 
-    def __init__(self, fleet_pool: FleetPool, lane: FleetLane, envelope: dict[str, Any] | bytes,
-                 options: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self, fleet_pool: FleetPool, lane: FleetLane, envelope: dict[str, Any] | bytes, options: dict[str, Any]
+    ) -> None:
         self._fleet_pool = fleet_pool
         self._envelope = envelope
         self._options = options
@@ -431,7 +437,7 @@ class FailoverOperation:
             return event
 
     async def batch(self) -> list[dict[str, Any]]:
-        """As :meth:`vllm_nnrp_plugin.client.connection.Operation.batch`, over the submits of the call."""
+        """As :meth:`vllm_nnrp_plugin.client.aio.connection.Operation.batch`, over the submits of the call."""
         while True:
             try:
                 events = await self._op.batch()
@@ -440,7 +446,11 @@ class FailoverOperation:
                     continue
                 self._done()
                 raise
-            if events and not self._started and await self._moved_after(events[0], self._op.finished and len(events) == 1):
+            if (
+                events
+                and not self._started
+                and await self._moved_after(events[0], self._op.finished and len(events) == 1)
+            ):
                 continue
             if events:
                 self._started = True
@@ -473,8 +483,13 @@ class FailoverOperation:
     async def _moved(self, exc: ClientError | None, first: dict[str, Any] | None = None) -> bool:
         """The current submit ended before producing anything (``exc`` its failure, or ``first`` its only
         event): submit once more on another replica and True, or False (the failure is the caller's)."""
-        if (self._started or self._cancelled or exc is not None and not policy.unstarted_failure(exc)
-                or self._attempts >= policy.max_attempts(len(self._fleet_pool.fleet.replicas))):
+        if (
+            self._started
+            or self._cancelled
+            or exc is not None
+            and not policy.unstarted_failure(exc)
+            or self._attempts >= policy.max_attempts(len(self._fleet_pool.fleet.replicas))
+        ):
             self._done()
             return False
         fleet_pool, pool = self._fleet_pool, self._pool

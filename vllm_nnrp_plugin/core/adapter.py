@@ -6,18 +6,18 @@ production, a scripted backend fed with recorded vLLM outputs in unit tests) and
 backend request is always aborted unless it finished: on cancel, client loss, error, timeout or shutdown — on
 a stop by the operation's owner at once, in the callback that decided the stop (:meth:`OperationSink.abort_with`),
 before the operation's task even sees its cancel. When it aborts is the backend request's lifecycle table's
-decision (:mod:`vllm_nnrp_plugin.backend_request`).
+decision (:mod:`vllm_nnrp_plugin.core.backend_request`).
 
 Before dispatch it decodes the envelope (already unwrapped from the submit frame by the NNRP binding) against
 the capability document (only advertised operations, plus the capability fetch ``nnrp.capabilities``),
 reports ``nnrp.timeout_ms`` to the sink (the service turns it into a timer), and takes the operation's trace
 context at the moment of dispatch (the ``openai-compatible/1`` profile's TRACE_CONTEXT mapping: the context
 an operation runs in is fixed when it is dispatched). It applies the envelope's ``nnrp.priority_class`` to the
-operation's runtime controls (:mod:`vllm_nnrp_plugin.controls`), never dispatches an operation whose bound already
+operation's runtime controls (:mod:`vllm_nnrp_plugin.core.controls`), never dispatches an operation whose bound already
 passed, and hands the controls to the backend, which reports the engine's prefix-cache hits back (they go into
 ``response.usage``: :func:`~vllm_nnrp_plugin.profile.events.with_cached_tokens`; bodies stay vLLM's).
 It records the request, backend timing, token usage, the controls and the abort into the sink's
-:class:`~vllm_nnrp_plugin.observation.Observation`.
+:class:`~vllm_nnrp_plugin.observability.observation.Observation`.
 
 Every operation runs the same way; what differs per operation is only the stream mapper that turns the
 backend's stream items into profile events (:data:`STREAM_MAPPERS`). An operation the backend answers with a
@@ -36,13 +36,13 @@ from typing import Any, Protocol
 
 import attrs
 
-from vllm_nnrp_plugin.backend_request import BackendRequest
-from vllm_nnrp_plugin.backend_request import Input as BackendInput
-from vllm_nnrp_plugin.backend_request import State as BackendState
-from vllm_nnrp_plugin.controls import RuntimeControls, priority_class_of
-from vllm_nnrp_plugin.eager import start_now
-from vllm_nnrp_plugin.log_safety import traceback_text
-from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.core.backend_request import BackendRequest
+from vllm_nnrp_plugin.core.backend_request import Input as BackendInput
+from vllm_nnrp_plugin.core.backend_request import State as BackendState
+from vllm_nnrp_plugin.core.controls import RuntimeControls, priority_class_of
+from vllm_nnrp_plugin.core.eager import start_now
+from vllm_nnrp_plugin.observability.log_safety import traceback_text
+from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, RESPONSES_CREATE
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION, operation_names
@@ -75,12 +75,16 @@ class Backend(Protocol):
         (:func:`vllm_nnrp_plugin.profile.capabilities.runtime_document`)."""
 
     async def create(
-        self, operation: str, body: dict[str, Any], request_id: str, traceparent: str | None = None,
+        self,
+        operation: str,
+        body: dict[str, Any],
+        request_id: str,
+        traceparent: str | None = None,
         controls: RuntimeControls | None = None,
     ) -> Call:
         """Start ``operation`` (one the capability document lists) with ``body`` under ``request_id``, in the W3C
         trace ``traceparent`` when given, steered by the operation's runtime ``controls`` (the backend applies
-        its priority and token budget and reports what the engine did: :mod:`vllm_nnrp_plugin.controls`);
+        its priority and token budget and reports what the engine did: :mod:`vllm_nnrp_plugin.core.controls`);
         raises :class:`ProfileError` when refused."""
 
     def engine_request_id(self, operation: str, request_id: str) -> str:
@@ -118,7 +122,9 @@ STREAM_MAPPERS: dict[str, Callable[[dict[str, Any]], StreamMapper]] = {
 class OperationSink(Protocol):
     """Where events go (implemented by :class:`vllm_nnrp_plugin.nnrp_binding.server_operation.ServerOperation`)."""
 
-    observation: Observation
+    @property
+    def observation(self) -> Observation: ...
+
     controls: RuntimeControls
 
     def partial(self, event: dict[str, Any]) -> None: ...
@@ -208,7 +214,8 @@ async def run_operation(
 
 def _log_unexpected(sink: OperationSink, stage: str, exc: BaseException) -> None:
     """Log ``exc``, once, with its traceback: the server's record of what failed (never sent to the client), its
-    messages escaped and bounded (they may quote the request: :func:`~vllm_nnrp_plugin.log_safety.traceback_text`)."""
+    messages escaped and bounded (they may quote the request:
+    :func:`~vllm_nnrp_plugin.observability.log_safety.traceback_text`)."""
     record = sink.observation
     logger.error("NNRP operation %d of session %d failed while %s\n%s", record.operation_id, record.session_id, stage,
                  traceback_text(exc))  # fmt: skip
@@ -255,13 +262,17 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
     try:
         trace = sink.dispatch()
         call = await backend.create(
-            envelope.operation, envelope.body, request_id, trace.traceparent() if trace is not None else None,
+            envelope.operation,
+            envelope.body,
+            request_id,
+            trace.traceparent() if trace is not None else None,
             controls,
         )
         if call.stream is None:
             abort.finished()
             sink.abort_with(None)
             record.backend_done(time.monotonic_ns())
+            assert call.body is not None  # a Call has a body or a stream
             _record_usage(record, call.body)
             sink.complete(call.body)
             return
@@ -342,8 +353,8 @@ async def _through_cancels(release: asyncio.Future) -> None:
 
 class _BackendAbort:
     """The abort of one operation's backend request, as its lifecycle table decides
-    (:mod:`vllm_nnrp_plugin.backend_request`): :meth:`now` when its owner stops it (started at once, in that very
-    callback, :func:`~vllm_nnrp_plugin.eager.start_now`), and :meth:`last` on the adapter's way out, which aborts
+    (:mod:`vllm_nnrp_plugin.core.backend_request`): :meth:`now` when its owner stops it (started at once, in that very
+    callback, :func:`~vllm_nnrp_plugin.core.eager.start_now`), and :meth:`last` on the adapter's way out, which aborts
     again after an abort that came before the backend streamed (and was accepted), and aborts a request not
     aborted yet. The record keeps the first abort."""
 

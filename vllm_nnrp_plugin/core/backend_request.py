@@ -1,10 +1,10 @@
 """The lifecycle of one operation's backend request, as a table (no I/O, no clock reads), the way
-:mod:`vllm_nnrp_plugin.operation` drives the operation itself.
+:mod:`vllm_nnrp_plugin.core.operation` drives the operation itself.
 
 :class:`BackendRequest` moves only through :data:`TRANSITIONS`, ``(state, input) -> (abort, new state)``:
-``abort`` True asks the adapter (:mod:`vllm_nnrp_plugin.adapter`) to start an abort of the request now. The
+``abort`` True asks the adapter (:mod:`vllm_nnrp_plugin.core.adapter`) to start an abort of the request now. The
 inputs come from the adapter: the backend streamed its first output (``STREAM``), the owner stops the operation
-(``STOP``: the abort starts in that very callback, :func:`vllm_nnrp_plugin.eager.start_now`), an abort was not
+(``STOP``: the abort starts in that very callback, :func:`vllm_nnrp_plugin.core.eager.start_now`), an abort was not
 accepted (``REFUSED``: the engine is gone, at shutdown), the backend's stream ended (``FINISH``), and the
 adapter's way out (``RELEASE``: an unfinished request is always aborted).
 

@@ -28,7 +28,7 @@ from nnrp.schema import StreamSemantics
 from vllm_nnrp_plugin.profile import errors as E
 
 if TYPE_CHECKING:  # the server's decisions; the client uses only the typed bodies and never imports them
-    from vllm_nnrp_plugin.operation import DropReason, PartialResult, ResultDrop, ResultPush
+    from vllm_nnrp_plugin.core.operation import DropReason, PartialResult, ResultDrop, ResultPush
 
 STRUCTURED_EVENT = int(PayloadKind.STRUCTURED_EVENT)
 

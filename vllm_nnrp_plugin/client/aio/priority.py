@@ -1,12 +1,12 @@
 """An operation's own priority class in its envelope, ``{"nnrp": {"priority_class": "<name>"}}`` (the names of
-:data:`vllm_nnrp_plugin.controls.PRIORITY_CLASSES`: NNRP ``priority_class`` 0, 1, 2, u8 in SESSION_OPEN, u16 in
+:data:`vllm_nnrp_plugin.core.controls.PRIORITY_CLASSES`: NNRP ``priority_class`` 0, 1, 2, u8 in SESSION_OPEN, u16 in
 PRIORITY_UPDATE; nnrp-rs ``crates/nnrp-core/src/enums.rs`` ``PriorityClass``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from vllm_nnrp_plugin.controls import priority_class_of
+from vllm_nnrp_plugin.core.controls import priority_class_of
 
 
 def with_priority_class(envelope: dict[str, Any], name: str) -> dict[str, Any]:

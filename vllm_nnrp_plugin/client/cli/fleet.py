@@ -1,5 +1,5 @@
 """``vllm-nnrp`` over a fleet: ``--endpoint`` naming several addresses (comma-separated) runs the command's one
-operation through :class:`vllm_nnrp_plugin.client.fleet_pool.FleetPool` (the replica with the most free capacity;
+operation through :class:`vllm_nnrp_plugin.client.fleet.pool.FleetPool` (the replica with the most free capacity;
 once more on another replica when the first went away before any event), with the exit statuses of
 :mod:`vllm_nnrp_plugin.client.cli`: 0 success, 1 ``response.error``, 2 a drop or transport failure (no replica
 reachable included), 3 a timeout."""
@@ -35,21 +35,28 @@ async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], print
     """Submit ``envelope`` over the fleet of ``args.endpoint`` and show its events with ``printer`` (as the
     single-address path of :mod:`vllm_nnrp_plugin.client.cli` does); the exit status. ``args.timeout`` (s) bounds
     the wait for a replica's session and each wait for the next event."""
-    from vllm_nnrp_plugin.client.fleet_pool import FleetPool
+    from vllm_nnrp_plugin.client.fleet.pool import FleetPool
 
     try:
-        pool = FleetPool(args.endpoint, api_key=api_key, trusted_cert_der=_trusted_der(args.tls_ca),
-                         priority_class=args.priority or "balanced")  # fmt: skip
+        pool = FleetPool(
+            args.endpoint,
+            api_key=api_key,
+            trusted_cert_der=_trusted_der(args.tls_ca),
+            priority_class=args.priority or "balanced",
+        )
     except (ValueError, OSError) as exc:
         print(f"vllm-nnrp: {args.endpoint}: {exc}", file=sys.stderr)
         return 2
     try:
         try:
-            op = await asyncio.wait_for(pool.submit(envelope, timeout_s=args.timeout, read_timeout_s=args.timeout),
-                                        args.timeout)  # fmt: skip
+            op = await asyncio.wait_for(
+                pool.submit(envelope, timeout_s=args.timeout, read_timeout_s=args.timeout), args.timeout
+            )
         except AuthenticationFailed:
-            print(f"vllm-nnrp: {args.endpoint} requires an API key and refused this one (or none was given)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"vllm-nnrp: {args.endpoint} requires an API key and refused this one (or none was given)",
+                file=sys.stderr,
+            )
             return 2
         except (ClientError, TimeoutError) as exc:
             print(f"vllm-nnrp: cannot reach the fleet {args.endpoint}: {exc or 'timed out'}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """How a draining replica says so on the wire, shared by the server (:meth:`vllm_nnrp_plugin.service.NNRPService.drain`)
-and the fleet clients (:mod:`vllm_nnrp_plugin.client.fleet`). Plain data.
+and the fleet clients (:mod:`vllm_nnrp_plugin.client.fleet.policy`). Plain data.
 
 A replica that drains (vLLM's shutdown on SIGTERM, ``nnrp.drain_timeout_ms``):
 
@@ -31,5 +31,9 @@ DRAINING_DIAGNOSTIC = "the server is stopping"
 def is_drain_signal(kind_is_backpressure: bool, credit_window: int, pressure_level: int, pressure_reason: int) -> bool:
     """True for the BACKPRESSURE a draining replica sends (module docstring): credit window 0, level paused,
     reason draining."""
-    return (kind_is_backpressure and credit_window == 0 and pressure_level == PRESSURE_LEVEL_PAUSED
-            and pressure_reason == PRESSURE_REASON_DRAINING)  # fmt: skip
+    return (
+        kind_is_backpressure
+        and credit_window == 0
+        and pressure_level == PRESSURE_LEVEL_PAUSED
+        and pressure_reason == PRESSURE_REASON_DRAINING
+    )

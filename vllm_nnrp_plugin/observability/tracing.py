@@ -15,11 +15,13 @@ vLLM's own ``llm_request`` span), ``gen_ai.usage.input_tokens``, ``gen_ai.usage.
 
 from __future__ import annotations
 
+from typing import Any
+
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from vllm_nnrp_plugin import __version__
-from vllm_nnrp_plugin.observation import ERROR, Observation
+from vllm_nnrp_plugin.observability.observation import ERROR, Observation
 
 
 def tracer() -> trace.Tracer:
@@ -45,7 +47,7 @@ def emit_span(tracer_: trace.Tracer, record: Observation) -> None:
         f"nnrp {record.operation or 'submit'}", context=parent, kind=SpanKind.SERVER, start_time=start
     )
     if span.is_recording():
-        attributes = {
+        attributes: dict[str, Any] = {
             "nnrp.operation_id": record.operation_id,
             "nnrp.frame_id": record.frame_id,
             "nnrp.session_id": record.session_id,

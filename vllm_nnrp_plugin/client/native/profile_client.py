@@ -1,7 +1,7 @@
 """A small ``openai-compatible/1`` client over nnrp-py's native client (used by ``vllm-nnrp``, the conformance
 driver and the tests, as the oracle of nnrp-py's own client). One session, no fan-out: more operations at once
 than the session's ``max_in_flight_per_session`` get ``too_many_requests`` (the ``openai`` transports fan out,
-:mod:`vllm_nnrp_plugin.client.openai.pool`).
+:mod:`vllm_nnrp_plugin.client.aio.pool`).
 
 ::
 
@@ -58,8 +58,6 @@ from nnrp.native import (
 from nnrp.runtime import TraceContextMetadata
 from nnrp.schema import StreamSemantics
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.client.events import ClientEvent
 from vllm_nnrp_plugin.client.errors import (
     ClientAddressError,
     ClientError,
@@ -67,8 +65,10 @@ from vllm_nnrp_plugin.client.errors import (
     ClientTimeout,
     ClientTransportError,
 )
-from vllm_nnrp_plugin.controls import priority_class_of
-from vllm_nnrp_plugin.endpoints import EndpointError, parse_endpoint
+from vllm_nnrp_plugin.client.events import ClientEvent
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.contract.endpoints import EndpointError, parse_endpoint
+from vllm_nnrp_plugin.core.controls import priority_class_of
 from vllm_nnrp_plugin.profile import SCHEMA_VERSION
 from vllm_nnrp_plugin.profile.capabilities import CAPABILITIES_OPERATION
 
@@ -106,7 +106,7 @@ class ProfileClient:
     async def connect(
         cls, uri: str, *, trusted_cert_der: bytes | None = None, priority_class: str = "balanced"
     ) -> ProfileClient:
-        """Connect to any URI of :mod:`vllm_nnrp_plugin.endpoints` and open a session.
+        """Connect to any URI of :mod:`vllm_nnrp_plugin.contract.endpoints` and open a session.
         TLS URIs (``nnrps``, ``wss``, ``quic``) need ``trusted_cert_der``: the server certificate (or its CA), DER.
         ``priority_class``: the session's, ``"interactive"`` / ``"balanced"`` / ``"background"`` (SESSION_OPEN
         ``priority_class`` 0 / 1 / 2 through nnrp-py's ``NativeClientSessionOptions``; its other options are
@@ -126,15 +126,19 @@ class ProfileClient:
             security = NativeTransportClientSecurity(server_name=carrier.host, trusted_certificate_der=trusted_cert_der)
         stack = contextlib.ExitStack()
         with _native(f"cannot connect to {uri}"):
-            connection = stack.enter_context(connect_native_client_connection(
-                NativeClientOptions(
-                    endpoint=carrier.endpoint,
-                    provider_routes={
-                        carrier.transport: NativeClientProviderRoute(provider_endpoint=carrier.provider_uri, security=security)
-                    },
-                    transport_policy=_POLICY[carrier.transport],
+            connection = stack.enter_context(
+                connect_native_client_connection(
+                    NativeClientOptions(
+                        endpoint=carrier.endpoint,
+                        provider_routes={
+                            carrier.transport: NativeClientProviderRoute(
+                                provider_endpoint=carrier.provider_uri, security=security
+                            )
+                        },
+                        transport_policy=_POLICY[carrier.transport],
+                    )
                 )
-            ))
+            )
         try:
             with _native(f"{uri} did not open a session"):
                 session = await connection.open_session(session_options)
@@ -170,9 +174,11 @@ class ProfileClient:
             operation = self.session.submit_operation(request)
             if deadline_unix_ms is not None:
                 self.connection.update_runtime_deadline(
-                    self.session, operation_id=operation_id, control_sequence=self._sequence(operation_id),
+                    self.session,
+                    operation_id=operation_id,
+                    control_sequence=self._sequence(operation_id),
                     deadline_unix_ms=deadline_unix_ms,
-                )  # fmt: skip
+                )
         return operation
 
     def update_priority(self, op: Any, priority_class: str) -> None:
@@ -181,9 +187,11 @@ class ProfileClient:
         code = priority_class_of(priority_class)
         with _native(f"PRIORITY_UPDATE of operation {op.operation_id} failed"):
             self.connection.update_runtime_priority(
-                self.session, operation_id=op.operation_id, control_sequence=self._sequence(op.operation_id),
+                self.session,
+                operation_id=op.operation_id,
+                control_sequence=self._sequence(op.operation_id),
                 priority_class=code,
-            )  # fmt: skip
+            )
 
     def supersede(self, op: Any, new: Any = None) -> None:
         """SUPERSEDE of ``op`` by ``new`` (another operation of this client, or None: new_operation_id 0), drop
@@ -191,9 +199,11 @@ class ProfileClient:
         :class:`ClientTransportError`."""
         with _native(f"SUPERSEDE of operation {op.operation_id} failed"):
             self.connection.supersede_runtime_operation(
-                self.session, old_operation_id=op.operation_id, new_operation_id=0 if new is None else new.operation_id,
+                self.session,
+                old_operation_id=op.operation_id,
+                new_operation_id=0 if new is None else new.operation_id,
                 control_sequence=self._sequence(op.operation_id),
-            )  # fmt: skip
+            )
 
     def update_budget(self, op: Any, tokens: int) -> None:
         """BUDGET_UPDATE for ``op``: ``token_budget`` = ``tokens`` (1..2**32-1), the other budgets 0. Raises
@@ -209,8 +219,15 @@ class ProfileClient:
         return sequence
 
     def trace_context(
-        self, trace_id: int, span_id: int, *, parent_span_id: int = 0, stage_code: int = 0, flags: int = 1,
-        attributes: bytes = b"", op: Any = None,
+        self,
+        trace_id: int,
+        span_id: int,
+        *,
+        parent_span_id: int = 0,
+        stage_code: int = 0,
+        flags: int = 1,
+        attributes: bytes = b"",
+        op: Any = None,
     ) -> None:
         """Send a TRACE_CONTEXT: session scope (default for operations dispatched later), or ``op``'s scope
         (only while ``op`` is active). ``flags`` bit 0 = sampled; ``attributes`` is the opaque body."""

@@ -1,7 +1,7 @@
 """One observation record per operation: the single source of the operation's log line, diagnostics,
 metrics and span (plain data, no I/O, no clock: every time is passed in by the caller).
 
-The operation's rules (:class:`vllm_nnrp_plugin.operation.Operation`), the NNRP binding and the adapter fill
+The operation's rules (:class:`vllm_nnrp_plugin.core.operation.Operation`), the NNRP binding and the adapter fill
 one :class:`Observation` as the operation lives:
 
 | step | who calls | fields |
@@ -31,8 +31,8 @@ from typing import Any
 
 import attrs
 
-from vllm_nnrp_plugin.controls import PRIORITY_CLASSES, RuntimeControls
-from vllm_nnrp_plugin.log_safety import loggable, quote_field
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES, RuntimeControls
+from vllm_nnrp_plugin.observability.log_safety import loggable, quote_field
 from vllm_nnrp_plugin.profile.trace import TraceContext
 
 COMPLETED = "completed"
@@ -95,7 +95,7 @@ class Observation:
     cancel_ns: int | None = None
     abort_ns: int | None = None
     abort_accepted: bool | None = None  # None: no abort was needed (the backend request finished)
-    # runtime controls (vllm_nnrp_plugin.controls)
+    # runtime controls (vllm_nnrp_plugin.core.controls)
     priority_class: str | None = None  # the NNRP priority class it ran in
     vllm_priority: int | None = None  # the priority vLLM scheduled it with (None: no priority scheduling)
     late_priority_updates: int = 0  # PRIORITY_UPDATEs after dispatch, which vLLM cannot apply
@@ -167,7 +167,8 @@ class Observation:
 
     @property
     def queue_delay_ms(self) -> float | None:
-        """Submit received -> backend called (ms): time spent between the wire core and the adapter on the event loop."""
+        """Submit received -> backend called (ms): time spent between the wire core and the adapter on the event
+        loop."""
         return _ms(self.submitted_ns, self.started_ns)
 
     @property
@@ -227,8 +228,12 @@ def diagnostics(obs: Observation) -> dict[str, Any]:
         if obs.input_tokens is None
         else {"input_tokens": obs.input_tokens, "output_tokens": obs.output_tokens},
         "cancel": None if obs.cancel_source is None else {"source": obs.cancel_source, "reason": obs.cancel_reason},
-        "priority": None if obs.priority_class is None else {
-            "class": obs.priority_class, "vllm_priority": obs.vllm_priority, "late_updates": obs.late_priority_updates,
+        "priority": None
+        if obs.priority_class is None
+        else {
+            "class": obs.priority_class,
+            "vllm_priority": obs.vllm_priority,
+            "late_updates": obs.late_priority_updates,
         },
         "token_budget": obs.token_budget,
         "cached_tokens": obs.cached_tokens,
@@ -237,20 +242,43 @@ def diagnostics(obs: Observation) -> dict[str, Any]:
 
 
 _LOG_FIELDS = (
-    "operation", "model", "transport", "connection_id", "session_id", "operation_id", "frame_id", "request_id",
-    "outcome", "error_code", "error_family", "cancel_source", "cancel_reason", "abort_accepted", "events",
-    "input_tokens", "output_tokens", "cached_tokens", "priority_class", "vllm_priority", "token_budget",
-)  # fmt: skip
+    "operation",
+    "model",
+    "transport",
+    "connection_id",
+    "session_id",
+    "operation_id",
+    "frame_id",
+    "request_id",
+    "outcome",
+    "error_code",
+    "error_family",
+    "cancel_source",
+    "cancel_reason",
+    "abort_accepted",
+    "events",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "priority_class",
+    "vllm_priority",
+    "token_budget",
+)
 _LOG_DURATIONS = (
-    "queue_delay_ms", "backend_first_chunk_ms", "first_event_ms", "backend_ms", "total_ms", "cancel_to_abort_ms",
-)  # fmt: skip
+    "queue_delay_ms",
+    "backend_first_chunk_ms",
+    "first_event_ms",
+    "backend_ms",
+    "total_ms",
+    "cancel_to_abort_ms",
+)
 
 
 def log_fields(obs: Observation) -> dict[str, Any]:
     """The fields of the operation's log line (no prompt or output text), in a fixed order; ``None``
     values are left out. Every string (``model`` and ``request_id`` come from the client) is made safe for a
-    log line by :func:`vllm_nnrp_plugin.log_safety.loggable` (escaped, at most ``MAX_LOG_CHARS`` characters and
-    a length marker); numbers and booleans stay as they are."""
+    log line by :func:`vllm_nnrp_plugin.observability.log_safety.loggable` (escaped, at most ``MAX_LOG_CHARS``
+    characters and a length marker); numbers and booleans stay as they are."""
     fields = {name: getattr(obs, name) for name in _LOG_FIELDS + _LOG_DURATIONS}
     if obs.trace is not None:
         fields["traceparent"] = obs.trace.traceparent()
@@ -260,7 +288,7 @@ def log_fields(obs: Observation) -> dict[str, Any]:
 
 def log_line(obs: Observation) -> str:
     """``nnrp operation key=value …`` from :func:`log_fields`: one line whatever the client sent (a string value
-    with a space, ``=`` or ``"`` is double-quoted: :func:`vllm_nnrp_plugin.log_safety.quote_field`)."""
+    with a space, ``=`` or ``"`` is double-quoted: :func:`vllm_nnrp_plugin.observability.log_safety.quote_field`)."""
     return "nnrp operation " + " ".join(
         f"{k}={quote_field(v) if type(v) is str else v}" for k, v in log_fields(obs).items()
     )

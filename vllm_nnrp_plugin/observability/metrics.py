@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import os
 import threading
+from wsgiref.simple_server import WSGIServer
 
 import attrs
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
 from vllm_nnrp_plugin.errors import NNRPStartupError
-from vllm_nnrp_plugin.observation import Observation
+from vllm_nnrp_plugin.observability.observation import Observation
 
 # seconds; from sub-millisecond adapter work up to long generations
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -47,61 +48,91 @@ class NNRPMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.operations = Counter(
-            "nnrp_operations", "NNRP operations by terminal outcome (completed, error, cancelled).",
-            ("operation", "outcome", "transport"), registry=registry,
-        )  # fmt: skip
-        self.errors = Counter(
-            "nnrp_errors", "NNRP operations that ended with response.error, by error code and family.",
-            ("code", "family"), registry=registry,
-        )  # fmt: skip
-        self.cancellations = Counter(
-            "nnrp_cancellations", "NNRP operations told to stop, by source (client, transport, server) and reason.",
-            ("source", "reason"), registry=registry,
-        )  # fmt: skip
-        self.aborts = Counter(
-            "nnrp_backend_aborts", "vLLM request aborts issued for unfinished NNRP operations, by whether vLLM "
-            "accepted them.", ("accepted",), registry=registry,
-        )  # fmt: skip
-        self.events = Counter(
-            "nnrp_output_events", "Partial results (profile events) sent to NNRP clients.", ("transport",),
+            "nnrp_operations",
+            "NNRP operations by terminal outcome (completed, error, cancelled).",
+            ("operation", "outcome", "transport"),
             registry=registry,
-        )  # fmt: skip
+        )
+        self.errors = Counter(
+            "nnrp_errors",
+            "NNRP operations that ended with response.error, by error code and family.",
+            ("code", "family"),
+            registry=registry,
+        )
+        self.cancellations = Counter(
+            "nnrp_cancellations",
+            "NNRP operations told to stop, by source (client, transport, server) and reason.",
+            ("source", "reason"),
+            registry=registry,
+        )
+        self.aborts = Counter(
+            "nnrp_backend_aborts",
+            "vLLM request aborts issued for unfinished NNRP operations, by whether vLLM accepted them.",
+            ("accepted",),
+            registry=registry,
+        )
+        self.events = Counter(
+            "nnrp_output_events",
+            "Partial results (profile events) sent to NNRP clients.",
+            ("transport",),
+            registry=registry,
+        )
         self.tokens = Counter(
             "nnrp_tokens", "Tokens of NNRP operations, from the usage vLLM reported.", ("kind",), registry=registry
         )
         self.queue_delay = Histogram(
-            "nnrp_queue_delay_seconds", "NNRP submit received -> vLLM called.", registry=registry,
+            "nnrp_queue_delay_seconds",
+            "NNRP submit received -> vLLM called.",
+            registry=registry,
             buckets=_LATENCY_BUCKETS,
-        )  # fmt: skip
+        )
         self.first_event = Histogram(
-            "nnrp_first_event_latency_seconds", "NNRP submit received -> first partial result sent.",
-            ("transport",), registry=registry, buckets=_LATENCY_BUCKETS,
-        )  # fmt: skip
+            "nnrp_first_event_latency_seconds",
+            "NNRP submit received -> first partial result sent.",
+            ("transport",),
+            registry=registry,
+            buckets=_LATENCY_BUCKETS,
+        )
         self.duration = Histogram(
-            "nnrp_operation_duration_seconds", "NNRP submit received -> terminal sent.", ("operation", "outcome"),
-            registry=registry, buckets=_DURATION_BUCKETS,
-        )  # fmt: skip
+            "nnrp_operation_duration_seconds",
+            "NNRP submit received -> terminal sent.",
+            ("operation", "outcome"),
+            registry=registry,
+            buckets=_DURATION_BUCKETS,
+        )
         self.sessions_active = Gauge(
-            "nnrp_sessions_active", "Open NNRP sessions.", ("transport",), registry=registry,
+            "nnrp_sessions_active",
+            "Open NNRP sessions.",
+            ("transport",),
+            registry=registry,
             multiprocess_mode="livesum",
-        )  # fmt: skip
+        )
         self.sessions = Counter("nnrp_sessions", "NNRP sessions accepted.", ("transport",), registry=registry)
         self.auth_refusals = Counter(
-            "nnrp_auth_refusals", "NNRP session opens refused with auth_failed (no key, or a key vLLM does not hold).",
-            ("transport", "reason"), registry=registry,
-        )  # fmt: skip
+            "nnrp_auth_refusals",
+            "NNRP session opens refused with auth_failed (no key, or a key vLLM does not hold).",
+            ("transport", "reason"),
+            registry=registry,
+        )
         self.connections_refused = Counter(
-            "nnrp_connections_refused", "NNRP connections refused at accept (over nnrp.max_connections, or the "
-            "process out of file descriptors).", ("transport", "reason"), registry=registry,
-        )  # fmt: skip
+            "nnrp_connections_refused",
+            "NNRP connections refused at accept (over nnrp.max_connections, or the process out of file descriptors).",
+            ("transport", "reason"),
+            registry=registry,
+        )
         self.handshake_timeouts = Counter(
-            "nnrp_handshake_timeouts", "NNRP connections closed because no session opened within "
-            "nnrp.handshake_timeout_ms.", ("transport",), registry=registry,
-        )  # fmt: skip
+            "nnrp_handshake_timeouts",
+            "NNRP connections closed because no session opened within nnrp.handshake_timeout_ms.",
+            ("transport",),
+            registry=registry,
+        )
         self.connections_ended = Counter(
-            "nnrp_connections_ended", "NNRP connections the server ended for breaking a bound (credit_violations: "
-            "kept submitting beyond the granted credit).", ("transport", "reason"), registry=registry,
-        )  # fmt: skip
+            "nnrp_connections_ended",
+            "NNRP connections the server ended for breaking a bound (credit_violations: "
+            "kept submitting beyond the granted credit).",
+            ("transport", "reason"),
+            registry=registry,
+        )
 
     def observe(self, record: Observation) -> None:
         """Count one finished operation."""
@@ -157,7 +188,7 @@ def metrics_for(registry: CollectorRegistry | None = None) -> NNRPMetrics:
 class MetricsServer:
     """A standalone ``/metrics`` HTTP server (prometheus-client's); :meth:`close` stops it."""
 
-    server: object
+    server: WSGIServer
     thread: threading.Thread
     address: str  # ``HOST:PORT`` actually bound
 
@@ -191,4 +222,4 @@ def serve_metrics(listen: str, registry: CollectorRegistry | None = None) -> Met
             "free HOST:PORT, or drop nnrp.metrics_listen (the series are in vLLM's own /metrics too)."
         ) from exc
     bound_host, bound_port = server.server_address[:2]
-    return MetricsServer(server, thread, f"{bound_host}:{bound_port}")
+    return MetricsServer(server, thread, f"{bound_host}:{bound_port}")  # type: ignore[str-bytes-safe]  # TCP: a str

@@ -34,7 +34,7 @@ every other rule of an operation:
 
 Frames follow the frozen wire mapping of the ``openai-compatible/1`` profile: ``response.completed`` /
 ``response.error`` as a RESULT_PUSH; a cancellation as a RESULT_DROP_REASON. The NNRP binding
-(:mod:`vllm_nnrp_plugin.wire_mapping`) turns the sealed actions into frames; nothing here knows NNRP types.
+(:mod:`vllm_nnrp_plugin.contract.wire_mapping`) turns the sealed actions into frames; nothing here knows NNRP types.
 An :class:`Operation` is not thread-safe: vLLM's event loop owns it, through
 :class:`vllm_nnrp_plugin.nnrp_binding.server_operation.ServerOperation`, which carries out its decisions. Every
 time is passed in by the caller: ``now_ns`` is ``time.monotonic_ns()``, ``*_unix_ms`` wall-clock ms.
@@ -48,7 +48,7 @@ from typing import Any
 import attrs
 import orjson
 
-from vllm_nnrp_plugin import observation as obs
+from vllm_nnrp_plugin.observability import observation as obs
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events, trace
 from vllm_nnrp_plugin.profile.errors import ProfileError
@@ -134,7 +134,8 @@ class State(enum.Enum):
 
 class Input(enum.Enum):
     """What can happen to an operation, and who says so: the adapter (``DISPATCH``, ``PARTIAL``, ``COMPLETE``,
-    ``FAIL``), the backend binding (``BUDGET``), the session outbox (``OVERFLOW``), the admission (``REFUSE``), the service (``TIME_OUT``,
+    ``FAIL``), the backend binding (``BUDGET``), the session outbox (``OVERFLOW``), the admission (``REFUSE``), the
+    service (``TIME_OUT``,
     ``EXPIRE``, ``SHUT_DOWN``), the carrier (``CANCEL``: FRAME_CANCEL, CANCEL, ABORT, SUPERSEDE or a session's
     end; ``LOSE``; ``TAKE``; ``SEAL``; ``UNSENDABLE``)."""
 
@@ -251,11 +252,13 @@ def cancelled(reason: DropReason, detail: str) -> Terminal:
 
 class Operation:
     """One submitted operation's rules (module docstring): its :attr:`state` moves only through
-    :data:`TRANSITIONS`, every input through :meth:`_step`; its :class:`~vllm_nnrp_plugin.observation.Observation`
+    :data:`TRANSITIONS`, every input through :meth:`_step`; its
+    :class:`~vllm_nnrp_plugin.observability.observation.Observation`
     ``observation`` has the submit times already set.
 
     Decisions (vLLM's event loop in production) return a :class:`Decision` (partial results: the
-    :class:`PartialResult` the event went into, or ``None``: :meth:`partial`); the sending side (the connection) hands each queued partial
+    :class:`PartialResult` the event went into, or ``None``: :meth:`partial`); the sending side (the connection) hands
+    each queued partial
     result to :meth:`take` (``None``: discarded) and asks :meth:`seal` for the terminal.
     """
 

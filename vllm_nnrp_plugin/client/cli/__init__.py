@@ -22,7 +22,7 @@ curl's) bounds the whole operation instead: it is sent as the envelope's ``nnrp.
 the operation with ``request_timeout`` (exit 3).
 
 Every operation command and ``capabilities`` speak the project's asyncio client
-(:mod:`vllm_nnrp_plugin.client.connection`) to ``--endpoint`` (``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
+(:mod:`vllm_nnrp_plugin.client.aio.connection`) to ``--endpoint`` (``tcp://HOST:PORT``, ``nnrps://HOST:PORT``,
 ``unix:///PATH``, ``ws://HOST:PORT[/PATH]``, ``wss://HOST:PORT[/PATH]`` or ``quic://HOST:PORT``) with ``--api-key``
 (default: ``$VLLM_API_KEY``, else ``$OPENAI_API_KEY``; sent only when set: what a ``vllm serve --api-key``
 requires, on every carrier) and, for the TLS carriers ``nnrps://``, ``wss://`` and ``quic://``, ``--tls-ca FILE``
@@ -56,11 +56,8 @@ from typing import Any
 
 import orjson
 
-from vllm_nnrp_plugin.controls import PRIORITY_CLASSES
-from vllm_nnrp_plugin.endpoints import DEFAULT_LISTEN
-
-#: where the key comes from when ``--api-key`` is not given, in order (vLLM's server variable, the SDK's)
-API_KEY_ENVS = ("VLLM_API_KEY", "OPENAI_API_KEY")
+from vllm_nnrp_plugin.contract.endpoints import DEFAULT_LISTEN
+from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.profile import (
     CHAT_COMPLETIONS_CREATE,
     EMBEDDINGS_CREATE,
@@ -71,6 +68,8 @@ from vllm_nnrp_plugin.profile import (
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import events as ev
 
+#: where the key comes from when ``--api-key`` is not given, in order (vLLM's server variable, the SDK's)
+API_KEY_ENVS = ("VLLM_API_KEY", "OPENAI_API_KEY")
 #: values of each embedding ``vllm-nnrp embed`` prints
 SHOWN_VALUES = 4
 #: what ``--json`` prints, per command
@@ -125,18 +124,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _endpoint_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--endpoint", default=DEFAULT_LISTEN,
+        "--endpoint",
+        default=DEFAULT_LISTEN,
         help=f"tcp://HOST:PORT, nnrps://HOST:PORT, unix:///PATH, ws(s)://HOST:PORT[/PATH] or quic://HOST:PORT "
-             f"(default {DEFAULT_LISTEN}); several, comma-separated: the replicas of a fleet",
-    )  # fmt: skip
+        f"(default {DEFAULT_LISTEN}); several, comma-separated: the replicas of a fleet",
+    )
     parser.add_argument(
-        "--api-key", default=None,
+        "--api-key",
+        default=None,
         help=f"the server's API key (vllm serve --api-key; default: ${API_KEY_ENVS[0]}, else ${API_KEY_ENVS[1]})",
-    )  # fmt: skip
-    parser.add_argument("--tls-ca", metavar="FILE", help="PEM CA or server certificate(s) to trust for nnrps://, "
-                        "wss:// and quic:// (default: the system's trust store)")  # fmt: skip
-    parser.add_argument("--priority", choices=tuple(PRIORITY_CLASSES), help="NNRP priority class of the session "
-                        "and the operation (envelope nnrp.priority_class; default: a balanced session)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="PEM CA or server certificate(s) to trust for nnrps://, "
+        "wss:// and quic:// (default: the system's trust store)",
+    )
+    parser.add_argument(
+        "--priority",
+        choices=tuple(PRIORITY_CLASSES),
+        help="NNRP priority class of the session "
+        "and the operation (envelope nnrp.priority_class; default: a balanced session)",
+    )
 
 
 def api_key_of(args: argparse.Namespace, environ: Any = None) -> str | None:
@@ -152,27 +161,42 @@ def _operation_parser(commands: Any, name: str, help_text: str, *, timeout: floa
     parser = commands.add_parser(name, help=help_text)
     _endpoint_option(parser)
     parser.add_argument("--json", action="store_true", help=f"print {raw}")
-    parser.add_argument("--timeout", type=float, default=timeout, help="seconds to wait to connect, to open the "
-                        f"session, and for each next event of the answer (default {timeout:g})")  # fmt: skip
-    parser.add_argument("--max-time", type=float, help="seconds the whole operation may take (envelope "
-                        "nnrp.timeout_ms; default: no bound while events come)")  # fmt: skip
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=timeout,
+        help="seconds to wait to connect, to open the "
+        f"session, and for each next event of the answer (default {timeout:g})",
+    )
+    parser.add_argument(
+        "--max-time",
+        type=float,
+        help="seconds the whole operation may take (envelope nnrp.timeout_ms; default: no bound while events come)",
+    )
     return parser
 
 
 async def _session(args: argparse.Namespace) -> tuple[Any, Any] | None:
     """A connection and an open session to ``args.endpoint``, or None after saying why on stderr."""
-    from vllm_nnrp_plugin.client.connection import connect
+    from vllm_nnrp_plugin.client.aio.connection import connect
     from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
 
     try:
-        conn = await asyncio.wait_for(connect(args.endpoint, api_key=api_key_of(args), tls_ca_file=args.tls_ca),
-                                      args.timeout)  # fmt: skip
+        conn = await asyncio.wait_for(
+            connect(args.endpoint, api_key=api_key_of(args), tls_ca_file=args.tls_ca), args.timeout
+        )
     except (ClientError, ValueError, TimeoutError) as exc:  # an unusable address or key, no server, TLS refused
         reason = str(exc) or "timed out"
         if not reason.startswith("cannot connect to"):  # the connection's own errors already say it
             reason = f"cannot connect to {args.endpoint}: {reason}"
-        hint = ("; pass --tls-ca FILE (the server's certificate, or the CA that signed it), and check that the "
-                "certificate names the host or IP address you connect to") if "CERTIFICATE_VERIFY_FAILED" in reason else ""
+        hint = (
+            (
+                "; pass --tls-ca FILE (the server's certificate, or the CA that signed it), and check that the "
+                "certificate names the host or IP address you connect to"
+            )
+            if "CERTIFICATE_VERIFY_FAILED" in reason
+            else ""
+        )
         print(f"vllm-nnrp: {reason}{hint}", file=sys.stderr)
         return None
     try:
@@ -180,8 +204,10 @@ async def _session(args: argparse.Namespace) -> tuple[Any, Any] | None:
     except AuthenticationFailed:
         await conn.close()
         what = "refused the key given" if api_key_of(args) else "requires an API key and none was given"
-        print(f"vllm-nnrp: {args.endpoint} {what}: use --api-key or ${API_KEY_ENVS[0]} (vLLM's --api-key)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"vllm-nnrp: {args.endpoint} {what}: use --api-key or ${API_KEY_ENVS[0]} (vLLM's --api-key)",
+            file=sys.stderr,
+        )
         return None
     except (ClientError, TimeoutError) as exc:
         await conn.close()
@@ -257,11 +283,11 @@ def embed_envelope(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any) -> int:
     """Submit ``envelope`` and show its events with ``printer`` until the terminal; the exit status."""
+    from vllm_nnrp_plugin.client.cli.fleet import is_fleet_endpoint, run_on_fleet
     from vllm_nnrp_plugin.client.errors import ClientError
     from vllm_nnrp_plugin.client.events import operation_event
-    from vllm_nnrp_plugin.client.fleet_cli import is_fleet_endpoint, run_on_fleet
 
-    if is_fleet_endpoint(args.endpoint):  # several addresses: the fleet's replicas (client/fleet_cli.py)
+    if is_fleet_endpoint(args.endpoint):  # several addresses: the fleet's replicas (:mod:`.fleet`)
         return await run_on_fleet(args, envelope, printer, api_key_of(args))
     opened = await _session(args)
     if opened is None:
@@ -315,7 +341,9 @@ def answer_of(body: dict[str, Any]) -> tuple[str, list[tuple[str, str, str]], di
         return text, calls, usage
     for item in body.get("output") or ():
         if item.get("type") == "message":
-            text += "".join(part.get("text", "") for part in item.get("content") or () if part.get("type") == "output_text")
+            text += "".join(
+                part.get("text", "") for part in item.get("content") or () if part.get("type") == "output_text"
+            )
         elif item.get("type") == "function_call":
             calls.append((item["call_id"], item["name"], item["arguments"]))
     usage = body.get("usage")
@@ -448,7 +476,3 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], tuple[dict[str, Any], Any]]] 
 def _out(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

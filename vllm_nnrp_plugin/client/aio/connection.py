@@ -42,7 +42,8 @@ Runtime controls (:mod:`vllm_nnrp_plugin.nnrp_wire.client` has their bytes): a s
 Errors (:mod:`vllm_nnrp_plugin.client.errors`), all :class:`ClientError`: :class:`ClientConnectionError`
 (cannot connect, the connection was lost or ended on a protocol error: every pending open, operation and close
 fails with it; an unusable URI is also a :class:`ClientAddressError`), :class:`SessionOpenError` (the server
-refused a session; :class:`AuthenticationFailed` when for want of a valid API key), :class:`ClientResponseError` (an event or terminal that does not decode).
+refused a session; :class:`AuthenticationFailed` when for want of a valid API key), :class:`ClientResponseError` (an
+event or terminal that does not decode).
 """
 
 from __future__ import annotations
@@ -60,8 +61,7 @@ import orjson
 from nnrp.core.enums import MessageType
 from nnrp.runtime.types import ResultDropReasonCode
 
-from vllm_nnrp_plugin import wire_mapping
-from vllm_nnrp_plugin.auth_block import bearer_block
+from vllm_nnrp_plugin.client.aio.priority import with_priority_class
 from vllm_nnrp_plugin.client.errors import (
     AuthenticationFailed,
     ClientConnectionError,
@@ -71,9 +71,9 @@ from vllm_nnrp_plugin.client.errors import (
     SessionOpenError,
     _ConnectAddressError,
 )
-from vllm_nnrp_plugin.client.priority import with_priority_class
-from vllm_nnrp_plugin.controls import priority_class_of
-from vllm_nnrp_plugin.endpoints import (
+from vllm_nnrp_plugin.contract import wire_mapping
+from vllm_nnrp_plugin.contract.auth_block import bearer_block
+from vllm_nnrp_plugin.contract.endpoints import (
     ALPN,
     ALPN_WEBSOCKET,
     QUIC_INSTALL,
@@ -82,6 +82,7 @@ from vllm_nnrp_plugin.endpoints import (
     parse_endpoint,
     quic_available,
 )
+from vllm_nnrp_plugin.core.controls import priority_class_of
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.codecs import SESSION_ERROR_AUTH_FAILED
@@ -93,8 +94,10 @@ __all__ = ["Connection", "Operation", "Session", "connect"]
 
 #: the URI schemes :func:`connect` speaks, and how their addresses are written
 SCHEMES = ("tcp", "nnrps", "unix", "ws", "wss", "quic")
-FORMS = ("tcp://HOST:PORT, nnrps://HOST:PORT, unix:///ABSOLUTE/PATH, ws://HOST:PORT[/PATH], wss://HOST:PORT[/PATH] "
-         "or quic://HOST:PORT")
+FORMS = (
+    "tcp://HOST:PORT, nnrps://HOST:PORT, unix:///ABSOLUTE/PATH, ws://HOST:PORT[/PATH], wss://HOST:PORT[/PATH] "
+    "or quic://HOST:PORT"
+)
 
 
 async def connect(
@@ -136,16 +139,17 @@ async def connect(
         elif carrier.transport == "ipc":
             await loop.create_unix_connection(lambda: conn, urllib.parse.urlsplit(carrier.provider_uri).path)
         elif carrier.transport == "websocket":  # the carriers' modules load when first used (aioquic is slow to)
-            from vllm_nnrp_plugin.client import websocket
+            from vllm_nnrp_plugin.client.aio import websocket
 
             tls = _tls_context(trusted_cert_der, tls_ca_file, alpn=ALPN_WEBSOCKET) if carrier.tls else None
             path = urllib.parse.urlsplit(carrier.provider_uri).path  # parse_endpoint: WEBSOCKET_PATH if none named
             await websocket.open_websocket(conn, host, port, path, ssl=tls)
         else:
-            from vllm_nnrp_plugin.client import quic
+            from vllm_nnrp_plugin.client.aio import quic
 
-            await quic.open_quic(conn, host, port, trusted_cert_der=trusted_cert_der, tls_ca_file=tls_ca_file,
-                                 alpn=ALPN)
+            await quic.open_quic(
+                conn, host, port, trusted_cert_der=trusted_cert_der, tls_ca_file=tls_ca_file, alpn=ALPN
+            )
     except ClientConnectionError as exc:  # the carrier's own: the Upgrade refused, the QUIC handshake failed
         raise ClientConnectionError(f"cannot connect to {uri}: {exc}") from exc
     except (OSError, ssl.SSLError, ValueError) as exc:  # ValueError: trusted_cert_der is not a certificate
@@ -167,8 +171,10 @@ def address_of(uri: str) -> tuple[Carrier, int]:
     if carrier.transport == "ipc":
         return carrier, 0
     if carrier.transport == "quic" and not quic_available():
-        raise _ConnectAddressError(f"{uri!r} is a QUIC address, and aioquic (which speaks QUIC) is not installed "
-                                   f"here. Fix: {QUIC_INSTALL}, or use another address of the server")
+        raise _ConnectAddressError(
+            f"{uri!r} is a QUIC address, and aioquic (which speaks QUIC) is not installed "
+            f"here. Fix: {QUIC_INSTALL}, or use another address of the server"
+        )
     port = urllib.parse.urlsplit(carrier.provider_uri).port
     if not port:
         raise _ConnectAddressError(f"{uri!r}: cannot connect to port 0; use {FORMS}")
@@ -222,7 +228,8 @@ class Connection(asyncio.Protocol):
         code = priority_class_of(priority_class)
         self._check()
         token = self._core.open_session(
-            requested_session_id=requested_session_id, max_in_flight_operations=max_in_flight_operations,
+            requested_session_id=requested_session_id,
+            max_in_flight_operations=max_in_flight_operations,
             priority_class=code,
         )
         future = self._opens[token] = self._loop.create_future()
@@ -264,7 +271,7 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = transport  # type: ignore[assignment]  # a stream protocol gets a Transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -278,7 +285,7 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         for event in self._core.receive_data(b""):
-            self._on_ended(event)
+            self._on_ended(event)  # type: ignore[arg-type]  # the end of stream completes only ConnectionEnded
         return None  # let the transport close
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -339,7 +346,9 @@ class Connection(asyncio.Protocol):
     def _on_open_rejected(self, event: ev.SessionOpenRejected) -> None:
         future = self._opens.pop(event.request)
         if not future.done():
-            refusal = AuthenticationFailed if event.session_error_code == SESSION_ERROR_AUTH_FAILED else SessionOpenError
+            refusal = (
+                AuthenticationFailed if event.session_error_code == SESSION_ERROR_AUTH_FAILED else SessionOpenError
+            )
             future.set_exception(refusal(event.session_error_code, event.diagnostic))
 
     def _on_pressure(self, event: ev.PressureReceived) -> None:
@@ -380,8 +389,13 @@ class Session:
         return self._close is not None
 
     def submit(
-        self, envelope: dict[str, Any] | bytes, *, trace_id: int = 0, trace: tuple[int, int, int] | None = None,
-        priority_class: str | None = None, read_timeout_s: float | None = None,
+        self,
+        envelope: dict[str, Any] | bytes,
+        *,
+        trace_id: int = 0,
+        trace: tuple[int, int, int] | None = None,
+        priority_class: str | None = None,
+        read_timeout_s: float | None = None,
     ) -> Operation:
         """Queue one operation: ``envelope`` (a dict, or JSON bytes sent as they are) in the profile's typed
         body; ``trace_id`` the header's. ``trace`` (trace id, span id, flags; ids non-zero) queues the
@@ -427,6 +441,7 @@ class Session:
         self.conn._check()
         if self._close is None:
             self._begin_close()
+        assert self._close is not None  # _begin_close made it
         await asyncio.shield(self._close)
 
     def _begin_close(self) -> None:
@@ -460,9 +475,22 @@ class Operation:
     :meth:`cancel`. ``frame_id`` / ``operation_id`` are its NNRP ids; after the terminal,
     ``status_code`` (RESULT_PUSH) or ``drop_reason_code`` (a drop) is set."""
 
-    __slots__ = ("session", "frame_id", "operation_id", "status_code", "drop_reason_code", "_queue", "_waiters",
-                 "_terminal_event", "_error", "_done", "_cancel_sent", "_on_done", "_read_timeout_s",
-                 "_timed_out")  # fmt: skip
+    __slots__ = (
+        "session",
+        "frame_id",
+        "operation_id",
+        "status_code",
+        "drop_reason_code",
+        "_queue",
+        "_waiters",
+        "_terminal_event",
+        "_error",
+        "_done",
+        "_cancel_sent",
+        "_on_done",
+        "_read_timeout_s",
+        "_timed_out",
+    )
 
     def __init__(self, session: Session, frame_id: int, operation_id: int, read_timeout_s: float | None = None) -> None:
         self.session = session
@@ -588,6 +616,7 @@ class Operation:
             self._done = True
             if self._error is not None:
                 raise self._error
+            assert self._terminal_event is not None  # _END follows a terminal event or an error
             return self._terminal_event
         try:
             return orjson.loads(item)
@@ -602,6 +631,7 @@ class Operation:
         self._done = True
         if self._error is not None:
             raise self._error
+        assert self._terminal_event is not None  # the wait ends with a terminal event or an error
         return self._terminal_event
 
     async def _wait(self) -> None:
@@ -617,8 +647,10 @@ class Operation:
             if waiter.done() and not waiter.cancelled():  # the event came as the timer fired
                 return
             self.cancel()
-            self._timed_out = ClientTimeout(f"no event of operation {self.operation_id} for {self._read_timeout_s:g} s "
-                                            "(its read timeout); it was cancelled")  # fmt: skip
+            self._timed_out = ClientTimeout(
+                f"no event of operation {self.operation_id} for {self._read_timeout_s:g} s "
+                "(its read timeout); it was cancelled"
+            )
             raise self._timed_out from None
         except asyncio.CancelledError:
             self.cancel()

@@ -1,6 +1,6 @@
 """The asyncio client's QUIC carrier (``quic://HOST:PORT``): ``aioquic``'s sans-IO QUIC (TLS 1.3, loss recovery,
 flow control; its timers armed on the caller's loop by :class:`aioquic.asyncio.QuicConnectionProtocol`) between a
-UDP socket and a :class:`~vllm_nnrp_plugin.client.connection.Connection`, which sees :class:`QuicCarrier` as its
+UDP socket and a :class:`~vllm_nnrp_plugin.client.aio.connection.Connection`, which sees :class:`QuicCarrier` as its
 transport. No threads.
 
 The mapping (the NNRP stream, what each QUIC event means for it) is :mod:`vllm_nnrp_plugin.carriers.quic`'s,
@@ -47,15 +47,15 @@ import ssl
 from typing import Any
 
 from aioquic.asyncio import QuicConnectionProtocol
-from cryptography import x509
 from aioquic.quic import events as qe
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
+from cryptography import x509
 
 from vllm_nnrp_plugin.carriers.quic import IDLE_TIMEOUT_S, NNRPStream, StreamBroken, StreamData
 from vllm_nnrp_plugin.client.errors import ClientConnectionError
-from vllm_nnrp_plugin.endpoints import ALPN
+from vllm_nnrp_plugin.contract.endpoints import ALPN
 
 __all__ = ["QuicCarrier", "open_quic", "quic_configuration"]
 
@@ -112,7 +112,7 @@ class _ConnectedDatagrams:
 
 class QuicCarrier(QuicConnectionProtocol):
     """One QUIC connection carrying NNRP: aioquic's datagram protocol, and the transport its
-    :class:`~vllm_nnrp_plugin.client.connection.Connection` (an ``asyncio.Protocol``) writes to (``write``,
+    :class:`~vllm_nnrp_plugin.client.aio.connection.Connection` (an ``asyncio.Protocol``) writes to (``write``,
     ``close``, ``abort``, ``is_closing``, ``get_extra_info`` — ``peername``, ``sockname``, ``alpn_protocol``).
     Made by :func:`open_quic`; ``nnrp``: the connection to attach once the handshake completed."""
 
@@ -177,25 +177,24 @@ class QuicCarrier(QuicConnectionProtocol):
     # -- aioquic -------------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._udp = transport  # type: ignore[assignment]
-        super().connection_made(_ConnectedDatagrams(transport))  # type: ignore[arg-type]
+        self._udp = transport  # type: ignore[assignment]  # a datagram protocol gets a DatagramTransport
+        super().connection_made(_ConnectedDatagrams(transport))  # type: ignore[arg-type]  # sends like the transport aioquic wants
 
     def quic_event_received(self, event: qe.QuicEvent) -> None:
         meant = self._stream.event(event)
-        kind = type(meant)
-        if kind is StreamData:
+        if type(meant) is StreamData:
             if self._lost_told:
                 return
-            if meant.data:  # type: ignore[union-attr]
-                self._nnrp.data_received(meant.data)  # type: ignore[union-attr]
-            if meant.end and not self._lost_told:  # type: ignore[union-attr]
+            if meant.data:
+                self._nnrp.data_received(meant.data)
+            if meant.end and not self._lost_told:
                 self._nnrp.eof_received()  # the Connection closes this carrier in turn
-        elif kind is StreamBroken:
-            self._fail(meant.code, meant.reason, frame_type=meant.frame_type)  # type: ignore[union-attr]
-        elif kind is qe.HandshakeCompleted:
-            self.alpn_protocol = meant.alpn_protocol  # type: ignore[union-attr]
+        elif type(meant) is StreamBroken:
+            self._fail(meant.code, meant.reason, frame_type=meant.frame_type)
+        elif type(meant) is qe.HandshakeCompleted:
+            self.alpn_protocol = meant.alpn_protocol
             self._attached = True
-            self._nnrp.connection_made(self)  # type: ignore[arg-type]
+            self._nnrp.connection_made(self)  # type: ignore[arg-type]  # this carrier is the NNRP connection's transport
             if not self.handshake.done():
                 self.handshake.set_result(None)
 
@@ -230,9 +229,13 @@ class QuicCarrier(QuicConnectionProtocol):
         reason = self._reason or exc
         if not self.handshake.done():
             refusal = _AlpnRefused if self.close_code == NO_APPLICATION_PROTOCOL else ClientConnectionError
-            self.handshake.set_exception(refusal(
-                f"the QUIC handshake failed: {reason}" if reason else "the QUIC connection closed during its handshake"
-            ))  # fmt: skip
+            self.handshake.set_exception(
+                refusal(
+                    f"the QUIC handshake failed: {reason}"
+                    if reason
+                    else "the QUIC connection closed during its handshake"
+                )
+            )
         if self._attached and not self._lost_told:
             self._lost_told = True
             self._nnrp.connection_lost(reason)
@@ -276,8 +279,13 @@ def _describe(close: qe.ConnectionTerminated) -> str:
 
 
 async def open_quic(
-    nnrp: asyncio.Protocol, host: str, port: int, *, trusted_cert_der: bytes | None = None,
-    tls_ca_file: str | None = None, alpn: str | None = ALPN,
+    nnrp: asyncio.Protocol,
+    host: str,
+    port: int,
+    *,
+    trusted_cert_der: bytes | None = None,
+    tls_ca_file: str | None = None,
+    alpn: str | None = ALPN,
 ) -> QuicCarrier:
     """Connect to ``host``:``port`` over QUIC on the running loop, complete the handshake and attach ``nnrp``
     (its ``connection_made`` gets the carrier); with ``alpn`` refused (``no_application_protocol``) once more
@@ -293,7 +301,11 @@ async def open_quic(
 
 
 async def _open_quic(
-    nnrp: asyncio.Protocol, host: str, port: int, trusted_cert_der: bytes | None, tls_ca_file: str | None,
+    nnrp: asyncio.Protocol,
+    host: str,
+    port: int,
+    trusted_cert_der: bytes | None,
+    tls_ca_file: str | None,
     alpn: str | None,
 ) -> QuicCarrier:
     loop = asyncio.get_running_loop()
@@ -302,7 +314,9 @@ async def _open_quic(
     family, _, _, _, address = infos[0]
     quic = QuicConnection(configuration=configuration)
     _, carrier = await loop.create_datagram_endpoint(
-        lambda: QuicCarrier(quic, nnrp), remote_addr=address, family=family
+        lambda: QuicCarrier(quic, nnrp),
+        remote_addr=address,  # type: ignore[arg-type]  # an IP address
+        family=family,
     )
     try:
         carrier.connect(address)

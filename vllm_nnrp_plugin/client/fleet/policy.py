@@ -1,7 +1,7 @@
 """A fleet of replicas for the NNRP clients: which replica a new call goes to, which replicas are out and when
 they are tried again, and which failures leave a call safe to submit once more elsewhere. Sans-IO: plain data in,
 decisions out; time is passed in (``time.monotonic`` seconds). The asyncio shell is
-:mod:`vllm_nnrp_plugin.client.fleet_pool`.
+:mod:`vllm_nnrp_plugin.client.fleet.pool`.
 
 ::
 
@@ -9,10 +9,10 @@ decisions out; time is passed in (``time.monotonic`` seconds). The asyncio shell
     address = fleet.choose(now, {"tcp://127.0.0.2:9400": Load(granted=8, in_flight=3), ...})
     fleet.reached(address)                 # a session is open there
     fleet.failed(address, now, "refused")  # connect refused, connection lost: out, tried again after a backoff
-    fleet.draining(address, now)           # the replica said it drains (vllm_nnrp_plugin.draining)
+    fleet.draining(address, now)           # the replica said it drains (vllm_nnrp_plugin.contract.draining)
 
 Addresses (:func:`addresses_of`): a list of NNRP URIs, or one string of comma-separated URIs; each is an address
-:func:`vllm_nnrp_plugin.client.connection.connect` takes. A ``tcp://`` or ``ws://`` URI whose host is a name is
+:func:`vllm_nnrp_plugin.client.aio.connection.connect` takes. A ``tcp://`` or ``ws://`` URI whose host is a name is
 resolved by the shell (every A/AAAA record becomes one replica, re-resolved every :data:`RESOLVE_EVERY_S`, as
 gRPC's DNS resolver re-resolves; :func:`with_host`); TLS URIs (``nnrps://``, ``wss://``, ``quic://``) and
 ``unix://`` are taken as they are, since the certificate names the host (behind a balancer they are one replica
@@ -49,9 +49,20 @@ import attrs
 from vllm_nnrp_plugin.client.errors import ClientAddressError, ClientError, ClientResponseError, ClientTimeout
 
 __all__ = [
-    "BACKOFF_FIRST_S", "BACKOFF_MAX_S", "DRAIN_RECHECK_S", "RESOLVE_EVERY_S", "UNKNOWN_FREE", "Fleet", "Load",
-    "Replica", "addresses_of", "max_attempts", "resolvable", "unstarted_failure", "with_host",
-]  # fmt: skip
+    "BACKOFF_FIRST_S",
+    "BACKOFF_MAX_S",
+    "DRAIN_RECHECK_S",
+    "RESOLVE_EVERY_S",
+    "UNKNOWN_FREE",
+    "Fleet",
+    "Load",
+    "Replica",
+    "addresses_of",
+    "max_attempts",
+    "resolvable",
+    "unstarted_failure",
+    "with_host",
+]
 
 #: first wait before a replica that failed is tried again, s
 BACKOFF_FIRST_S = 0.25
@@ -78,7 +89,7 @@ def addresses_of(spec: str | Sequence[str]) -> tuple[str, ...]:
     """The addresses of ``spec``: a list (tuple) of URIs, or a string of one or more comma-separated URIs;
     whitespace around each is dropped, duplicates keep their first place. Raises :class:`ClientAddressError` for
     an empty spec or one that is neither (each URI is checked by the caller with
-    :func:`vllm_nnrp_plugin.client.connection.address_of`)."""
+    :func:`vllm_nnrp_plugin.client.aio.connection.address_of`)."""
     if isinstance(spec, str):
         items: Iterable[Any] = spec.split(",")
     elif isinstance(spec, Sequence):
@@ -125,8 +136,9 @@ def max_attempts(replicas: int) -> int:
     return max(2, min(MAX_ATTEMPTS, replicas + 1))
 
 
-def unstarted_failure(first: dict[str, Any] | ClientError, *, drop_reason: int | None = None,
-                      terminal: bool = True) -> bool:  # fmt: skip
+def unstarted_failure(
+    first: dict[str, Any] | ClientError, *, drop_reason: int | None = None, terminal: bool = True
+) -> bool:
     """The first thing a call read, ``first`` (its first event, or the failure its first read raised), says the
     replica went away before the call produced anything (module docstring), so one more submit elsewhere is safe:
     a :class:`ClientError` other than a timeout (:class:`ClientTimeout`: the call was cancelled) or an undecodable
@@ -249,4 +261,6 @@ class Fleet:
 
     def summary(self) -> str:
         """One line naming every replica's state (and its last failure), for error messages."""
-        return "; ".join(f"{r.address} {r.state}" + (f" ({r.reason})" if r.reason else "") for r in self.replicas.values())
+        return "; ".join(
+            f"{r.address} {r.state}" + (f" ({r.reason})" if r.reason else "") for r in self.replicas.values()
+        )

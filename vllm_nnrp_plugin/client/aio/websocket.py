@@ -1,12 +1,12 @@
 """The asyncio client's WebSocket carrier (``ws://HOST:PORT/PATH``, ``wss://`` with TLS): the asyncio shell of
 :class:`vllm_nnrp_plugin.carriers.websocket.NNRPWebSocket` (the mapping of NNRP onto RFC 6455, sans-IO, shared
 with the plugin's server) between a TCP (or TLS) transport and a
-:class:`~vllm_nnrp_plugin.client.connection.Connection`, which sees :class:`WebSocketCarrier` as its transport.
+:class:`~vllm_nnrp_plugin.client.aio.connection.Connection`, which sees :class:`WebSocketCarrier` as its transport.
 
 What the client side adds to the mapping:
 
 * the handshake is a plain RFC 6455 Upgrade (§4.1): ``GET <path>`` (the address's path,
-  :data:`vllm_nnrp_plugin.endpoints.WEBSOCKET_PATH` when it names none), ``Host`` the address's authority, no
+  :data:`vllm_nnrp_plugin.contract.endpoints.WEBSOCKET_PATH` when it names none), ``Host`` the address's authority, no
   ``Sec-WebSocket-Protocol`` and no extension; an answer other than ``101`` (the plugin's server answers 404 for
   another path) or a ``101`` that breaks §4.2.2 (wrong ``Sec-WebSocket-Accept``, a subprotocol or extension that
   was not offered) fails the connect with :class:`~vllm_nnrp_plugin.client.errors.ClientConnectionError`;
@@ -47,7 +47,7 @@ _CLEAN_CLOSES = (mapping.CLOSE_NORMAL, mapping.CLOSE_NO_STATUS)
 class WebSocketCarrier(asyncio.Protocol):
     """The ``asyncio.Protocol`` of one TCP (or TLS) connection carrying NNRP over WebSocket, and the transport
     its NNRP connection (``nnrp``: an ``asyncio.Protocol``, the client's
-    :class:`~vllm_nnrp_plugin.client.connection.Connection`) writes to (``write``, ``close``, ``abort``,
+    :class:`~vllm_nnrp_plugin.client.aio.connection.Connection`) writes to (``write``, ``close``, ``abort``,
     ``is_closing``, ``get_extra_info`` — the TCP transport's extra info). Made by :func:`open_websocket`;
     ``nnrp`` is attached once the Upgrade was accepted; ``host``: the ``Host`` header; ``path``: the Upgrade's
     target."""
@@ -106,43 +106,39 @@ class WebSocketCarrier(asyncio.Protocol):
     # -- asyncio.Protocol of the TCP connection ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._tcp = transport  # type: ignore[assignment]
+        self._tcp = transport  # type: ignore[assignment]  # a stream protocol gets a Transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._tcp.write(self._ws.request(self._host, self._path))
+        self._tcp.write(self._ws.request(self._host, self._path))  # type: ignore[union-attr]  # set just above
 
     def data_received(self, data: bytes) -> None:
         for event in self._ws.receive_data(data):
-            kind = type(event)
-            if kind is mapping.Payload:
-                self._nnrp.data_received(bytes(event.data))  # type: ignore[union-attr]
+            if type(event) is mapping.Payload:
+                self._nnrp.data_received(bytes(event.data))
                 if self._lost_told or self._tcp is None:
                     return
-            elif kind is mapping.PingAnswered:
-                self._send(event.answer)  # type: ignore[union-attr]
-            elif kind is mapping.PeerClosed:
-                self._on_close(event)  # type: ignore[arg-type]
+            elif type(event) is mapping.PingAnswered:
+                self._send(event.answer)
+            elif type(event) is mapping.PeerClosed:
+                self._on_close(event)
                 return
-            elif kind is mapping.CloseAnswered:  # the answer to our close frame
+            elif type(event) is mapping.CloseAnswered:  # the answer to our close frame
                 self._close_tcp()
                 return
-            elif kind is mapping.Failed:
-                self._fail(event.code, event.reason)  # type: ignore[union-attr]
+            elif type(event) is mapping.Failed:
+                self._fail(event.code, event.reason)
                 return
-            elif kind is mapping.Upgraded:
+            elif type(event) is mapping.Upgraded:
                 self._on_upgraded()
-            elif kind is mapping.UpgradeRefused:
-                self._refused(f"the server refused the WebSocket Upgrade of {self._path}: HTTP "
-                              f"{event.status_code}")  # type: ignore[union-attr]  # fmt: skip
+            elif type(event) is mapping.UpgradeRefused:
+                self._refused(f"the server refused the WebSocket Upgrade of {self._path}: HTTP {event.status_code}")
                 return
-            elif kind is mapping.Malformed:
+            elif type(event) is mapping.Malformed:
                 if not self._attached:
-                    self._refused(f"the server's answer to the WebSocket Upgrade is not RFC 6455's: "
-                                  f"{event.error}")  # type: ignore[union-attr]  # fmt: skip
+                    self._refused(f"the server's answer to the WebSocket Upgrade is not RFC 6455's: {event.error}")
                 else:
-                    self._fail(mapping.CLOSE_PROTOCOL_ERROR, f"malformed WebSocket data from the server: "
-                               f"{event.error}")  # type: ignore[union-attr]  # fmt: skip
+                    self._fail(mapping.CLOSE_PROTOCOL_ERROR, f"malformed WebSocket data from the server: {event.error}")
                 return
 
     def eof_received(self) -> bool:
@@ -159,8 +155,11 @@ class WebSocketCarrier(asyncio.Protocol):
             self._close_timer = None
         self._closing = True
         if not self._attached:
-            self._refused(f"the connection was lost during the WebSocket Upgrade: {exc}" if exc else
-                          "the server closed the connection before answering the WebSocket Upgrade")  # fmt: skip
+            self._refused(
+                f"the connection was lost during the WebSocket Upgrade: {exc}"
+                if exc
+                else "the server closed the connection before answering the WebSocket Upgrade"
+            )
         self._tell_lost(exc)
 
     # -- plumbing ------------------------------------------------------------------------------------------
@@ -168,7 +167,7 @@ class WebSocketCarrier(asyncio.Protocol):
     def _on_upgraded(self) -> None:
         """The ``101``: attach the NNRP connection now, before the frames that came in the same read."""
         self._attached = True
-        self._nnrp.connection_made(self)  # type: ignore[arg-type]
+        self._nnrp.connection_made(self)  # type: ignore[arg-type]  # this carrier is the NNRP connection's transport
         if not self.upgraded.done():
             self.upgraded.set_result(None)
 
@@ -182,8 +181,11 @@ class WebSocketCarrier(asyncio.Protocol):
                 self._nnrp.eof_received()
         else:
             reason = f": {close.reason}" if close.reason else ""
-            self._tell_lost(ConnectionError(f"the server closed the WebSocket with {close.code} "
-                                            f"({_close_name(close.code)}){reason}"))  # fmt: skip
+            self._tell_lost(
+                ConnectionError(
+                    f"the server closed the WebSocket with {close.code} ({_close_name(close.code)}){reason}"
+                )
+            )
         self._close_tcp()
 
     def _fail(self, code: int, reason: str) -> None:

@@ -121,7 +121,7 @@ def traceback_text(exc: BaseException, limit: int = MAX_EXCEPTION_CHARS) -> str:
         else:
             current, link = None, ""
         links.append(link)
-    blocks = []
+    blocks: list[str] = []
     for error, link in zip(reversed(chain), reversed(links), strict=True):
         if blocks:
             blocks.append(f"\n{link}\n\n")
