@@ -39,6 +39,7 @@ from vllm_nnrp_plugin.carriers.websocket import binary_frames
 from vllm_nnrp_plugin.contract import wire_mapping
 from vllm_nnrp_plugin.contract.auth_block import bearer_block
 from vllm_nnrp_plugin.core.limits import SessionLimits
+from vllm_nnrp_plugin.core.operation import State
 from vllm_nnrp_plugin.nnrp_binding.bounds import BufferBudget, CarrierBounds
 from vllm_nnrp_plugin.nnrp_binding.connection import FlushRound, NNRPConnection, SessionGate
 from vllm_nnrp_plugin.nnrp_binding.websocket import WebSocketConnection
@@ -406,7 +407,7 @@ def test_a_clients_close_is_answered_and_its_operations_stop():
         (sop,) = served.handler.submitted
         served.feed(peer.ws.send(CloseConnection(code=1000, reason="bye")))
         closed_with(served, peer, 1000)
-        assert not sop.rules.admits_partials  # stopped as for a lost client
+        assert sop.rules.state is State.SENT  # stopped as for a lost client: nothing of it can be sent
         served.lose()
 
     run(main())

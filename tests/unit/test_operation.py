@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_nnrp_plugin.core.operation import (
+    NOTHING,
     TRANSITIONS,
     DropReason,
     Effect,
@@ -50,12 +51,13 @@ def test_error_terminal_has_the_error_shape_and_status():
 
 def test_cancel_is_a_queued_drop_carrying_response_cancelled_that_stops_the_work_and_ends_emission():
     m = operation()
-    m.partial({"type": "a"})
+    queued = m.partial({"type": "a"})
     decision = m.cancel(DropReason.PEER_CANCELLED, "client_cancelled", 1)
-    assert decision.effect == Effect.QUEUE | Effect.STOP and decision.stop and m.state is X
+    assert decision.effect == Effect.QUEUE | Effect.STOP | Effect.DROP and decision.stop and m.state is X
     assert decision.terminal.drop is DropReason.PEER_CANCELLED
     assert decision.terminal.event == {"type": "response.cancelled", "reason": "client_cancelled"}
-    assert m.partial({"type": "b"}) is None and m.complete({}).terminal is None and not m.admits_partials
+    assert m.partial({"type": "b"}) is None and m.complete({}).terminal is None
+    assert m.take(queued) is None and m.events_sent == 0  # the partial queued before the cancel is discarded
 
 
 # -- the lifecycle table ------------------------------------------------------------------------------------------
@@ -84,7 +86,22 @@ def test_every_input_that_ends_an_operation_stops_its_work_in_every_state_it_may
 def test_only_a_decided_terminal_is_sent_and_sending_ends_the_lifecycle():
     sending = {pair: new for pair, (effect, new) in TRANSITIONS.items() if Effect.SEND in effect}
     assert {state for state, event in sending if event is Input.SEAL} == {D, X}
-    assert set(sending.values()) == {S}
+    assert {new for (_, event), new in sending.items() if event is not Input.TAKE} == {S}
+    # a partial result goes out only before a drop was decided or the terminal went out, and moves nothing
+    assert {state: new for (state, event), new in sending.items() if event is Input.TAKE} == {A: A, R: R, D: D}
+    # a partial result is decided only before a terminal, and deciding one moves nothing either
+    assert {state: new for (state, event), (_, new) in TRANSITIONS.items() if event is Input.PARTIAL} == {A: A, R: R}
+
+
+def test_a_budget_end_aborts_the_running_request_and_leaves_its_terminal_to_the_stream():
+    op = operation()
+    assert op.end_budget() is NOTHING  # not dispatched: no request runs
+    op.dispatch(None)
+    decision = op.end_budget()
+    assert decision.abort and not decision.stop and decision.terminal is None and op.state is R
+    assert op.partial({"type": "response.output_text.delta", "delta": "x"}) is not None  # the finish chunk
+    assert op.complete({"status": "incomplete"}).terminal is not None
+    assert op.end_budget() is NOTHING
 
 
 @given(st.lists(st.sampled_from(list(Input)), max_size=20))
@@ -93,7 +110,7 @@ def test_any_sequence_of_inputs_moves_forward_and_decides_one_terminal(inputs):
     most one terminal is ever queued (only while the operation is live), at most one is sealed (and only one that
     was queued), and an operation that decided one and still waits holds it."""
     op, order = operation(), {A: 0, R: 1, D: 2, X: 2, S: 3}
-    queued, decided, sealed = [], 0, 0
+    queued, partials, decided, sealed = [], [], 0, 0
     for event in inputs:
         before = op.state
         if event is Input.DISPATCH:
@@ -101,25 +118,35 @@ def test_any_sequence_of_inputs_moves_forward_and_decides_one_terminal(inputs):
         elif event is Input.PARTIAL:
             partial = op.partial({"type": "response.output_text.delta", "delta": "x"})
             assert (partial is not None) == (before in (A, R))
+            if partial is not None and partial.events == 1:
+                partials.append(partial)
+        elif event is Input.TAKE:
+            if partials:
+                taken = op.take(partials.pop(0))
+                assert (taken is not None) == (before in (A, R, D)) and op.state is before
         elif event is Input.SEAL:
             results = [op.seal(terminal, 1) for terminal in queued]
             sealed += sum(result is not None for result in results)
             queued.clear()
         elif event is Input.UNSENDABLE:
-            assert isinstance(op.unsendable(1), ResultDrop) and op.state is S
+            decision, drop = op.unsendable(1)
+            assert isinstance(drop, ResultDrop) and decision.stop and op.state is S
+        elif event is Input.BUDGET:
+            decision = op.end_budget()
+            assert decision.abort == (before is R) and decision.terminal is None and op.state is before
         elif event is Input.LOSE:
             assert op.lose("client_disconnected", 1).stop == (before is not S)
         else:
             decision = {
                 Input.COMPLETE: lambda: op.complete({}),
                 Input.FAIL: lambda: op.fail(ProfileError("backend_error", "x")),
-                Input.OVERFLOW: lambda: op.overflow(8),
-                Input.TIME_OUT: lambda: op.time_out(1),
+                Input.OVERFLOW: lambda: op.overflow(8), Input.TIME_OUT: lambda: op.time_out(1),
                 Input.EXPIRE: lambda: (op.bound(5), op.time_out(1, started=False))[1],
                 Input.SHUT_DOWN: lambda: op.shut_down(1),
+                Input.REFUSE: lambda: op.refuse(ProfileError("too_many_requests", "x", status=429)),
                 Input.CANCEL: lambda: op.cancel(DropReason.PEER_CANCELLED, "client_cancelled", 1),
-            }[event]()
-            assert (decision.terminal is not None) == (before in (A, R))
+            }[event]()  # fmt: skip
+            assert (decision.terminal is not None) == (before in ((A,) if event is Input.REFUSE else (A, R)))
             if decision.terminal is not None:
                 queued.append(decision.terminal)
                 decided += 1
@@ -133,15 +160,8 @@ def test_any_sequence_of_inputs_moves_forward_and_decides_one_terminal(inputs):
 
 
 def operation(diagnostics=False):
-    record = Observation(
-        connection_id=1,
-        session_id=1,
-        operation_id=7,
-        frame_id=7,
-        transport="tcp",
-        submitted_ns=1_000_000,
-        submitted_unix_ns=5_000_000_000,
-    )
+    record = Observation(connection_id=1, session_id=1, operation_id=7, frame_id=7, transport="tcp",
+                         submitted_ns=1_000_000, submitted_unix_ns=5_000_000_000)  # fmt: skip
     record.diagnostics_requested = diagnostics
     return Operation(record)
 
@@ -173,10 +193,11 @@ def test_diagnostics_go_into_the_terminal_with_the_time_it_was_sent():
 
 def test_a_push_decided_before_a_peer_cancel_goes_out_as_the_cancel_drop():
     op = operation()
+    queued = op.partial({"type": "a"})
     push = op.complete({"id": "x"}).terminal
     late = op.cancel(DropReason.PEER_CANCELLED, "client_cancelled", 2_000_000)
-    assert late.terminal is None and late.effect == Effect.STOP and op.state is X
-    assert not op.admits_partials
+    assert late.terminal is None and late.effect == Effect.STOP | Effect.DROP and op.state is X
+    assert op.take(queued) is None  # decided before the terminal, it never goes out after the cancel
     drop = op.seal(push, 3_000_000)
     assert isinstance(drop, ResultDrop) and drop.reason is DropReason.PEER_CANCELLED
     assert op.observation.outcome == "cancelled" and op.observation.cancel_source == "client"

@@ -365,3 +365,20 @@ def test_the_view_without_controls_is_vllms_engine_client():
     serving = Serving(object())
     view = view_maker(serving)(None)
     assert view.engine_client is serving.engine_client and isinstance(view, Serving)
+
+
+def test_the_budget_end_is_the_operations_input_and_aborts_the_engine_request_only_while_it_runs():
+    sop, _ = server_operation()
+    assert not sop.controls.end_at_budget() and sop.controls.budget_ended  # not dispatched: nothing runs
+    sop.dispatch()
+    assert sop.controls.end_at_budget()  # the table's BUDGET row while running: abort
+    sop.complete({})
+    assert not sop.controls.end_at_budget()  # its terminal was decided: the table says nothing
+
+
+def test_the_tap_leaves_the_engine_request_alone_when_the_lifecycle_decides_no_abort():
+    controls = RuntimeControls(dispatched=True, on_budget_end=lambda: False)
+    engine = Engine([output([i]) for i in range(10)], controls, lower_at=0, budget=2)
+    seen = tapped(engine, controls)
+    assert len(seen) == 2 and seen[-1].finished and seen[-1].outputs[0].finish_reason == "length"
+    assert engine.aborted == [] and engine.closed and controls.budget_ended

@@ -5,18 +5,19 @@ production, a scripted backend fed with recorded vLLM outputs in unit tests) and
 :class:`OperationSink` (the NNRP operation in production, a list in unit tests). It owns the rule that a
 backend request is always aborted unless it finished: on cancel, client loss, error, timeout or shutdown — on
 a stop by the operation's owner at once, in the callback that decided the stop (:meth:`OperationSink.abort_with`),
-before the operation's task even sees its cancel.
+before the operation's task even sees its cancel. When it aborts is the backend request's lifecycle table's
+decision (:mod:`vllm_nnrp_plugin.core.backend_request`).
 
 Before dispatch it decodes the envelope (already unwrapped from the submit frame by the NNRP binding) against
 the capability document (only advertised operations, plus the capability fetch ``nnrp.capabilities``),
 reports ``nnrp.timeout_ms`` to the sink (the service turns it into a timer), and takes the operation's trace
 context at the moment of dispatch (the ``openai-compatible/1`` profile's TRACE_CONTEXT mapping: the context
 an operation runs in is fixed when it is dispatched). It applies the envelope's ``nnrp.priority_class`` to the
-operation's runtime controls (:mod:`vllm_nnrp_plugin.controls`), never dispatches an operation whose bound already
+operation's runtime controls (:mod:`vllm_nnrp_plugin.core.controls`), never dispatches an operation whose bound already
 passed, and hands the controls to the backend, which reports the engine's prefix-cache hits back (they go into
 ``response.usage``: :func:`~vllm_nnrp_plugin.profile.events.with_cached_tokens`; bodies stay vLLM's).
 It records the request, backend timing, token usage, the controls and the abort into the sink's
-:class:`~vllm_nnrp_plugin.observation.Observation`.
+:class:`~vllm_nnrp_plugin.observability.observation.Observation`.
 
 Every operation runs the same way; what differs per operation is only the stream mapper that turns the
 backend's stream items into profile events (:data:`STREAM_MAPPERS`). An operation the backend answers with a
@@ -35,6 +36,9 @@ from typing import Any, Protocol
 
 import attrs
 
+from vllm_nnrp_plugin.core.backend_request import BackendRequest
+from vllm_nnrp_plugin.core.backend_request import Input as BackendInput
+from vllm_nnrp_plugin.core.backend_request import State as BackendState
 from vllm_nnrp_plugin.core.controls import RuntimeControls, priority_class_of
 from vllm_nnrp_plugin.core.eager import start_now
 from vllm_nnrp_plugin.observability.log_safety import traceback_text
@@ -80,7 +84,7 @@ class Backend(Protocol):
     ) -> Call:
         """Start ``operation`` (one the capability document lists) with ``body`` under ``request_id``, in the W3C
         trace ``traceparent`` when given, steered by the operation's runtime ``controls`` (the backend applies
-        its priority and token budget and reports what the engine did: :mod:`vllm_nnrp_plugin.controls`);
+        its priority and token budget and reports what the engine did: :mod:`vllm_nnrp_plugin.core.controls`);
         raises :class:`ProfileError` when refused."""
 
     def engine_request_id(self, operation: str, request_id: str) -> str:
@@ -210,15 +214,11 @@ async def run_operation(
 
 def _log_unexpected(sink: OperationSink, stage: str, exc: BaseException) -> None:
     """Log ``exc``, once, with its traceback: the server's record of what failed (never sent to the client), its
-    messages escaped and bounded (they may quote the request: :func:`~vllm_nnrp_plugin.log_safety.traceback_text`)."""
+    messages escaped and bounded (they may quote the request:
+    :func:`~vllm_nnrp_plugin.observability.log_safety.traceback_text`)."""
     record = sink.observation
-    logger.error(
-        "NNRP operation %d of session %d failed while %s\n%s",
-        record.operation_id,
-        record.session_id,
-        stage,
-        traceback_text(exc),
-    )
+    logger.error("NNRP operation %d of session %d failed while %s\n%s", record.operation_id, record.session_id, stage,
+                 traceback_text(exc))  # fmt: skip
 
 
 def _fail_safely(sink: OperationSink, err: E.ProfileError) -> None:
@@ -226,11 +226,8 @@ def _fail_safely(sink: OperationSink, err: E.ProfileError) -> None:
     try:
         sink.fail(err)
     except Exception as exc:  # noqa: BLE001 - the sink itself is broken: nothing more can be told to the client
-        logger.error(
-            "NNRP operation %d: its error terminal cannot be queued\n%s",
-            sink.observation.operation_id,
-            traceback_text(exc),
-        )
+        logger.error("NNRP operation %d: its error terminal cannot be queued\n%s", sink.observation.operation_id,
+                     traceback_text(exc))  # fmt: skip
 
 
 async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capabilities: dict[str, Any]) -> None:
@@ -258,7 +255,6 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
     if sink.expired():  # its NNRP deadline passed before dispatch: it never reaches the backend
         record.steered(controls)
         return
-    finished = False
     stream: AsyncIterator[Any] | None = None
     mapper: StreamMapper | None = None
     abort = _BackendAbort(backend, envelope.operation, request_id, record)
@@ -273,7 +269,7 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
             controls,
         )
         if call.stream is None:
-            finished = True
+            abort.finished()
             sink.abort_with(None)
             record.backend_done(time.monotonic_ns())
             assert call.body is not None  # a Call has a body or a stream
@@ -285,11 +281,12 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
         async for chunk in stream:
             if record.backend_first_chunk_ns is None:
                 record.backend_chunk(time.monotonic_ns())
+                abort.streamed()
             for event in mapper.feed(chunk):
                 if event["type"] == USAGE and controls.cached_tokens is not None:
                     event = with_cached_tokens(event, controls.cached_tokens)
                 sink.partial(event)
-        finished = True
+        abort.finished()
         sink.abort_with(None)
         for event in mapper.finish():
             sink.partial(event)
@@ -305,8 +302,8 @@ async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capa
     finally:
         record.steered(controls)
         sink.abort_with(None)
-        if stream is not None or not finished:
-            await _through_cancels(asyncio.ensure_future(_release(stream, None if finished else abort)))
+        if stream is not None or not abort.is_finished:
+            await _through_cancels(asyncio.ensure_future(_release(stream, None if abort.is_finished else abort)))
 
 
 def _record_usage(record: Observation, body: dict[str, Any]) -> None:
@@ -355,44 +352,54 @@ async def _through_cancels(release: asyncio.Future) -> None:
 
 
 class _BackendAbort:
-    """The abort of one operation's backend request: :meth:`now` when its owner stops it (started at once, in
-    that very callback, :func:`~vllm_nnrp_plugin.eager.start_now`), and :meth:`last` on the adapter's way out.
-    ``last`` aborts again unless the first abort came after the backend had streamed (then the engine surely
-    knew the request): an abort that came while vLLM was still preparing the request may precede the engine's
-    knowing of it, and vLLM ignores ids it does not know (``AsyncLLM.abort`` in
-    ``vllm/v1/engine/async_llm.py``). The record keeps the first abort."""
+    """The abort of one operation's backend request, as its lifecycle table decides
+    (:mod:`vllm_nnrp_plugin.core.backend_request`): :meth:`now` when its owner stops it (started at once, in that very
+    callback, :func:`~vllm_nnrp_plugin.core.eager.start_now`), and :meth:`last` on the adapter's way out, which aborts
+    again after an abort that came before the backend streamed (and was accepted), and aborts a request not
+    aborted yet. The record keeps the first abort."""
 
-    __slots__ = ("_backend", "_operation", "_request_id", "_record", "_early", "_early_sure")
+    __slots__ = ("_backend", "_operation", "_request_id", "_record", "_request", "_early")
 
     def __init__(self, backend: Backend, operation: str, request_id: str, record: Observation) -> None:
         self._backend, self._operation, self._request_id, self._record = backend, operation, request_id, record
-        self._early: asyncio.Future[bool] | None = None
-        self._early_sure = False
+        self._request = BackendRequest()
+        self._early: asyncio.Future[None] | None = None  # the abort :meth:`now` started
+
+    @property
+    def is_finished(self) -> bool:
+        """The backend's stream ended: nothing is left to abort."""
+        return self._request.state is BackendState.FINISHED
+
+    def streamed(self) -> None:
+        """The backend's first output came: the engine knows the request."""
+        self._request.step(BackendInput.STREAM)
+
+    def finished(self) -> None:
+        """The backend's stream ended (or its whole result came)."""
+        self._request.step(BackendInput.FINISH)
 
     def now(self) -> None:
-        if self._early is None:
-            self._early_sure = self._record.backend_first_chunk_ns is not None
+        if self._request.step(BackendInput.STOP):
             self._early = start_now(self._issue())
 
     async def last(self) -> None:
         if self._early is not None:
-            accepted = await self._early
-            if self._early_sure or not accepted:  # not accepted: the engine is gone (shutdown)
-                return
-        await self._issue()
+            await self._early  # a refusal moved the request to GONE
+        if self._request.step(BackendInput.RELEASE):
+            await self._issue()
 
-    async def _issue(self) -> bool:
+    async def _issue(self) -> None:
         issued = time.monotonic_ns()
         try:
             await self._backend.abort(self._operation, self._request_id)
         except Exception:  # the engine may already be gone (shutdown); nothing is left to stop then
             logger.warning("aborting backend request %s failed", self._request_id, exc_info=True)
             accepted = False
+            self._request.step(BackendInput.REFUSED)
         else:
             accepted = True
         if self._record.abort_ns is None:
             self._record.aborted(issued, accepted=accepted)
-        return accepted
 
 
 async def _close(stream: AsyncIterator[dict[str, Any]]) -> None:

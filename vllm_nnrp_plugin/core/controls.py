@@ -18,6 +18,8 @@ them, and the backend binding reads them while the request runs and writes what 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 #: NNRP priority class names, by class value
@@ -53,6 +55,15 @@ class RuntimeControls:
     cached_tokens: int | None = None
     #: the binding ended the stream at :attr:`token_budget`
     budget_ended: bool = False
+    #: what the operation's lifecycle decides when the budget ends the stream (True: abort the backend request
+    #: now); ``None``: no operation owns these controls, the request is aborted
+    on_budget_end: Callable[[], bool] | None = None
+
+    def end_at_budget(self) -> bool:
+        """The binding ends the stream at :attr:`token_budget`: recorded, and True when the backend request must
+        be aborted at once (:attr:`on_budget_end`, the operation's ``BUDGET`` input)."""
+        self.budget_ended = True
+        return self.on_budget_end is None or self.on_budget_end()
 
     @property
     def priority_class(self) -> int:

@@ -19,7 +19,7 @@ Everything here runs on the loop, so every piece of state has one owner and noth
 * write back-pressure: while the carrier's buffer is above its high-water mark (``pause_writing``) nothing
   is sent at once, nothing is taken from the outboxes and nothing is read from the client; deltas decided meanwhile join
   the one still waiting
-  (:mod:`vllm_nnrp_plugin.operation`) and an outbox holding ``max_queued_events`` decided events ends the
+  (:mod:`vllm_nnrp_plugin.core.operation`) and an outbox holding ``max_queued_events`` decided events ends the
   operation that overflows it with ``client_too_slow`` — the same bound as on every carrier;
 * per-session rules (admission, BACKPRESSURE / CREDIT_UPDATE, cancels, deadlines, trace context, a terminal
   freeing its window) are :class:`.session_policy.SessionPolicy`'s, the same for every carrier;
@@ -442,7 +442,7 @@ class NNRPConnection:
             self._carrier.abort()
 
     def drain(self, retry_after_ms: int) -> None:
-        """The server drains (:mod:`vllm_nnrp_plugin.draining`): no new session from now on, and every open
+        """The server drains (:mod:`vllm_nnrp_plugin.contract.draining`): no new session from now on, and every open
         session gets one BACKPRESSURE (credit 0, level paused, reason draining, ``retry_after_ms``); the
         operations running go on (a submit that still comes is refused by the service)."""
         self._stopping = True
@@ -530,7 +530,7 @@ class NNRPConnection:
         session = self._sessions.get(draining.session_id)
         if session is None:
             return
-        session.policy.closing = True
+        session.policy.close()
         if draining.drain_timeout_ms:
             loop = asyncio.get_running_loop()
             session.drain_timer = loop.call_later(draining.drain_timeout_ms / 1000, self._drain_expired, session)
@@ -704,9 +704,6 @@ class NNRPConnection:
                 )
                 continue
             if isinstance(action, PartialResult):
-                if not sop.rules.admits_partials:
-                    sop.discard(action)  # nothing after a terminal or a cancel
-                    continue
                 try:
                     self._send_partial(session, sop, action)
                 except (ValueError, TypeError, OverflowError, struct.error):
@@ -730,6 +727,8 @@ class NNRPConnection:
 
     def _send_partial(self, session: StreamSession, sop: ServerOperation, action: PartialResult) -> None:
         taken = sop.take(action)
+        if taken is None:
+            return  # discarded: a drop was decided, or the terminal went out
         probe = self._probe
         started = time.monotonic_ns() if probe is not None else 0  # one clock read per event unless measured
         if self._core.send_partial_result(
@@ -771,7 +770,7 @@ class NNRPConnection:
     def _terminal_done(self, session: StreamSession, sop: ServerOperation) -> None:
         """``sop``'s terminal went out (or never can): the session's policy frees its window."""
         if self._stopping:
-            session.policy.closing = True
+            session.policy.close()
         session.policy.terminal_done(sop)
         sid = session.session_id
         if sid in self._sessions and not self._core.session_open(sid):  # the last terminal of a drained close

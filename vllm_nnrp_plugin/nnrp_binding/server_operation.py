@@ -1,6 +1,6 @@
 """One submitted NNRP operation as the adapter sees it, and the session outbox its events wait in.
 
-:class:`ServerOperation` is the operation's lifecycle (:class:`vllm_nnrp_plugin.operation.Operation`, whose
+:class:`ServerOperation` is the operation's lifecycle (:class:`vllm_nnrp_plugin.core.operation.Operation`, whose
 table decides) plus the :class:`SessionLink` it shares with its session; it carries out what the table decides:
 a terminal to queue goes into the link's outbox, a stop to the operation's owner (the service). Both belong to
 vLLM's event loop, whatever the carrier: the adapter and the service decide there, and the connection
@@ -23,13 +23,12 @@ from vllm_nnrp_plugin.core.controls import BALANCED, RuntimeControls
 from vllm_nnrp_plugin.core.operation import (
     Decision,
     DropReason,
-    Effect,
     Operation,
     PartialResult,
     ResultDrop,
     ResultPush,
     Terminal,
-)
+)  # fmt: skip
 from vllm_nnrp_plugin.observability import observation as obs
 from vllm_nnrp_plugin.profile import trace
 from vllm_nnrp_plugin.profile.errors import ProfileError
@@ -84,13 +83,6 @@ class SessionLink:
         self.items.append((sop, action))
         self.notify()
 
-    def admit(self) -> bool:
-        """One more event may wait (True, counted) or ``max_queued_events`` already do (False)."""
-        if self.waiting >= self.max_queued_events:
-            return False
-        self.waiting += 1
-        return True
-
     def left(self, events: int) -> None:
         """``events`` waiting events left the outbox (sent or discarded)."""
         self.waiting -= events
@@ -99,12 +91,13 @@ class SessionLink:
 class ServerOperation:
     """One submitted operation, owned by vLLM's event loop: ``operation_id`` (u64) and ``frame_id`` (u32) are
     the client's; ``transport`` is the carrier (``tcp``, ``tls``, ``ipc``, ``websocket``, ``quic``);
-    ``observation`` is its record; ``rules`` its :class:`~vllm_nnrp_plugin.operation.Operation` (read
-    ``rules.admits_partials`` freely; change it only through this object's methods, which also queue what the
-    rules decide); ``owner`` is set by whoever runs its backend work; ``controls`` its
-    :class:`~vllm_nnrp_plugin.controls.RuntimeControls` (made with its session's ``priority_class``)."""
+    ``observation`` is its record; ``rules`` its :class:`~vllm_nnrp_plugin.core.operation.Operation` (read
+    ``rules.state`` freely; change it only through this object's methods, which carry out what the rules
+    decide); ``owner`` is set by whoever runs its backend work; ``controls`` its
+    :class:`~vllm_nnrp_plugin.core.controls.RuntimeControls` (made with its session's ``priority_class``)."""
 
-    __slots__ = ("operation_id", "frame_id", "transport", "envelope", "owner", "rules", "controls", "_abort", "_link")
+    __slots__ = ("operation_id", "frame_id", "transport", "envelope", "owner", "rules", "controls", "_abort",
+                 "_link")  # fmt: skip
 
     def __init__(
         self,
@@ -121,24 +114,17 @@ class ServerOperation:
         priority_class: int = BALANCED,
     ) -> None:
         #: the runtime controls (priority, token budget) of its backend request
-        self.controls = RuntimeControls(session_class=priority_class)
+        self.controls = RuntimeControls(session_class=priority_class, on_budget_end=self._end_budget)
         self.operation_id = operation_id
         self.frame_id = frame_id
         self.transport = transport
         self.owner: OperationOwner | None = None
         self._abort: Callable[[], None] | None = None  # the adapter's, while a backend request runs
         self._link = link
-        self.rules = Operation(
-            obs.Observation(
-                connection_id=connection_id,
-                session_id=session_id,
-                operation_id=operation_id,
-                frame_id=frame_id,
-                transport=transport,
-                submitted_ns=now_ns,
-                submitted_unix_ns=now_unix_ns,
-            )
-        )
+        self.rules = Operation(obs.Observation(
+            connection_id=connection_id, session_id=session_id, operation_id=operation_id,
+            frame_id=frame_id, transport=transport, submitted_ns=now_ns, submitted_unix_ns=now_unix_ns,
+        ))  # fmt: skip
         #: the JSON envelope unwrapped from the submit, or the ``invalid_frame`` error its typed body raised
         self.envelope = envelope
 
@@ -154,22 +140,26 @@ class ServerOperation:
     # -- the adapter (vLLM's loop) --------------------------------------------------------------------------
 
     def partial(self, event: dict[str, Any]) -> None:
-        """Queue one non-terminal event (or let it join the delta still queued); ignored once a terminal was
-        decided. When the session's outbox is full the operation ends with ``client_too_slow`` instead and its
-        owner stops it. With the link's ``send_now`` set and nothing of the session waiting, the event is
-        numbered and sent at once instead."""
+        """Queue one non-terminal event (or let it join the delta still queued), as the table decides (nothing
+        once a terminal was decided); it counts as one more waiting event. When the session's outbox already
+        holds ``max_queued_events`` the input is the overflow instead (``client_too_slow``, and the owner stops
+        the operation). With the link's ``send_now`` set and nothing of the session waiting, a new partial
+        result is numbered and sent at once instead."""
         outbox = self._link
-        if self.rules.finished:
+        if outbox.waiting >= outbox.max_queued_events:
+            self._carry_out(self.rules.overflow(outbox.max_queued_events))
+            return
+        action = self.rules.partial(event)
+        if action is None:  # a terminal was decided
+            return
+        outbox.waiting += 1
+        if action.events > 1:  # it joined the delta still queued
             return
         send_now = outbox.send_now
-        if send_now is not None and not outbox.items and outbox.admit():
-            send_now(self, self.rules.partial(event))  # type: ignore[arg-type]  # nothing waits: out now
-        elif not outbox.admit():
-            self._carry_out(self.rules.overflow(outbox.max_queued_events))
+        if send_now is not None and not outbox.items:
+            send_now(self, action)  # nothing waits: out now
         else:
-            action = self.rules.partial(event)  # None when it joined the delta still queued
-            if action is not None:
-                outbox.put(self, action)
+            outbox.put(self, action)
 
     def complete(self, body: dict[str, Any]) -> None:
         """Queue the terminal ``response.completed``."""
@@ -178,6 +168,11 @@ class ServerOperation:
     def fail(self, err: ProfileError) -> None:
         """Queue the terminal ``response.error``."""
         self._carry_out(self.rules.fail(err))
+
+    def _end_budget(self) -> bool:
+        """The backend binding ended the stream at the token budget: True when the table says to abort the
+        backend request now (:meth:`Operation.end_budget`)."""
+        return self.rules.end_budget().abort
 
     def limit_time(self, timeout_ms: int) -> None:
         """Bound the operation to ``timeout_ms`` (ms) after its submit (envelope ``nnrp.timeout_ms``)."""
@@ -229,8 +224,7 @@ class ServerOperation:
 
     def refuse(self, err: ProfileError) -> None:
         """Refused at admission (``too_many_requests``): a BACKPRESSURE frame, then the error terminal."""
-        self._link.put(self, PRESSURE)
-        self.fail(err)
+        self._carry_out(self.rules.refuse(err))
 
     def settle(self) -> bool:
         """One of the two ends happened (terminal sent; task ended or none will run). True exactly once, when
@@ -239,16 +233,11 @@ class ServerOperation:
 
     # -- the connection ------------------------------------------------------------------------------------------
 
-    def take(self, partial: PartialResult) -> PartialResult:
-        """``partial`` goes out now: numbered and encoded (:meth:`Operation.take`)."""
-        taken = self.rules.take(partial)
-        self._link.left(taken.events)
-        return taken
-
-    def discard(self, partial: PartialResult) -> None:
-        """``partial`` will never go out (a terminal or a cancel came first)."""
-        events = partial.events
-        self._link.left(events)
+    def take(self, partial: PartialResult) -> PartialResult | None:
+        """``partial`` leaves the outbox: numbered and encoded to go out now, or ``None`` when the table discards
+        it (a drop was decided, or the terminal went out: :meth:`Operation.take`)."""
+        self._link.left(partial.events)
+        return self.rules.take(partial)
 
     def override_trace(self, context: trace.TraceContext) -> None:
         """An operation-scoped TRACE_CONTEXT came in; ignored once dispatched."""
@@ -271,12 +260,15 @@ class ServerOperation:
     def unsendable(self) -> ResultDrop:
         """A frame could not be built: the TRANSPORT_CLOSED drop that ends the operation instead (to send now);
         its backend work stops."""
-        drop = self.rules.unsendable(time.monotonic_ns())
-        self._carry_out(Decision(Effect.STOP))
+        decision, drop = self.rules.unsendable(time.monotonic_ns())
+        self._carry_out(decision)
         return drop
 
     def _carry_out(self, decision: Decision) -> None:
-        """What the lifecycle table decided: the terminal into the outbox, then the stop to the owner."""
+        """What the lifecycle table decided: a BACKPRESSURE and the terminal into the outbox, then the stop to
+        the owner."""
+        if decision.pressure:
+            self._link.put(self, PRESSURE)
         if decision.terminal is not None:
             self._link.put(self, decision.terminal)
         if decision.stop and self.owner is not None:
@@ -285,7 +277,7 @@ class ServerOperation:
 
 def envelope_of(payload_kind_bitmap: int, payload_frame_count: int, body: bytes) -> bytes | ProfileError:
     """The JSON envelope inside a submit's typed body, or the ``invalid_frame`` error that body raises
-    (:func:`vllm_nnrp_plugin.wire_mapping.unwrap_typed_body`)."""
+    (:func:`vllm_nnrp_plugin.contract.wire_mapping.unwrap_typed_body`)."""
     try:
         return wire_mapping.unwrap_typed_body(payload_kind_bitmap, payload_frame_count, body)
     except ProfileError as err:

@@ -16,49 +16,51 @@ core reports into these calls and sends what the session's outbox holds.
 * **SUPERSEDE** ends the operation with the ``superseded`` drop and stops its vLLM request, as a cancel does
   (the newer operation it names runs as submitted).
 * **DEADLINE** / **EXPIRE_AT** (wall-clock ms) bound the named operation; a DEADLINE that came before its submit
-  waits for it (:class:`vllm_nnrp_plugin.operation.EarlyDeadlines`).
+  waits for it (:class:`vllm_nnrp_plugin.core.operation.EarlyDeadlines`).
 * **PRIORITY_UPDATE** and **BUDGET_UPDATE** change the operation's runtime controls
-  (:class:`vllm_nnrp_plugin.controls.RuntimeControls`): a priority class before dispatch, a lower token budget
+  (:class:`vllm_nnrp_plugin.core.controls.RuntimeControls`): a priority class before dispatch, a lower token budget
   at any time (the vLLM binding applies it).
 * **TRACE_CONTEXT** (``openai-compatible/1`` profile, trace-context section): at session scope (frame 0) the
   default context of the session's operations dispatched later; at operation scope it overrides that
   operation's until it is dispatched. Ineligible contexts (zero ids) are ignored.
 
 What each of these does to the operation itself (its terminal, the stop of its vLLM request) is the operation's
-lifecycle table's to decide (:data:`vllm_nnrp_plugin.operation.TRANSITIONS`); this module decides which operation
+lifecycle table's to decide (:data:`vllm_nnrp_plugin.core.operation.TRANSITIONS`); this module decides which operation
 and when. Everything here runs on vLLM's event loop: the handler (the service) is called directly.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Any
 
 from vllm_nnrp_plugin.core.limits import SessionLimits
 from vllm_nnrp_plugin.core.operation import DropReason, EarlyDeadlines
 from vllm_nnrp_plugin.nnrp_binding.handler import CANCEL_DETAIL, SessionHandler
-from vllm_nnrp_plugin.nnrp_binding.server_operation import PRESSURE, ServerOperation, SessionLink
+from vllm_nnrp_plugin.nnrp_binding.server_operation import ServerOperation, SessionLink
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
+
+
+class Credit(enum.Enum):
+    """Where a session's credit stands: NNRP's credit is advisory, the server withholds it with a BACKPRESSURE
+    (window 0) and gives it back with a CREDIT_UPDATE (NagareWorks/nnrp-doc
+    ``docs/en/profiles/runtime-control/control-frames.md``)."""
+
+    GRANTED = "granted"  # no BACKPRESSURE outstanding
+    WITHHELD = "withheld"  # a BACKPRESSURE went out: the next terminal sends a CREDIT_UPDATE with the free window
+    CLOSING = "closing"  # the session or the server is going away: no CREDIT_UPDATE any more
 
 
 class SessionPolicy:
     """One session's operations (by id, and by frame for carriers that only see a frame id) and its rules.
 
-    ``link`` is the session's outbox; ``send_credit(window)`` sends a CREDIT_UPDATE. Set :attr:`closing` once
-    the session or the server is going away: no CREDIT_UPDATE is sent after that."""
+    ``link`` is the session's outbox; ``send_credit(window)`` sends a CREDIT_UPDATE. Call :meth:`close` once
+    the session or the server is going away: no CREDIT_UPDATE is sent after that (:attr:`credit`)."""
 
-    __slots__ = (
-        "ops",
-        "frames",
-        "early_deadlines",
-        "pressured",
-        "closing",
-        "_handler",
-        "_limits",
-        "_link",
-        "_send_credit",
-    )
+    __slots__ = ("ops", "frames", "early_deadlines", "credit", "_handler", "_limits", "_link",
+                 "_send_credit")  # fmt: skip
 
     def __init__(
         self,
@@ -77,21 +79,16 @@ class SessionPolicy:
         #: frame id → operation id of those operations
         self.frames: dict[int, int] = {}
         self.early_deadlines = EarlyDeadlines()
-        #: a BACKPRESSURE went out and no CREDIT_UPDATE since
-        self.pressured = False
-        self.closing = False
+        self.credit = Credit.GRANTED
 
     def submit(self, sop: ServerOperation) -> bool:
         """Admit ``sop`` (True: the handler gets it) or refuse it over the session's limit (False: a
         BACKPRESSURE then its ``too_many_requests`` terminal are queued; it never reaches the handler)."""
         if len(self.ops) >= self._limits.max_in_flight:
-            self._link.put(sop, PRESSURE)
-            sop.fail(
-                E.too_many_requests(
-                    f"this session already has {len(self.ops)} operations in flight; the limit is "
-                    f"{self._limits.max_in_flight} (nnrp.max_in_flight_per_session)"
-                )
-            )
+            sop.refuse(E.too_many_requests(
+                f"this session already has {len(self.ops)} operations in flight; the limit is "
+                f"{self._limits.max_in_flight} (nnrp.max_in_flight_per_session)"
+            ))  # fmt: skip
             sop.settle()  # no task will run for it
             return False
         self.ops[sop.operation_id] = sop
@@ -146,8 +143,14 @@ class SessionPolicy:
             sop.override_trace(context)
 
     def pressure_signalled(self) -> None:
-        """The carrier sent a BACKPRESSURE for this session: a CREDIT_UPDATE follows the next terminal."""
-        self.pressured = True
+        """The carrier sent a BACKPRESSURE for this session: a CREDIT_UPDATE follows the next terminal (unless
+        the session is closing)."""
+        if self.credit is Credit.GRANTED:
+            self.credit = Credit.WITHHELD
+
+    def close(self) -> None:
+        """The session or the server is going away: no CREDIT_UPDATE is sent any more."""
+        self.credit = Credit.CLOSING
 
     def terminal_done(self, sop: ServerOperation) -> None:
         """``sop``'s terminal went out (or never can): it leaves the window, its slots are free, and its record
@@ -155,8 +158,8 @@ class SessionPolicy:
         if self.ops.pop(sop.operation_id, None) is not None:
             self.frames.pop(sop.frame_id, None)
             self._handler.on_terminal(sop)
-            if self.pressured and not self.closing:
-                self.pressured = False
+            if self.credit is Credit.WITHHELD:
+                self.credit = Credit.GRANTED
                 self._send_credit(self._limits.max_in_flight - len(self.ops))
         if sop.settle():
             self._handler.on_finished(sop)
@@ -164,20 +167,19 @@ class SessionPolicy:
     def cancel_all(self, detail: str) -> None:
         """The client closed the session and its drain time is up: every operation still running ends with
         the ``peer_cancelled`` drop (``detail`` its reason) and its vLLM request stops."""
-        self.closing = True
+        self.close()
         for sop in list(self.ops.values()):
             sop.cancel(DropReason.PEER_CANCELLED, detail)
 
     def lose_all(self, detail: str) -> None:
         """The client is gone or closed the session: nothing can be delivered; every operation stops."""
-        self.closing = True
-        self.pressured = False
+        self.close()
         for sop in list(self.ops.values()):
             sop.lose(detail)
             self.terminal_done(sop)
 
     def shut_down(self) -> None:
         """The server stops: every operation's terminal is ``server_shutdown`` and its work stops."""
-        self.closing = True
+        self.close()
         for sop in list(self.ops.values()):
             sop.shut_down()

@@ -6,7 +6,7 @@ sampling_params, request_id, …)`` (``vllm/entrypoints/openai/chat_completion/s
 on ``AsyncLLM.generate`` 0.18–0.32, ``vllm/v1/engine/async_llm.py``) and read its ``RequestOutput`` objects.
 :func:`view_maker` makes, per request, an object that shares the serving object's state (its ``__dict__``) and
 methods but whose ``engine_client`` is an :class:`_TappedEngine` for that request's
-:class:`~vllm_nnrp_plugin.controls.RuntimeControls`. vLLM's own HTTP routes keep the serving object itself:
+:class:`~vllm_nnrp_plugin.core.controls.RuntimeControls`. vLLM's own HTTP routes keep the serving object itself:
 nothing in vLLM is patched. The tapped ``generate`` hands every output on unchanged, and on the way:
 
 * the first output marks the request started in the engine (``engine_started``) and gives its prefix-cache hits
@@ -15,7 +15,9 @@ nothing in vLLM is patched. The tapped ``generate`` hands every output on unchan
   to the budget ends it: a copy of that output is handed on as the engine's last, ``finish_reason`` ``length`` — what
   the engine itself reports when ``max_tokens`` ends a request (``vllm/v1/core/sched/utils.py`` ``check_stop``) — so
   vLLM's own generator writes the finish chunk and usage, and the engine request is aborted first
-  (``AsyncLLM.abort``). Outputs count by request: a request of one choice streamed with ``DELTA`` or
+  (``AsyncLLM.abort``) when the operation's lifecycle says so (its ``BUDGET`` input:
+  :meth:`~vllm_nnrp_plugin.core.controls.RuntimeControls.end_at_budget`). Outputs count by request: a request of one
+  choice streamed with ``DELTA`` or
   ``CUMULATIVE`` outputs; a non-streaming request (``FINAL_ONLY``: one output at the end) or one of ``n`` > 1
   choices takes a budget only before dispatch. An output that carries several tokens (speculative decoding)
   is kept whole, so such a stream may end a few tokens past the budget.
@@ -107,8 +109,8 @@ async def _tapped(
                     produced = produced + ids if counting == 1 else ids
                 budget = controls.token_budget
                 if budget is not None and produced >= budget and not output.finished and completion is not None:
-                    controls.budget_ended = True
-                    await engine.abort(request_id)
+                    if controls.end_at_budget():
+                        await engine.abort(request_id)
                     yield _ended_by_budget(output)
                     return
             yield output
