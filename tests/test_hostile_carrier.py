@@ -105,14 +105,15 @@ def test_connections_in_their_tls_handshake_count_once_and_are_forgotten_when_it
     )
     try:
         host, port = served.bound[0].removeprefix("nnrps://").rsplit(":", 1)
+        connections = served.service._listener._connections
         held = []
-        for _ in range(3):  # one at a time: each is being set up when the next is accepted
+        for n in range(1, 4):  # one at a time: each is being set up when the next is accepted
             held.append(socket.create_connection((host, int(port))))
-            assert wait_until(lambda n=len(held): len(served.service._listener._connections) == n), len(held)
+            assert wait_until(lambda n=n: len(connections) == n), (n, len(connections))
         extra = socket.create_connection((host, int(port)))
         assert closed_by_server(extra)
         assert metric("nnrp_connections_refused_total", transport="tls", reason="max_connections") >= 1
-        assert wait_until(lambda: not served.service._listener._connections, timeout_s=10)
+        assert wait_until(lambda: not connections, timeout_s=10)
         for sock in held:
             sock.close()
     finally:
