@@ -112,7 +112,9 @@ def test_connections_in_their_tls_handshake_count_once_and_are_forgotten_when_it
             assert wait_until(lambda n=n: len(connections) == n), (n, len(connections))
         extra = socket.create_connection((host, int(port)))
         assert closed_by_server(extra)
-        assert metric("nnrp_connections_refused_total", transport="tls", reason="max_connections") >= 1
+        assert wait_until(
+            lambda: metric("nnrp_connections_refused_total", transport="tls", reason="max_connections") >= 1
+        )
         assert wait_until(lambda: not connections, timeout_s=10)
         for sock in held:
             sock.close()
