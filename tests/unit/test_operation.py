@@ -140,12 +140,13 @@ def test_any_sequence_of_inputs_moves_forward_and_decides_one_terminal(inputs):
             decision = {
                 Input.COMPLETE: lambda: op.complete({}),
                 Input.FAIL: lambda: op.fail(ProfileError("backend_error", "x")),
-                Input.OVERFLOW: lambda: op.overflow(8), Input.TIME_OUT: lambda: op.time_out(1),
+                Input.OVERFLOW: lambda: op.overflow(8),
+                Input.TIME_OUT: lambda: op.time_out(1),
                 Input.EXPIRE: lambda: (op.bound(5), op.time_out(1, started=False))[1],
                 Input.SHUT_DOWN: lambda: op.shut_down(1),
                 Input.REFUSE: lambda: op.refuse(ProfileError("too_many_requests", "x", status=429)),
                 Input.CANCEL: lambda: op.cancel(DropReason.PEER_CANCELLED, "client_cancelled", 1),
-            }[event]()  # fmt: skip
+            }[event]()
             assert (decision.terminal is not None) == (before in ((A,) if event is Input.REFUSE else (A, R)))
             if decision.terminal is not None:
                 queued.append(decision.terminal)
@@ -160,8 +161,15 @@ def test_any_sequence_of_inputs_moves_forward_and_decides_one_terminal(inputs):
 
 
 def operation(diagnostics=False):
-    record = Observation(connection_id=1, session_id=1, operation_id=7, frame_id=7, transport="tcp",
-                         submitted_ns=1_000_000, submitted_unix_ns=5_000_000_000)  # fmt: skip
+    record = Observation(
+        connection_id=1,
+        session_id=1,
+        operation_id=7,
+        frame_id=7,
+        transport="tcp",
+        submitted_ns=1_000_000,
+        submitted_unix_ns=5_000_000_000,
+    )
     record.diagnostics_requested = diagnostics
     return Operation(record)
 

@@ -34,7 +34,7 @@ from vllm_nnrp_plugin.core.operation import (
     ResultPush,
     State,
     Terminal,
-)  # fmt: skip
+)
 from vllm_nnrp_plugin.observability.observation import Observation
 from vllm_nnrp_plugin.profile import errors as E
 from vllm_nnrp_plugin.profile import trace
@@ -140,10 +140,17 @@ chunk_streams = st.lists(st.one_of(realistic_chunk, realistic_chunk, error_chunk
 
 
 def new_operation() -> Operation:
-    return Operation(Observation(
-        connection_id=1, session_id=1, operation_id=1, frame_id=1, transport="tcp", submitted_ns=0,
-        submitted_unix_ns=0,
-    ))  # fmt: skip
+    return Operation(
+        Observation(
+            connection_id=1,
+            session_id=1,
+            operation_id=1,
+            frame_id=1,
+            transport="tcp",
+            submitted_ns=0,
+            submitted_unix_ns=0,
+        )
+    )
 
 
 class RecordingSink:
@@ -298,12 +305,25 @@ DELTA = {"type": "response.output_text.delta", "index": 0, "delta": "x"}
 LIVE = (State.ADMITTED, State.RUNNING)
 # decisions (vLLM's loop), wire events (the pump) and sends, in any order
 steps = st.lists(
-    st.sampled_from(["partial", "complete", "fail", "time_out", "shut_down", "overflow", "peer_cancel", "lose",
-                     "send", "trace", "dispatch"])
+    st.sampled_from(
+        [
+            "partial",
+            "complete",
+            "fail",
+            "time_out",
+            "shut_down",
+            "overflow",
+            "peer_cancel",
+            "lose",
+            "send",
+            "trace",
+            "dispatch",
+        ]
+    )
     | st.tuples(st.just("deadline"), st.integers(0, 10_000))
     | st.tuples(st.just("timeout_ms"), st.integers(1, 10_000)),
     max_size=30,
-)  # fmt: skip
+)
 
 
 def flush(op: Operation, queue: list, sent: list) -> None:

@@ -217,8 +217,13 @@ def _log_unexpected(sink: OperationSink, stage: str, exc: BaseException) -> None
     messages escaped and bounded (they may quote the request:
     :func:`~vllm_nnrp_plugin.observability.log_safety.traceback_text`)."""
     record = sink.observation
-    logger.error("NNRP operation %d of session %d failed while %s\n%s", record.operation_id, record.session_id, stage,
-                 traceback_text(exc))  # fmt: skip
+    logger.error(
+        "NNRP operation %d of session %d failed while %s\n%s",
+        record.operation_id,
+        record.session_id,
+        stage,
+        traceback_text(exc),
+    )
 
 
 def _fail_safely(sink: OperationSink, err: E.ProfileError) -> None:
@@ -226,8 +231,11 @@ def _fail_safely(sink: OperationSink, err: E.ProfileError) -> None:
     try:
         sink.fail(err)
     except Exception as exc:  # noqa: BLE001 - the sink itself is broken: nothing more can be told to the client
-        logger.error("NNRP operation %d: its error terminal cannot be queued\n%s", sink.observation.operation_id,
-                     traceback_text(exc))  # fmt: skip
+        logger.error(
+            "NNRP operation %d: its error terminal cannot be queued\n%s",
+            sink.observation.operation_id,
+            traceback_text(exc),
+        )
 
 
 async def _serve(sink: OperationSink, envelope: Envelope, backend: Backend, capabilities: dict[str, Any]) -> None:

@@ -47,13 +47,21 @@ _C, _S, _E, _A, _G, _F, _R = State  # in the order listed
 #: nothing (the module docstring gives the rules).
 TRANSITIONS: dict[tuple[State, Input], tuple[bool, State]] = {
     (_C, Input.STREAM): (False, _S),
-    (_C, Input.STOP): (True, _E), (_S, Input.STOP): (True, _A),
+    (_C, Input.STOP): (True, _E),
+    (_S, Input.STOP): (True, _A),
     (_E, Input.REFUSED): (False, _G),
-    (_C, Input.FINISH): (False, _F), (_S, Input.FINISH): (False, _F), (_E, Input.FINISH): (False, _F),
-    (_A, Input.FINISH): (False, _F), (_G, Input.FINISH): (False, _F),
-    (_C, Input.RELEASE): (True, _R), (_S, Input.RELEASE): (True, _R), (_E, Input.RELEASE): (True, _R),
-    (_A, Input.RELEASE): (False, _R), (_G, Input.RELEASE): (False, _R), (_F, Input.RELEASE): (False, _R),
-}  # fmt: skip
+    (_C, Input.FINISH): (False, _F),
+    (_S, Input.FINISH): (False, _F),
+    (_E, Input.FINISH): (False, _F),
+    (_A, Input.FINISH): (False, _F),
+    (_G, Input.FINISH): (False, _F),
+    (_C, Input.RELEASE): (True, _R),
+    (_S, Input.RELEASE): (True, _R),
+    (_E, Input.RELEASE): (True, _R),
+    (_A, Input.RELEASE): (False, _R),
+    (_G, Input.RELEASE): (False, _R),
+    (_F, Input.RELEASE): (False, _R),
+}
 
 
 class BackendRequest:

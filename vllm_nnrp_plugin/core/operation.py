@@ -67,9 +67,11 @@ class DropReason(enum.Enum):
 
 
 CANCEL_SOURCE = {
-    DropReason.PEER_CANCELLED: obs.CLIENT, DropReason.TRANSPORT_CLOSED: obs.TRANSPORT,
-    DropReason.SUPERSEDED: obs.CLIENT, DropReason.DEADLINE_EXPIRED: obs.DEADLINE,
-}  # fmt: skip
+    DropReason.PEER_CANCELLED: obs.CLIENT,
+    DropReason.TRANSPORT_CLOSED: obs.TRANSPORT,
+    DropReason.SUPERSEDED: obs.CLIENT,
+    DropReason.DEADLINE_EXPIRED: obs.DEADLINE,
+}
 
 
 @attrs.define(slots=True)
@@ -184,28 +186,50 @@ _Q, _STOP, _SEND, _DROP, _NONE = Effect.QUEUE, Effect.STOP, Effect.SEND, Effect.
 #: task may still run.
 TRANSITIONS: dict[tuple[State, Input], tuple[Effect, State]] = {
     (_A, Input.DISPATCH): (Effect.FREEZE, _R),
-    (_A, Input.PARTIAL): (_Q, _A), (_R, Input.PARTIAL): (_Q, _R),
-    (_A, Input.COMPLETE): (_Q, _D), (_R, Input.COMPLETE): (_Q, _D),
-    (_A, Input.FAIL): (_Q, _D), (_R, Input.FAIL): (_Q, _D),
+    (_A, Input.PARTIAL): (_Q, _A),
+    (_R, Input.PARTIAL): (_Q, _R),
+    (_A, Input.COMPLETE): (_Q, _D),
+    (_R, Input.COMPLETE): (_Q, _D),
+    (_A, Input.FAIL): (_Q, _D),
+    (_R, Input.FAIL): (_Q, _D),
     (_R, Input.BUDGET): (Effect.ABORT, _R),
-    (_A, Input.OVERFLOW): (_Q | _STOP, _D), (_R, Input.OVERFLOW): (_Q | _STOP, _D),
+    (_A, Input.OVERFLOW): (_Q | _STOP, _D),
+    (_R, Input.OVERFLOW): (_Q | _STOP, _D),
     (_A, Input.REFUSE): (Effect.PRESSURE | _Q, _D),
-    (_A, Input.TIME_OUT): (_Q | _STOP, _D), (_R, Input.TIME_OUT): (_Q | _STOP, _D),
-    (_D, Input.TIME_OUT): (_STOP, _D), (_X, Input.TIME_OUT): (_STOP, _X), (_S, Input.TIME_OUT): (_STOP, _S),
-    (_A, Input.EXPIRE): (_Q | _STOP | _DROP, _X), (_R, Input.EXPIRE): (_Q | _STOP | _DROP, _X),
-    (_D, Input.EXPIRE): (_STOP, _D), (_X, Input.EXPIRE): (_STOP, _X), (_S, Input.EXPIRE): (_STOP, _S),
-    (_A, Input.SHUT_DOWN): (_Q | _STOP, _D), (_R, Input.SHUT_DOWN): (_Q | _STOP, _D),
-    (_D, Input.SHUT_DOWN): (_STOP, _D), (_X, Input.SHUT_DOWN): (_STOP, _X), (_S, Input.SHUT_DOWN): (_STOP, _S),
-    (_A, Input.CANCEL): (_Q | _STOP | _DROP, _X), (_R, Input.CANCEL): (_Q | _STOP | _DROP, _X),
-    (_D, Input.CANCEL): (_STOP | _DROP, _X), (_X, Input.CANCEL): (_STOP, _X),
-    (_A, Input.LOSE): (_STOP, _S), (_R, Input.LOSE): (_STOP, _S), (_D, Input.LOSE): (_STOP, _S),
+    (_A, Input.TIME_OUT): (_Q | _STOP, _D),
+    (_R, Input.TIME_OUT): (_Q | _STOP, _D),
+    (_D, Input.TIME_OUT): (_STOP, _D),
+    (_X, Input.TIME_OUT): (_STOP, _X),
+    (_S, Input.TIME_OUT): (_STOP, _S),
+    (_A, Input.EXPIRE): (_Q | _STOP | _DROP, _X),
+    (_R, Input.EXPIRE): (_Q | _STOP | _DROP, _X),
+    (_D, Input.EXPIRE): (_STOP, _D),
+    (_X, Input.EXPIRE): (_STOP, _X),
+    (_S, Input.EXPIRE): (_STOP, _S),
+    (_A, Input.SHUT_DOWN): (_Q | _STOP, _D),
+    (_R, Input.SHUT_DOWN): (_Q | _STOP, _D),
+    (_D, Input.SHUT_DOWN): (_STOP, _D),
+    (_X, Input.SHUT_DOWN): (_STOP, _X),
+    (_S, Input.SHUT_DOWN): (_STOP, _S),
+    (_A, Input.CANCEL): (_Q | _STOP | _DROP, _X),
+    (_R, Input.CANCEL): (_Q | _STOP | _DROP, _X),
+    (_D, Input.CANCEL): (_STOP | _DROP, _X),
+    (_X, Input.CANCEL): (_STOP, _X),
+    (_A, Input.LOSE): (_STOP, _S),
+    (_R, Input.LOSE): (_STOP, _S),
+    (_D, Input.LOSE): (_STOP, _S),
     (_X, Input.LOSE): (_STOP, _S),
-    (_A, Input.TAKE): (_SEND, _A), (_R, Input.TAKE): (_SEND, _R), (_D, Input.TAKE): (_SEND, _D),
-    (_D, Input.SEAL): (_SEND, _S), (_X, Input.SEAL): (_SEND | _DROP, _S),
-    (_A, Input.UNSENDABLE): (_SEND | _STOP, _S), (_R, Input.UNSENDABLE): (_SEND | _STOP, _S),
-    (_D, Input.UNSENDABLE): (_SEND | _STOP, _S), (_X, Input.UNSENDABLE): (_SEND | _STOP, _S),
+    (_A, Input.TAKE): (_SEND, _A),
+    (_R, Input.TAKE): (_SEND, _R),
+    (_D, Input.TAKE): (_SEND, _D),
+    (_D, Input.SEAL): (_SEND, _S),
+    (_X, Input.SEAL): (_SEND | _DROP, _S),
+    (_A, Input.UNSENDABLE): (_SEND | _STOP, _S),
+    (_R, Input.UNSENDABLE): (_SEND | _STOP, _S),
+    (_D, Input.UNSENDABLE): (_SEND | _STOP, _S),
+    (_X, Input.UNSENDABLE): (_SEND | _STOP, _S),
     (_S, Input.UNSENDABLE): (_SEND | _STOP, _S),  # the sealed terminal itself could not be framed
-}  # fmt: skip
+}
 
 #: :data:`TRANSITIONS` by input, then state: a step looks its move up without building a key
 _MOVES: dict[Input, dict[State, tuple[Effect, State]]] = {event: {} for event in Input}
@@ -263,9 +287,19 @@ class Operation:
     """
 
     __slots__ = (
-        "observation", "submitted_unix_ms", "expires_unix_ms", "state", "_sequence", "_tail", "_drop", "_trace",
-        "_unsettled", "_nnrp_deadline", "_on_partial", "_on_take",
-    )  # fmt: skip
+        "observation",
+        "submitted_unix_ms",
+        "expires_unix_ms",
+        "state",
+        "_sequence",
+        "_tail",
+        "_drop",
+        "_trace",
+        "_unsettled",
+        "_nnrp_deadline",
+        "_on_partial",
+        "_on_take",
+    )
 
     def __init__(self, observation: obs.Observation) -> None:
         self.observation = observation
@@ -342,7 +376,7 @@ class Operation:
         err = E.client_too_slow(
             f"{max_queued_events} events are waiting to be sent on this session (nnrp.max_queued_events): "
             "the client reads slower than the model generates"
-        )  # fmt: skip
+        )
         self.observation.failed(code=err.code, family=err.type, status=err.status)
         return Decision(effect, Terminal(err.status, events.error(err)))
 
@@ -384,10 +418,15 @@ class Operation:
             return self._drop_with(Input.EXPIRE, reason, reason.value, now_ns)
         self.observation.cancelled(now_ns, source=obs.DEADLINE, reason=E.REQUEST_TIMEOUT)
         bound_ms = (self.expires_unix_ms or self.submitted_unix_ms) - self.submitted_unix_ms
-        return self._fail(Input.TIME_OUT, ProfileError(
-            E.REQUEST_TIMEOUT, f"operation {self.observation.operation_id} exceeded its deadline "
-            f"({bound_ms} ms after submit)", E.SERVER_ERROR, 504,
-        ))  # fmt: skip
+        return self._fail(
+            Input.TIME_OUT,
+            ProfileError(
+                E.REQUEST_TIMEOUT,
+                f"operation {self.observation.operation_id} exceeded its deadline ({bound_ms} ms after submit)",
+                E.SERVER_ERROR,
+                504,
+            ),
+        )
 
     def shut_down(self, now_ns: int) -> Decision:
         """The server is stopping: ``response.error`` ``server_shutdown`` unless a terminal was decided; the

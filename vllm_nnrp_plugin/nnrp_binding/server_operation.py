@@ -28,7 +28,7 @@ from vllm_nnrp_plugin.core.operation import (
     ResultDrop,
     ResultPush,
     Terminal,
-)  # fmt: skip
+)
 from vllm_nnrp_plugin.observability import observation as obs
 from vllm_nnrp_plugin.profile import trace
 from vllm_nnrp_plugin.profile.errors import ProfileError
@@ -96,8 +96,7 @@ class ServerOperation:
     decide); ``owner`` is set by whoever runs its backend work; ``controls`` its
     :class:`~vllm_nnrp_plugin.core.controls.RuntimeControls` (made with its session's ``priority_class``)."""
 
-    __slots__ = ("operation_id", "frame_id", "transport", "envelope", "owner", "rules", "controls", "_abort",
-                 "_link")  # fmt: skip
+    __slots__ = ("operation_id", "frame_id", "transport", "envelope", "owner", "rules", "controls", "_abort", "_link")
 
     def __init__(
         self,
@@ -121,10 +120,17 @@ class ServerOperation:
         self.owner: OperationOwner | None = None
         self._abort: Callable[[], None] | None = None  # the adapter's, while a backend request runs
         self._link = link
-        self.rules = Operation(obs.Observation(
-            connection_id=connection_id, session_id=session_id, operation_id=operation_id,
-            frame_id=frame_id, transport=transport, submitted_ns=now_ns, submitted_unix_ns=now_unix_ns,
-        ))  # fmt: skip
+        self.rules = Operation(
+            obs.Observation(
+                connection_id=connection_id,
+                session_id=session_id,
+                operation_id=operation_id,
+                frame_id=frame_id,
+                transport=transport,
+                submitted_ns=now_ns,
+                submitted_unix_ns=now_unix_ns,
+            )
+        )
         #: the JSON envelope unwrapped from the submit, or the ``invalid_frame`` error its typed body raised
         self.envelope = envelope
 

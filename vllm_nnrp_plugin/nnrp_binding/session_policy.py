@@ -59,8 +59,7 @@ class SessionPolicy:
     ``link`` is the session's outbox; ``send_credit(window)`` sends a CREDIT_UPDATE. Call :meth:`close` once
     the session or the server is going away: no CREDIT_UPDATE is sent after that (:attr:`credit`)."""
 
-    __slots__ = ("ops", "frames", "early_deadlines", "credit", "_handler", "_limits", "_link",
-                 "_send_credit")  # fmt: skip
+    __slots__ = ("ops", "frames", "early_deadlines", "credit", "_handler", "_limits", "_link", "_send_credit")
 
     def __init__(
         self,
@@ -85,10 +84,12 @@ class SessionPolicy:
         """Admit ``sop`` (True: the handler gets it) or refuse it over the session's limit (False: a
         BACKPRESSURE then its ``too_many_requests`` terminal are queued; it never reaches the handler)."""
         if len(self.ops) >= self._limits.max_in_flight:
-            sop.refuse(E.too_many_requests(
-                f"this session already has {len(self.ops)} operations in flight; the limit is "
-                f"{self._limits.max_in_flight} (nnrp.max_in_flight_per_session)"
-            ))  # fmt: skip
+            sop.refuse(
+                E.too_many_requests(
+                    f"this session already has {len(self.ops)} operations in flight; the limit is "
+                    f"{self._limits.max_in_flight} (nnrp.max_in_flight_per_session)"
+                )
+            )
             sop.settle()  # no task will run for it
             return False
         self.ops[sop.operation_id] = sop
