@@ -31,7 +31,6 @@ listener's budget as on TCP.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from wsproto import ConnectionType
@@ -40,7 +39,7 @@ from wsproto.utilities import RemoteProtocolError
 
 from vllm_nnrp_plugin.carriers import websocket as mapping
 from vllm_nnrp_plugin.nnrp_binding.connection import NNRPConnection
-from vllm_nnrp_plugin.nnrp_binding.stream import prepare, unread_bytes
+from vllm_nnrp_plugin.nnrp_binding.shell import SocketShell
 from vllm_nnrp_plugin.observability.log_safety import loggable
 
 logger = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ def _origin_refused(request: Request, origins: frozenset[str]) -> str | None:
     return None
 
 
-class WebSocketConnection(asyncio.Protocol):
+class WebSocketConnection(SocketShell):
     """The ``asyncio.Protocol`` of one accepted ``ws`` / ``wss`` connection, and its NNRP connection's
     :class:`.connection.Carrier`. ``nnrp``: the NNRP connection (``transport_name`` ``websocket``); ``path``: the
     path the Upgrade must request (the listen address's, ``/nnrp`` by default); ``origins``: the ``Origin``
@@ -85,24 +84,13 @@ class WebSocketConnection(asyncio.Protocol):
         first: bytes = b"",
         tcp_nodelay: bool = True,
     ) -> None:
-        self.nnrp = nnrp
+        super().__init__(nnrp, first=first, tcp_nodelay=tcp_nodelay)
         self._path = path
         self._origins = origins
-        self._first = first
-        self._tcp_nodelay = tcp_nodelay
         self._ws = mapping.NNRPWebSocket(ConnectionType.SERVER, max_message_bytes=nnrp.max_packet_bytes)
-        self._transport: asyncio.Transport | None = None
         self._open = False  # the Upgrade was accepted and no close frame went out yet
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # a stream protocol gets a Transport
-        prepare(transport, self._tcp_nodelay)
-        self.nnrp.attach(self)
-        first, self._first = self._first, b""
-        if first and not transport.is_closing():
-            self.data_received(first)
 
     def data_received(self, data: bytes) -> None:
         nnrp = self.nnrp
@@ -139,16 +127,6 @@ class WebSocketConnection(asyncio.Protocol):
             self._open = False
             self.nnrp.end_of_stream()
         return False  # close the transport
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        self.nnrp.lost()
-
-    def pause_writing(self) -> None:
-        self.nnrp.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.nnrp.resume_writing()
 
     # -- the WebSocket ----------------------------------------------------------------------------------------
 
@@ -238,23 +216,6 @@ class WebSocketConnection(asyncio.Protocol):
         """With 1008 when no session opened in time or the client flooded beyond its credit, 1001 when the
         server stops, 1002 after bad input, 1000 otherwise."""
         self._end_transport(_CLOSE_CODES.get(cause, mapping.CLOSE_NORMAL))
-
-    def abort(self) -> None:
-        if self._transport is not None:
-            self._transport.abort()
-
-    def hold_input(self, held: bool) -> None:
-        if self._transport is not None:
-            if held:
-                self._transport.pause_reading()
-            else:
-                self._transport.resume_reading()
-
-    def is_closing(self) -> bool:
-        return self._transport is None or self._transport.is_closing()
-
-    def unread_bytes(self) -> int:
-        return unread_bytes(self._transport)
 
 
 _CLOSE_CODES = {

@@ -32,14 +32,14 @@ from vllm_nnrp_plugin.vllm_binding.chunk_shapes import TokenBudget, normalise_bo
 from vllm_nnrp_plugin.vllm_binding.engine_lane import EngineStream, has_parser, lane_serving, serving_fits
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 from vllm_nnrp_plugin.vllm_binding.families import Binding, has_tool_parser
-from vllm_nnrp_plugin.vllm_binding.self_check import chat_cases, prove
+from vllm_nnrp_plugin.vllm_binding.self_check import Case, ProvenLane, chat_cases
 from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate, with_controls
 
 #: the body fields a token budget caps (``get_max_tokens`` reads ``max_completion_tokens`` first)
 _MAX_TOKENS = ("max_completion_tokens", "max_tokens")
 
 
-class ChatBinding:
+class ChatBinding(ProvenLane):
     """``chat.completions.create`` over ``app.state.openai_serving_chat`` (present when the server runs the
     ``generate`` task). ``lane_off``: why streams cannot take the engine lane on this server (``None``: they can,
     :func:`~.engine_lane.serving_fits`); ``lane_parser``: the lane drives the server's tool-call or reasoning
@@ -64,22 +64,9 @@ class ChatBinding:
         self._lane_views = None if self.lane_off is not None else lane_serving(serving)
         self._views = self._lane_views or self._vllm_views
 
-    async def prove_lane(self, model: str) -> None:
-        """Run the lane's start-up self-check (:mod:`.self_check`) for the served ``model``; when the lane is not
-        vLLM's path on the installed vLLM, switch it off (:attr:`lane_off` says why). Never raises."""
-        if self._lane_views is None:
-            return
-        cases = chat_cases(model, has_tool_parser(self._serving))
-        off = await prove(self._serving, cases, self._run_case, CHAT_COMPLETIONS_CREATE)
-        if off is not None:
-            self.lane_off, self.lane_parser, self._views = (
-                f"the start-up self-check failed: {off}",
-                False,
-                self._vllm_views,
-            )
-
-    async def _run_case(self, body: dict[str, Any], request_id: str, lane: bool, engine: Any) -> Call:
-        return await self._create(self._lane_views if lane else self._vllm_views, body, request_id, None, None, engine)
+    def _cases(self, model: str) -> list[Case]:
+        """The requests of the lane's start-up self-check (:meth:`~.self_check.ProvenLane.prove_lane`)."""
+        return chat_cases(model, has_tool_parser(self._serving))
 
     def operation(self) -> dict[str, Any]:
         """The capability entry: tool calls only when vLLM has a tool-call parser (``--tool-call-parser``;

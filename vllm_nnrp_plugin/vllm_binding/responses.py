@@ -38,14 +38,14 @@ from vllm_nnrp_plugin.profile.capabilities import operation
 from vllm_nnrp_plugin.vllm_binding.engine_tap import view_maker
 from vllm_nnrp_plugin.vllm_binding.families import Binding, responses_lane_off, responses_stream_fails
 from vllm_nnrp_plugin.vllm_binding.responses_lane import TEXT_DELTA, responses_lane_serving
-from vllm_nnrp_plugin.vllm_binding.self_check import prove, responses_cases
+from vllm_nnrp_plugin.vllm_binding.self_check import Case, ProvenLane, responses_cases
 from vllm_nnrp_plugin.vllm_binding.serving import call_serving, error_from_response, validate, with_controls
 
 #: vLLM's sub-request number of the first (and, without a tool server, only) engine request of a Responses request
 _FIRST_SUB_REQUEST = 0
 
 
-class ResponsesBinding:
+class ResponsesBinding(ProvenLane):
     """``responses.create`` over ``app.state.openai_serving_responses`` (present when the server runs the
     ``generate`` task) of the vLLM line ``family`` ((major, minor)). ``priorities``: vLLM ``priority`` by NNRP
     priority class (:func:`~.serving.with_controls`; ``None``: the server does not schedule by priority).
@@ -78,22 +78,9 @@ class ResponsesBinding:
         does it parse function calls out of the model's output."""
         return operation(RESPONSES_CREATE, streaming=True, non_streaming=True, tool_calls=self._tool_parser)
 
-    async def prove_lane(self, model: str) -> None:
-        """Run the lane's start-up self-check (:mod:`.self_check`) for the served ``model``; when the lane is not
-        vLLM's path on the installed vLLM, switch it off (:attr:`lane_off` says why). Never raises."""
-        if self._lane_views is None:
-            return
-        cases = responses_cases(model, self._tool_parser)
-        off = await prove(self._serving, cases, self._run_case, RESPONSES_CREATE)
-        if off is not None:
-            self.lane_off, self.lane_parser, self._views = (
-                f"the start-up self-check failed: {off}",
-                False,
-                self._vllm_views,
-            )
-
-    async def _run_case(self, body: dict[str, Any], request_id: str, lane: bool, engine: Any) -> Call:
-        return await self._create(self._lane_views if lane else self._vllm_views, body, request_id, None, None, engine)
+    def _cases(self, model: str) -> list[Case]:
+        """The requests of the lane's start-up self-check (:meth:`~.self_check.ProvenLane.prove_lane`)."""
+        return responses_cases(model, self._tool_parser)
 
     async def create(
         self,

@@ -15,7 +15,8 @@ ids and timestamps made canonical (:func:`canonical`). A difference, an exceptio
 work) switches the lane off with the reason (the start-up log names it); streams then take vLLM's own path: a
 changed vLLM costs speed, never correctness.
 
-:func:`lane_difference` is the comparison over plain async callables, testable without vLLM.
+:func:`lane_difference` is the comparison over plain async callables, testable without vLLM; :class:`ProvenLane` is
+the check as a binding with a lane runs it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from vllm_nnrp_plugin.core.adapter import STREAM_MAPPERS
+from vllm_nnrp_plugin.core.adapter import STREAM_MAPPERS, Call
 
 #: longest a self-check run may take (a lane whose feed leaks out of vLLM's frame would otherwise hang), seconds
 CASE_TIMEOUT_S = 10.0
@@ -284,3 +285,38 @@ async def prove(serving: Any, cases: Sequence[Case], run_case: CaseRunner, opera
         return await lane_difference(run, cases)
     except Exception as exc:  # noqa: BLE001 - a self-check that raises is a failed check, never a failed start
         return f"the self-check raised {type(exc).__name__}: {exc}"
+
+
+class ProvenLane:
+    """The start-up self-check of a binding with a lane (:class:`~.chat.ChatBinding`,
+    :class:`~.responses.ResponsesBinding`), mixed into it. The binding has ``name`` (its profile operation),
+    ``_serving`` (vLLM's serving object), ``_vllm_views`` and ``_lane_views`` (what a request runs on, on vLLM's
+    path and on the lane; ``None``: no lane), ``_views`` (what its requests take), ``lane_off`` and ``lane_parser``;
+    it gives ``_cases(model)`` (the requests of its check) and ``_create(views, body, request_id, traceparent,
+    controls, engine)`` (its call)."""
+
+    name: str
+    lane_off: str | None
+    lane_parser: bool
+    _serving: Any
+    _vllm_views: Any
+    _lane_views: Any
+    _views: Any
+    _cases: Callable[[str], list[Case]]
+    _create: Callable[..., Awaitable[Call]]
+
+    async def prove_lane(self, model: str) -> None:
+        """Run the lane's start-up self-check (:func:`prove`) for the served ``model``; when the lane is not
+        vLLM's path on the installed vLLM, switch it off (:attr:`lane_off` says why). Never raises."""
+        if self._lane_views is None:
+            return
+        off = await prove(self._serving, self._cases(model), self._run_case, self.name)
+        if off is not None:
+            self.lane_off, self.lane_parser, self._views = (
+                f"the start-up self-check failed: {off}",
+                False,
+                self._vllm_views,
+            )
+
+    async def _run_case(self, body: dict[str, Any], request_id: str, lane: bool, engine: Any) -> Call:
+        return await self._create(self._lane_views if lane else self._vllm_views, body, request_id, None, None, engine)
