@@ -108,6 +108,25 @@ def test_which_first_reads_leave_a_call_safe_to_submit_again():
     assert [policy.max_attempts(n) for n in (1, 2, 3, 9)] == [2, 3, 4, 4]
 
 
+def test_a_call_moves_while_unstarted_and_under_its_attempts_and_not_to_a_replica_it_tried():
+    shutdown = {"type": "response.error", "error": {"code": "server_shutdown", "message": "stopping"}}
+    attempts = policy.Attempts()
+    attempts.submitted(A)
+    assert attempts.may_move(ClientConnectionError("lost"), 2)
+    assert attempts.may_move(shutdown, 2)
+    assert not attempts.may_move(shutdown, 2, terminal=False)  # more events follow: not the replica going away
+    assert not attempts.may_move(ClientTimeout("silent"), 2)
+    assert attempts.excluded({A: 1, B: 2}) == [A]
+    assert attempts.excluded({A: 1}) == []  # one address: a fresh connection may land elsewhere
+    attempts.submitted(B)
+    assert attempts.excluded({B: 2, "tcp://127.0.0.4:1": 3}) == [B]  # A is no replica any more
+    assert attempts.may_move(ClientConnectionError("lost"), 2)
+    attempts.submitted(A)
+    assert attempts.count == 3 and not attempts.may_move(ClientConnectionError("lost"), 2)  # max_attempts(2)
+    for flag in ("started", "cancelled"):
+        assert not policy.Attempts([A], **{flag: True}).may_move(ClientConnectionError("lost"), 2)
+
+
 # -- against two real servers ------------------------------------------------------------------------------------
 
 

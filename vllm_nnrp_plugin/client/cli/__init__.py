@@ -284,17 +284,29 @@ def embed_envelope(args: argparse.Namespace) -> dict[str, Any]:
 async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any) -> int:
     """Submit ``envelope`` and show its events with ``printer`` until the terminal; the exit status."""
     from vllm_nnrp_plugin.client.cli.fleet import is_fleet_endpoint, run_on_fleet
-    from vllm_nnrp_plugin.client.errors import ClientError
-    from vllm_nnrp_plugin.client.events import operation_event
 
     if is_fleet_endpoint(args.endpoint):  # several addresses: the fleet's replicas (:mod:`.fleet`)
-        return await run_on_fleet(args, envelope, printer, api_key_of(args))
+        return await run_on_fleet(args, envelope, printer)
     opened = await _session(args)
     if opened is None:
         return 2
     conn, session = opened
     try:
-        op = session.submit(envelope, read_timeout_s=args.timeout)
+        return await show_operation(args, printer, lambda: session.submit(envelope, read_timeout_s=args.timeout))
+    finally:
+        await conn.close()
+
+
+async def show_operation(args: argparse.Namespace, printer: Any, submit: Callable[[], Any]) -> int:
+    """The operation ``submit()`` gives (called here, so a connection lost as it is sent fails it as one lost
+    while it runs), its events shown with ``printer`` until the terminal; the exit status: the printer's, 3 when
+    no event came for ``args.timeout`` s (the operation is cancelled), 2 when the connection failed or the events
+    ended without a terminal. Says why on stderr."""
+    from vllm_nnrp_plugin.client.errors import ClientError
+    from vllm_nnrp_plugin.client.events import operation_event
+
+    try:
+        op = submit()
         while events := await op.batch():
             last = len(events) - 1 if op.finished else -1
             for n, event in enumerate(events):
@@ -307,8 +319,6 @@ async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any)
     except ClientError as exc:  # the connection failed mid-operation
         print(f"vllm-nnrp: {exc}", file=sys.stderr)
         return 2
-    finally:
-        await conn.close()
     return 2
 
 

@@ -12,8 +12,8 @@ import ssl
 import sys
 from typing import Any
 
+from vllm_nnrp_plugin.client.cli import api_key_of, show_operation
 from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
-from vllm_nnrp_plugin.client.events import operation_event
 
 __all__ = ["is_fleet_endpoint", "run_on_fleet"]
 
@@ -31,16 +31,17 @@ def _trusted_der(tls_ca_file: str | None) -> bytes | None:
         return ssl.PEM_cert_to_DER_cert(f.read())
 
 
-async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], printer: Any, api_key: str | None) -> int:
-    """Submit ``envelope`` over the fleet of ``args.endpoint`` and show its events with ``printer`` (as the
-    single-address path of :mod:`vllm_nnrp_plugin.client.cli` does); the exit status. ``args.timeout`` (s) bounds
-    the wait for a replica's session and each wait for the next event."""
+async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], printer: Any) -> int:
+    """Submit ``envelope`` over the fleet of ``args.endpoint`` with the API key of
+    :func:`vllm_nnrp_plugin.client.cli.api_key_of` and show its events with ``printer``
+    (:func:`vllm_nnrp_plugin.client.cli.show_operation`, as the single-address path does); the exit status.
+    ``args.timeout`` (s) bounds the wait for a replica's session and each wait for the next event."""
     from vllm_nnrp_plugin.client.fleet.pool import FleetPool
 
     try:
         pool = FleetPool(
             args.endpoint,
-            api_key=api_key,
+            api_key=api_key_of(args),
             trusted_cert_der=_trusted_der(args.tls_ca),
             priority_class=args.priority or "balanced",
         )
@@ -61,18 +62,6 @@ async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], print
         except (ClientError, TimeoutError) as exc:
             print(f"vllm-nnrp: cannot reach the fleet {args.endpoint}: {exc or 'timed out'}", file=sys.stderr)
             return 2
-        while events := await op.batch():
-            last = len(events) - 1 if op.finished else -1
-            for n, event in enumerate(events):
-                status = printer.show(operation_event(op, event, terminal=n == last))
-                if status is not None:
-                    return status
-    except TimeoutError:  # ClientTimeout: silent for --timeout, cancelled
-        print(f"vllm-nnrp: no event for {args.timeout:g} s (--timeout); the operation was cancelled", file=sys.stderr)
-        return 3
-    except ClientError as exc:
-        print(f"vllm-nnrp: {exc}", file=sys.stderr)
-        return 2
+        return await show_operation(args, printer, lambda: op)
     finally:
         await pool.aclose()
-    return 2

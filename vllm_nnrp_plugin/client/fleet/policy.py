@@ -34,14 +34,15 @@ the next session opened there.
 Saving calls (:func:`unstarted_failure`): a call whose first read ends in a lost connection, a closed session,
 ``response.error`` ``server_shutdown`` (the replica stopped or drains: docs/operating.md *Shutdown*) or a drop
 with reason ``transport_closed`` (NNRP/1 drop reason 8) produced nothing, so it may be submitted again on another
-replica; once any event was read it never is (the output would repeat).
+replica; once any event was read it never is (the output would repeat). :class:`Attempts` keeps one call's submits
+and says when it may be submitted once more (at most :func:`max_attempts` submits) and where not to.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -54,6 +55,7 @@ __all__ = [
     "DRAIN_RECHECK_S",
     "RESOLVE_EVERY_S",
     "UNKNOWN_FREE",
+    "Attempts",
     "Fleet",
     "Load",
     "Replica",
@@ -185,6 +187,53 @@ class Replica:
     reason: str = ""
     probing: bool = False
     chosen_at: float = float("-inf")
+
+
+@attrs.define
+class Attempts:
+    """One call's submits over a fleet, and the rule that moves it to another replica (module docstring): the
+    shell records what happened and asks; it does the submitting, the marking of the replica and the waiting.
+    ``tried``: the address of each submit so far, in order; ``started``: an event was read (the call is never
+    submitted again); ``cancelled``: the caller cancelled it."""
+
+    tried: list[str] = attrs.field(factory=list)
+    started: bool = False
+    cancelled: bool = False
+
+    @property
+    def count(self) -> int:
+        """Submits so far."""
+        return len(self.tried)
+
+    def submitted(self, address: str) -> None:
+        """The call was submitted (once more) on ``address``."""
+        self.tried.append(address)
+
+    def may_move(
+        self,
+        failure: dict[str, Any] | ClientError,
+        replicas: int,
+        *,
+        drop_reason: int | None = None,
+        terminal: bool = True,
+    ) -> bool:
+        """The current submit's first read gave ``failure``: the failure it raised, or its first event
+        (``terminal``: the submit's only one; ``drop_reason``: the NNRP code of its drop, None for none). True
+        when the call may be submitted once more on another of ``replicas`` replicas: nothing was read and it
+        was not cancelled, ``failure`` is an :func:`unstarted_failure`, and it had fewer than
+        :func:`max_attempts` submits; False when the failure or event is the caller's."""
+        return (
+            not self.started
+            and not self.cancelled
+            and unstarted_failure(failure, drop_reason=drop_reason, terminal=terminal)
+            and self.count < max_attempts(replicas)
+        )
+
+    def excluded(self, replicas: Collection[str]) -> list[str]:
+        """The addresses of ``replicas`` (the fleet's now) that the next submit must not go to: the ones tried,
+        when there are several; none when there is one (a balancer's address, or a name resolved again, may
+        lead to another replica on a fresh connection)."""
+        return [address for address in self.tried if address in replicas] if len(replicas) > 1 else []
 
 
 class Fleet:

@@ -324,10 +324,7 @@ class FailoverOperation:
         self._fleet_pool = fleet_pool
         self._envelope = envelope
         self._options = options
-        self._started = False  # an event was read: never submitted again
-        self._cancelled = False
-        self._attempts = 0
-        self._tried: list[str] = []
+        self._attempts = policy.Attempts()
         self._on_done: list[Callable[[], None]] = []
         self._finished_failover = False  # no more submits will come (the callbacks ran or will run)
         self._op: Any = None
@@ -335,8 +332,7 @@ class FailoverOperation:
 
     def _submit(self, lane: FleetLane) -> None:
         pool, inner = lane.pool, lane.lane
-        self._attempts += 1
-        self._tried.append(pool.address)
+        self._attempts.submitted(pool.address)
         self._pool = pool
         try:
             op = inner.session.submit(self._envelope, **self._options)
@@ -353,7 +349,7 @@ class FailoverOperation:
     def _inner_done(self, pool: _ReplicaPool, inner: Lane, op: Any) -> None:
         """One submit ended: its slot is given back; the call is done unless the reader may still move it."""
         self._fleet_pool._slot_freed(pool, inner)
-        if op is self._op and (self._started or self._cancelled):
+        if op is self._op and (self._attempts.started or self._attempts.cancelled):
             self._done()
 
     def _done(self) -> None:
@@ -381,7 +377,7 @@ class FailoverOperation:
     @property
     def done(self) -> bool:
         """The call's last submit has its terminal (or failed)."""
-        return self._finished_failover or self._started and self._op.done
+        return self._finished_failover or self._attempts.started and self._op.done
 
     @property
     def finished(self) -> bool:
@@ -390,7 +386,7 @@ class FailoverOperation:
     @property
     def attempts(self) -> int:
         """Submits so far (1 unless the call was moved to another replica)."""
-        return self._attempts
+        return self._attempts.count
 
     @property
     def replica(self) -> str:
@@ -405,7 +401,7 @@ class FailoverOperation:
             self._on_done.append(callback)
 
     def cancel(self) -> None:
-        self._cancelled = True
+        self._attempts.cancelled = True
         self._op.cancel()
         if self._op.done:
             self._done()
@@ -419,93 +415,66 @@ class FailoverOperation:
         return self
 
     async def __anext__(self) -> dict[str, Any]:
-        while True:
-            try:
-                event = await self._op.__anext__()
-            except StopAsyncIteration:
-                raise
-            except ClientError as exc:
-                if await self._moved(exc):
-                    continue
-                self._done()
-                raise
-            if not self._started and await self._moved_after(event, self._op.finished):
-                continue
-            self._started = True
-            if self._op.finished:
-                self._done()
-            return event
+        (event,) = await self._read(self._next_event)
+        return event
 
     async def batch(self) -> list[dict[str, Any]]:
         """As :meth:`vllm_nnrp_plugin.client.aio.connection.Operation.batch`, over the submits of the call."""
-        while True:
-            try:
-                events = await self._op.batch()
-            except ClientError as exc:
-                if await self._moved(exc):
-                    continue
-                self._done()
-                raise
-            if (
-                events
-                and not self._started
-                and await self._moved_after(events[0], self._op.finished and len(events) == 1)
-            ):
-                continue
-            if events:
-                self._started = True
-                if self._op.finished:
-                    self._done()
-            return events
+        return await self._read(lambda: self._op.batch())
 
     async def result(self) -> dict[str, Any]:
         """The terminal event of the call's last submit (partials skipped)."""
         while True:
+            event = await self.__anext__()
+            if self._op.finished:
+                return event
+
+    async def _next_event(self) -> list[dict[str, Any]]:
+        return [await self._op.__anext__()]
+
+    async def _read(self, read: Callable[[], Awaitable[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+        """The next events of the call: ``await read()`` on the current submit (one event, or a batch; [] once
+        its events ended), read again on another replica while the submit ended before producing anything
+        (:meth:`_moved`). Raises what ``read`` raises when the call is not moved (``StopAsyncIteration``,
+        :class:`ClientError`)."""
+        while True:
             try:
-                event = await self._op.__anext__()
+                events = await read()
             except ClientError as exc:
                 if await self._moved(exc):
                     continue
                 self._done()
                 raise
-            if not self._started and await self._moved_after(event, self._op.finished):
+            if not events:
+                return events
+            if await self._moved(events[0], terminal=self._op.finished and len(events) == 1):
                 continue
-            self._started = True
+            self._attempts.started = True
             if self._op.finished:
                 self._done()
-                return event
+            return events
 
-    async def _moved_after(self, first: dict[str, Any], terminal: bool) -> bool:
-        if not terminal or not policy.unstarted_failure(first, drop_reason=self._op.drop_reason_code):
-            return False
-        return await self._moved(None, first)
-
-    async def _moved(self, exc: ClientError | None, first: dict[str, Any] | None = None) -> bool:
-        """The current submit ended before producing anything (``exc`` its failure, or ``first`` its only
-        event): submit once more on another replica and True, or False (the failure is the caller's)."""
-        if (
-            self._started
-            or self._cancelled
-            or exc is not None
-            and not policy.unstarted_failure(exc)
-            or self._attempts >= policy.max_attempts(len(self._fleet_pool.fleet.replicas))
-        ):
-            self._done()
-            return False
+    async def _moved(self, failure: dict[str, Any] | ClientError, *, terminal: bool = True) -> bool:
+        """The current submit's first read gave ``failure`` (the failure it raised, or its first event,
+        ``terminal`` when its only one): when :meth:`vllm_nnrp_plugin.client.fleet.policy.Attempts.may_move`
+        allows, its replica is out (a failure) or draining (an event), the call is submitted once more on another
+        replica and True; else False (the failure or event is the caller's)."""
         fleet_pool, pool = self._fleet_pool, self._pool
-        if exc is not None:
-            fleet_pool._lost(pool, str(exc))
+        replicas = fleet_pool.fleet.replicas
+        if not self._attempts.may_move(
+            failure, len(replicas), drop_reason=self._op.drop_reason_code, terminal=terminal
+        ):
+            return False
+        if isinstance(failure, ClientError):
+            fleet_pool._lost(pool, str(failure))
         else:
             fleet_pool._drained(pool)
-        # a balancer's or a re-resolved name's address may lead elsewhere on a fresh connection: with one
-        # address it is tried again; with several, the ones tried are not
-        exclude = self._tried if len(fleet_pool.fleet.replicas) > 1 else ()
         try:
-            lane = await fleet_pool.acquire(None, exclude=[a for a in exclude if a in fleet_pool.fleet.replicas])
+            lane = await fleet_pool.acquire(None, exclude=self._attempts.excluded(replicas))
         except ClientError:
             self._done()
             return False
-        if self._cancelled:
+        if self._attempts.cancelled:
             fleet_pool._slot_freed(lane.pool, lane.lane)
             self._done()
             return False
