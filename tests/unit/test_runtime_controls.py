@@ -117,8 +117,8 @@ def test_the_own_class_wins_until_dispatch_and_later_updates_are_only_counted():
     controls = RuntimeControls(session_class=2)
     assert controls.priority_class == 2
     assert controls.update_priority(0) and controls.priority_class == 0
-    controls.dispatched = True
-    assert not controls.update_priority(2) and controls.priority_class == 0 and controls.late_priority_updates == 1
+    assert not controls.update_priority(2, dispatched=True)
+    assert controls.priority_class == 0 and controls.late_priority_updates == 1
 
 
 def test_the_lowest_token_budget_wins_and_zero_carries_none():
@@ -239,9 +239,10 @@ def test_supersede_queues_the_superseded_drop_and_stops_the_vllm_request():
     policy.supersede(sop)
     (drop,) = sent(link)
     assert drop.drop is DropReason.SUPERSEDED and handler.stopped == [sop]
-    policy.update_priority(sop, 0)
+    policy.update_priority(sop, 0)  # it left ADMITTED: its class is fixed, the update only counted
     policy.update_budget(sop, 12)
-    assert sop.controls.priority_class == 0 and sop.controls.token_budget == 12
+    assert sop.controls.priority_class == 1 and sop.controls.late_priority_updates == 1
+    assert sop.controls.token_budget == 12
 
 
 def test_an_operation_whose_deadline_passed_before_dispatch_never_reaches_the_backend():
@@ -259,7 +260,7 @@ def test_the_envelope_class_steers_the_backend_and_cached_tokens_reach_the_usage
     backend = Backend(cached=7)
     run(sop, envelope(priority_class="interactive"), backend)
     (controls,) = backend.calls
-    assert controls is sop.controls and controls.priority_class == 0 and controls.dispatched
+    assert controls is sop.controls and controls.priority_class == 0 and sop.rules.dispatched
     usage = next(a.event for a in sent(link) if getattr(a, "event", {}).get("type") == "response.usage")
     assert usage["usage"] == {
         "input_tokens": 9,
@@ -336,7 +337,7 @@ def tapped(engine, controls, kind_name="DELTA", n=1):
 
 
 def test_a_budget_lowered_mid_stream_ends_it_there_with_finish_length_and_aborts_the_engine_request():
-    controls = RuntimeControls(dispatched=True)
+    controls = RuntimeControls()
     engine = Engine([output([i], cached=3 if i == 0 else None) for i in range(10)], controls, lower_at=2, budget=4)
     seen = tapped(engine, controls)
     assert len(seen) == 4 and seen[-1].finished and seen[-1].outputs[0].finish_reason == "length"
@@ -377,7 +378,7 @@ def test_the_budget_end_is_the_operations_input_and_aborts_the_engine_request_on
 
 
 def test_the_tap_leaves_the_engine_request_alone_when_the_lifecycle_decides_no_abort():
-    controls = RuntimeControls(dispatched=True, on_budget_end=lambda: False)
+    controls = RuntimeControls(on_budget_end=lambda: False)
     engine = Engine([output([i]) for i in range(10)], controls, lower_at=0, budget=2)
     seen = tapped(engine, controls)
     assert len(seen) == 2 and seen[-1].finished and seen[-1].outputs[0].finish_reason == "length"

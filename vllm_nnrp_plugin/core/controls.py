@@ -43,8 +43,8 @@ class RuntimeControls:
     own_class: int | None = None
     #: tokens; None: none set
     token_budget: int | None = None
-    dispatched: bool = False
-    #: PRIORITY_UPDATEs that came after dispatch (vLLM cannot apply them)
+    #: PRIORITY_UPDATEs that came once the operation had left ADMITTED (dispatched, or ended before): vLLM
+    #: cannot apply them
     late_priority_updates: int = 0
     # -- what the backend binding reports -------------------------------------------------------------------
     #: the ``priority`` vLLM's request ran with (None: the server does not schedule by priority)
@@ -70,9 +70,10 @@ class RuntimeControls:
         """The class the operation runs in: its own, else its session's."""
         return self.own_class if self.own_class is not None else self.session_class
 
-    def update_priority(self, priority_class: int) -> bool:
-        """A PRIORITY_UPDATE (or the envelope's class): True when it applies (before dispatch)."""
-        if self.dispatched:
+    def update_priority(self, priority_class: int, *, dispatched: bool = False) -> bool:
+        """A PRIORITY_UPDATE (or the envelope's class): True when it applies, i.e. before dispatch
+        (``dispatched``: what the operation's lifecycle says, :attr:`.operation.Operation.dispatched`)."""
+        if dispatched:
             self.late_priority_updates += 1
             return False
         self.own_class = priority_class

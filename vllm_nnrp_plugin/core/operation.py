@@ -477,9 +477,15 @@ class Operation:
         """The bound passed by ``now_unix_ms`` (wall-clock ms)."""
         return self.expires_unix_ms is not None and self.expires_unix_ms <= now_unix_ms
 
+    @property
+    def dispatched(self) -> bool:
+        """The operation left ADMITTED: it went to the backend (or ended before it could), so its trace context
+        and its priority class are fixed."""
+        return self.state is not _A
+
     def override_trace(self, context: trace.TraceContext) -> None:
         """An operation-scoped TRACE_CONTEXT; ignored once dispatched (in-flight work never changes)."""
-        if self.state is _A:
+        if not self.dispatched:
             self._trace = context
 
     def dispatch(self, session_trace: trace.TraceContext | None) -> trace.TraceContext | None:

@@ -197,7 +197,6 @@ class ServerOperation:
     def dispatch(self) -> trace.TraceContext | None:
         """The operation goes to vLLM now: its controls' priority class is fixed; freeze and return its trace
         context (its own override, else the session's default)."""
-        self.controls.dispatched = True
         return self.rules.dispatch(self._link.session_trace)
 
     def abort_with(self, abort: Callable[[], None] | None) -> None:

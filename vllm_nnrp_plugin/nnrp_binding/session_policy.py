@@ -119,7 +119,7 @@ class SessionPolicy:
 
     def update_priority(self, sop: ServerOperation, priority_class: int) -> None:
         """A PRIORITY_UPDATE for ``sop``: its class until it is dispatched; counted after."""
-        sop.controls.update_priority(priority_class)
+        sop.controls.update_priority(priority_class, dispatched=sop.rules.dispatched)
 
     def update_budget(self, sop: ServerOperation, token_budget: int) -> None:
         """A BUDGET_UPDATE for ``sop``: its token budget (tokens; 0: none) if lower than the one it has."""
