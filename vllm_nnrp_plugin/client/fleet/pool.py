@@ -447,7 +447,9 @@ class FailoverOperation:
                 raise
             if not events:
                 return events
-            if await self._moved(events[0], terminal=self._op.finished and len(events) == 1):
+            if not self._attempts.started and await self._moved(
+                events[0], terminal=self._op.finished and len(events) == 1
+            ):  # only a call's first read may move it (no coroutine per event after that)
                 continue
             self._attempts.started = True
             if self._op.finished:
