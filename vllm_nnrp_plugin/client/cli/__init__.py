@@ -56,6 +56,7 @@ from typing import Any
 
 import orjson
 
+from vllm_nnrp_plugin.client.cli.operation import show_operation
 from vllm_nnrp_plugin.contract.endpoints import DEFAULT_LISTEN
 from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.profile import (
@@ -286,7 +287,7 @@ async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any)
     from vllm_nnrp_plugin.client.cli.fleet import is_fleet_endpoint, run_on_fleet
 
     if is_fleet_endpoint(args.endpoint):  # several addresses: the fleet's replicas (:mod:`.fleet`)
-        return await run_on_fleet(args, envelope, printer)
+        return await run_on_fleet(args, envelope, printer, api_key_of(args))
     opened = await _session(args)
     if opened is None:
         return 2
@@ -295,31 +296,6 @@ async def _run(args: argparse.Namespace, envelope: dict[str, Any], printer: Any)
         return await show_operation(args, printer, lambda: session.submit(envelope, read_timeout_s=args.timeout))
     finally:
         await conn.close()
-
-
-async def show_operation(args: argparse.Namespace, printer: Any, submit: Callable[[], Any]) -> int:
-    """The operation ``submit()`` gives (called here, so a connection lost as it is sent fails it as one lost
-    while it runs), its events shown with ``printer`` until the terminal; the exit status: the printer's, 3 when
-    no event came for ``args.timeout`` s (the operation is cancelled), 2 when the connection failed or the events
-    ended without a terminal. Says why on stderr."""
-    from vllm_nnrp_plugin.client.errors import ClientError
-    from vllm_nnrp_plugin.client.events import operation_event
-
-    try:
-        op = submit()
-        while events := await op.batch():
-            last = len(events) - 1 if op.finished else -1
-            for n, event in enumerate(events):
-                status = printer.show(operation_event(op, event, terminal=n == last))
-                if status is not None:
-                    return status
-    except TimeoutError:  # ClientTimeout: silent for --timeout, cancelled
-        print(f"vllm-nnrp: no event for {args.timeout:g} s (--timeout); the operation was cancelled", file=sys.stderr)
-        return 3
-    except ClientError as exc:  # the connection failed mid-operation
-        print(f"vllm-nnrp: {exc}", file=sys.stderr)
-        return 2
-    return 2
 
 
 def terminal_status(event: Any) -> int:

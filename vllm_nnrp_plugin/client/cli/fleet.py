@@ -12,7 +12,7 @@ import ssl
 import sys
 from typing import Any
 
-from vllm_nnrp_plugin.client.cli import api_key_of, show_operation
+from vllm_nnrp_plugin.client.cli.operation import show_operation
 from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
 
 __all__ = ["is_fleet_endpoint", "run_on_fleet"]
@@ -31,17 +31,16 @@ def _trusted_der(tls_ca_file: str | None) -> bytes | None:
         return ssl.PEM_cert_to_DER_cert(f.read())
 
 
-async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], printer: Any) -> int:
-    """Submit ``envelope`` over the fleet of ``args.endpoint`` with the API key of
-    :func:`vllm_nnrp_plugin.client.cli.api_key_of` and show its events with ``printer``
-    (:func:`vllm_nnrp_plugin.client.cli.show_operation`, as the single-address path does); the exit status.
+async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], printer: Any, api_key: str | None) -> int:
+    """Submit ``envelope`` over the fleet of ``args.endpoint`` with ``api_key`` (None: none) and show its events
+    with ``printer`` (:func:`.operation.show_operation`, as the single-address path does); the exit status.
     ``args.timeout`` (s) bounds the wait for a replica's session and each wait for the next event."""
     from vllm_nnrp_plugin.client.fleet.pool import FleetPool
 
     try:
         pool = FleetPool(
             args.endpoint,
-            api_key=api_key_of(args),
+            api_key=api_key,
             trusted_cert_der=_trusted_der(args.tls_ca),
             priority_class=args.priority or "balanced",
         )
