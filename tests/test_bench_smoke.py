@@ -93,3 +93,19 @@ def _md(out, name):
     path = out / f"{name}.md"
     path.write_text("rows\n")
     return path
+
+
+def test_server_cpu_streams_every_chunk_and_reports_the_servers_cpu_per_chunk():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.server_cpu", "--streams", "4", "--sessions", "2", "--chunks", "50"]
+        + ["--interval-us", "500"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result = orjson.loads(done.stdout)
+    assert result["chunks"] == 200 and result["sessions"] == 2
+    assert 4 < result["events"] <= 200 + 4  # a partial per chunk (fewer if merged) and one terminal per stream
+    assert result["cpu_s"] > 0 and abs(result["us_per_chunk"] - result["cpu_s"] * 1e6 / 200) < 0.01
