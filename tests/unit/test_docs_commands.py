@@ -226,6 +226,8 @@ def check_python(args: list[str]) -> None:
         _parse_with(importlib.import_module("bench.soak")._parser(), rest, "python -m bench.soak")
     elif module == "bench.hostile":
         _parse_with(importlib.import_module("bench.hostile").parser(), rest, "python -m bench.hostile")
+    elif module == "bench.server_cpu":
+        _parse_with(importlib.import_module("bench.server_cpu").parser(), rest, "python -m bench.server_cpu")
     elif module == "bench.carrier_probe":
         _parse_with(importlib.import_module("bench.carrier_probe").parser(), rest, "python -m bench.carrier_probe")
     elif module == "bench.profile_load":
