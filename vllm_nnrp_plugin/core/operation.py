@@ -137,9 +137,8 @@ class State(enum.Enum):
 class Input(enum.Enum):
     """What can happen to an operation, and who says so: the adapter (``DISPATCH``, ``PARTIAL``, ``COMPLETE``,
     ``FAIL``), the backend binding (``BUDGET``), the session outbox (``OVERFLOW``), the admission (``REFUSE``), the
-    service (``TIME_OUT``,
-    ``EXPIRE``, ``SHUT_DOWN``), the carrier (``CANCEL``: FRAME_CANCEL, CANCEL, ABORT, SUPERSEDE or a session's
-    end; ``LOSE``; ``TAKE``; ``SEAL``; ``UNSENDABLE``)."""
+    service (``TIME_OUT``, ``EXPIRE``, ``SHUT_DOWN``), the carrier (``CANCEL``: FRAME_CANCEL, CANCEL, ABORT,
+    SUPERSEDE or a session's end; ``LOSE``; ``TAKE``; ``SEAL``; ``UNSENDABLE``)."""
 
     DISPATCH = "dispatch"  # the request goes to vLLM
     PARTIAL = "partial"  # a non-terminal event
@@ -277,13 +276,12 @@ def cancelled(reason: DropReason, detail: str) -> Terminal:
 class Operation:
     """One submitted operation's rules (module docstring): its :attr:`state` moves only through
     :data:`TRANSITIONS`, every input through :meth:`_step`; its
-    :class:`~vllm_nnrp_plugin.observability.observation.Observation`
-    ``observation`` has the submit times already set.
+    :class:`~vllm_nnrp_plugin.observability.observation.Observation` ``observation`` has the submit times already
+    set.
 
     Decisions (vLLM's event loop in production) return a :class:`Decision` (partial results: the
-    :class:`PartialResult` the event went into, or ``None``: :meth:`partial`); the sending side (the connection) hands
-    each queued partial
-    result to :meth:`take` (``None``: discarded) and asks :meth:`seal` for the terminal.
+    :class:`PartialResult` the event went into, or ``None``: :meth:`partial`); the sending side (the connection)
+    hands each queued partial result to :meth:`take` (``None``: discarded) and asks :meth:`seal` for the terminal.
     """
 
     __slots__ = (
