@@ -28,7 +28,6 @@ import os
 import pathlib
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -36,13 +35,13 @@ import time
 import orjson
 from nnrp.core.enums import MessageType as T
 
+from bench.procs import ROOT, BenchServer
 from compat.launcher import free_port
 from vllm_nnrp_plugin.client.aio.connection import connect
 from vllm_nnrp_plugin.nnrp_wire import events as ev
 from vllm_nnrp_plugin.nnrp_wire.client import ClientConnection
 from vllm_nnrp_plugin.nnrp_wire.framing import encode
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 STREAM = {
     "schema_version": "openai-compatible/1",
     "operation": "chat.completions.create",
@@ -177,29 +176,15 @@ def non_reading_flood(pid: int, port: int) -> dict:
 
 
 def run(server_root: pathlib.Path = ROOT) -> dict:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.server", f"tcp://127.0.0.1:{port}"],
-        cwd=server_root,
-        env={**os.environ, "PYTHONPATH": str(server_root)},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        results = {"baseline_answer_ms": round(answer_s(f"tcp://127.0.0.1:{port}") * 1000, 1)}
-        results["slowloris"] = slowloris(proc.pid, port)
-        results["stalled_packets"] = stalled_packets(proc.pid, port)
-        results["non_reading_flood"] = non_reading_flood(proc.pid, port)
+    with BenchServer(f"tcp://127.0.0.1:{free_port()}", root=server_root) as server:
+        port = int(server.uri.rsplit(":", 1)[1])
+        pid = server.proc.pid
+        results = {"baseline_answer_ms": round(answer_s(server.uri) * 1000, 1)}
+        results["slowloris"] = slowloris(pid, port)
+        results["stalled_packets"] = stalled_packets(pid, port)
+        results["non_reading_flood"] = non_reading_flood(pid, port)
+        server.stop()
         return results
-    finally:
-        proc.stdin.close()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def parser() -> argparse.ArgumentParser:

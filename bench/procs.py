@@ -1,4 +1,5 @@
-"""Processes of a benchmark: the :mod:`bench.server` process and client processes, all running this checkout."""
+"""Processes of a benchmark: the :mod:`bench.server` process and client processes, running this checkout (the
+server, for a before/after, another one)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from compat.launcher import free_port
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def env() -> dict[str, str]:
-    """This process's environment with the checkout first on ``PYTHONPATH``."""
+def env(root: pathlib.Path = ROOT) -> dict[str, str]:
+    """This process's environment with the checkout ``root`` first on ``PYTHONPATH``."""
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)}
+    return {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{path}" if path else str(root)}
 
 
 def endpoint(transport: str, directory: str) -> str:
@@ -30,19 +31,19 @@ def endpoint(transport: str, directory: str) -> str:
 
 
 class BenchServer:
-    """``python -m bench.server`` on ``uri``; :meth:`stop` returns the observation records (dicts) and sets
-    ``pump_wait_us`` / ``send_us`` (per partial result: outbox wait, time inside nnrp-py's send) and ``cpu_s``
-    (the server's CPU time while serving, s)."""
+    """``python -m bench.server`` on ``uri``, run from the checkout ``root``; :meth:`stop` returns the observation
+    records (dicts) and sets ``pump_wait_us`` / ``send_us`` (per partial result: outbox wait, time inside nnrp-py's
+    send) and ``cpu_s`` (the server's CPU time while serving, s)."""
 
-    def __init__(self, uri: str, *, nodelay: bool = True) -> None:
+    def __init__(self, uri: str, *, nodelay: bool = True, root: pathlib.Path = ROOT) -> None:
         flags = [] if nodelay else ["--no-nodelay"]
         self.uri = uri
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.server", *flags, uri],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=env(),
-            cwd=ROOT,
+            env=env(root),
+            cwd=root,
         )
         line = self.proc.stdout.readline()
         if line.strip() != b"ready":

@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import pathlib
-import subprocess
 import sys
 
 import orjson
 
+from bench.procs import ROOT, BenchServer
 from compat.launcher import free_port
 from vllm_nnrp_plugin.client import connect
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 async def stream_all(uri: str, streams: int, sessions: int, chunks: int, interval_us: int) -> int:
@@ -57,32 +54,17 @@ def run(
     chunks: int = 2000,
     interval_us: int = 4000,
 ) -> dict:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.server", f"tcp://127.0.0.1:{port}"],
-        cwd=server_root,
-        env={**os.environ, "PYTHONPATH": str(server_root)},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        events = asyncio.run(stream_all(f"tcp://127.0.0.1:{port}", streams, sessions, chunks, interval_us))
-        out, _ = proc.communicate("", timeout=120)  # stdin closed: the server stops and prints its lines
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    cpu_s = orjson.loads(out.strip().splitlines()[-1])["cpu_s"]
+    with BenchServer(f"tcp://127.0.0.1:{free_port()}", root=server_root) as server:
+        events = asyncio.run(stream_all(server.uri, streams, sessions, chunks, interval_us))
+        server.stop()  # stdin closed: the server stops and reports its CPU time
     return {
         "server_root": str(server_root),
         "streams": streams,
         "sessions": sessions,
         "chunks": streams * chunks,
         "events": events,
-        "cpu_s": round(cpu_s, 6),
-        "us_per_chunk": round(cpu_s * 1e6 / (streams * chunks), 2),
+        "cpu_s": round(server.cpu_s, 6),
+        "us_per_chunk": round(server.cpu_s * 1e6 / (streams * chunks), 2),
     }
 
 
