@@ -266,3 +266,17 @@ def test_a_level1_only_server_answers_unsupported_operation(level1_only, command
 def test_no_server_is_exit_2_with_a_message():
     done = vllm_nnrp(f"tcp://127.0.0.1:{free_port()}", "models")
     assert done.returncode == 2 and done.stderr.startswith("vllm-nnrp: cannot connect to ")
+
+
+@pytest.mark.parametrize("fleet", [False, True], ids=["one address", "fleet"])
+def test_a_peer_that_never_answers_the_hello_is_exit_2_within_the_timeout(fleet):
+    """A TCP peer that accepts and then says nothing: the CLI gives up after ``--timeout`` and says so."""
+    import socket
+    import time
+
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        address = f"tcp://127.0.0.1:{listening.getsockname()[1]}"
+        started = time.monotonic()
+        done = vllm_nnrp(f"{address},{address}" if fleet else address, "chat", "--timeout", "1", "hi")
+    assert done.returncode == 2 and done.stderr.rstrip().endswith(": timed out"), done.stderr
+    assert time.monotonic() - started < 30

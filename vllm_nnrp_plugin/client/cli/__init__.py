@@ -212,7 +212,7 @@ async def _session(args: argparse.Namespace) -> tuple[Any, Any] | None:
         return None
     except (ClientError, TimeoutError) as exc:
         await conn.close()
-        print(f"vllm-nnrp: {args.endpoint} did not open a session: {exc or 'timed out'}", file=sys.stderr)
+        print(f"vllm-nnrp: {args.endpoint} did not open a session: {str(exc) or 'timed out'}", file=sys.stderr)
         return None
     return conn, session
 
@@ -228,7 +228,7 @@ async def _capabilities(args: argparse.Namespace) -> int:
         op = session.submit({"schema_version": SCHEMA_VERSION, "operation": CAPABILITIES_OPERATION, "body": {}})
         terminal = await asyncio.wait_for(op.result(), args.timeout)
     except Exception as exc:  # noqa: BLE001 - ClientError, a timeout: said plainly, exit 2
-        print(f"vllm-nnrp: cannot fetch capabilities from {args.endpoint}: {exc or 'timed out'}", file=sys.stderr)
+        print(f"vllm-nnrp: cannot fetch capabilities from {args.endpoint}: {str(exc) or 'timed out'}", file=sys.stderr)
         return 2
     finally:
         await conn.close()

@@ -59,7 +59,7 @@ async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], print
             )
             return 2
         except (ClientError, TimeoutError) as exc:
-            print(f"vllm-nnrp: cannot reach the fleet {args.endpoint}: {exc or 'timed out'}", file=sys.stderr)
+            print(f"vllm-nnrp: cannot reach the fleet {args.endpoint}: {str(exc) or 'timed out'}", file=sys.stderr)
             return 2
         return await show_operation(args, printer, lambda: op)
     finally:
