@@ -388,6 +388,31 @@ def test_the_command_line_sends_its_key_over_quic(served, certs):
     assert refused.returncode == 2 and "refused" in refused.stderr
 
 
+@pytest.mark.parametrize("trusted", ["both", "other"])
+def test_the_command_line_over_a_fleet_trusts_every_certificate_of_its_ca_file(served, certs, tmp_path, trusted):
+    """``--tls-ca`` naming a PEM bundle over a fleet (``wss`` and ``quic`` replicas of one server): the server's
+    certificate second in the bundle is trusted, as on one address; a bundle without it is exit 2."""
+    import ssl
+
+    other = ssl.DER_cert_to_PEM_cert(certs["other_der"])
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_text(other + (open(certs["cert"]).read() if trusted == "both" else ""))
+    fleet = f"{uri_of(served, 'wss')},{uri_of(served, 'quic')}"
+    command = ["--endpoint", fleet, "--tls-ca", str(bundle), "--api-key", KEY, "--model", "a-stream-text"]
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_nnrp_plugin.client.cli", "chat", *command, "--timeout", "10", "hi"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    if trusted == "both":
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(EXPECTED)
+    else:
+        assert done.returncode == 2 and "cannot reach the fleet" in done.stderr, done.stderr
+
+
 # -- the WebSocket mapping against a scripted server -------------------------------------------------------------
 
 

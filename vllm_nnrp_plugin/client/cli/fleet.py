@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ssl
 import sys
 from typing import Any
 
@@ -23,14 +22,6 @@ def is_fleet_endpoint(endpoint: str) -> bool:
     return "," in endpoint
 
 
-def _trusted_der(tls_ca_file: str | None) -> bytes | None:
-    """The first certificate of ``--tls-ca`` (PEM) in DER, what the fleet's pools trust; None without one."""
-    if not tls_ca_file:
-        return None
-    with open(tls_ca_file, encoding="ascii") as f:
-        return ssl.PEM_cert_to_DER_cert(f.read())
-
-
 async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], printer: Any, api_key: str | None) -> int:
     """Submit ``envelope`` over the fleet of ``args.endpoint`` with ``api_key`` (None: none) and show its events
     with ``printer`` (:func:`.operation.show_operation`, as the single-address path does); the exit status.
@@ -41,10 +32,10 @@ async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], print
         pool = FleetPool(
             args.endpoint,
             api_key=api_key,
-            trusted_cert_der=_trusted_der(args.tls_ca),
+            tls_ca_file=args.tls_ca,  # every certificate of the PEM file, as the single-address path trusts
             priority_class=args.priority or "balanced",
         )
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         print(f"vllm-nnrp: {args.endpoint}: {exc}", file=sys.stderr)
         return 2
     try:

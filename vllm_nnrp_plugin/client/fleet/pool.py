@@ -120,7 +120,7 @@ class FleetLane:
 class FleetPool:
     """Sessions to a fleet of replicas (module docstring). ``spec``: a list of NNRP addresses or a string of
     comma-separated ones; ``options``: every replica pool's (:class:`vllm_nnrp_plugin.client.aio.pool.Pool`:
-    ``api_key``, ``trusted_cert_der``, ``priority_class``, ``max_connections``,
+    ``api_key``, ``trusted_cert_der``, ``tls_ca_file``, ``priority_class``, ``max_connections``,
     ``max_sessions_per_connection``); ``resolve``: ``await resolve(host, port)`` → addresses (default
     ``loop.getaddrinfo``). Made on the running loop that runs it. Raises ``ValueError`` for an unusable spec."""
 
