@@ -31,15 +31,18 @@ def endpoint(transport: str, directory: str) -> str:
 
 
 class BenchServer:
-    """``python -m bench.server`` on ``uri``, run from the checkout ``root``; :meth:`stop` returns the observation
+    """``python -m bench.server`` on ``uri``, run from the checkout ``root`` (under ``wrapper``, a command line
+    prefix such as valgrind's, when given); :meth:`stop` returns the observation
     records (dicts) and sets ``pump_wait_us`` / ``send_us`` (per partial result: outbox wait, time inside nnrp-py's
     send) and ``cpu_s`` (the server's CPU time while serving, s)."""
 
-    def __init__(self, uri: str, *, nodelay: bool = True, root: pathlib.Path = ROOT) -> None:
+    def __init__(
+        self, uri: str, *, nodelay: bool = True, root: pathlib.Path = ROOT, wrapper: Sequence[str] = ()
+    ) -> None:
         flags = [] if nodelay else ["--no-nodelay"]
         self.uri = uri
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.server", *flags, uri],
+            [*wrapper, sys.executable, "-m", "bench.server", *flags, uri],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env(root),
@@ -50,8 +53,8 @@ class BenchServer:
             self.proc.kill()
             raise RuntimeError(f"bench server on {uri} did not start: {line!r}")
 
-    def stop(self) -> list[dict[str, Any]]:
-        out, _ = self.proc.communicate(timeout=60)
+    def stop(self, timeout_s: float = 60) -> list[dict[str, Any]]:
+        out, _ = self.proc.communicate(timeout=timeout_s)
         *records, times = [orjson.loads(line) for line in out.splitlines() if line.strip()]
         self.pump_wait_us = [x / 1000 for x in times["pump_wait_ns"]]
         self.send_us = [x / 1000 for x in times["send_ns"]]

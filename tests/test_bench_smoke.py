@@ -95,17 +95,38 @@ def _md(out, name):
     return path
 
 
-def test_server_cpu_streams_every_chunk_and_reports_the_servers_cpu_per_chunk():
+def _server_cpu(*args: str, timeout_s: float = 120) -> dict:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.server_cpu", "--streams", "4", "--sessions", "2", "--chunks", "50"]
-        + ["--interval-us", "500"],
+        [sys.executable, "-m", "bench.server_cpu", "--streams", "4", "--sessions", "2", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout_s,
     )
     assert done.returncode == 0, done.stderr
-    result = orjson.loads(done.stdout)
-    assert result["chunks"] == 200 and result["sessions"] == 2
-    assert 4 < result["events"] <= 200 + 4  # a partial per chunk (fewer if merged) and one terminal per stream
-    assert result["cpu_s"] > 0 and abs(result["us_per_chunk"] - result["cpu_s"] * 1e6 / 200) < 0.01
+    return orjson.loads(done.stdout)
+
+
+def test_server_cpu_streams_every_chunk_and_reports_the_servers_cpu_per_chunk():
+    result = _server_cpu("--chunks", "50", "--interval-us", "500")
+    assert result["chunks"] == 200 and result["sessions"] == 2 and result["rounds"] == 1
+    (server,) = result["servers"]
+    assert server["server_root"] == str(ROOT)
+    (events,), (cpu_s,), (us,) = server["events"], server["cpu_s"], server["us_per_chunk"]
+    assert 4 < events <= 200 + 4  # a partial per chunk (fewer if merged) and one terminal per stream
+    assert cpu_s > 0 and abs(us - cpu_s * 1e6 / 200) < 0.01 and server["median_us_per_chunk"] == us
+
+
+def test_server_cpu_side_by_side_measures_each_tree_every_round_against_the_first(tmp_path):
+    other = tmp_path / "other"
+    other.symlink_to(ROOT)  # a second checkout: the same tree under another name
+    roots = ["--server-root", str(ROOT), "--server-root", str(other)]
+    result = _server_cpu("--chunks", "50", "--interval-us", "500", "--rounds", "2", *roots)
+    first, second = result["servers"]
+    assert (first["server_root"], second["server_root"]) == (str(ROOT), str(ROOT))  # resolved
+    for server in (first, second):
+        assert len(server["events"]) == len(server["us_per_chunk"]) == 2 and all(n > 4 for n in server["events"])
+    diffs = [b - a for a, b in zip(first["us_per_chunk"], second["us_per_chunk"], strict=True)]
+    assert "diff_us" not in first
+    assert second["diff_us"]["dearer_rounds"] == sum(d > 0 for d in diffs)
+    assert abs(second["diff_us"]["median"] - sum(diffs) / 2) < 0.011
