@@ -25,9 +25,7 @@ import sys
 import tempfile
 import time
 
-import orjson
-
-from bench.results import percentile
+from bench.results import emit, percentile
 from tests.support import ServedNNRP, envelope, free_port, self_signed
 
 
@@ -136,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             served.stop()
     out["command"] = "python -m bench.carrier_probe " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = orjson.dumps(out, option=orjson.OPT_INDENT_2)
-    sys.stdout.write(text.decode() + "\n")
-    if args.json:
-        pathlib.Path(args.json).write_bytes(text + b"\n")
+    emit(out, args.json, indent=True)
     return 0
 
 

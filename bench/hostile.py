@@ -32,10 +32,10 @@ import sys
 import threading
 import time
 
-import orjson
 from nnrp.core.enums import MessageType as T
 
 from bench.procs import ROOT, BenchServer
+from bench.results import emit
 from compat.launcher import free_port
 from vllm_nnrp_plugin.client.aio.connection import connect
 from vllm_nnrp_plugin.nnrp_wire import events as ev
@@ -176,8 +176,8 @@ def non_reading_flood(pid: int, port: int) -> dict:
 
 
 def run(server_root: pathlib.Path = ROOT) -> dict:
-    with BenchServer(f"tcp://127.0.0.1:{free_port()}", root=server_root) as server:
-        port = int(server.uri.rsplit(":", 1)[1])
+    port = free_port()
+    with BenchServer(f"tcp://127.0.0.1:{port}", root=server_root) as server:
         pid = server.proc.pid
         results = {"baseline_answer_ms": round(answer_s(server.uri) * 1000, 1)}
         results["slowloris"] = slowloris(pid, port)
@@ -197,11 +197,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    results = run(args.server_root.resolve())
-    text = orjson.dumps(results, option=orjson.OPT_INDENT_2).decode()
-    print(text)
-    if args.json:
-        pathlib.Path(args.json).write_text(text + "\n")
+    emit(run(args.server_root.resolve()), args.json, indent=True)
     return 0
 
 

@@ -192,3 +192,12 @@ def write(doc: dict[str, Any], directory: pathlib.Path, name: str) -> tuple[path
     json_path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     md_path.write_text(markdown(doc))
     return json_path, md_path
+
+
+def emit(result: Any, json_path: str | None, *, indent: bool = False) -> None:
+    """Print ``result`` as JSON on stdout (indented with ``indent``) and, with ``json_path``, write the same text
+    and a newline to that file: the output of a ``python -m bench.<tool> [--json FILE]``."""
+    text = orjson.dumps(result, option=orjson.OPT_INDENT_2 if indent else 0).decode()
+    print(text)
+    if json_path:
+        pathlib.Path(json_path).write_text(text + "\n")

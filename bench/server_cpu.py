@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import pathlib
 import statistics
@@ -40,9 +41,8 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-import orjson
-
 from bench.procs import ROOT, BenchServer
+from bench.results import emit
 from compat.launcher import free_port
 from vllm_nnrp_plugin.client import connect
 from vllm_nnrp_plugin.profile import CHAT_COMPLETIONS_CREATE, SCHEMA_VERSION
@@ -74,12 +74,11 @@ def _round(
 ) -> list[tuple[int, float]]:
     """One server per tree (started in ``roots``' order), the same load on each at once: per tree, the events
     received and the server's CPU time (s)."""
-    servers: list[BenchServer] = []
-    try:
-        for root in roots:
-            servers.append(BenchServer(f"tcp://127.0.0.1:{free_port()}", root=root))
-            if server_cpu is not None:
-                os.sched_setaffinity(servers[-1].proc.pid, {server_cpu})
+    with contextlib.ExitStack() as started:
+        servers = [started.enter_context(BenchServer(f"tcp://127.0.0.1:{free_port()}", root=root)) for root in roots]
+        if server_cpu is not None:
+            for server in servers:
+                os.sched_setaffinity(server.proc.pid, {server_cpu})
 
         async def all_at_once() -> list[int]:
             return await asyncio.gather(*(stream_all(s.uri, streams, sessions, chunks, interval_us) for s in servers))
@@ -87,9 +86,6 @@ def _round(
         events = asyncio.run(all_at_once())
         for server in servers:
             server.stop()  # stdin closed: the server stops and reports its CPU time
-    finally:
-        for server in servers:
-            server.__exit__()
     return [(n, server.cpu_s) for n, server in zip(events, servers, strict=True)]
 
 
@@ -197,10 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         result = instructions(roots, **load)
     else:
         result = run(roots, rounds=args.rounds, server_cpu=args.server_cpu, **load)
-    text = orjson.dumps(result).decode()
-    print(text)
-    if args.json:
-        pathlib.Path(args.json).write_text(text + "\n")
+    emit(result, args.json)
     return 0
 
 
