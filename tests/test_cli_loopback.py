@@ -10,6 +10,7 @@ the other commands with ``unsupported_operation``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import struct
@@ -280,3 +281,64 @@ def test_a_peer_that_never_answers_the_hello_is_exit_2_within_the_timeout(fleet)
         done = vllm_nnrp(f"{address},{address}" if fleet else address, "chat", "--timeout", "1", "hi")
     assert done.returncode == 2 and done.stderr.rstrip().endswith(": timed out"), done.stderr
     assert time.monotonic() - started < 30
+
+
+#: what a hostile peer puts in the text the CLI quotes: an OSC retitle, a screen clear, a forged line, NUL, a line
+#: separator and a backslash escape already written out
+EVIL = "\x1b]0;pwned\x07\x1b[2J\r\nvllm-nnrp: forged line\u2028\x00end\\x41"
+
+
+@contextlib.contextmanager
+def hostile_peer(answer: str):
+    """An NNRP server on loopback (the project's sans-IO server core in a thread's loop) whose every word the CLI
+    quotes is :data:`EVIL`: ``refuse`` rejects each session with it as the diagnostic; ``error`` accepts, then
+    answers each submit with a ``response.error`` whose code and message hold it. Yields the address."""
+    import asyncio
+    import threading
+
+    import orjson
+
+    from vllm_nnrp_plugin.contract import wire_mapping
+    from vllm_nnrp_plugin.core.operation import ResultPush
+    from vllm_nnrp_plugin.nnrp_wire import events as wire_events
+    from vllm_nnrp_plugin.nnrp_wire.server import ServerConnection
+
+    async def serve(reader, writer) -> None:
+        core = ServerConnection(max_in_flight_per_session=4)
+        while data := await reader.read(65536):
+            for event in core.receive_data(data):
+                if isinstance(event, wire_events.SessionOpenRequested):
+                    if answer == "refuse":
+                        core.reject_session(event.request, 5, EVIL)
+                    else:
+                        core.accept_session(event.request)
+                elif isinstance(event, wire_events.OperationSubmitted):
+                    error = {"type": "response.error", "error": {"code": EVIL, "message": EVIL, "type": EVIL}}
+                    metadata, body = wire_mapping.result_push(ResultPush(500, orjson.dumps(error)))
+                    core.send_result_push(event.session_id, event.frame_id, metadata.pack(), body)
+            writer.write(core.data_to_send())
+        writer.close()
+
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(serve, "127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+@pytest.mark.parametrize("fleet", [False, True], ids=["one address", "fleet"])
+@pytest.mark.parametrize("answer", ["refuse", "error"])
+def test_what_a_hostile_peer_says_reaches_stderr_escaped_on_one_line(answer, fleet):
+    """A refusal's diagnostic and a ``response.error``'s code and message are the peer's words: the CLI quotes
+    them with every control character escaped, so they cannot drive the terminal or forge a line."""
+    with hostile_peer(answer) as address:
+        done = vllm_nnrp(f"{address},{address}" if fleet else address, "chat", "--timeout", "5", "hi")
+    assert done.returncode == (2 if answer == "refuse" else 1), done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.endswith("\n"), repr(done.stderr)
+    line = done.stderr[:-1]
+    assert line.isprintable(), repr(line)
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\x0d\\x0avllm-nnrp: forged line\\u2028\\x00end\\\\x41" in line, line

@@ -57,6 +57,7 @@ from typing import Any
 import orjson
 
 from vllm_nnrp_plugin.client.cli.operation import show_operation
+from vllm_nnrp_plugin.client.cli.say import reason, say
 from vllm_nnrp_plugin.contract.endpoints import DEFAULT_LISTEN
 from vllm_nnrp_plugin.core.controls import PRIORITY_CLASSES
 from vllm_nnrp_plugin.profile import (
@@ -187,32 +188,29 @@ async def _session(args: argparse.Namespace) -> tuple[Any, Any] | None:
             connect(args.endpoint, api_key=api_key_of(args), tls_ca_file=args.tls_ca), args.timeout
         )
     except (ClientError, ValueError, TimeoutError) as exc:  # an unusable address or key, no server, TLS refused
-        reason = str(exc) or "timed out"
-        if not reason.startswith("cannot connect to"):  # the connection's own errors already say it
-            reason = f"cannot connect to {args.endpoint}: {reason}"
+        why = reason(exc)
+        if not why.startswith("cannot connect to"):  # the connection's own errors already say it
+            why = f"cannot connect to {args.endpoint}: {why}"
         hint = (
             (
                 "; pass --tls-ca FILE (the server's certificate, or the CA that signed it), and check that the "
                 "certificate names the host or IP address you connect to"
             )
-            if "CERTIFICATE_VERIFY_FAILED" in reason
+            if "CERTIFICATE_VERIFY_FAILED" in why
             else ""
         )
-        print(f"vllm-nnrp: {reason}{hint}", file=sys.stderr)
+        say(f"vllm-nnrp: {why}{hint}")
         return None
     try:
         session = await asyncio.wait_for(conn.open_session(priority_class=args.priority or "balanced"), args.timeout)
     except AuthenticationFailed:
         await conn.close()
         what = "refused the key given" if api_key_of(args) else "requires an API key and none was given"
-        print(
-            f"vllm-nnrp: {args.endpoint} {what}: use --api-key or ${API_KEY_ENVS[0]} (vLLM's --api-key)",
-            file=sys.stderr,
-        )
+        say(f"vllm-nnrp: {args.endpoint} {what}: use --api-key or ${API_KEY_ENVS[0]} (vLLM's --api-key)")
         return None
     except (ClientError, TimeoutError) as exc:
         await conn.close()
-        print(f"vllm-nnrp: {args.endpoint} did not open a session: {str(exc) or 'timed out'}", file=sys.stderr)
+        say(f"vllm-nnrp: {args.endpoint} did not open a session: {reason(exc)}")
         return None
     return conn, session
 
@@ -228,12 +226,12 @@ async def _capabilities(args: argparse.Namespace) -> int:
         op = session.submit({"schema_version": SCHEMA_VERSION, "operation": CAPABILITIES_OPERATION, "body": {}})
         terminal = await asyncio.wait_for(op.result(), args.timeout)
     except Exception as exc:  # noqa: BLE001 - ClientError, a timeout: said plainly, exit 2
-        print(f"vllm-nnrp: cannot fetch capabilities from {args.endpoint}: {str(exc) or 'timed out'}", file=sys.stderr)
+        say(f"vllm-nnrp: cannot fetch capabilities from {args.endpoint}: {reason(exc)}")
         return 2
     finally:
         await conn.close()
     if terminal.get("type") != ev.COMPLETED:
-        print(f"vllm-nnrp: cannot fetch capabilities from {args.endpoint}: {terminal}", file=sys.stderr)
+        say(f"vllm-nnrp: cannot fetch capabilities from {args.endpoint}: {terminal}")
         return 2
     document = terminal["body"]
     if args.conformance:
@@ -307,9 +305,9 @@ def terminal_status(event: Any) -> int:
         return 0
     if kind == ev.ERROR:
         error = data["error"]
-        print(f"vllm-nnrp: error {error['code']}: {error['message']}", file=sys.stderr)
+        say(f"vllm-nnrp: error {error['code']}: {error['message']}")
         return 3 if error["code"] == E.REQUEST_TIMEOUT else 1
-    print(f"vllm-nnrp: operation dropped (NNRP drop reason {event.drop_reason}): {data}", file=sys.stderr)
+    say(f"vllm-nnrp: operation dropped (NNRP drop reason {event.drop_reason}): {data}")
     return 2
 
 
@@ -362,7 +360,7 @@ class AnswerPrinter:
             self._print_call(data["call_id"], data["name"], data["arguments"])
         elif kind == ev.TOOL_CALL_ERROR:
             self._calls_shown = True
-            print(f"vllm-nnrp: tool call {data['call_id']} failed: {data['error']['code']}", file=sys.stderr)
+            say(f"vllm-nnrp: tool call {data['call_id']} failed: {data['error']['code']}")
         elif kind == ev.USAGE:
             self._print_usage(data["usage"])
         elif kind == ev.COMPLETED:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from typing import Any
 
 from vllm_nnrp_plugin.client.cli.operation import show_operation
+from vllm_nnrp_plugin.client.cli.say import reason, say
 from vllm_nnrp_plugin.client.errors import AuthenticationFailed, ClientError
 
 __all__ = ["is_fleet_endpoint", "run_on_fleet"]
@@ -36,7 +36,7 @@ async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], print
             priority_class=args.priority or "balanced",
         )
     except ValueError as exc:
-        print(f"vllm-nnrp: {args.endpoint}: {exc}", file=sys.stderr)
+        say(f"vllm-nnrp: {args.endpoint}: {exc}")
         return 2
     try:
         try:
@@ -44,13 +44,10 @@ async def run_on_fleet(args: argparse.Namespace, envelope: dict[str, Any], print
                 pool.submit(envelope, timeout_s=args.timeout, read_timeout_s=args.timeout), args.timeout
             )
         except AuthenticationFailed:
-            print(
-                f"vllm-nnrp: {args.endpoint} requires an API key and refused this one (or none was given)",
-                file=sys.stderr,
-            )
+            say(f"vllm-nnrp: {args.endpoint} requires an API key and refused this one (or none was given)")
             return 2
         except (ClientError, TimeoutError) as exc:
-            print(f"vllm-nnrp: cannot reach the fleet {args.endpoint}: {str(exc) or 'timed out'}", file=sys.stderr)
+            say(f"vllm-nnrp: cannot reach the fleet {args.endpoint}: {reason(exc)}")
             return 2
         return await show_operation(args, printer, lambda: op)
     finally:

@@ -5,9 +5,10 @@ give the exit status."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import Any
+
+from vllm_nnrp_plugin.client.cli.say import say
 
 __all__ = ["show_operation"]
 
@@ -29,9 +30,9 @@ async def show_operation(args: argparse.Namespace, printer: Any, submit: Callabl
                 if status is not None:
                     return status
     except TimeoutError:  # ClientTimeout: silent for --timeout, cancelled
-        print(f"vllm-nnrp: no event for {args.timeout:g} s (--timeout); the operation was cancelled", file=sys.stderr)
+        say(f"vllm-nnrp: no event for {args.timeout:g} s (--timeout); the operation was cancelled")
         return 3
     except ClientError as exc:  # the connection failed mid-operation
-        print(f"vllm-nnrp: {exc}", file=sys.stderr)
+        say(f"vllm-nnrp: {exc}")
         return 2
     return 2

@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import pathlib
-import sys
 
 import orjson
 
+from vllm_nnrp_plugin.client.cli.say import say
 from vllm_nnrp_plugin.client.conformance.plan import build_plan
 from vllm_nnrp_plugin.client.conformance.rules import results_problems
 from vllm_nnrp_plugin.client.conformance.suite import ROOT_ENV, Suite, locate_suite
@@ -90,15 +90,15 @@ def run(args: argparse.Namespace) -> int:
         suite = Suite(None if args.no_suite else locate_suite(args.suite))
         recipes = load_recipes(suite, args.recipes, suite_recipes=not (args.no_suite or args.no_suite_recipes))
     except (FileNotFoundError, jsonschema.ValidationError, orjson.JSONDecodeError) as exc:
-        print(f"vllm-nnrp conformance: unusable suite or recipes: {exc}", file=sys.stderr)
+        say(f"vllm-nnrp conformance: unusable suite or recipes: {exc}")
         return 2
     if not recipes:
-        print("vllm-nnrp conformance: no recipes to run (--no-suite-recipes without --recipes)", file=sys.stderr)
+        say("vllm-nnrp conformance: no recipes to run (--no-suite-recipes without --recipes)")
         return 2
     try:
         document = asyncio.run(_capabilities(args.endpoint))
     except ClientError as exc:  # no server there, ClientTimeout, a refused fetch
-        print(f"vllm-nnrp conformance: cannot fetch capabilities from {args.endpoint}: {exc}", file=sys.stderr)
+        say(f"vllm-nnrp conformance: cannot fetch capabilities from {args.endpoint}: {exc}")
         return 2
     out: pathlib.Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         suite.validate(manifest, "capabilities")
         suite.validate(plan, "execution-plan")
     except jsonschema.ValidationError as exc:
-        print(f"vllm-nnrp conformance: invalid manifest or plan: {exc.message}", file=sys.stderr)
+        say(f"vllm-nnrp conformance: invalid manifest or plan: {exc.message}")
         return 2
     _write(out / "capabilities.json", manifest)
     _write(out / "plan.json", plan)
@@ -129,14 +129,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         suite.validate(results, "case-results")
     except jsonschema.ValidationError as exc:
-        print(f"vllm-nnrp conformance: results do not match the schema: {exc.message}", file=sys.stderr)
+        say(f"vllm-nnrp conformance: results do not match the schema: {exc.message}")
         return 2
     summary, problems = results_problems(plan, results)
     print(orjson.dumps(summary).decode())
     for problem in problems:
-        print(f"problem: {problem}", file=sys.stderr)
+        say(f"problem: {problem}")
     if problems or summary["passed_cases"] != summary["selected_cases"]:
-        print(f"vllm-nnrp conformance: FAILED ({results_path})", file=sys.stderr)
+        say(f"vllm-nnrp conformance: FAILED ({results_path})")
         return 1
     print(f"vllm-nnrp conformance: all {summary['selected_cases']} selected cases passed ({results_path})")
     return 0
